@@ -1,0 +1,209 @@
+//! The key engine: claim, run the mutation in the same transaction, store, replay.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use crate::clock::{Clock, SystemClock};
+use crate::error::{Error, StoreError};
+use crate::fingerprint::Fingerprint;
+use crate::policy::Policy;
+use crate::record::{Completion, Decision, StoredRecord, decide};
+use crate::scope::Scope;
+use crate::store::{Claim, KeyStore};
+
+/// A boxed future borrowing the transaction, returned by business closures.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What [`Engine::execute`] did.
+#[derive(Debug)]
+pub enum Outcome<T> {
+    /// The operation ran now; its result is `T` and its completion was stored.
+    Executed(T),
+    /// The key was used before with the same request; this is the stored outcome.
+    Replayed(StoredRecord),
+}
+
+/// A key claimed in an open transaction, from [`Engine::begin`].
+///
+/// Finish it with [`Engine::finish`] (commit) or [`Engine::abort`] (roll back).
+/// Dropping it rolls the transaction back.
+#[derive(Debug)]
+pub struct Claimed<T> {
+    /// The open transaction holding the pending record; business writes go here.
+    pub tx: T,
+    /// The key's scope.
+    pub scope: Scope,
+}
+
+/// What [`Engine::begin`] found.
+#[derive(Debug)]
+pub enum Begun<T> {
+    /// The key is ours: run the operation in `tx`.
+    Fresh(Claimed<T>),
+    /// Same request seen before: replay this.
+    Replay(StoredRecord),
+}
+
+/// The key engine over a [`KeyStore`].
+///
+/// ```
+/// # async fn demo<S: idem_core::KeyStore>(store: S) -> Result<(), Box<dyn std::error::Error>> {
+/// use idem_core::{Engine, Completion, StoredResponse, Policy, Scope, Tenant, Operation,
+///                 IdempotencyKey, FingerprintSpec, RequestParts, Outcome};
+/// let engine = Engine::new(store);
+/// let op = Operation::new("payments.create")?;
+/// let scope = Scope::new(Tenant::new("acme")?, op.clone(), IdempotencyKey::new("k-1")?);
+/// let body = br#"{"amount":100}"#;
+/// let fp = FingerprintSpec::default().fingerprint(&RequestParts {
+///     method: "POST", operation: &op, target: "/payments", json: true, body,
+/// });
+/// let outcome = engine
+///     .execute(&scope, &fp, &Policy::default(), |_tx| Box::pin(async move {
+///         // write the payment with `_tx` here, then describe the outcome
+///         let response = StoredResponse { status: 201, headers: vec![], body: b"{}".to_vec() };
+///         Ok::<_, std::io::Error>(Completion::completed(response))
+///     }))
+///     .await?;
+/// match outcome {
+///     Outcome::Executed(c) => println!("ran now: {}", c.response.status),
+///     Outcome::Replayed(r) => println!("replayed a {:?} record", r.state),
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Engine<S, C = SystemClock> {
+    store: S,
+    clock: C,
+}
+
+impl<S: KeyStore> Engine<S> {
+    /// An engine on the system clock.
+    pub fn new(store: S) -> Self {
+        Self {
+            store,
+            clock: SystemClock,
+        }
+    }
+}
+
+impl<S: KeyStore, C: Clock + Clone> Engine<S, C> {
+    /// An engine with its own clock (tests use a [`ManualClock`](crate::ManualClock)).
+    pub fn with_clock(store: S, clock: C) -> Self {
+        Self { store, clock }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// The clock.
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+
+    /// Claims `scope` or decides what the request gets instead.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a cancelled claim rolls back and leaves no record.
+    pub async fn begin(
+        &self,
+        scope: &Scope,
+        fingerprint: &Fingerprint,
+        policy: &Policy,
+    ) -> Result<Begun<S::Tx>, Error> {
+        let now = self.clock.now_ms();
+        match self.store.claim(scope, fingerprint, policy, now).await {
+            Ok(Claim::Claimed(tx)) => Ok(Begun::Fresh(Claimed {
+                tx,
+                scope: scope.clone(),
+            })),
+            Ok(Claim::Existing(record)) => match decide(record, fingerprint, now) {
+                Decision::Replay(record) => Ok(Begun::Replay(record)),
+                Decision::Mismatch => Err(Error::FingerprintMismatch),
+                Decision::InFlight { retry_after } => Err(Error::InFlight { retry_after }),
+            },
+            Err(StoreError::Busy { waited }) => Err(Error::InFlight {
+                retry_after: waited.max(std::time::Duration::from_secs(1)),
+            }),
+            Err(e) => Err(Error::Store(e)),
+        }
+    }
+
+    /// Stores the outcome and commits key record and business writes together.
+    pub async fn finish(
+        &self,
+        claimed: Claimed<S::Tx>,
+        completion: &Completion,
+    ) -> Result<(), StoreError> {
+        let now = self.clock.now_ms();
+        self.store
+            .complete(claimed.tx, &claimed.scope, completion, now)
+            .await
+    }
+
+    /// Rolls back the claim and every business write made in its transaction.
+    pub async fn abort(&self, claimed: Claimed<S::Tx>) -> Result<(), StoreError> {
+        self.store.rollback(claimed.tx).await
+    }
+
+    /// Runs `operation` at most once per key and request.
+    ///
+    /// The closure gets the open transaction that holds the pending key record;
+    /// whatever it writes there commits if and only if the record commits. On
+    /// `Ok(completion)` the completion is stored and replayed to later
+    /// identical requests; on `Err` everything is rolled back, so a retry
+    /// executes again. A panic in the closure drops the transaction, which
+    /// rolls it back too.
+    pub async fn execute<F, E>(
+        &self,
+        scope: &Scope,
+        fingerprint: &Fingerprint,
+        policy: &Policy,
+        operation: F,
+    ) -> Result<Outcome<Completion>, Error<E>>
+    where
+        F: for<'t> FnOnce(&'t mut S::Tx) -> BoxFuture<'t, Result<Completion, E>>,
+    {
+        let mut claimed = match self.begin(scope, fingerprint, policy).await {
+            Ok(Begun::Fresh(claimed)) => claimed,
+            Ok(Begun::Replay(record)) => return Ok(Outcome::Replayed(record)),
+            Err(e) => return Err(widen(e)),
+        };
+        match operation(&mut claimed.tx).await {
+            Ok(completion) => {
+                self.finish(claimed, &completion).await?;
+                Ok(Outcome::Executed(completion))
+            }
+            Err(e) => {
+                // A failed rollback still leaves the transaction uncommitted: the
+                // database discards it when the connection goes away.
+                let _ = self.abort(claimed).await;
+                Err(Error::Operation(e))
+            }
+        }
+    }
+
+    /// Deletes expired records in batches of `batch` until a batch comes back
+    /// short or `max_batches` ran. Returns how many were deleted.
+    pub async fn purge_expired(&self, batch: u32, max_batches: u32) -> Result<u64, StoreError> {
+        let mut total = 0;
+        for _ in 0..max_batches {
+            let n = self.store.purge_expired(self.clock.now_ms(), batch).await?;
+            total += n;
+            if n < u64::from(batch) {
+                break;
+            }
+        }
+        Ok(total)
+    }
+}
+
+fn widen<E>(e: Error) -> Error<E> {
+    match e {
+        Error::FingerprintMismatch => Error::FingerprintMismatch,
+        Error::InFlight { retry_after } => Error::InFlight { retry_after },
+        Error::Store(s) => Error::Store(s),
+        Error::Operation(never) => match never {},
+    }
+}

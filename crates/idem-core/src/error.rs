@@ -1,0 +1,132 @@
+//! Errors of the core crate.
+
+use std::error::Error as StdError;
+use std::time::Duration;
+
+/// A boxed error from a backend or from business code.
+pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
+
+/// Why an idempotency key was rejected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum KeyError {
+    /// The key is empty.
+    #[error("idempotency key is empty")]
+    Empty,
+    /// The key is longer than 255 characters.
+    #[error("idempotency key is {len} characters long, the maximum is 255")]
+    TooLong {
+        /// The length that was sent.
+        len: usize,
+    },
+    /// The key holds a character outside visible ASCII.
+    #[error("idempotency key has a character outside visible ASCII at position {position}")]
+    InvalidChar {
+        /// Byte offset of the first bad character.
+        position: usize,
+    },
+    /// A quoted key is not a well-formed RFC 8941 string.
+    #[error("idempotency key is not a well-formed quoted string (position {position})")]
+    BadQuoting {
+        /// Byte offset where parsing failed.
+        position: usize,
+    },
+}
+
+/// Why a tenant id or an operation name was rejected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ScopeError {
+    /// Empty or longer than 128 characters.
+    #[error("{kind} must be 1 to 128 characters, got {len}")]
+    Length {
+        /// `tenant` or `operation`.
+        kind: &'static str,
+        /// The length that was given.
+        len: usize,
+    },
+    /// A character outside the allowed set.
+    #[error("{kind} has a character that is not allowed at position {position}")]
+    InvalidChar {
+        /// `tenant` or `operation`.
+        kind: &'static str,
+        /// Byte offset of the first bad character.
+        position: usize,
+    },
+}
+
+/// A failure of a key store backend.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The database cannot be reached (connection refused, pool exhausted, I/O).
+    #[error("key store unavailable")]
+    Unavailable {
+        /// The backend's error.
+        #[source]
+        source: BoxError,
+    },
+    /// A lock could not be taken within the configured wait: another
+    /// transaction holds the key (or, on SQLite, the database's write lock).
+    #[error("key store busy: lock not acquired within {waited:?}")]
+    Busy {
+        /// How long the store waited before giving up.
+        waited: Duration,
+    },
+    /// A stored record could not be decoded; the row was not changed.
+    #[error("stored key record is corrupt: {detail}")]
+    Corrupt {
+        /// What was wrong with it.
+        detail: String,
+    },
+    /// Any other database error (a constraint, a syntax error in a migration, …).
+    #[error("key store error")]
+    Database {
+        /// The backend's error.
+        #[source]
+        source: BoxError,
+    },
+}
+
+impl StoreError {
+    /// Whether retrying the same call later may succeed.
+    pub fn retryable(&self) -> bool {
+        matches!(self, Self::Unavailable { .. } | Self::Busy { .. })
+    }
+}
+
+/// The outcome of [`Engine`](crate::Engine) calls that did not execute or
+/// replay.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error<E = std::convert::Infallible> {
+    /// The key was used before with a different request fingerprint. Nothing was
+    /// executed and the stored record is untouched.
+    #[error("idempotency key reused with a different request")]
+    FingerprintMismatch,
+    /// Another request with this key is still running.
+    #[error("a request with this idempotency key is still in flight")]
+    InFlight {
+        /// When the caller should try again.
+        retry_after: Duration,
+    },
+    /// The key store failed; nothing was committed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The business operation returned an error; key and mutation were rolled back.
+    #[error("operation failed")]
+    Operation(#[source] E),
+}
+
+impl<E> Error<E> {
+    /// Whether retrying the same request later may succeed.
+    pub fn retryable(&self) -> bool {
+        match self {
+            Self::FingerprintMismatch => false,
+            Self::InFlight { .. } => true,
+            Self::Store(e) => e.retryable(),
+            // A business error rolled everything back, so a retry re-executes.
+            Self::Operation(_) => true,
+        }
+    }
+}

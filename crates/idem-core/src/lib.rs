@@ -1,0 +1,41 @@
+//! # Idem core
+//!
+//! The domain of Idem, with no I/O: it knows nothing of SQL drivers or HTTP.
+//!
+//! - [`IdempotencyKey`], [`Tenant`], [`Operation`] and [`Scope`]: who a key
+//!   belongs to; each can only be built valid.
+//! - [`Fingerprint`] and [`FingerprintSpec`]: what makes two requests the same
+//!   intent (SHA-256 over method, operation, target and canonical body).
+//! - [`RecordState`], [`StoredRecord`], [`Completion`] and [`decide`]: the record
+//!   state machine and the replay / mismatch / in-flight decision.
+//! - [`Policy`]: per-operation TTL and bounded wait.
+//! - [`KeyStore`]: the capability a backend implements (`idem-sqlite`,
+//!   `idem-postgres`), handing its open transaction to business code.
+//! - [`Engine`]: claim, run the mutation in the same transaction, store, replay.
+//!
+//! ```
+//! use idem_core::{IdempotencyKey, KeyError};
+//! let key = IdempotencyKey::from_header(br#""order-42""#).unwrap();
+//! assert_eq!(key.as_str(), "order-42");
+//! assert_eq!(IdempotencyKey::from_header(b""), Err(KeyError::Empty));
+//! ```
+
+mod clock;
+mod engine;
+mod error;
+mod fingerprint;
+mod key;
+mod policy;
+mod record;
+mod scope;
+mod store;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use engine::{BoxFuture, Begun, Claimed, Engine, Outcome};
+pub use error::{BoxError, Error, KeyError, ScopeError, StoreError};
+pub use fingerprint::{Fingerprint, FingerprintSpec, RequestParts};
+pub use key::IdempotencyKey;
+pub use policy::Policy;
+pub use record::{Completion, Decision, RecordState, ResourceRef, StoredRecord, StoredResponse, decide};
+pub use scope::{NAME_MAX_LEN, Operation, Scope, Tenant};
+pub use store::{Claim, KeyStore};
