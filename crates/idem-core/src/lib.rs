@@ -39,3 +39,15 @@ pub use policy::Policy;
 pub use record::{Completion, Decision, RecordState, ResourceRef, StoredRecord, StoredResponse, decide};
 pub use scope::{NAME_MAX_LEN, Operation, Scope, Tenant};
 pub use store::{Claim, KeyStore};
+
+/// One schema migration: applied once per database, in `version` order, inside
+/// a transaction. Backends and applications list theirs as constants.
+#[derive(Debug, Clone, Copy)]
+pub struct Migration {
+    /// Strictly increasing within a component.
+    pub version: i64,
+    /// Short name for logs.
+    pub name: &'static str,
+    /// The SQL, possibly several statements.
+    pub sql: &'static str,
+}

@@ -1,0 +1,371 @@
+//! # Idem on SQLite
+//!
+//! [`SqliteStore`] implements [`idem_core::KeyStore`] on one SQLite file. The key
+//! record is written in the same transaction as the caller's business writes, so
+//! both commit or neither does.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use idem_sqlite::{SqliteStore, SqliteConfig};
+//! let dir = std::env::temp_dir().join(format!("idem-doc-{}", std::process::id()));
+//! std::fs::create_dir_all(&dir)?;
+//! let url = format!("sqlite://{}", dir.join("doc.db").display());
+//! let store = SqliteStore::connect(&url, SqliteConfig::default()).await?;
+//! store.migrate().await?;
+//! # std::fs::remove_dir_all(&dir)?;
+//! # Ok(()) }
+//! ```
+//!
+//! ## What the guarantees assume
+//! - `journal_mode = WAL` and `synchronous = FULL`: a commit is on disk when
+//!   `COMMIT` returns, so it survives `kill -9` and power loss. (`NORMAL` in WAL
+//!   mode can lose the last commits on power loss; this store never sets it.)
+//! - Claims use `BEGIN IMMEDIATE`: the write lock is taken at `BEGIN`, so two
+//!   claims never interleave and there is no read-then-upgrade deadlock.
+//! - `busy_timeout` bounds how long a transaction waits for the write lock;
+//!   beyond it the store answers [`StoreError::Busy`].
+//! - Inside one process, requests with the same key queue on an in-process gate
+//!   for at most the policy's wait, and then get "in flight". Several processes
+//!   on one file stay correct (the write lock serialises them) but a waiter
+//!   then only sees `Busy`. One process per file is the supported layout.
+
+mod gate;
+mod migrate;
+
+use std::ops::{Deref, DerefMut};
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_core::{
+    Claim, Completion, Fingerprint, KeyStore, Policy, RecordState, ResourceRef, Scope,
+    StoreError, StoredRecord, StoredResponse,
+};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
+};
+use sqlx::{Row, Sqlite, SqliteConnection, SqlitePool, Transaction};
+use tokio::sync::OwnedMutexGuard;
+
+pub use migrate::{MIGRATIONS, migrate_component};
+
+/// Connection settings for [`SqliteStore::connect`].
+#[derive(Debug, Clone)]
+pub struct SqliteConfig {
+    /// Connections in the pool (readers run in parallel under WAL). Default 8.
+    pub max_connections: u32,
+    /// How long to wait for a free connection before `Unavailable`. Default 5 s.
+    pub acquire_timeout: Duration,
+    /// How long a transaction waits for the database write lock (`busy_timeout`).
+    /// Default 5 s.
+    pub busy_timeout: Duration,
+}
+
+impl Default for SqliteConfig {
+    fn default() -> Self {
+        Self {
+            max_connections: 8,
+            acquire_timeout: Duration::from_secs(5),
+            busy_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// The SQLite key store. Cheap to clone; clones share the pool.
+#[derive(Debug, Clone)]
+pub struct SqliteStore {
+    pool: SqlitePool,
+    gates: Arc<gate::Gates>,
+    busy_timeout: Duration,
+}
+
+/// An open SQLite transaction handed to business code. Dereferences to the
+/// connection, so `sqlx::query(…).execute(&mut **tx)` works through a guard.
+pub struct SqliteTx {
+    // Field order matters: the transaction is dropped (rolled back) before the
+    // gate lets the next request with the same key in.
+    tx: Transaction<'static, Sqlite>,
+    _gate: Option<OwnedMutexGuard<()>>,
+}
+
+impl std::fmt::Debug for SqliteTx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteTx").finish_non_exhaustive()
+    }
+}
+
+impl Deref for SqliteTx {
+    type Target = SqliteConnection;
+    fn deref(&self) -> &SqliteConnection {
+        &self.tx
+    }
+}
+
+impl DerefMut for SqliteTx {
+    fn deref_mut(&mut self) -> &mut SqliteConnection {
+        &mut self.tx
+    }
+}
+
+impl SqliteStore {
+    /// Opens (creating if missing) the database at `url` (`sqlite://path` or
+    /// `sqlite::memory:` is refused: a key store must be durable).
+    pub async fn connect(url: &str, config: SqliteConfig) -> Result<Self, StoreError> {
+        if url.contains(":memory:") || url.contains("mode=memory") {
+            return Err(StoreError::Database {
+                source: "an in-memory SQLite database is not durable; use a file".into(),
+            });
+        }
+        let options = SqliteConnectOptions::from_str(url)
+            .map_err(|e| StoreError::Database { source: e.into() })?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(config.busy_timeout)
+            .foreign_keys(true);
+        let pool = SqlitePoolOptions::new()
+            .max_connections(config.max_connections.max(1))
+            .acquire_timeout(config.acquire_timeout)
+            .connect_with(options)
+            .await
+            .map_err(map_err)?;
+        Ok(Self::from_pool(pool, config.busy_timeout))
+    }
+
+    /// Wraps a pool you configured yourself. It must use WAL, `synchronous =
+    /// FULL` and a busy timeout equal to `busy_timeout` for the guarantees above.
+    pub fn from_pool(pool: SqlitePool, busy_timeout: Duration) -> Self {
+        Self {
+            pool,
+            gates: Arc::default(),
+            busy_timeout,
+        }
+    }
+
+    /// The pool, for reads outside a key's transaction.
+    pub fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
+    /// Applies the key store's migrations (idempotent).
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        migrate_component(&self.pool, "idem", MIGRATIONS).await
+    }
+
+    async fn begin_immediate(&self) -> Result<Transaction<'static, Sqlite>, StoreError> {
+        self.pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(|e| self.map(e))
+    }
+
+    fn map(&self, e: sqlx::Error) -> StoreError {
+        match map_err(e) {
+            StoreError::Busy { .. } => StoreError::Busy {
+                waited: self.busy_timeout,
+            },
+            other => other,
+        }
+    }
+}
+
+const INSERT_CLAIM: &str = "\
+INSERT INTO idem_keys (tenant_id, operation, idempotency_key, request_hash, state,
+                       locked_until_ms, created_at_ms, updated_at_ms, expires_at_ms)
+VALUES (?1, ?2, ?3, ?4, 'pending', NULL, ?5, ?5, ?6)
+ON CONFLICT (tenant_id, operation, idempotency_key) DO UPDATE SET
+    request_hash = excluded.request_hash, state = 'pending', status_code = NULL,
+    response_headers = NULL, response_body = NULL, resource_type = NULL,
+    resource_id = NULL, recovery_point = NULL, locked_until_ms = NULL, lock_token = NULL,
+    created_at_ms = excluded.created_at_ms, updated_at_ms = excluded.updated_at_ms,
+    expires_at_ms = excluded.expires_at_ms
+WHERE idem_keys.expires_at_ms <= excluded.created_at_ms
+RETURNING 1";
+
+const SELECT_RECORD: &str = "\
+SELECT request_hash, state, status_code, response_headers, response_body, resource_type,
+       resource_id, locked_until_ms, created_at_ms, expires_at_ms
+FROM idem_keys WHERE tenant_id = ?1 AND operation = ?2 AND idempotency_key = ?3";
+
+const UPDATE_COMPLETE: &str = "\
+UPDATE idem_keys SET state = ?4, status_code = ?5, response_headers = ?6, response_body = ?7,
+       resource_type = ?8, resource_id = ?9, locked_until_ms = NULL, updated_at_ms = ?10
+WHERE tenant_id = ?1 AND operation = ?2 AND idempotency_key = ?3 AND state = 'pending'";
+
+impl KeyStore for SqliteStore {
+    type Tx = SqliteTx;
+
+    async fn claim(
+        &self,
+        scope: &Scope,
+        fingerprint: &Fingerprint,
+        policy: &Policy,
+        now_ms: i64,
+    ) -> Result<Claim<SqliteTx>, StoreError> {
+        let gate = self.gates.enter(scope, policy.wait).await?;
+        let mut tx = self.begin_immediate().await?;
+        let inserted = sqlx::query(INSERT_CLAIM)
+            .bind(scope.tenant.as_str())
+            .bind(scope.operation.as_str())
+            .bind(scope.key.as_str())
+            .bind(&fingerprint.as_bytes()[..])
+            .bind(now_ms)
+            .bind(policy.expires_at_ms(now_ms))
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(|e| self.map(e))?;
+        if inserted.is_some() {
+            return Ok(Claim::Claimed(SqliteTx {
+                tx,
+                _gate: Some(gate),
+            }));
+        }
+        let row = sqlx::query(SELECT_RECORD)
+            .bind(scope.tenant.as_str())
+            .bind(scope.operation.as_str())
+            .bind(scope.key.as_str())
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(|e| self.map(e))?;
+        tx.rollback().await.map_err(|e| self.map(e))?;
+        match row {
+            Some(row) => Ok(Claim::Existing(decode(&row)?)),
+            None => Err(StoreError::Corrupt {
+                detail: "conflicting key record vanished inside a write transaction".into(),
+            }),
+        }
+    }
+
+    async fn complete(
+        &self,
+        mut tx: SqliteTx,
+        scope: &Scope,
+        completion: &Completion,
+        now_ms: i64,
+    ) -> Result<(), StoreError> {
+        let (kind, id) = completion
+            .resource
+            .as_ref()
+            .map(|r| (Some(r.kind.as_str()), Some(r.id.as_str())))
+            .unwrap_or((None, None));
+        let done = sqlx::query(UPDATE_COMPLETE)
+            .bind(scope.tenant.as_str())
+            .bind(scope.operation.as_str())
+            .bind(scope.key.as_str())
+            .bind(completion.state.as_str())
+            .bind(i64::from(completion.response.status))
+            .bind(completion.response.headers_json())
+            .bind(&completion.response.body[..])
+            .bind(kind)
+            .bind(id)
+            .bind(now_ms)
+            .execute(&mut *tx.tx)
+            .await
+            .map_err(|e| self.map(e))?;
+        if done.rows_affected() != 1 {
+            return Err(StoreError::Corrupt {
+                detail: "the claimed record is no longer pending".into(),
+            });
+        }
+        tx.tx.commit().await.map_err(|e| self.map(e))
+    }
+
+    async fn begin(&self) -> Result<SqliteTx, StoreError> {
+        Ok(SqliteTx {
+            tx: self.begin_immediate().await?,
+            _gate: None,
+        })
+    }
+
+    async fn commit(&self, tx: SqliteTx) -> Result<(), StoreError> {
+        tx.tx.commit().await.map_err(|e| self.map(e))
+    }
+
+    async fn rollback(&self, tx: SqliteTx) -> Result<(), StoreError> {
+        tx.tx.rollback().await.map_err(|e| self.map(e))
+    }
+
+    async fn fetch(&self, scope: &Scope) -> Result<Option<StoredRecord>, StoreError> {
+        let row = sqlx::query(SELECT_RECORD)
+            .bind(scope.tenant.as_str())
+            .bind(scope.operation.as_str())
+            .bind(scope.key.as_str())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| self.map(e))?;
+        row.as_ref().map(decode).transpose()
+    }
+
+    async fn purge_expired(&self, now_ms: i64, limit: u32) -> Result<u64, StoreError> {
+        let done = sqlx::query(
+            "DELETE FROM idem_keys WHERE rowid IN \
+             (SELECT rowid FROM idem_keys WHERE expires_at_ms <= ?1 LIMIT ?2)",
+        )
+        .bind(now_ms)
+        .bind(i64::from(limit))
+        .execute(&self.pool)
+        .await
+        .map_err(|e| self.map(e))?;
+        Ok(done.rows_affected())
+    }
+}
+
+fn corrupt(detail: impl Into<String>) -> StoreError {
+    StoreError::Corrupt {
+        detail: detail.into(),
+    }
+}
+
+fn decode(row: &SqliteRow) -> Result<StoredRecord, StoreError> {
+    let get = |e: sqlx::Error| corrupt(e.to_string());
+    let hash: Vec<u8> = row.try_get("request_hash").map_err(get)?;
+    let state: String = row.try_get("state").map_err(get)?;
+    let status: Option<i64> = row.try_get("status_code").map_err(get)?;
+    let headers: Option<String> = row.try_get("response_headers").map_err(get)?;
+    let body: Option<Vec<u8>> = row.try_get("response_body").map_err(get)?;
+    let kind: Option<String> = row.try_get("resource_type").map_err(get)?;
+    let id: Option<String> = row.try_get("resource_id").map_err(get)?;
+    let response = match (status, headers) {
+        (Some(status), Some(headers)) => Some(StoredResponse {
+            status: u16::try_from(status).map_err(|_| corrupt("status code out of range"))?,
+            headers: StoredResponse::parse_headers(&headers)
+                .ok_or_else(|| corrupt("response headers are not a JSON list of pairs"))?,
+            body: body.unwrap_or_default(),
+        }),
+        _ => None,
+    };
+    Ok(StoredRecord {
+        fingerprint: Fingerprint::from_slice(&hash)
+            .ok_or_else(|| corrupt("request hash is not 32 bytes"))?,
+        state: RecordState::parse(&state).ok_or_else(|| corrupt(format!("state {state:?}")))?,
+        response,
+        resource: kind.zip(id).map(|(kind, id)| ResourceRef { kind, id }),
+        locked_until_ms: row.try_get("locked_until_ms").map_err(get)?,
+        created_at_ms: row.try_get("created_at_ms").map_err(get)?,
+        expires_at_ms: row.try_get("expires_at_ms").map_err(get)?,
+    })
+}
+
+/// Classifies a driver error. SQLite result codes: 5 `BUSY`, 6 `LOCKED`,
+/// 8 `READONLY`, 10 `IOERR`, 13 `FULL`, 14 `CANTOPEN` (extended codes carry the
+/// primary code in their low byte).
+pub fn map_err(e: sqlx::Error) -> StoreError {
+    match &e {
+        sqlx::Error::Database(db) => {
+            let code = db.code().and_then(|c| c.parse::<i64>().ok()).unwrap_or(0) & 0xff;
+            match code {
+                5 | 6 => StoreError::Busy {
+                    waited: Duration::ZERO,
+                },
+                8 | 10 | 13 | 14 => StoreError::Unavailable { source: e.into() },
+                _ => StoreError::Database { source: e.into() },
+            }
+        }
+        sqlx::Error::Io(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => StoreError::Unavailable { source: e.into() },
+        _ => StoreError::Database { source: e.into() },
+    }
+}
