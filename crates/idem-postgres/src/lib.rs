@@ -1,0 +1,365 @@
+//! # Idem on PostgreSQL
+//!
+//! [`PgStore`] implements [`idem_core::KeyStore`] on PostgreSQL. The key record
+//! is written in the caller's transaction, so it commits if and only if the
+//! business writes commit.
+//!
+//! ## What the guarantees assume
+//! - `READ COMMITTED` (the default). A claim is one `INSERT … ON CONFLICT`; a
+//!   concurrent claim of the same key blocks on the unique index until the first
+//!   transaction ends, then sees its committed record and replays it.
+//! - That wait is bounded by `lock_timeout`: the pool's default is set as a
+//!   startup parameter (no extra round trip); a policy with another wait adds
+//!   `SET LOCAL lock_timeout` to the same `BEGIN` message. Beyond it the claim
+//!   fails with [`StoreError::Busy`], which the engine turns into "in flight".
+//! - `fsync = on` and `synchronous_commit = on` (the defaults): a commit is
+//!   durable when `COMMIT` returns.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use idem_core::{
+    Claim, Completion, Fingerprint, KeyStore, Migration, Policy, RecordState, ResourceRef, Scope,
+    StoreError, StoredRecord, StoredResponse,
+};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
+use sqlx::{PgPool, Postgres, Row, Transaction};
+
+/// The key store's own migrations.
+pub const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "idem_keys",
+    sql: include_str!("../migrations/0001_idem_keys.sql"),
+}];
+
+/// An open PostgreSQL transaction handed to business code; `&mut **tx` is a
+/// `&mut PgConnection`.
+pub type PgTx = Transaction<'static, Postgres>;
+
+/// Connection settings for [`PgStore::connect`].
+#[derive(Debug, Clone)]
+pub struct PgConfig {
+    /// Connections in the pool. Default 16.
+    pub max_connections: u32,
+    /// How long to wait for a free connection before `Unavailable`. Default 5 s.
+    pub acquire_timeout: Duration,
+    /// Default `lock_timeout`, the bound on waiting for a concurrent claim.
+    /// Default 5 s, matching [`Policy::DEFAULT_WAIT`].
+    pub lock_timeout: Duration,
+}
+
+impl Default for PgConfig {
+    fn default() -> Self {
+        Self {
+            max_connections: 16,
+            acquire_timeout: Duration::from_secs(5),
+            lock_timeout: Policy::DEFAULT_WAIT,
+        }
+    }
+}
+
+/// The PostgreSQL key store. Cheap to clone; clones share the pool.
+#[derive(Debug, Clone)]
+pub struct PgStore {
+    pool: PgPool,
+    lock_timeout: Duration,
+}
+
+impl PgStore {
+    /// Connects to `url` (`postgres://…`).
+    pub async fn connect(url: &str, config: PgConfig) -> Result<Self, StoreError> {
+        let options = PgConnectOptions::from_str(url)
+            .map_err(|e| StoreError::Database { source: e.into() })?
+            .options([("lock_timeout", format!("{}ms", config.lock_timeout.as_millis()))]);
+        let pool = PgPoolOptions::new()
+            .max_connections(config.max_connections.max(1))
+            .acquire_timeout(config.acquire_timeout)
+            .connect_with(options)
+            .await
+            .map_err(map_err)?;
+        Ok(Self {
+            pool,
+            lock_timeout: config.lock_timeout,
+        })
+    }
+
+    /// The pool, for reads outside a key's transaction.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Applies the key store's migrations (idempotent, safe to run from several
+    /// processes at once).
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        migrate_component(&self.pool, "idem", MIGRATIONS).await
+    }
+
+    async fn begin_waiting(&self, wait: Duration) -> Result<PgTx, StoreError> {
+        let result = if wait == self.lock_timeout {
+            self.pool.begin().await
+        } else {
+            // One simple-query message: no extra round trip.
+            self.pool
+                .begin_with(format!(
+                    "BEGIN; SET LOCAL lock_timeout = '{}ms'",
+                    wait.as_millis().max(1)
+                ))
+                .await
+        };
+        result.map_err(|e| map_err_waited(e, wait))
+    }
+}
+
+/// Applies `migrations` of `component` not yet recorded in
+/// `idem_schema_migrations`, each in a transaction holding an advisory lock so
+/// concurrent runners apply each migration once.
+pub async fn migrate_component(
+    pool: &PgPool,
+    component: &str,
+    migrations: &[Migration],
+) -> Result<(), StoreError> {
+    for m in migrations {
+        let mut tx = pool.begin().await.map_err(map_err)?;
+        sqlx::query("SELECT pg_advisory_xact_lock(7_226_415_001)")
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
+        sqlx::raw_sql(
+            "CREATE TABLE IF NOT EXISTS idem_schema_migrations (
+                 component TEXT NOT NULL, version BIGINT NOT NULL, name TEXT NOT NULL,
+                 applied_at TIMESTAMPTZ NOT NULL DEFAULT now(), PRIMARY KEY (component, version))",
+        )
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        let seen: Option<i64> = sqlx::query_scalar(
+            "SELECT version FROM idem_schema_migrations WHERE component = $1 AND version = $2",
+        )
+        .bind(component)
+        .bind(m.version)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        if seen.is_some() {
+            continue;
+        }
+        sqlx::raw_sql(m.sql).execute(&mut *tx).await.map_err(map_err)?;
+        sqlx::query(
+            "INSERT INTO idem_schema_migrations (component, version, name) VALUES ($1, $2, $3)",
+        )
+        .bind(component)
+        .bind(m.version)
+        .bind(m.name)
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        tx.commit().await.map_err(map_err)?;
+    }
+    Ok(())
+}
+
+const INSERT_CLAIM: &str = "\
+INSERT INTO idem_keys (tenant_id, operation, idempotency_key, request_hash, state,
+                       locked_until_ms, created_at_ms, updated_at_ms, expires_at_ms)
+VALUES ($1, $2, $3, $4, 'pending', NULL, $5, $5, $6)
+ON CONFLICT (tenant_id, operation, idempotency_key) DO UPDATE SET
+    request_hash = excluded.request_hash, state = 'pending', status_code = NULL,
+    response_headers = NULL, response_body = NULL, resource_type = NULL,
+    resource_id = NULL, recovery_point = NULL, locked_until_ms = NULL, lock_token = NULL,
+    created_at_ms = excluded.created_at_ms, updated_at_ms = excluded.updated_at_ms,
+    expires_at_ms = excluded.expires_at_ms
+WHERE idem_keys.expires_at_ms <= excluded.created_at_ms
+RETURNING 1";
+
+const SELECT_RECORD: &str = "\
+SELECT request_hash, state, status_code, response_headers, response_body, resource_type,
+       resource_id, locked_until_ms, created_at_ms, expires_at_ms
+FROM idem_keys WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3";
+
+const UPDATE_COMPLETE: &str = "\
+UPDATE idem_keys SET state = $4, status_code = $5, response_headers = $6, response_body = $7,
+       resource_type = $8, resource_id = $9, locked_until_ms = NULL, updated_at_ms = $10
+WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND state = 'pending'";
+
+impl KeyStore for PgStore {
+    type Tx = PgTx;
+
+    async fn claim(
+        &self,
+        scope: &Scope,
+        fingerprint: &Fingerprint,
+        policy: &Policy,
+        now_ms: i64,
+    ) -> Result<Claim<PgTx>, StoreError> {
+        let mut tx = self.begin_waiting(policy.wait).await?;
+        let inserted = sqlx::query(INSERT_CLAIM)
+            .bind(scope.tenant.as_str())
+            .bind(scope.operation.as_str())
+            .bind(scope.key.as_str())
+            .bind(&fingerprint.as_bytes()[..])
+            .bind(now_ms)
+            .bind(policy.expires_at_ms(now_ms))
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(|e| map_err_waited(e, policy.wait))?;
+        if inserted.is_some() {
+            return Ok(Claim::Claimed(tx));
+        }
+        // READ COMMITTED: this statement sees the row the conflicting
+        // transaction committed while our INSERT waited for it.
+        let row = sqlx::query(SELECT_RECORD)
+            .bind(scope.tenant.as_str())
+            .bind(scope.operation.as_str())
+            .bind(scope.key.as_str())
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(map_err)?;
+        tx.rollback().await.map_err(map_err)?;
+        match row {
+            Some(row) => Ok(Claim::Existing(decode(&row)?)),
+            None => Err(StoreError::Busy {
+                waited: policy.wait,
+            }),
+        }
+    }
+
+    async fn complete(
+        &self,
+        mut tx: PgTx,
+        scope: &Scope,
+        completion: &Completion,
+        now_ms: i64,
+    ) -> Result<(), StoreError> {
+        let (kind, id) = completion
+            .resource
+            .as_ref()
+            .map(|r| (Some(r.kind.as_str()), Some(r.id.as_str())))
+            .unwrap_or((None, None));
+        let done = sqlx::query(UPDATE_COMPLETE)
+            .bind(scope.tenant.as_str())
+            .bind(scope.operation.as_str())
+            .bind(scope.key.as_str())
+            .bind(completion.state.as_str())
+            .bind(i32::from(completion.response.status))
+            .bind(completion.response.headers_json())
+            .bind(&completion.response.body[..])
+            .bind(kind)
+            .bind(id)
+            .bind(now_ms)
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
+        if done.rows_affected() != 1 {
+            return Err(StoreError::Corrupt {
+                detail: "the claimed record is no longer pending".into(),
+            });
+        }
+        tx.commit().await.map_err(map_err)
+    }
+
+    async fn begin(&self) -> Result<PgTx, StoreError> {
+        self.pool.begin().await.map_err(map_err)
+    }
+
+    async fn commit(&self, tx: PgTx) -> Result<(), StoreError> {
+        tx.commit().await.map_err(map_err)
+    }
+
+    async fn rollback(&self, tx: PgTx) -> Result<(), StoreError> {
+        tx.rollback().await.map_err(map_err)
+    }
+
+    async fn fetch(&self, scope: &Scope) -> Result<Option<StoredRecord>, StoreError> {
+        let row = sqlx::query(SELECT_RECORD)
+            .bind(scope.tenant.as_str())
+            .bind(scope.operation.as_str())
+            .bind(scope.key.as_str())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(map_err)?;
+        row.as_ref().map(decode).transpose()
+    }
+
+    async fn purge_expired(&self, now_ms: i64, limit: u32) -> Result<u64, StoreError> {
+        let done = sqlx::query(
+            "DELETE FROM idem_keys WHERE ctid = ANY(ARRAY(
+                 SELECT ctid FROM idem_keys WHERE expires_at_ms <= $1 LIMIT $2
+                 FOR UPDATE SKIP LOCKED))",
+        )
+        .bind(now_ms)
+        .bind(i64::from(limit))
+        .execute(&self.pool)
+        .await
+        .map_err(map_err)?;
+        Ok(done.rows_affected())
+    }
+}
+
+fn corrupt(detail: impl Into<String>) -> StoreError {
+    StoreError::Corrupt {
+        detail: detail.into(),
+    }
+}
+
+fn decode(row: &PgRow) -> Result<StoredRecord, StoreError> {
+    let get = |e: sqlx::Error| corrupt(e.to_string());
+    let hash: Vec<u8> = row.try_get("request_hash").map_err(get)?;
+    let state: String = row.try_get("state").map_err(get)?;
+    let status: Option<i32> = row.try_get("status_code").map_err(get)?;
+    let headers: Option<String> = row.try_get("response_headers").map_err(get)?;
+    let body: Option<Vec<u8>> = row.try_get("response_body").map_err(get)?;
+    let kind: Option<String> = row.try_get("resource_type").map_err(get)?;
+    let id: Option<String> = row.try_get("resource_id").map_err(get)?;
+    let response = match (status, headers) {
+        (Some(status), Some(headers)) => Some(StoredResponse {
+            status: u16::try_from(status).map_err(|_| corrupt("status code out of range"))?,
+            headers: StoredResponse::parse_headers(&headers)
+                .ok_or_else(|| corrupt("response headers are not a JSON list of pairs"))?,
+            body: body.unwrap_or_default(),
+        }),
+        _ => None,
+    };
+    Ok(StoredRecord {
+        fingerprint: Fingerprint::from_slice(&hash)
+            .ok_or_else(|| corrupt("request hash is not 32 bytes"))?,
+        state: RecordState::parse(&state).ok_or_else(|| corrupt(format!("state {state:?}")))?,
+        response,
+        resource: kind.zip(id).map(|(kind, id)| ResourceRef { kind, id }),
+        locked_until_ms: row.try_get("locked_until_ms").map_err(get)?,
+        created_at_ms: row.try_get("created_at_ms").map_err(get)?,
+        expires_at_ms: row.try_get("expires_at_ms").map_err(get)?,
+    })
+}
+
+fn map_err_waited(e: sqlx::Error, wait: Duration) -> StoreError {
+    match map_err(e) {
+        StoreError::Busy { .. } => StoreError::Busy { waited: wait },
+        other => other,
+    }
+}
+
+/// Classifies a driver error by SQLSTATE: `55P03` lock_not_available is
+/// `Busy`; connection exceptions (`08…`), shutdowns (`57P0…`) and
+/// too-many-connections (`53300`) are `Unavailable`.
+pub fn map_err(e: sqlx::Error) -> StoreError {
+    match &e {
+        sqlx::Error::Database(db) => {
+            let code = db.code().map(|c| c.into_owned()).unwrap_or_default();
+            if code == "55P03" {
+                StoreError::Busy {
+                    waited: Duration::ZERO,
+                }
+            } else if code.starts_with("08") || code.starts_with("57P0") || code == "53300" {
+                StoreError::Unavailable { source: e.into() }
+            } else {
+                StoreError::Database { source: e.into() }
+            }
+        }
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => StoreError::Unavailable { source: e.into() },
+        _ => StoreError::Database { source: e.into() },
+    }
+}
