@@ -20,6 +20,9 @@
 //! assert_eq!(IdempotencyKey::from_header(b""), Err(KeyError::Empty));
 //! ```
 
+#[cfg(feature = "conformance")]
+pub mod conformance;
+
 mod clock;
 mod engine;
 mod error;
