@@ -120,7 +120,7 @@ pub async fn migrate_component(
 ) -> Result<(), StoreError> {
     for m in migrations {
         let mut tx = pool.begin().await.map_err(map_err)?;
-        sqlx::query("SELECT pg_advisory_xact_lock(7_226_415_001)")
+        sqlx::query("SELECT pg_advisory_xact_lock(7226415001)")
             .execute(&mut *tx)
             .await
             .map_err(map_err)?;
