@@ -33,7 +33,9 @@ fn is_root() -> bool {
 }
 
 fn run(cmd: &mut Command) -> Result<()> {
-    let status = cmd.status().map_err(|e| format!("failed to start {cmd:?}: {e}"))?;
+    let status = cmd
+        .status()
+        .map_err(|e| format!("failed to start {cmd:?}: {e}"))?;
     if status.success() {
         Ok(())
     } else {
@@ -48,14 +50,22 @@ fn postgres_bindir() -> Result<PathBuf> {
         return Ok(candidate);
     }
     if !is_root() {
-        return Err("PostgreSQL 15 not found in /usr/lib/postgresql/15/bin; install the \
+        return Err(
+            "PostgreSQL 15 not found in /usr/lib/postgresql/15/bin; install the \
                     Debian package postgresql-15 (or run as root to let xtask install it)"
-            .into());
+                .into(),
+        );
     }
     eprintln!("xtask: installing postgresql-15 with apt-get");
     run(Command::new("apt-get").args(["update", "-q"]))?;
     run(Command::new("apt-get")
-        .args(["install", "-y", "-q", "--no-install-recommends", "postgresql-15"])
+        .args([
+            "install",
+            "-y",
+            "-q",
+            "--no-install-recommends",
+            "postgresql-15",
+        ])
         .env("DEBIAN_FRONTEND", "noninteractive"))?;
     if candidate.join("initdb").exists() {
         Ok(candidate)
@@ -97,7 +107,9 @@ impl Postgres {
         std::fs::create_dir_all(&dir).map_err(|e| format!("failed to create {dir:?}: {e}"))?;
         if as_postgres_user {
             // Postgres refuses to run as root: hand the directory to `postgres`.
-            run(Command::new("chown").args(["-R", "postgres:postgres"]).arg(&dir))?;
+            run(Command::new("chown")
+                .args(["-R", "postgres:postgres"])
+                .arg(&dir))?;
         }
         let pg = Self {
             bindir,

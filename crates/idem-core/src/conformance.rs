@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use crate::store::KeyStore;
 use crate::{
     Begun, Completion, Engine, Error, Fingerprint, FingerprintSpec, IdempotencyKey, ManualClock,
     Operation, Policy, RecordState, RequestParts, Scope, StoredResponse, Tenant,
 };
-use crate::store::KeyStore;
 
 pub fn scope(tenant: &str, key: &str) -> Scope {
     Scope::new(
@@ -50,21 +50,32 @@ pub async fn replay_and_mismatch<S: KeyStore>(store: S) {
     let Begun::Fresh(claimed) = engine.begin(&s, &fp, &policy).await.unwrap() else {
         panic!("first claim of a fresh key must be Fresh");
     };
-    let done = Completion::completed(response(201, r#"{"id":"p1"}"#)).with_resource("payment", "p1");
+    let done =
+        Completion::completed(response(201, r#"{"id":"p1"}"#)).with_resource("payment", "p1");
     engine.finish(claimed, &done).await.unwrap();
     let Begun::Replay(record) = engine.begin(&s, &fp, &policy).await.unwrap() else {
         panic!("second claim with the same fingerprint must replay");
     };
     assert_eq!(record.state, RecordState::Completed);
-    assert_eq!(record.response.as_ref(), Some(&done.response), "replay must return the stored bytes");
+    assert_eq!(
+        record.response.as_ref(),
+        Some(&done.response),
+        "replay must return the stored bytes"
+    );
     assert_eq!(record.resource.as_ref().map(|r| r.id.as_str()), Some("p1"));
     let other = fingerprint(r#"{"amount":2}"#);
     assert!(
-        matches!(engine.begin(&s, &other, &policy).await, Err(Error::FingerprintMismatch)),
+        matches!(
+            engine.begin(&s, &other, &policy).await,
+            Err(Error::FingerprintMismatch)
+        ),
         "a different fingerprint must be a mismatch"
     );
     let after = engine.store().fetch(&s).await.unwrap().unwrap();
-    assert_eq!(after, record, "a mismatch must leave the stored record untouched");
+    assert_eq!(
+        after, record,
+        "a mismatch must leave the stored record untouched"
+    );
 }
 
 /// A failed (contract-error) outcome is stored and replayed too.
@@ -75,7 +86,13 @@ pub async fn failed_outcome_is_replayed<S: KeyStore>(store: S) {
     let Begun::Fresh(c) = engine.begin(&s, &fp, &Policy::default()).await.unwrap() else {
         panic!("fresh key must be claimed");
     };
-    engine.finish(c, &Completion::failed(response(422, r#"{"type":"declined"}"#))).await.unwrap();
+    engine
+        .finish(
+            c,
+            &Completion::failed(response(422, r#"{"type":"declined"}"#)),
+        )
+        .await
+        .unwrap();
     let Begun::Replay(r) = engine.begin(&s, &fp, &Policy::default()).await.unwrap() else {
         panic!("failed outcome must replay");
     };
@@ -92,7 +109,10 @@ pub async fn rollback_leaves_no_record<S: KeyStore>(store: S) {
         panic!("fresh key must be claimed");
     };
     engine.abort(c).await.unwrap();
-    assert!(engine.store().fetch(&s).await.unwrap().is_none(), "rollback must remove the claim");
+    assert!(
+        engine.store().fetch(&s).await.unwrap().is_none(),
+        "rollback must remove the claim"
+    );
     // Dropping a claim without finishing it (a panic, a cancelled future) also rolls back.
     let Begun::Fresh(c) = engine.begin(&s, &fp, &Policy::default()).await.unwrap() else {
         panic!("key must be claimable after a rollback");
@@ -101,7 +121,10 @@ pub async fn rollback_leaves_no_record<S: KeyStore>(store: S) {
     let Begun::Fresh(c) = engine.begin(&s, &fp, &Policy::default()).await.unwrap() else {
         panic!("key must be claimable after a dropped claim");
     };
-    engine.finish(c, &Completion::completed(response(201, "{}"))).await.unwrap();
+    engine
+        .finish(c, &Completion::completed(response(201, "{}")))
+        .await
+        .unwrap();
     assert!(engine.store().fetch(&s).await.unwrap().is_some());
 }
 
@@ -115,9 +138,17 @@ pub async fn tenants_are_isolated<S: KeyStore>(store: S) {
             panic!("tenant {tenant} must get its own claim of a shared key");
         };
         let body = format!(r#"{{"tenant":"{tenant}"}}"#);
-        engine.finish(c, &Completion::completed(response(201, &body))).await.unwrap();
+        engine
+            .finish(c, &Completion::completed(response(201, &body)))
+            .await
+            .unwrap();
     }
-    let a = engine.store().fetch(&scope("alpha", "shared-key")).await.unwrap().unwrap();
+    let a = engine
+        .store()
+        .fetch(&scope("alpha", "shared-key"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(a.response.unwrap().body, br#"{"tenant":"alpha"}"#);
 }
 
@@ -132,14 +163,22 @@ pub async fn concurrent_claims_execute_once<S: KeyStore>(store: S, n: usize) {
     let fp = fingerprint(r#"{"amount":7}"#);
     let mut tasks = Vec::new();
     for _ in 0..n {
-        let (engine, s, executed, replayed, in_flight) =
-            (engine.clone(), s.clone(), executed.clone(), replayed.clone(), in_flight.clone());
+        let (engine, s, executed, replayed, in_flight) = (
+            engine.clone(),
+            s.clone(),
+            executed.clone(),
+            replayed.clone(),
+            in_flight.clone(),
+        );
         tasks.push(tokio::spawn(async move {
             match engine.begin(&s, &fp, &Policy::default()).await {
                 Ok(Begun::Fresh(c)) => {
                     executed.fetch_add(1, Ordering::SeqCst);
                     tokio::time::sleep(Duration::from_millis(50)).await;
-                    engine.finish(c, &Completion::completed(response(201, "{}"))).await.unwrap();
+                    engine
+                        .finish(c, &Completion::completed(response(201, "{}")))
+                        .await
+                        .unwrap();
                 }
                 Ok(Begun::Replay(r)) => {
                     assert_eq!(r.response.unwrap().status, 201);
@@ -155,7 +194,11 @@ pub async fn concurrent_claims_execute_once<S: KeyStore>(store: S, n: usize) {
     for t in tasks {
         t.await.unwrap();
     }
-    let (e, r, f) = (executed.load(Ordering::SeqCst), replayed.load(Ordering::SeqCst), in_flight.load(Ordering::SeqCst));
+    let (e, r, f) = (
+        executed.load(Ordering::SeqCst),
+        replayed.load(Ordering::SeqCst),
+        in_flight.load(Ordering::SeqCst),
+    );
     assert_eq!(e, 1, "exactly one execution (replayed={r}, in_flight={f})");
     assert_eq!(e + r + f, n);
 }
@@ -176,9 +219,18 @@ pub async fn wait_is_bounded<S: KeyStore>(store: S) {
         Err(e) => panic!("a claim blocked past its wait must be InFlight, got {e:?}"),
         Ok(_) => panic!("a claim blocked past its wait must be InFlight, got a claim or replay"),
     }
-    assert!(started.elapsed() < Duration::from_secs(4), "the wait must be bounded by the policy");
-    engine.finish(held, &Completion::completed(response(201, "{}"))).await.unwrap();
-    assert!(matches!(engine.begin(&s, &fp, &short).await, Ok(Begun::Replay(_))));
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "the wait must be bounded by the policy"
+    );
+    engine
+        .finish(held, &Completion::completed(response(201, "{}")))
+        .await
+        .unwrap();
+    assert!(matches!(
+        engine.begin(&s, &fp, &short).await,
+        Ok(Begun::Replay(_))
+    ));
 }
 
 /// After the TTL a record counts as absent: the late retry claims again (the
@@ -193,21 +245,44 @@ pub async fn expiry_and_gc<S: KeyStore>(store: S) {
         let Begun::Fresh(c) = engine.begin(&s, &fp, &policy).await.unwrap() else {
             panic!("fresh key must be claimed");
         };
-        engine.finish(c, &Completion::completed(response(201, "{}"))).await.unwrap();
+        engine
+            .finish(c, &Completion::completed(response(201, "{}")))
+            .await
+            .unwrap();
     }
     let s0 = scope("t1", "ttl-0");
-    assert!(matches!(engine.begin(&s0, &fp, &policy).await, Ok(Begun::Replay(_))), "live record replays");
-    assert_eq!(engine.purge_expired(10, 100).await.unwrap(), 0, "nothing expired yet");
+    assert!(
+        matches!(engine.begin(&s0, &fp, &policy).await, Ok(Begun::Replay(_))),
+        "live record replays"
+    );
+    assert_eq!(
+        engine.purge_expired(10, 100).await.unwrap(),
+        0,
+        "nothing expired yet"
+    );
     clock.advance(Duration::from_secs(61));
     // A late retry after expiry (before GC ran) executes again.
-    let Begun::Fresh(c) = engine.begin(&s0, &fingerprint(r#"{"other":1}"#), &policy).await.unwrap() else {
+    let Begun::Fresh(c) = engine
+        .begin(&s0, &fingerprint(r#"{"other":1}"#), &policy)
+        .await
+        .unwrap()
+    else {
         panic!("an expired record must not replay nor mismatch");
     };
-    engine.finish(c, &Completion::completed(response(201, r#"{"late":true}"#))).await.unwrap();
+    engine
+        .finish(c, &Completion::completed(response(201, r#"{"late":true}"#)))
+        .await
+        .unwrap();
     // Bounded batches: at most 2 batches of 10 → 20 of the 24 expired.
     assert_eq!(engine.purge_expired(10, 2).await.unwrap(), 20);
     assert_eq!(engine.purge_expired(10, 100).await.unwrap(), 4);
     let s1 = scope("t1", "ttl-1");
-    assert!(engine.store().fetch(&s1).await.unwrap().is_none(), "expired record deleted");
-    assert!(engine.store().fetch(&s0).await.unwrap().is_some(), "the re-claimed record is live");
+    assert!(
+        engine.store().fetch(&s1).await.unwrap().is_none(),
+        "expired record deleted"
+    );
+    assert!(
+        engine.store().fetch(&s0).await.unwrap().is_some(),
+        "the re-claimed record is live"
+    );
 }

@@ -196,7 +196,11 @@ mod tests {
     #[test]
     fn key_order_and_whitespace_do_not_matter_for_json() {
         let s = FingerprintSpec::default();
-        let a = fp(&s, true, r#"{"amount":100,"currency":"EUR","meta":{"x":1,"y":[1,2]}}"#);
+        let a = fp(
+            &s,
+            true,
+            r#"{"amount":100,"currency":"EUR","meta":{"x":1,"y":[1,2]}}"#,
+        );
         let b = fp(
             &s,
             true,
@@ -208,8 +212,14 @@ mod tests {
     #[test]
     fn values_and_array_order_do_matter() {
         let s = FingerprintSpec::default();
-        assert_ne!(fp(&s, true, r#"{"amount":100}"#), fp(&s, true, r#"{"amount":101}"#));
-        assert_ne!(fp(&s, true, r#"{"a":[1,2]}"#), fp(&s, true, r#"{"a":[2,1]}"#));
+        assert_ne!(
+            fp(&s, true, r#"{"amount":100}"#),
+            fp(&s, true, r#"{"amount":101}"#)
+        );
+        assert_ne!(
+            fp(&s, true, r#"{"a":[1,2]}"#),
+            fp(&s, true, r#"{"a":[2,1]}"#)
+        );
         assert_ne!(fp(&s, true, r#"{"a":"1"}"#), fp(&s, true, r#"{"a":1}"#));
     }
 
@@ -234,8 +244,20 @@ mod tests {
             body: b"{}",
         };
         let f = s.fingerprint(&base);
-        assert_ne!(f, s.fingerprint(&RequestParts { method: "PATCH", ..base }));
-        assert_ne!(f, s.fingerprint(&RequestParts { operation: &other, ..base }));
+        assert_ne!(
+            f,
+            s.fingerprint(&RequestParts {
+                method: "PATCH",
+                ..base
+            })
+        );
+        assert_ne!(
+            f,
+            s.fingerprint(&RequestParts {
+                operation: &other,
+                ..base
+            })
+        );
         assert_ne!(
             f,
             s.fingerprint(&RequestParts {
@@ -252,13 +274,25 @@ mod tests {
             .unwrap()
             .ignore_field("/meta/trace~1id")
             .unwrap();
-        let a = fp(&s, true, r#"{"amount":1,"client_ts":"x","meta":{"trace/id":"a","k":1}}"#);
-        let b = fp(&s, true, r#"{"amount":1,"client_ts":"y","meta":{"trace/id":"b","k":1}}"#);
+        let a = fp(
+            &s,
+            true,
+            r#"{"amount":1,"client_ts":"x","meta":{"trace/id":"a","k":1}}"#,
+        );
+        let b = fp(
+            &s,
+            true,
+            r#"{"amount":1,"client_ts":"y","meta":{"trace/id":"b","k":1}}"#,
+        );
         let c = fp(&s, true, r#"{"amount":1,"meta":{"k":1}}"#);
         assert_eq!(a, b);
         assert_eq!(a, c);
         assert_ne!(a, fp(&s, true, r#"{"amount":1,"meta":{"k":2}}"#));
-        assert!(FingerprintSpec::default().ignore_field("no-slash").is_none());
+        assert!(
+            FingerprintSpec::default()
+                .ignore_field("no-slash")
+                .is_none()
+        );
     }
 
     #[test]

@@ -34,12 +34,14 @@ mod scope;
 mod store;
 
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use engine::{BoxFuture, Begun, Claimed, Engine, Outcome};
+pub use engine::{Begun, BoxFuture, Claimed, Engine, Outcome};
 pub use error::{BoxError, Error, KeyError, ScopeError, StoreError};
 pub use fingerprint::{Fingerprint, FingerprintSpec, RequestParts};
 pub use key::IdempotencyKey;
 pub use policy::Policy;
-pub use record::{Completion, Decision, RecordState, ResourceRef, StoredRecord, StoredResponse, decide};
+pub use record::{
+    Completion, Decision, RecordState, ResourceRef, StoredRecord, StoredResponse, decide,
+};
 pub use scope::{NAME_MAX_LEN, Operation, Scope, Tenant};
 pub use store::{Claim, KeyStore};
 

@@ -67,6 +67,9 @@ mod tests {
         assert_eq!(Policy::with_ttl(Duration::ZERO).ttl, Duration::from_secs(1));
         assert_eq!(Policy::with_ttl(Duration::MAX).ttl, Policy::MAX_TTL);
         assert_eq!(Policy::default().wait(Duration::MAX).wait, Policy::MAX_WAIT);
-        assert_eq!(Policy::with_ttl(Duration::from_secs(2)).expires_at_ms(1_000), 3_000);
+        assert_eq!(
+            Policy::with_ttl(Duration::from_secs(2)).expires_at_ms(1_000),
+            3_000
+        );
     }
 }

@@ -215,7 +215,11 @@ mod tests {
     #[test]
     fn different_fingerprint_is_a_mismatch_in_every_state() {
         let fp = Fingerprint::from_bytes([2; 32]);
-        for state in [RecordState::Pending, RecordState::Completed, RecordState::Failed] {
+        for state in [
+            RecordState::Pending,
+            RecordState::Completed,
+            RecordState::Failed,
+        ] {
             assert_eq!(decide(record([1; 32], state), &fp, 0), Decision::Mismatch);
         }
     }

@@ -70,7 +70,10 @@ impl PgStore {
     pub async fn connect(url: &str, config: PgConfig) -> Result<Self, StoreError> {
         let options = PgConnectOptions::from_str(url)
             .map_err(|e| StoreError::Database { source: e.into() })?
-            .options([("lock_timeout", format!("{}ms", config.lock_timeout.as_millis()))]);
+            .options([(
+                "lock_timeout",
+                format!("{}ms", config.lock_timeout.as_millis()),
+            )]);
         let pool = PgPoolOptions::new()
             .max_connections(config.max_connections.max(1))
             .acquire_timeout(config.acquire_timeout)
@@ -143,7 +146,10 @@ pub async fn migrate_component(
         if seen.is_some() {
             continue;
         }
-        sqlx::raw_sql(m.sql).execute(&mut *tx).await.map_err(map_err)?;
+        sqlx::raw_sql(m.sql)
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
         sqlx::query(
             "INSERT INTO idem_schema_migrations (component, version, name) VALUES ($1, $2, $3)",
         )

@@ -72,8 +72,14 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn second_entry_waits_then_times_out_as_busy() {
         let gates = Gates::default();
-        let held = gates.enter(&scope("a"), Duration::from_secs(1)).await.unwrap();
-        let err = gates.enter(&scope("a"), Duration::from_millis(300)).await.unwrap_err();
+        let held = gates
+            .enter(&scope("a"), Duration::from_secs(1))
+            .await
+            .unwrap();
+        let err = gates
+            .enter(&scope("a"), Duration::from_millis(300))
+            .await
+            .unwrap_err();
         assert!(matches!(err, StoreError::Busy { waited } if waited == Duration::from_millis(300)));
         // A different key is not blocked.
         assert!(gates.enter(&scope("b"), Duration::ZERO).await.is_ok());
@@ -85,7 +91,12 @@ mod tests {
     async fn dead_entries_are_swept() {
         let gates = Gates::default();
         for i in 0..5000 {
-            drop(gates.enter(&scope(&format!("k{i}")), Duration::ZERO).await.unwrap());
+            drop(
+                gates
+                    .enter(&scope(&format!("k{i}")), Duration::ZERO)
+                    .await
+                    .unwrap(),
+            );
         }
         assert!(gates.len() <= 2048, "map kept {} entries", gates.len());
     }

@@ -39,8 +39,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::{
-    Claim, Completion, Fingerprint, KeyStore, Policy, RecordState, ResourceRef, Scope,
-    StoreError, StoredRecord, StoredResponse,
+    Claim, Completion, Fingerprint, KeyStore, Policy, RecordState, ResourceRef, Scope, StoreError,
+    StoredRecord, StoredResponse,
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,

@@ -41,7 +41,10 @@ pub async fn migrate_component(
         if seen.is_some() {
             continue;
         }
-        sqlx::raw_sql(m.sql).execute(&mut *tx).await.map_err(map_err)?;
+        sqlx::raw_sql(m.sql)
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
         sqlx::query(
             "INSERT INTO idem_schema_migrations (component, version, name, applied_at_ms)
              VALUES (?1, ?2, ?3, CAST(unixepoch('subsec') * 1000 AS INTEGER))",

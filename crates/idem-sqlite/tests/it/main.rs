@@ -21,7 +21,9 @@ async fn db(name: &str) -> TestDb {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let url = format!("sqlite://{}", dir.join("test.db").display());
-    let store = SqliteStore::connect(&url, SqliteConfig::default()).await.unwrap();
+    let store = SqliteStore::connect(&url, SqliteConfig::default())
+        .await
+        .unwrap();
     store.migrate().await.unwrap();
     store.migrate().await.unwrap(); // migrations are idempotent
     sqlx::raw_sql("CREATE TABLE payments (id TEXT PRIMARY KEY, amount INTEGER NOT NULL)")
@@ -52,7 +54,10 @@ conformance! {
 }
 
 async fn payments(store: &SqliteStore) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM payments").fetch_one(store.pool()).await.unwrap()
+    sqlx::query_scalar("SELECT count(*) FROM payments")
+        .fetch_one(store.pool())
+        .await
+        .unwrap()
 }
 
 #[tokio::test]
@@ -63,21 +68,37 @@ async fn business_write_commits_with_the_key_and_rolls_back_with_it() {
     let fp = c::fingerprint(r#"{"amount":5}"#);
     // The operation writes a payment then fails: neither payment nor key survive.
     let failed = engine
-        .execute(&s, &fp, &Policy::default(), |tx| Box::pin(async move {
-            sqlx::query("INSERT INTO payments VALUES ('p1', 5)").execute(&mut **tx).await.unwrap();
-            Err::<Completion, _>("card network timeout")
-        }))
+        .execute(&s, &fp, &Policy::default(), |tx| {
+            Box::pin(async move {
+                sqlx::query("INSERT INTO payments VALUES ('p1', 5)")
+                    .execute(&mut **tx)
+                    .await
+                    .unwrap();
+                Err::<Completion, _>("card network timeout")
+            })
+        })
         .await;
-    assert!(matches!(failed, Err(Error::Operation("card network timeout"))));
-    assert_eq!(payments(&db.store).await, 0, "the payment must roll back with the key");
+    assert!(matches!(
+        failed,
+        Err(Error::Operation("card network timeout"))
+    ));
+    assert_eq!(
+        payments(&db.store).await,
+        0,
+        "the payment must roll back with the key"
+    );
     assert!(db.store.fetch(&s).await.unwrap().is_none());
     // The retry executes once; the next one replays without a second payment.
     for expect_executed in [true, false] {
         let out = engine
-            .execute(&s, &fp, &Policy::default(), |tx| Box::pin(async move {
-                sqlx::query("INSERT INTO payments VALUES ('p1', 5)").execute(&mut **tx).await?;
-                Ok::<_, sqlx::Error>(Completion::completed(c::response(201, r#"{"id":"p1"}"#)))
-            }))
+            .execute(&s, &fp, &Policy::default(), |tx| {
+                Box::pin(async move {
+                    sqlx::query("INSERT INTO payments VALUES ('p1', 5)")
+                        .execute(&mut **tx)
+                        .await?;
+                    Ok::<_, sqlx::Error>(Completion::completed(c::response(201, r#"{"id":"p1"}"#)))
+                })
+            })
             .await
             .unwrap();
         assert_eq!(matches!(out, Outcome::Executed(_)), expect_executed);
@@ -87,6 +108,8 @@ async fn business_write_commits_with_the_key_and_rolls_back_with_it() {
 
 #[tokio::test]
 async fn in_memory_databases_are_refused() {
-    let err = SqliteStore::connect("sqlite::memory:", SqliteConfig::default()).await.unwrap_err();
+    let err = SqliteStore::connect("sqlite::memory:", SqliteConfig::default())
+        .await
+        .unwrap_err();
     assert!(err.to_string().contains("key store error"), "{err}");
 }
