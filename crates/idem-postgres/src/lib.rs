@@ -32,9 +32,28 @@ pub const MIGRATIONS: &[Migration] = &[Migration {
     sql: include_str!("../migrations/0001_idem_keys.sql"),
 }];
 
-/// An open PostgreSQL transaction handed to business code; `&mut **tx` is a
-/// `&mut PgConnection`.
-pub type PgTx = Transaction<'static, Postgres>;
+/// An open PostgreSQL transaction handed to business code. Dereferences to the
+/// connection, so `sqlx::query(…).execute(&mut **tx)` works through a guard.
+pub struct PgTx(Transaction<'static, Postgres>);
+
+impl std::fmt::Debug for PgTx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgTx").finish_non_exhaustive()
+    }
+}
+
+impl std::ops::Deref for PgTx {
+    type Target = sqlx::PgConnection;
+    fn deref(&self) -> &sqlx::PgConnection {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for PgTx {
+    fn deref_mut(&mut self) -> &mut sqlx::PgConnection {
+        &mut self.0
+    }
+}
 
 /// Connection settings for [`PgStore::connect`].
 #[derive(Debug, Clone)]
@@ -97,7 +116,10 @@ impl PgStore {
         migrate_component(&self.pool, "idem", MIGRATIONS).await
     }
 
-    async fn begin_waiting(&self, wait: Duration) -> Result<PgTx, StoreError> {
+    async fn begin_waiting(
+        &self,
+        wait: Duration,
+    ) -> Result<Transaction<'static, Postgres>, StoreError> {
         let result = if wait == self.lock_timeout {
             self.pool.begin().await
         } else {
@@ -209,7 +231,7 @@ impl KeyStore for PgStore {
             .await
             .map_err(|e| map_err_waited(e, policy.wait))?;
         if inserted.is_some() {
-            return Ok(Claim::Claimed(tx));
+            return Ok(Claim::Claimed(PgTx(tx)));
         }
         // READ COMMITTED: this statement sees the row the conflicting
         // transaction committed while our INSERT waited for it.
@@ -252,7 +274,7 @@ impl KeyStore for PgStore {
             .bind(kind)
             .bind(id)
             .bind(now_ms)
-            .execute(&mut *tx)
+            .execute(&mut *tx.0)
             .await
             .map_err(map_err)?;
         if done.rows_affected() != 1 {
@@ -260,19 +282,19 @@ impl KeyStore for PgStore {
                 detail: "the claimed record is no longer pending".into(),
             });
         }
-        tx.commit().await.map_err(map_err)
+        tx.0.commit().await.map_err(map_err)
     }
 
     async fn begin(&self) -> Result<PgTx, StoreError> {
-        self.pool.begin().await.map_err(map_err)
+        self.pool.begin().await.map(PgTx).map_err(map_err)
     }
 
     async fn commit(&self, tx: PgTx) -> Result<(), StoreError> {
-        tx.commit().await.map_err(map_err)
+        tx.0.commit().await.map_err(map_err)
     }
 
     async fn rollback(&self, tx: PgTx) -> Result<(), StoreError> {
-        tx.rollback().await.map_err(map_err)
+        tx.0.rollback().await.map_err(map_err)
     }
 
     async fn fetch(&self, scope: &Scope) -> Result<Option<StoredRecord>, StoreError> {
