@@ -1,0 +1,292 @@
+//! The demo payments API, written with the library the way a user would write
+//! theirs. The handlers are written once and instantiated per backend.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use idem_core::{Clock, Migration, ResourceRef, SystemClock};
+use serde_json::{Value, json};
+
+/// The demo's tables.
+pub const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "demo_payments",
+    sql: include_str!("../migrations/0001_demo.sql"),
+}];
+
+/// Largest request body accepted by the demo routes.
+pub const MAX_BODY_BYTES: usize = 1 << 20;
+
+pub fn invalid(detail: &str) -> Response {
+    idem_http::problem(
+        StatusCode::BAD_REQUEST,
+        "invalid-request",
+        "The request is invalid",
+        Some(detail),
+        None,
+    )
+}
+
+pub fn not_found() -> Response {
+    idem_http::problem(
+        StatusCode::NOT_FOUND,
+        "not-found",
+        "No such payment",
+        None,
+        None,
+    )
+}
+
+pub fn internal(e: impl std::fmt::Display) -> Response {
+    tracing::error!(error = %e, "demo handler failed");
+    idem_http::problem(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "internal",
+        "Internal error",
+        None,
+        None,
+    )
+}
+
+/// A validated create-payment request.
+pub struct NewPayment {
+    pub amount: i64,
+    pub currency: String,
+    pub customer: String,
+    pub reference: Option<String>,
+}
+
+pub fn parse_payment(body: &Bytes) -> Result<NewPayment, Response> {
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| invalid(&format!("body is not valid JSON: {e}")))?;
+    let obj = v
+        .as_object()
+        .ok_or_else(|| invalid("body must be a JSON object"))?;
+    let amount = obj
+        .get("amount")
+        .and_then(Value::as_i64)
+        .filter(|a| *a > 0)
+        .ok_or_else(|| invalid("amount must be an integer greater than 0"))?;
+    let currency = obj
+        .get("currency")
+        .and_then(Value::as_str)
+        .filter(|c| c.len() == 3 && c.bytes().all(|b| b.is_ascii_uppercase()))
+        .ok_or_else(|| invalid("currency must be a 3-letter upper-case code such as EUR"))?;
+    let customer = obj
+        .get("customer")
+        .and_then(Value::as_str)
+        .filter(|c| !c.is_empty() && c.len() <= 255)
+        .ok_or_else(|| invalid("customer must be a string of 1 to 255 characters"))?;
+    let reference = match obj.get("reference") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(r)) if !r.is_empty() && r.len() <= 255 => Some(r.clone()),
+        Some(_) => return Err(invalid("reference must be a string of 1 to 255 characters")),
+    };
+    Ok(NewPayment {
+        amount,
+        currency: currency.to_owned(),
+        customer: customer.to_owned(),
+        reference,
+    })
+}
+
+pub fn parse_refund(body: &Bytes) -> Result<i64, Response> {
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| invalid(&format!("body is not valid JSON: {e}")))?;
+    v.get("amount")
+        .and_then(Value::as_i64)
+        .filter(|a| *a > 0)
+        .ok_or_else(|| invalid("amount must be an integer greater than 0"))
+}
+
+pub fn now_ms() -> i64 {
+    SystemClock.now_ms()
+}
+
+pub fn new_id(prefix: &str) -> String {
+    format!("{prefix}_{}", uuid::Uuid::new_v4().simple())
+}
+
+pub fn rfc3339(ms: i64) -> String {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.max(0) as u64);
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
+/// A payment row as `(id, amount, currency, customer, reference, refunded, created)`.
+pub type PaymentRow = (String, i64, String, String, Option<String>, i64, i64);
+
+pub fn payment_json(p: &PaymentRow) -> Value {
+    let status = match p.5 {
+        0 => "succeeded",
+        r if r >= p.1 => "refunded",
+        _ => "partially_refunded",
+    };
+    json!({
+        "id": p.0, "amount": p.1, "currency": p.2, "customer": p.3, "reference": p.4,
+        "status": status, "amount_refunded": p.5, "created_at": rfc3339(p.6),
+    })
+}
+
+pub fn json_response(
+    status: StatusCode,
+    body: &Value,
+    location: Option<String>,
+    resource: Option<ResourceRef>,
+) -> Response {
+    let mut res = (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response();
+    if let Some(loc) = location.and_then(|l| HeaderValue::try_from(l).ok()) {
+        res.headers_mut().insert(header::LOCATION, loc);
+    }
+    if let Some(r) = resource {
+        res.extensions_mut().insert(r);
+    }
+    res
+}
+
+pub const SELECT_PAYMENT: &str = "SELECT id, amount, currency, customer, reference, amount_refunded, created_at_ms \
+     FROM demo_payments WHERE tenant_id = $1 AND id = $2";
+
+/// Generates the demo router for one backend.
+#[macro_export]
+macro_rules! demo_app {
+    ($modname:ident, $store:ty, $tx:ty, $pool:ty) => {
+        mod $modname {
+            use axum::extract::{Path, Query, State};
+            use axum::http::{HeaderMap, StatusCode};
+            use axum::response::Response;
+            use axum::routing::{get, post};
+            use axum::{Extension, Router};
+            use bytes::Bytes;
+            use idem_core::{Operation, ResourceRef, Tenant};
+            use idem_http::{IdemTx, IdempotencyLayer, RouteConfig, TenantSource};
+            use serde_json::json;
+            use $crate::demo::*;
+
+            #[derive(Clone)]
+            struct App {
+                pool: $pool,
+                tenant: TenantSource,
+            }
+
+            fn tenant_of(app: &App, headers: &HeaderMap) -> Result<Tenant, Response> {
+                let mut parts = axum::http::Request::new(()).into_parts().0;
+                parts.headers = headers.clone();
+                app.tenant.resolve(&parts).map_err(|r| r.into_response())
+            }
+
+            async fn create(Extension(tx): Extension<IdemTx<$tx>>, Extension(tenant): Extension<Tenant>, body: Bytes) -> Response {
+                let p = match parse_payment(&body) { Ok(p) => p, Err(r) => return r };
+                let mut tx = match tx.lock().await { Ok(t) => t, Err(_) => return internal("transaction finished") };
+                let id = new_id("pay");
+                let now = now_ms();
+                let inserted: Result<Option<String>, _> = sqlx::query_scalar(
+                    "INSERT INTO demo_payments (tenant_id, id, amount, currency, customer, reference, created_at_ms) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (tenant_id, reference) DO NOTHING RETURNING id")
+                    .bind(tenant.as_str()).bind(&id).bind(p.amount).bind(&p.currency).bind(&p.customer)
+                    .bind(&p.reference).bind(now)
+                    .fetch_optional(&mut **tx).await;
+                match inserted {
+                    Ok(Some(_)) => {
+                        let row = (id.clone(), p.amount, p.currency, p.customer, p.reference, 0, now);
+                        json_response(StatusCode::CREATED, &payment_json(&row), Some(format!("/v1/payments/{id}")),
+                            Some(ResourceRef { kind: "payment".into(), id }))
+                    }
+                    Ok(None) => {
+                        // The business natural key: this reference was used before.
+                        let existing: Result<PaymentRow, _> = sqlx::query_as(
+                            "SELECT id, amount, currency, customer, reference, amount_refunded, created_at_ms \
+                             FROM demo_payments WHERE tenant_id = $1 AND reference = $2")
+                            .bind(tenant.as_str()).bind(&p.reference).fetch_one(&mut **tx).await;
+                        match existing {
+                            Ok(row) if row.1 == p.amount && row.2 == p.currency && row.3 == p.customer => {
+                                let id = row.0.clone();
+                                json_response(StatusCode::OK, &payment_json(&row), Some(format!("/v1/payments/{id}")),
+                                    Some(ResourceRef { kind: "payment".into(), id }))
+                            }
+                            Ok(row) => idem_http::problem(StatusCode::CONFLICT, "reference-conflict",
+                                "This reference belongs to a different payment", Some(&format!("payment {}", row.0)), None),
+                            Err(e) => internal(e),
+                        }
+                    }
+                    Err(e) => internal(e),
+                }
+            }
+
+            async fn refund(Extension(tx): Extension<IdemTx<$tx>>, Extension(tenant): Extension<Tenant>,
+                            Path(payment_id): Path<String>, body: Bytes) -> Response {
+                let amount = match parse_refund(&body) { Ok(a) => a, Err(r) => return r };
+                let mut tx = match tx.lock().await { Ok(t) => t, Err(_) => return internal("transaction finished") };
+                let payment: Result<Option<PaymentRow>, _> = sqlx::query_as(SELECT_PAYMENT)
+                    .bind(tenant.as_str()).bind(&payment_id).fetch_optional(&mut **tx).await;
+                let payment = match payment { Ok(Some(p)) => p, Ok(None) => return not_found(), Err(e) => return internal(e) };
+                let remaining = payment.1 - payment.5;
+                if amount > remaining {
+                    return idem_http::problem(StatusCode::UNPROCESSABLE_ENTITY, "refund-exceeds-payment",
+                        "The refund is larger than what remains of the payment",
+                        Some(&format!("{remaining} remains refundable")), None);
+                }
+                let id = new_id("re");
+                let now = now_ms();
+                let r1 = sqlx::query("INSERT INTO demo_refunds (tenant_id, id, payment_id, amount, created_at_ms) VALUES ($1, $2, $3, $4, $5)")
+                    .bind(tenant.as_str()).bind(&id).bind(&payment_id).bind(amount).bind(now)
+                    .execute(&mut **tx).await;
+                let r2 = sqlx::query("UPDATE demo_payments SET amount_refunded = amount_refunded + $3 WHERE tenant_id = $1 AND id = $2")
+                    .bind(tenant.as_str()).bind(&payment_id).bind(amount).execute(&mut **tx).await;
+                if let Err(e) = r1.and(r2) { return internal(e); }
+                let body = json!({"id": id, "payment_id": payment_id, "amount": amount, "created_at": rfc3339(now)});
+                json_response(StatusCode::CREATED, &body, None, Some(ResourceRef { kind: "refund".into(), id }))
+            }
+
+            async fn show(State(app): State<App>, headers: HeaderMap, Path(id): Path<String>) -> Response {
+                let tenant = match tenant_of(&app, &headers) { Ok(t) => t, Err(r) => return r };
+                let row: Result<Option<PaymentRow>, _> = sqlx::query_as(SELECT_PAYMENT)
+                    .bind(tenant.as_str()).bind(&id).fetch_optional(&app.pool).await;
+                match row {
+                    Ok(Some(p)) => json_response(StatusCode::OK, &payment_json(&p), None, None),
+                    Ok(None) => not_found(),
+                    Err(e) => internal(e),
+                }
+            }
+
+            async fn list(State(app): State<App>, headers: HeaderMap,
+                          Query(q): Query<std::collections::HashMap<String, String>>) -> Response {
+                let tenant = match tenant_of(&app, &headers) { Ok(t) => t, Err(r) => return r };
+                let Some(customer) = q.get("customer") else { return invalid("query parameter customer is required") };
+                let rows: Result<Vec<PaymentRow>, _> = sqlx::query_as(
+                    "SELECT id, amount, currency, customer, reference, amount_refunded, created_at_ms \
+                     FROM demo_payments WHERE tenant_id = $1 AND customer = $2 ORDER BY created_at_ms, id LIMIT 1000")
+                    .bind(tenant.as_str()).bind(customer).fetch_all(&app.pool).await;
+                match rows {
+                    Ok(rows) => json_response(StatusCode::OK,
+                        &json!({"data": rows.iter().map(payment_json).collect::<Vec<_>>()}), None, None),
+                    Err(e) => internal(e),
+                }
+            }
+
+            /// The demo router. The tenant comes from `X-Tenant-Id`, trusted here
+            /// only because this is a demo; `default` when absent.
+            pub fn router(store: $store, pool: $pool) -> Router {
+                let tenant = TenantSource::TrustedHeader {
+                    name: axum::http::HeaderName::from_static("x-tenant-id"),
+                    default: Tenant::new("default").ok(),
+                };
+                let route = |op: &str| {
+                    let op = Operation::new(op).unwrap_or_else(|e| panic!("operation name {op}: {e}"));
+                    let mut cfg = RouteConfig::required(op, tenant.clone());
+                    cfg.max_request_bytes = MAX_BODY_BYTES;
+                    IdempotencyLayer::new(store.clone(), cfg)
+                };
+                Router::new()
+                    .route("/v1/payments", post(create).layer(route("payments.create")).get(list))
+                    .route("/v1/payments/{id}", get(show))
+                    .route("/v1/payments/{id}/refunds", post(refund).layer(route("refunds.create")))
+                    .with_state(App { pool, tenant })
+            }
+        }
+    };
+}

@@ -1,0 +1,198 @@
+//! `idem`: the Idem server.
+//!
+//! - `idem serve` — the demo payments API on the Idem HTTP layer, with
+//!   periodic GC of expired key records.
+//! - `idem migrate` — apply migrations and exit.
+//! - `idem gc` — delete expired key records once, in bounded batches.
+
+mod demo;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use axum::Router;
+use axum::routing::get;
+use clap::{Parser, Subcommand};
+use idem_core::{Engine, KeyStore};
+use idem_postgres::{PgConfig, PgStore};
+use idem_sqlite::{SqliteConfig, SqliteStore};
+
+demo_app!(
+    sqlite_demo,
+    idem_sqlite::SqliteStore,
+    idem_sqlite::SqliteTx,
+    sqlx::SqlitePool
+);
+demo_app!(
+    postgres_demo,
+    idem_postgres::PgStore,
+    idem_postgres::PgTx,
+    sqlx::PgPool
+);
+
+#[derive(Parser)]
+#[command(name = "idem", version, about = "Make duplicate delivery harmless")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(clap::Args)]
+struct DbArgs {
+    /// `sqlite://PATH` (the file is created if missing) or `postgres://…`.
+    #[arg(long, env = "IDEM_DATABASE_URL", default_value = "sqlite://idem.db")]
+    database_url: String,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the demo payments API.
+    Serve {
+        #[command(flatten)]
+        db: DbArgs,
+        /// Address to listen on.
+        #[arg(long, env = "IDEM_LISTEN", default_value = "127.0.0.1:8080")]
+        listen: SocketAddr,
+        /// How often expired key records are deleted.
+        #[arg(long, env = "IDEM_GC_INTERVAL", default_value = "60s", value_parser = humantime::parse_duration)]
+        gc_interval: Duration,
+    },
+    /// Apply migrations and exit.
+    Migrate {
+        #[command(flatten)]
+        db: DbArgs,
+    },
+    /// Delete expired key records once and print how many.
+    Gc {
+        #[command(flatten)]
+        db: DbArgs,
+    },
+}
+
+/// GC batch size and the most batches per run: bounded work per tick.
+const GC_BATCH: u32 = 1000;
+const GC_MAX_BATCHES: u32 = 100;
+
+enum Db {
+    Sqlite(SqliteStore),
+    Postgres(PgStore),
+}
+
+async fn open(url: &str) -> anyhow::Result<Db> {
+    let db = if url.starts_with("sqlite:") {
+        let store = SqliteStore::connect(url, SqliteConfig::default())
+            .await
+            .with_context(|| format!("failed to open SQLite database {url}"))?;
+        store
+            .migrate()
+            .await
+            .context("failed to migrate the key store")?;
+        idem_sqlite::migrate_component(store.pool(), "demo", demo::MIGRATIONS)
+            .await
+            .context("failed to migrate the demo tables")?;
+        Db::Sqlite(store)
+    } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+        let store = PgStore::connect(url, PgConfig::default())
+            .await
+            .context("failed to connect to PostgreSQL")?;
+        store
+            .migrate()
+            .await
+            .context("failed to migrate the key store")?;
+        idem_postgres::migrate_component(store.pool(), "demo", demo::MIGRATIONS)
+            .await
+            .context("failed to migrate the demo tables")?;
+        Db::Postgres(store)
+    } else {
+        bail!("unsupported database URL: expected sqlite://… or postgres://…");
+    };
+    Ok(db)
+}
+
+async fn gc_once<S: KeyStore>(store: &S) -> anyhow::Result<u64> {
+    Engine::new(store.clone())
+        .purge_expired(GC_BATCH, GC_MAX_BATCHES)
+        .await
+        .context("failed to delete expired key records")
+}
+
+fn spawn_gc<S: KeyStore>(store: S, every: Duration) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every.max(Duration::from_secs(1)));
+        loop {
+            tick.tick().await;
+            match gc_once(&store).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(deleted = n, "expired key records deleted"),
+                Err(e) => tracing::warn!(error = %format!("{e:#}"), "gc failed; will retry"),
+            }
+        }
+    });
+}
+
+async fn shutdown() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        {
+            s.recv().await;
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().command {
+        Command::Serve {
+            db,
+            listen,
+            gc_interval,
+        } => {
+            let api = match open(&db.database_url).await? {
+                Db::Sqlite(store) => {
+                    spawn_gc(store.clone(), gc_interval);
+                    sqlite_demo::router(store.clone(), store.pool().clone())
+                }
+                Db::Postgres(store) => {
+                    spawn_gc(store.clone(), gc_interval);
+                    postgres_demo::router(store.clone(), store.pool().clone())
+                }
+            };
+            let app = Router::new()
+                .route("/healthz", get(|| async { "ok" }))
+                .merge(api)
+                .layer(tower_http::catch_panic::CatchPanicLayer::new());
+            let listener = tokio::net::TcpListener::bind(listen)
+                .await
+                .with_context(|| format!("failed to listen on {listen}"))?;
+            tracing::info!(%listen, "idem serving the demo payments API");
+            axum::serve(listener, app)
+                .with_graceful_shutdown(shutdown())
+                .await
+                .context("server failed")?;
+        }
+        Command::Migrate { db } => {
+            open(&db.database_url).await?;
+            println!("migrations applied");
+        }
+        Command::Gc { db } => {
+            let n = match open(&db.database_url).await? {
+                Db::Sqlite(s) => gc_once(&s).await?,
+                Db::Postgres(s) => gc_once(&s).await?,
+            };
+            println!("deleted {n} expired key records");
+        }
+    }
+    Ok(())
+}
