@@ -155,7 +155,7 @@ pub const SELECT_PAYMENT: &str = "SELECT id, amount, currency, customer, referen
 #[macro_export]
 macro_rules! demo_app {
     ($modname:ident, $store:ty, $tx:ty, $pool:ty) => {
-        mod $modname {
+        pub mod $modname {
             use axum::extract::{Path, Query, State};
             use axum::http::{HeaderMap, StatusCode};
             use axum::response::Response;

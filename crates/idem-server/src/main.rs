@@ -5,8 +5,6 @@
 //! - `idem migrate` — apply migrations and exit.
 //! - `idem gc` — delete expired key records once, in bounded batches.
 
-mod demo;
-
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -18,18 +16,7 @@ use idem_core::{Engine, KeyStore};
 use idem_postgres::{PgConfig, PgStore};
 use idem_sqlite::{SqliteConfig, SqliteStore};
 
-demo_app!(
-    sqlite_demo,
-    idem_sqlite::SqliteStore,
-    idem_sqlite::SqliteTx,
-    sqlx::SqlitePool
-);
-demo_app!(
-    postgres_demo,
-    idem_postgres::PgStore,
-    idem_postgres::PgTx,
-    sqlx::PgPool
-);
+use idem_server::{demo, postgres_demo, sqlite_demo};
 
 #[derive(Parser)]
 #[command(name = "idem", version, about = "Make duplicate delivery harmless")]

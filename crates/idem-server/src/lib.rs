@@ -1,0 +1,21 @@
+//! The library half of the `idem` binary: the demo payments API, so tests and
+//! benchmarks can run it in-process.
+#![allow(missing_docs)]
+// Demo handlers return early with a ready `Response` as their error; it is built
+// once per rejected request, so its size does not matter.
+#![allow(clippy::result_large_err)]
+
+pub mod demo;
+
+demo_app!(
+    sqlite_demo,
+    idem_sqlite::SqliteStore,
+    idem_sqlite::SqliteTx,
+    sqlx::SqlitePool
+);
+demo_app!(
+    postgres_demo,
+    idem_postgres::PgStore,
+    idem_postgres::PgTx,
+    sqlx::PgPool
+);
