@@ -24,7 +24,7 @@
 //! - Claims use `BEGIN IMMEDIATE`: the write lock is taken at `BEGIN`, so two
 //!   claims never interleave and there is no read-then-upgrade deadlock.
 //! - `busy_timeout` bounds how long a transaction waits for the write lock;
-//!   beyond it the store answers [`StoreError::Busy`].
+//!   beyond it the store answers [`StoreError::Unavailable`] (retryable).
 //! - Inside one process, requests with the same key queue on an in-process gate
 //!   for at most the policy's wait, and then get "in flight". Several processes
 //!   on one file stay correct (the write lock serialises them) but a waiter
@@ -160,10 +160,14 @@ impl SqliteStore {
             .map_err(|e| self.map(e))
     }
 
+    /// The database write lock not being free within `busy_timeout` is not about
+    /// this key (the per-key gate already let us in): it means the store is
+    /// overloaded or locked by another process, so it is reported as
+    /// `Unavailable` (503 + Retry-After over HTTP), not as "in flight".
     fn map(&self, e: sqlx::Error) -> StoreError {
         match map_err(e) {
-            StoreError::Busy { .. } => StoreError::Busy {
-                waited: self.busy_timeout,
+            StoreError::Busy { .. } => StoreError::Unavailable {
+                source: format!("database is locked (waited {:?})", self.busy_timeout).into(),
             },
             other => other,
         }

@@ -48,6 +48,7 @@ pub fn outcome(body: &Bytes, id: String) -> Response {
     match amount {
         None => (StatusCode::BAD_REQUEST, "bad json").into_response(),
         Some(500) => (StatusCode::INTERNAL_SERVER_ERROR, "boom").into_response(),
+        Some(666) => panic!("handler panicked after its insert"),
         Some(422) => (
             StatusCode::UNPROCESSABLE_ENTITY,
             [("content-type", "application/problem+json")],
@@ -195,6 +196,40 @@ macro_rules! http_suite {
                     "a 5xx is re-executed, not replayed"
                 );
                 assert_eq!(db.count().await, 0);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn panic_in_handler_rolls_back_and_retry_executes_once() {
+                let (app, db) = app().await;
+                let a = app.clone();
+                let joined = tokio::spawn(async move {
+                    send(&a, Some("k-panic"), "t", r#"{"amount":666}"#).await
+                })
+                .await;
+                assert!(
+                    joined.unwrap_err().is_panic(),
+                    "the panic propagates to the caller"
+                );
+                assert_eq!(
+                    db.count().await,
+                    0,
+                    "the insert before the panic rolled back"
+                );
+                let (s, h, _) = send(
+                    &app,
+                    Some("k-panic"),
+                    "t",
+                    r#"{"amount":666}"#.replace("666", "7").as_str(),
+                )
+                .await;
+                // Had the claim survived the panic this would be a 422 mismatch.
+                assert_eq!(
+                    s,
+                    StatusCode::CREATED,
+                    "the key was rolled back with the panic"
+                );
+                assert!(h.get("idempotent-replayed").is_none());
+                assert_eq!(db.count().await, 1, "the retry executed once");
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -355,4 +390,84 @@ mod pg_db {
 }
 
 http_suite!(sqlite, idem_sqlite::SqliteTx, sqlite_db);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locked_database_is_503_with_retry_after_and_nothing_written() {
+    use axum::Extension;
+    use idem_core::{Operation, Tenant};
+    use idem_http::{IdemTx, IdempotencyLayer, RouteConfig, TenantSource};
+    use idem_sqlite::{SqliteConfig, SqliteStore, SqliteTx};
+    use sqlx::Connection;
+    let dir = std::env::temp_dir().join(format!("idem-http-locked-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let url = format!("sqlite://{}", dir.join("t.db").display());
+    let config = SqliteConfig {
+        busy_timeout: std::time::Duration::from_millis(200),
+        ..SqliteConfig::default()
+    };
+    let store = SqliteStore::connect(&url, config).await.unwrap();
+    store.migrate().await.unwrap();
+    sqlx::raw_sql("CREATE TABLE payments (id TEXT PRIMARY KEY, amount INTEGER NOT NULL)")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    async fn create(Extension(tx): Extension<IdemTx<SqliteTx>>) -> StatusCode {
+        let mut tx = tx.lock().await.unwrap();
+        sqlx::query("INSERT INTO payments VALUES ('p', 1)")
+            .execute(&mut **tx)
+            .await
+            .unwrap();
+        StatusCode::CREATED
+    }
+    let cfg = RouteConfig::required(
+        Operation::new("payments.create").unwrap(),
+        TenantSource::Static(Tenant::new("t").unwrap()),
+    );
+    let app = axum::Router::new().route(
+        "/payments",
+        axum::routing::post(create).layer(IdempotencyLayer::new(store.clone(), cfg)),
+    );
+    // Another process-like holder of the write lock.
+    let mut other = sqlx::SqliteConnection::connect(&url).await.unwrap();
+    sqlx::raw_sql("BEGIN EXCLUSIVE")
+        .execute(&mut other)
+        .await
+        .unwrap();
+    let res = app
+        .clone()
+        .oneshot(
+            Request::post("/payments")
+                .header("idempotency-key", "k")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(res.headers().get("retry-after").is_some());
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(
+        problem_type(&body),
+        "https://idem.dev/problems/store-unavailable"
+    );
+    sqlx::raw_sql("ROLLBACK").execute(&mut other).await.unwrap();
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM idem_keys")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(n, 0, "nothing half-written");
+    // Once the lock is gone, the retry executes.
+    let res = app
+        .oneshot(
+            Request::post("/payments")
+                .header("idempotency-key", "k")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let _ = std::fs::remove_dir_all(&dir);
+}
 http_suite!(postgres, idem_postgres::PgTx, pg_db);
