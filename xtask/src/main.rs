@@ -11,7 +11,10 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("test") => test(&args[1..]),
-        _ => Err("usage: cargo xtask test [extra args for cargo nextest run]".into()),
+        Some("bench") => bench(&args[1..]),
+        _ => Err(
+            "usage: cargo xtask test [nextest args] | cargo xtask bench [idem bench args]".into(),
+        ),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -192,4 +195,31 @@ fn test(extra: &[String]) -> Result<()> {
     };
     drop(pg);
     result.and(docs)
+}
+
+/// Runs `idem bench` (release build) on SQLite and a throwaway PostgreSQL.
+fn bench(extra: &[String]) -> Result<()> {
+    let root = std::env::temp_dir().join("idem-xtask");
+    let pg = Postgres::start(&root)?;
+    let sqlite = root.join(format!("bench-{}.db", std::process::id()));
+    let result = run(Command::new("cargo")
+        .args([
+            "run",
+            "--release",
+            "--quiet",
+            "-p",
+            "idem-server",
+            "--",
+            "bench",
+        ])
+        .arg("--sqlite-url")
+        .arg(format!("sqlite://{}", sqlite.display()))
+        .arg("--postgres-url")
+        .arg(pg.url())
+        .args(extra));
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", sqlite.display()));
+    }
+    drop(pg);
+    result
 }

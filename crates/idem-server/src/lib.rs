@@ -5,6 +5,7 @@
 // once per rejected request, so its size does not matter.
 #![allow(clippy::result_large_err)]
 
+pub mod bench;
 pub mod demo;
 
 demo_app!(

@@ -50,6 +50,18 @@ enum Command {
         #[command(flatten)]
         db: DbArgs,
     },
+    /// Benchmark the key engine against a plain insert (prints a markdown table).
+    Bench {
+        /// SQLite file for the SQLite half.
+        #[arg(long, default_value = "sqlite://idem-bench.db")]
+        sqlite_url: String,
+        /// PostgreSQL database for the PostgreSQL half (skipped when absent).
+        #[arg(long, env = "IDEM_BENCH_POSTGRES_URL")]
+        postgres_url: Option<String>,
+        /// Seconds per measured case.
+        #[arg(long, default_value_t = 2)]
+        secs: u64,
+    },
     /// Delete expired key records once and print how many.
     Gc {
         #[command(flatten)]
@@ -168,6 +180,13 @@ async fn main() -> anyhow::Result<()> {
                 .with_graceful_shutdown(shutdown())
                 .await
                 .context("server failed")?;
+        }
+        Command::Bench {
+            sqlite_url,
+            postgres_url,
+            secs,
+        } => {
+            idem_server::bench::run(&sqlite_url, postgres_url.as_deref(), secs).await?;
         }
         Command::Migrate { db } => {
             open(&db.database_url).await?;
