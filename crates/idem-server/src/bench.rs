@@ -25,17 +25,18 @@ pub struct Stats {
 
 /// Runs `op` from `concurrency` tasks for `duration`.
 pub async fn measure(op: Op, concurrency: usize, duration: Duration) -> anyhow::Result<Stats> {
-    let seq = Arc::new(AtomicU64::new(0));
+    // One sequence for the whole run, so ids never repeat across cases.
+    static SEQ: AtomicU64 = AtomicU64::new(0);
     let deadline = Instant::now() + duration;
     let started = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..concurrency {
-        let (op, seq) = (op.clone(), seq.clone());
+        let op = op.clone();
         tasks.push(tokio::spawn(async move {
             let mut lat = Vec::new();
             while Instant::now() < deadline {
                 let t = Instant::now();
-                op(seq.fetch_add(1, Ordering::Relaxed)).await?;
+                op(SEQ.fetch_add(1, Ordering::Relaxed)).await?;
                 lat.push(t.elapsed());
             }
             anyhow::Ok(lat)
