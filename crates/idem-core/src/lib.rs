@@ -40,7 +40,8 @@ pub use fingerprint::{Fingerprint, FingerprintSpec, RequestParts};
 pub use key::IdempotencyKey;
 pub use policy::Policy;
 pub use record::{
-    Completion, Decision, RecordState, ResourceRef, StoredRecord, StoredResponse, decide,
+    Completion, Decision, RecordColumns, RecordState, ResourceRef, StoredRecord, StoredResponse,
+    decide,
 };
 pub use scope::{NAME_MAX_LEN, Operation, Scope, Tenant};
 pub use store::{Claim, KeyStore};

@@ -107,6 +107,63 @@ pub struct StoredRecord {
     pub expires_at_ms: i64,
 }
 
+/// A key record's columns as read from any backend, before validation.
+#[derive(Debug, Clone, Default)]
+pub struct RecordColumns {
+    /// `request_hash`.
+    pub request_hash: Vec<u8>,
+    /// `state`.
+    pub state: String,
+    /// `status_code`.
+    pub status_code: Option<i64>,
+    /// `response_headers` (JSON list of pairs).
+    pub response_headers: Option<String>,
+    /// `response_body`.
+    pub response_body: Option<Vec<u8>>,
+    /// `resource_type`.
+    pub resource_type: Option<String>,
+    /// `resource_id`.
+    pub resource_id: Option<String>,
+    /// `locked_until_ms`.
+    pub locked_until_ms: Option<i64>,
+    /// `created_at_ms`.
+    pub created_at_ms: i64,
+    /// `expires_at_ms`.
+    pub expires_at_ms: i64,
+}
+
+impl RecordColumns {
+    /// Validates the columns into a record; the error says which one is bad.
+    pub fn decode(self) -> Result<StoredRecord, crate::StoreError> {
+        let corrupt = |detail: String| crate::StoreError::Corrupt { detail };
+        let response = match (self.status_code, self.response_headers) {
+            (Some(status), Some(headers)) => Some(StoredResponse {
+                status: u16::try_from(status)
+                    .map_err(|_| corrupt(format!("status code {status} out of range")))?,
+                headers: StoredResponse::parse_headers(&headers).ok_or_else(|| {
+                    corrupt("response headers are not a JSON list of pairs".into())
+                })?,
+                body: self.response_body.unwrap_or_default(),
+            }),
+            _ => None,
+        };
+        Ok(StoredRecord {
+            fingerprint: Fingerprint::from_slice(&self.request_hash)
+                .ok_or_else(|| corrupt("request hash is not 32 bytes".into()))?,
+            state: RecordState::parse(&self.state)
+                .ok_or_else(|| corrupt(format!("state {:?}", self.state)))?,
+            response,
+            resource: self
+                .resource_type
+                .zip(self.resource_id)
+                .map(|(kind, id)| ResourceRef { kind, id }),
+            locked_until_ms: self.locked_until_ms,
+            created_at_ms: self.created_at_ms,
+            expires_at_ms: self.expires_at_ms,
+        })
+    }
+}
+
 /// What to store when an operation ends.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Completion {
@@ -238,6 +295,58 @@ mod tests {
             Decision::InFlight {
                 retry_after: Duration::from_secs(4)
             }
+        );
+    }
+
+    #[test]
+    fn columns_decode_or_name_the_bad_column() {
+        let good = RecordColumns {
+            request_hash: vec![7; 32],
+            state: "completed".into(),
+            status_code: Some(201),
+            response_headers: Some(r#"[["content-type","application/json"]]"#.into()),
+            response_body: Some(b"{}".to_vec()),
+            resource_type: Some("payment".into()),
+            resource_id: Some("p1".into()),
+            created_at_ms: 1,
+            expires_at_ms: 2,
+            ..RecordColumns::default()
+        };
+        let r = good.clone().decode().unwrap();
+        assert_eq!(r.state, RecordState::Completed);
+        assert_eq!(r.response.unwrap().status, 201);
+        assert_eq!(r.resource.unwrap().id, "p1");
+        let bad = |c: RecordColumns| match c.decode() {
+            Err(crate::StoreError::Corrupt { detail }) => detail,
+            other => panic!("expected Corrupt, got {other:?}"),
+        };
+        assert!(
+            bad(RecordColumns {
+                request_hash: vec![1; 31],
+                ..good.clone()
+            })
+            .contains("hash")
+        );
+        assert!(
+            bad(RecordColumns {
+                state: "done".into(),
+                ..good.clone()
+            })
+            .contains("state")
+        );
+        assert!(
+            bad(RecordColumns {
+                status_code: Some(70_000),
+                ..good.clone()
+            })
+            .contains("status")
+        );
+        assert!(
+            bad(RecordColumns {
+                response_headers: Some("{".into()),
+                ..good
+            })
+            .contains("headers")
         );
     }
 

@@ -171,6 +171,16 @@ impl RouteConfig {
         }
     }
 
+    /// Whether a response with `status` commits (stored for replay when keyed)
+    /// or rolls back: the handler's [`Disposition`] wins, else 2xx/3xx and the
+    /// configured 4xx statuses commit.
+    fn keeps(&self, status: u16, disposition: Option<Disposition>) -> bool {
+        match disposition {
+            Some(d) => d == Disposition::Store,
+            None => status < 400 || self.store_client_errors.contains(&status),
+        }
+    }
+
     /// Adds a response header to replay; refuses the ones in [`NEVER_REPLAYED`].
     pub fn replay_header(mut self, name: HeaderName) -> Result<Self, ConfigError> {
         if NEVER_REPLAYED.contains(&name.as_str()) {
@@ -430,10 +440,7 @@ where
         }
     };
     let status = rparts.status.as_u16();
-    let store = match rparts.extensions.remove::<Disposition>() {
-        Some(d) => d == Disposition::Store,
-        None => status < 400 || config.store_client_errors.contains(&status),
-    };
+    let store = config.keeps(status, rparts.extensions.remove::<Disposition>());
     let Some(tx) = slot.take().await else {
         return Ok(Rejection::Internal.into_response());
     };

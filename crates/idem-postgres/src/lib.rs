@@ -19,8 +19,8 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use idem_core::{
-    Claim, Completion, Fingerprint, KeyStore, Migration, Policy, RecordState, ResourceRef, Scope,
-    StoreError, StoredRecord, StoredResponse,
+    Claim, Completion, Fingerprint, KeyStore, Migration, Policy, RecordColumns, Scope, StoreError,
+    StoredRecord,
 };
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{PgPool, Postgres, Row, Transaction};
@@ -323,40 +323,26 @@ impl KeyStore for PgStore {
     }
 }
 
-fn corrupt(detail: impl Into<String>) -> StoreError {
-    StoreError::Corrupt {
-        detail: detail.into(),
-    }
-}
-
 fn decode(row: &PgRow) -> Result<StoredRecord, StoreError> {
-    let get = |e: sqlx::Error| corrupt(e.to_string());
-    let hash: Vec<u8> = row.try_get("request_hash").map_err(get)?;
-    let state: String = row.try_get("state").map_err(get)?;
-    let status: Option<i32> = row.try_get("status_code").map_err(get)?;
-    let headers: Option<String> = row.try_get("response_headers").map_err(get)?;
-    let body: Option<Vec<u8>> = row.try_get("response_body").map_err(get)?;
-    let kind: Option<String> = row.try_get("resource_type").map_err(get)?;
-    let id: Option<String> = row.try_get("resource_id").map_err(get)?;
-    let response = match (status, headers) {
-        (Some(status), Some(headers)) => Some(StoredResponse {
-            status: u16::try_from(status).map_err(|_| corrupt("status code out of range"))?,
-            headers: StoredResponse::parse_headers(&headers)
-                .ok_or_else(|| corrupt("response headers are not a JSON list of pairs"))?,
-            body: body.unwrap_or_default(),
-        }),
-        _ => None,
+    let get = |e: sqlx::Error| StoreError::Corrupt {
+        detail: e.to_string(),
     };
-    Ok(StoredRecord {
-        fingerprint: Fingerprint::from_slice(&hash)
-            .ok_or_else(|| corrupt("request hash is not 32 bytes"))?,
-        state: RecordState::parse(&state).ok_or_else(|| corrupt(format!("state {state:?}")))?,
-        response,
-        resource: kind.zip(id).map(|(kind, id)| ResourceRef { kind, id }),
+    RecordColumns {
+        request_hash: row.try_get("request_hash").map_err(get)?,
+        state: row.try_get("state").map_err(get)?,
+        status_code: row
+            .try_get::<Option<i32>, _>("status_code")
+            .map_err(get)?
+            .map(i64::from),
+        response_headers: row.try_get("response_headers").map_err(get)?,
+        response_body: row.try_get("response_body").map_err(get)?,
+        resource_type: row.try_get("resource_type").map_err(get)?,
+        resource_id: row.try_get("resource_id").map_err(get)?,
         locked_until_ms: row.try_get("locked_until_ms").map_err(get)?,
         created_at_ms: row.try_get("created_at_ms").map_err(get)?,
         expires_at_ms: row.try_get("expires_at_ms").map_err(get)?,
-    })
+    }
+    .decode()
 }
 
 fn map_err_waited(e: sqlx::Error, wait: Duration) -> StoreError {
