@@ -286,3 +286,50 @@ pub async fn expiry_and_gc<S: KeyStore>(store: S) {
         "the re-claimed record is live"
     );
 }
+
+/// `n` concurrent late retries of one expired record that GC has not deleted
+/// yet: exactly one takes it over and executes; the others replay the new
+/// outcome or are told "in flight". None sees the expired outcome.
+pub async fn concurrent_takeover_of_expired_record_executes_once<S: KeyStore>(store: S, n: usize) {
+    let clock = ManualClock::starting_now();
+    let engine = Arc::new(Engine::with_clock(store, clock.clone()));
+    let policy = Policy::with_ttl(Duration::from_secs(60));
+    let s = scope("t1", "takeover-1");
+    let fp = fingerprint(r#"{"amount":3}"#);
+    let Begun::Fresh(c) = engine.begin(&s, &fp, &policy).await.unwrap() else {
+        panic!("fresh key must be claimed");
+    };
+    engine
+        .finish(c, &Completion::completed(response(201, r#"{"old":true}"#)))
+        .await
+        .unwrap();
+    clock.advance(Duration::from_secs(61));
+    let executed = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..n {
+        let (engine, s, executed) = (engine.clone(), s.clone(), executed.clone());
+        tasks.push(tokio::spawn(async move {
+            match engine.begin(&s, &fp, &policy).await {
+                Ok(Begun::Fresh(c)) => {
+                    executed.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    engine
+                        .finish(c, &Completion::completed(response(201, r#"{"new":true}"#)))
+                        .await
+                        .unwrap();
+                }
+                Ok(Begun::Replay(r)) => assert_eq!(
+                    r.response.unwrap().body,
+                    br#"{"new":true}"#,
+                    "an expired outcome must never be replayed"
+                ),
+                Err(Error::InFlight { .. }) => {}
+                Err(e) => panic!("a concurrent takeover must not fail with {e:?}"),
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(executed.load(Ordering::SeqCst), 1, "exactly one takeover");
+}

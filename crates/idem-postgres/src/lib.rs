@@ -5,9 +5,12 @@
 //! business writes commit.
 //!
 //! ## What the guarantees assume
-//! - `READ COMMITTED` (the default). A claim is one `INSERT … ON CONFLICT`; a
-//!   concurrent claim of the same key blocks on the unique index until the first
-//!   transaction ends, then sees its committed record and replays it.
+//! - `READ COMMITTED` (the default). A claim is one `INSERT … ON CONFLICT DO
+//!   NOTHING`; a concurrent claim of the same key blocks on the unique index
+//!   until the first transaction ends, then sees its committed record and
+//!   replays it. A committed record is read without a row lock, so replays of
+//!   one hot key run in parallel. A record past its TTL that GC has not deleted
+//!   yet is taken over by an `UPDATE … WHERE expires_at_ms <= now`.
 //! - That wait is bounded by `lock_timeout`: the pool's default is set as a
 //!   startup parameter (no extra round trip); a policy with another wait adds
 //!   `SET LOCAL lock_timeout` to the same `BEGIN` message. Beyond it the claim
@@ -186,17 +189,27 @@ pub async fn migrate_component(
     Ok(())
 }
 
+/// Inserts a pending record unless the key has one. `DO NOTHING` takes no row
+/// lock on a committed conflicting record, so concurrent replays of one hot key
+/// do not queue behind each other; it still waits (bounded by `lock_timeout`)
+/// for a conflicting claim that has not committed yet.
 const INSERT_CLAIM: &str = "\
 INSERT INTO idem_keys (tenant_id, operation, idempotency_key, request_hash, state,
                        locked_until_ms, created_at_ms, updated_at_ms, expires_at_ms)
 VALUES ($1, $2, $3, $4, 'pending', NULL, $5, $5, $6)
-ON CONFLICT (tenant_id, operation, idempotency_key) DO UPDATE SET
-    request_hash = excluded.request_hash, state = 'pending', status_code = NULL,
-    response_headers = NULL, response_body = NULL, resource_type = NULL,
-    resource_id = NULL, recovery_point = NULL, locked_until_ms = NULL, lock_token = NULL,
-    created_at_ms = excluded.created_at_ms, updated_at_ms = excluded.updated_at_ms,
-    expires_at_ms = excluded.expires_at_ms
-WHERE idem_keys.expires_at_ms <= excluded.created_at_ms
+ON CONFLICT (tenant_id, operation, idempotency_key) DO NOTHING
+RETURNING 1";
+
+/// Takes over a record that expired but was not collected yet. A concurrent
+/// takeover holds the row lock; under READ COMMITTED this statement then
+/// re-checks the condition against the winner's row and updates nothing.
+const TAKE_OVER_EXPIRED: &str = "\
+UPDATE idem_keys SET
+    request_hash = $4, state = 'pending', status_code = NULL, response_headers = NULL,
+    response_body = NULL, resource_type = NULL, resource_id = NULL, recovery_point = NULL,
+    locked_until_ms = NULL, lock_token = NULL, created_at_ms = $5, updated_at_ms = $5,
+    expires_at_ms = $6
+WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND expires_at_ms <= $5
 RETURNING 1";
 
 const SELECT_RECORD: &str = "\
@@ -220,35 +233,53 @@ impl KeyStore for PgStore {
         now_ms: i64,
     ) -> Result<Claim<PgTx>, StoreError> {
         let mut tx = self.begin_waiting(policy.wait).await?;
-        let inserted = sqlx::query(INSERT_CLAIM)
-            .bind(scope.tenant.as_str())
-            .bind(scope.operation.as_str())
-            .bind(scope.key.as_str())
-            .bind(&fingerprint.as_bytes()[..])
-            .bind(now_ms)
-            .bind(policy.expires_at_ms(now_ms))
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(|e| map_err_waited(e, policy.wait))?;
-        if inserted.is_some() {
-            return Ok(Claim::Claimed(PgTx(tx)));
+        let claim = |sql: &'static str| {
+            sqlx::query(sql)
+                .bind(scope.tenant.as_str())
+                .bind(scope.operation.as_str())
+                .bind(scope.key.as_str())
+                .bind(&fingerprint.as_bytes()[..])
+                .bind(now_ms)
+                .bind(policy.expires_at_ms(now_ms))
+        };
+        // Between two statements a record can be collected or taken over by
+        // another claim; each turn then sees a newer committed state, so a few
+        // turns settle it. Usually the first statement decides.
+        for _ in 0..3 {
+            let inserted = claim(INSERT_CLAIM)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(|e| map_err_waited(e, policy.wait))?;
+            if inserted.is_some() {
+                return Ok(Claim::Claimed(PgTx(tx)));
+            }
+            // READ COMMITTED: this statement sees the row the conflicting
+            // transaction committed while our INSERT waited for it.
+            let row = sqlx::query(SELECT_RECORD)
+                .bind(scope.tenant.as_str())
+                .bind(scope.operation.as_str())
+                .bind(scope.key.as_str())
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(map_err)?;
+            let Some(row) = row else { continue };
+            let record = decode(&row)?;
+            if record.expires_at_ms > now_ms {
+                tx.rollback().await.map_err(map_err)?;
+                return Ok(Claim::Existing(record));
+            }
+            let taken = claim(TAKE_OVER_EXPIRED)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(|e| map_err_waited(e, policy.wait))?;
+            if taken.is_some() {
+                return Ok(Claim::Claimed(PgTx(tx)));
+            }
         }
-        // READ COMMITTED: this statement sees the row the conflicting
-        // transaction committed while our INSERT waited for it.
-        let row = sqlx::query(SELECT_RECORD)
-            .bind(scope.tenant.as_str())
-            .bind(scope.operation.as_str())
-            .bind(scope.key.as_str())
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(map_err)?;
         tx.rollback().await.map_err(map_err)?;
-        match row {
-            Some(row) => Ok(Claim::Existing(decode(&row)?)),
-            None => Err(StoreError::Busy {
-                waited: policy.wait,
-            }),
-        }
+        Err(StoreError::Busy {
+            waited: policy.wait,
+        })
     }
 
     async fn complete(

@@ -91,6 +91,7 @@ conformance! {
     concurrent_claims_execute_once, 50;
     wait_is_bounded;
     expiry_and_gc;
+    concurrent_takeover_of_expired_record_executes_once, 20;
 }
 
 async fn payments(store: &PgStore) -> i64 {
