@@ -9,6 +9,8 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 use tower::ServiceExt;
 
+mod proxy;
+
 pub async fn send(
     app: &axum::Router,
     key: Option<&str>,
@@ -40,7 +42,8 @@ pub fn problem_type(body: &Bytes) -> String {
 }
 
 /// Parses `{"amount": n}`; amounts name what the handler does:
-/// 500 → a 5xx (rolled back), 422 → a stored business error, otherwise 201.
+/// 500 → a 5xx (rolled back), 422 → a stored business error, 666 → a panic,
+/// 777 → an 8 KiB body, 888 → 1.5 s of work after the insert, otherwise 201.
 pub fn outcome(body: &Bytes, id: String) -> Response {
     let amount = serde_json::from_slice::<serde_json::Value>(body)
         .ok()
@@ -49,6 +52,12 @@ pub fn outcome(body: &Bytes, id: String) -> Response {
         None => (StatusCode::BAD_REQUEST, "bad json").into_response(),
         Some(500) => (StatusCode::INTERNAL_SERVER_ERROR, "boom").into_response(),
         Some(666) => panic!("handler panicked after its insert"),
+        Some(777) => (
+            StatusCode::CREATED,
+            [("content-type", "text/plain")],
+            "x".repeat(8 * 1024),
+        )
+            .into_response(),
         Some(422) => (
             StatusCode::UNPROCESSABLE_ENTITY,
             [("content-type", "application/problem+json")],
@@ -61,6 +70,7 @@ pub fn outcome(body: &Bytes, id: String) -> Response {
                 ("content-type", "application/json"),
                 ("location", "/payments/x"),
                 ("set-cookie", "session=secret"),
+                ("x-internal", "not-allow-listed"),
             ],
             format!(r#"{{"id":"{id}","amount":{a}}}"#),
         )
@@ -93,11 +103,20 @@ macro_rules! http_suite {
                         .await
                         .unwrap();
                     drop(tx);
+                    if body.windows(3).any(|w| w == b"888") {
+                        tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+                    }
                     outcome(&body, id)
                 })
             }
 
             async fn app() -> (axum::Router, super::$db::Db) {
+                app_with(|_| {}).await
+            }
+
+            async fn app_with(
+                tune: impl FnOnce(&mut RouteConfig),
+            ) -> (axum::Router, super::$db::Db) {
                 let db = super::$db::setup().await;
                 let mut config = RouteConfig::required(
                     Operation::new("payments.create").unwrap(),
@@ -107,6 +126,8 @@ macro_rules! http_suite {
                     },
                 );
                 config.max_request_bytes = 1024;
+                config.max_response_bytes = 4096;
+                tune(&mut config);
                 let router = axum::Router::new().route(
                     "/payments",
                     post(create).layer(IdempotencyLayer::new(db.store.clone(), config)),
@@ -129,6 +150,11 @@ macro_rules! http_suite {
                 assert!(
                     h2.get("set-cookie").is_none(),
                     "Set-Cookie must never be replayed"
+                );
+                assert!(h1.get("x-internal").is_some());
+                assert!(
+                    h2.get("x-internal").is_none(),
+                    "only allow-listed headers are replayed"
                 );
                 assert_eq!(db.count().await, 1);
             }
@@ -297,6 +323,234 @@ macro_rules! http_suite {
                 assert_eq!(bodies.len(), 1, "every 201 is the same response");
                 assert_eq!(db.count().await, 1, "exactly one payment");
             }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn response_over_capture_cap_rolls_back_and_is_500() {
+                let (app, db) = app().await;
+                let (s, h, b) = send(&app, Some("big"), "t", r#"{"amount":777}"#).await;
+                assert_eq!(s, StatusCode::INTERNAL_SERVER_ERROR);
+                assert_eq!(h.get("content-type").unwrap(), "application/problem+json");
+                assert_eq!(
+                    problem_type(&b),
+                    "https://idem.dev/problems/response-too-large"
+                );
+                assert_eq!(
+                    db.count().await,
+                    0,
+                    "nothing committed that could not be replayed"
+                );
+                // The key was rolled back too: another body with it is not a mismatch.
+                let (s, h, _) = send(&app, Some("big"), "t", r#"{"amount":1}"#).await;
+                assert_eq!(s, StatusCode::CREATED);
+                assert!(h.get("idempotent-replayed").is_none());
+                assert_eq!(db.count().await, 1);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn request_still_running_after_the_wait_is_409_with_retry_after() {
+                let (app, db) = app_with(|c| {
+                    c.policy = c.policy.wait(std::time::Duration::from_millis(200));
+                })
+                .await;
+                let (a, b) = (app.clone(), app.clone());
+                let first =
+                    tokio::spawn(
+                        async move { send(&a, Some("slow"), "t", r#"{"amount":888}"#).await },
+                    );
+                let second =
+                    tokio::spawn(
+                        async move { send(&b, Some("slow"), "t", r#"{"amount":888}"#).await },
+                    );
+                let mut statuses = Vec::new();
+                for (s, h, b) in [first.await.unwrap(), second.await.unwrap()] {
+                    if s == StatusCode::CONFLICT {
+                        assert_eq!(
+                            problem_type(&b),
+                            "https://idem.dev/problems/request-in-flight"
+                        );
+                        let secs: u64 = h
+                            .get("retry-after")
+                            .unwrap()
+                            .to_str()
+                            .unwrap()
+                            .parse()
+                            .unwrap();
+                        assert!(secs >= 1);
+                    }
+                    statuses.push(s);
+                }
+                statuses.sort();
+                assert_eq!(statuses, [StatusCode::CREATED, StatusCode::CONFLICT]);
+                let (s, h, _) = send(&app, Some("slow"), "t", r#"{"amount":888}"#).await;
+                assert_eq!(s, StatusCode::CREATED);
+                assert_eq!(h.get("idempotent-replayed").unwrap(), "true");
+                assert_eq!(db.count().await, 1);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn client_gone_mid_handler_rolls_back_and_retry_executes_once() {
+                let (app, db) = app().await;
+                // The caller gives up while the handler works: its future is dropped.
+                let gave_up = tokio::time::timeout(
+                    std::time::Duration::from_millis(300),
+                    send(&app, Some("gone"), "t", r#"{"amount":888}"#),
+                )
+                .await;
+                assert!(gave_up.is_err(), "the request was still running");
+                // The dropped transaction rolls back as its connection is returned.
+                let mut left = i64::MAX;
+                for _ in 0..50 {
+                    left = db.count().await + db.keys().await;
+                    if left == 0 {
+                        break;
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+                assert_eq!(left, 0, "neither the payment nor the key survived");
+                let (s, h, _) = send(&app, Some("gone"), "t", r#"{"amount":888}"#).await;
+                assert_eq!(s, StatusCode::CREATED);
+                assert!(h.get("idempotent-replayed").is_none());
+                assert_eq!(db.count().await, 1, "the retry executed once");
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn put_and_get_pass_through_unless_opted_in() {
+                use axum::routing::get;
+                let plain = || async { (StatusCode::OK, "plain") };
+                let build = |db: &super::$db::Db, methods: Option<Vec<axum::http::Method>>| {
+                    let mut config = RouteConfig::required(
+                        Operation::new("things.put").unwrap(),
+                        TenantSource::Static(Tenant::new("t").unwrap()),
+                    );
+                    if let Some(m) = methods {
+                        config.methods = m;
+                    }
+                    axum::Router::new().route(
+                        "/things",
+                        get(plain)
+                            .put(plain)
+                            .layer(IdempotencyLayer::new(db.store.clone(), config)),
+                    )
+                };
+                let db = super::$db::setup().await;
+                let call = |app: axum::Router, method: &'static str| async move {
+                    let req = Request::builder()
+                        .method(method)
+                        .uri("/things")
+                        .body(Body::empty())
+                        .unwrap();
+                    app.oneshot(req).await.unwrap().status()
+                };
+                let default = build(&db, None);
+                assert_eq!(
+                    call(default.clone(), "PUT").await,
+                    StatusCode::OK,
+                    "PUT is not covered by default"
+                );
+                assert_eq!(call(default, "GET").await, StatusCode::OK);
+                let opted = build(&db, Some(vec![axum::http::Method::PUT]));
+                assert_eq!(
+                    call(opted.clone(), "PUT").await,
+                    StatusCode::BAD_REQUEST,
+                    "PUT opted in needs a key"
+                );
+                assert_eq!(
+                    call(opted, "GET").await,
+                    StatusCode::OK,
+                    "GET is never covered"
+                );
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn optional_key_runs_in_a_transaction_without_a_record() {
+                let (app, db) = app_with(|c| c.key_required = false).await;
+                for _ in 0..2 {
+                    let (s, h, _) = send(&app, None, "t", r#"{"amount":4}"#).await;
+                    assert_eq!(s, StatusCode::CREATED);
+                    assert!(h.get("idempotent-replayed").is_none());
+                }
+                assert_eq!(db.count().await, 2, "without a key each request executes");
+                assert_eq!(db.keys().await, 0, "and leaves no key record");
+                let (s, _, _) = send(&app, None, "t", r#"{"amount":500}"#).await;
+                assert_eq!(s, StatusCode::INTERNAL_SERVER_ERROR);
+                assert_eq!(
+                    db.count().await,
+                    2,
+                    "a 5xx rolls back the unkeyed transaction too"
+                );
+                // With a key, the contract applies as usual.
+                send(&app, Some("opt"), "t", r#"{"amount":4}"#).await;
+                let (_, h, _) = send(&app, Some("opt"), "t", r#"{"amount":4}"#).await;
+                assert_eq!(h.get("idempotent-replayed").unwrap(), "true");
+                assert_eq!(db.count().await, 3);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn tenant_from_authentication_extension() {
+                let db = super::$db::setup().await;
+                let config = RouteConfig::required(
+                    Operation::new("payments.create").unwrap(),
+                    TenantSource::Extension,
+                );
+                // A stand-in for authentication: the bearer token names the tenant.
+                let auth = axum::middleware::map_request(|mut req: Request<Body>| async move {
+                    let tenant = req
+                        .headers()
+                        .get("authorization")
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.strip_prefix("Bearer "))
+                        .and_then(|t| Tenant::new(t).ok());
+                    if let Some(t) = tenant {
+                        req.extensions_mut().insert(t);
+                    }
+                    req
+                });
+                let app = axum::Router::new().route(
+                    "/payments",
+                    post(create)
+                        .layer(IdempotencyLayer::new(db.store.clone(), config))
+                        .layer(auth),
+                );
+                let call = |token: Option<&'static str>, tenant_header: &'static str| {
+                    let app = app.clone();
+                    async move {
+                        let mut req = Request::post("/payments")
+                            .header("content-type", "application/json")
+                            .header("idempotency-key", "k-auth")
+                            .header("x-tenant-id", tenant_header);
+                        if let Some(t) = token {
+                            req = req.header("authorization", format!("Bearer {t}"));
+                        }
+                        let res = app
+                            .oneshot(req.body(Body::from(r#"{"amount":1}"#)).unwrap())
+                            .await
+                            .unwrap();
+                        let status = res.status();
+                        let replayed = res.headers().contains_key("idempotent-replayed");
+                        let body = res.into_body().collect().await.unwrap().to_bytes();
+                        (status, replayed, body)
+                    }
+                };
+                let (s, _, b) = call(None, "alpha").await;
+                assert_eq!(s, StatusCode::UNAUTHORIZED, "no principal, no tenant");
+                assert_eq!(
+                    problem_type(&b),
+                    "https://idem.dev/problems/tenant-unresolved"
+                );
+                assert_eq!(db.count().await, 0);
+                let (s, replayed, _) = call(Some("alpha"), "alpha").await;
+                assert_eq!((s, replayed), (StatusCode::CREATED, false));
+                // A client header cannot move the request into another tenant's keys.
+                let (s, replayed, _) = call(Some("beta"), "alpha").await;
+                assert_eq!(
+                    (s, replayed),
+                    (StatusCode::CREATED, false),
+                    "beta has its own key space"
+                );
+                let (_, replayed, _) = call(Some("alpha"), "beta").await;
+                assert!(replayed, "alpha's record, whatever the header says");
+                assert_eq!(db.count().await, 2);
+            }
         }
     };
 }
@@ -315,6 +569,12 @@ mod sqlite_db {
     impl Db {
         pub async fn count(&self) -> i64 {
             sqlx::query_scalar("SELECT count(*) FROM payments")
+                .fetch_one(self.store.pool())
+                .await
+                .unwrap()
+        }
+        pub async fn keys(&self) -> i64 {
+            sqlx::query_scalar("SELECT count(*) FROM idem_keys")
                 .fetch_one(self.store.pool())
                 .await
                 .unwrap()
@@ -346,10 +606,17 @@ mod pg_db {
     use sqlx::Connection;
     pub struct Db {
         pub store: PgStore,
+        pub url: String,
     }
     impl Db {
         pub async fn count(&self) -> i64 {
             sqlx::query_scalar("SELECT count(*) FROM payments")
+                .fetch_one(self.store.pool())
+                .await
+                .unwrap()
+        }
+        pub async fn keys(&self) -> i64 {
+            sqlx::query_scalar("SELECT count(*) FROM idem_keys")
                 .fetch_one(self.store.pool())
                 .await
                 .unwrap()
@@ -371,8 +638,9 @@ mod pg_db {
             .await
             .unwrap();
         let (base, _) = admin.rsplit_once('/').unwrap();
+        let url = format!("{base}/{name}");
         let store = PgStore::connect(
-            &format!("{base}/{name}"),
+            &url,
             PgConfig {
                 max_connections: 60,
                 ..PgConfig::default()
@@ -385,7 +653,7 @@ mod pg_db {
             .execute(store.pool())
             .await
             .unwrap();
-        Db { store }
+        Db { store, url }
     }
 }
 
@@ -471,3 +739,147 @@ async fn locked_database_is_503_with_retry_after_and_nothing_written() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 http_suite!(postgres, idem_postgres::PgTx, pg_db);
+
+/// The database goes away, first before a request, then in the middle of one
+/// after the handler wrote: both are 503 + Retry-After with nothing written,
+/// and once it is back the retry executes once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_down_is_503_with_retry_after_and_nothing_half_written() {
+    use axum::Extension;
+    use idem_core::{Operation, Tenant};
+    use idem_http::{IdemTx, IdempotencyLayer, RouteConfig, TenantSource};
+    use idem_postgres::{PgConfig, PgStore, PgTx};
+    use std::sync::Arc;
+    use tokio::sync::Notify;
+
+    let db = pg_db::setup().await;
+    let url: url_parts::PgUrl = db.url.parse().unwrap();
+    let proxy = proxy::Proxy::start(url.addr).await;
+    let store = PgStore::connect(
+        &url.via(proxy.addr),
+        PgConfig {
+            acquire_timeout: std::time::Duration::from_secs(1),
+            ..PgConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+
+    #[derive(Clone)]
+    struct Signals {
+        inserted: Arc<Notify>,
+        go_on: Arc<Notify>,
+    }
+    async fn create(
+        Extension(tx): Extension<IdemTx<PgTx>>,
+        Extension(sig): Extension<Signals>,
+        body: Bytes,
+    ) -> StatusCode {
+        let mut tx = tx.lock().await.unwrap();
+        let r = sqlx::query("INSERT INTO payments (id, amount) VALUES ('p', 1)")
+            .execute(&mut **tx)
+            .await;
+        drop(tx);
+        if r.is_err() {
+            return StatusCode::INTERNAL_SERVER_ERROR;
+        }
+        if body.as_ref() == b"pause" {
+            sig.inserted.notify_one();
+            sig.go_on.notified().await;
+        }
+        StatusCode::CREATED
+    }
+    let sig = Signals {
+        inserted: Arc::new(Notify::new()),
+        go_on: Arc::new(Notify::new()),
+    };
+    let cfg = RouteConfig::required(
+        Operation::new("payments.create").unwrap(),
+        TenantSource::Static(Tenant::new("t").unwrap()),
+    );
+    let app = axum::Router::new()
+        .route(
+            "/payments",
+            axum::routing::post(create).layer(IdempotencyLayer::new(store.clone(), cfg)),
+        )
+        .layer(Extension(sig.clone()));
+    let req = |body: &'static str| {
+        Request::post("/payments")
+            .header("idempotency-key", "k-down")
+            .body(Body::from(body))
+            .unwrap()
+    };
+    let assert_503 = |res: Response| async move {
+        assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let secs: u64 = res.headers()["retry-after"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(secs >= 1);
+        let body = res.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(
+            problem_type(&body),
+            "https://idem.dev/problems/store-unavailable"
+        );
+    };
+
+    // 1. Down before the request arrives.
+    proxy.cut().await;
+    assert_503(app.clone().oneshot(req("pause")).await.unwrap()).await;
+    proxy.restore();
+    assert_eq!(db.count().await + db.keys().await, 0, "nothing written");
+
+    // 2. Down after the handler's insert, before the commit.
+    let running = tokio::spawn(app.clone().oneshot(req("pause")));
+    sig.inserted.notified().await;
+    proxy.cut().await;
+    sig.go_on.notify_one();
+    assert_503(running.await.unwrap().unwrap()).await;
+    proxy.restore();
+    assert_eq!(
+        db.count().await + db.keys().await,
+        0,
+        "nothing half-written"
+    );
+
+    // 3. Back: the retry executes once, the next one replays.
+    let res = app.clone().oneshot(req("fast")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let res = app.oneshot(req("fast")).await.unwrap();
+    assert_eq!(res.headers()["idempotent-replayed"], "true");
+    assert_eq!(db.count().await, 1);
+}
+
+mod url_parts {
+    use std::net::SocketAddr;
+
+    /// `postgres://user@host:port/db`, enough to put a proxy in between.
+    pub struct PgUrl {
+        pub addr: SocketAddr,
+        user: String,
+        db: String,
+    }
+
+    impl std::str::FromStr for PgUrl {
+        type Err = String;
+        fn from_str(s: &str) -> Result<Self, String> {
+            let rest = s
+                .strip_prefix("postgres://")
+                .ok_or("not a postgres:// URL")?;
+            let (user, rest) = rest.split_once('@').ok_or("no user")?;
+            let (hostport, db) = rest.split_once('/').ok_or("no database")?;
+            Ok(Self {
+                addr: hostport.parse().map_err(|e| format!("{hostport}: {e}"))?,
+                user: user.to_owned(),
+                db: db.to_owned(),
+            })
+        }
+    }
+
+    impl PgUrl {
+        pub fn via(&self, addr: SocketAddr) -> String {
+            format!("postgres://{}@{addr}/{}", self.user, self.db)
+        }
+    }
+}

@@ -1,0 +1,235 @@
+//! Per-route configuration: operation, key requirement, policy, tenant source,
+//! limits and the replay allow-list.
+
+use std::collections::HashSet;
+
+use http::{HeaderName, Method, header};
+use idem_core::{FingerprintSpec, Operation, Policy, Tenant};
+
+use crate::problem::Rejection;
+
+/// Headers that are never stored nor replayed, whatever the configuration.
+pub const NEVER_REPLAYED: &[&str] = &[
+    "set-cookie",
+    "authorization",
+    "www-authenticate",
+    "proxy-authenticate",
+    "proxy-authorization",
+];
+
+/// Where the tenant of a request comes from.
+#[derive(Debug, Clone)]
+pub enum TenantSource {
+    /// Every request belongs to this tenant.
+    Static(Tenant),
+    /// A [`Tenant`] request extension set by your authentication middleware.
+    Extension,
+    /// A request header, trusted because a gateway in front sets it. Only for
+    /// deployments where clients cannot reach the service directly.
+    TrustedHeader {
+        /// The header, e.g. `x-tenant-id`.
+        name: HeaderName,
+        /// The tenant when the header is absent.
+        default: Option<Tenant>,
+    },
+}
+
+impl TenantSource {
+    /// Resolves the tenant of a request.
+    pub fn resolve(&self, parts: &http::request::Parts) -> Result<Tenant, Rejection> {
+        match self {
+            Self::Static(t) => Ok(t.clone()),
+            Self::Extension => parts
+                .extensions
+                .get::<Tenant>()
+                .cloned()
+                .ok_or(Rejection::TenantUnresolved),
+            Self::TrustedHeader { name, default } => match parts.headers.get(name) {
+                Some(v) => v
+                    .to_str()
+                    .ok()
+                    .and_then(|s| Tenant::new(s).ok())
+                    .ok_or(Rejection::TenantUnresolved),
+                None => default.clone().ok_or(Rejection::TenantUnresolved),
+            },
+        }
+    }
+}
+
+/// Overrides what the layer does with a handler's response, set as a response
+/// extension.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Disposition {
+    /// Store it (completed if < 400, failed otherwise) and commit.
+    Store,
+    /// Roll back the key and the handler's writes.
+    Discard,
+}
+
+/// Per-route configuration.
+#[derive(Debug, Clone)]
+pub struct RouteConfig {
+    /// The operation keys are scoped to.
+    pub operation: Operation,
+    /// Whether a request without a key is rejected (400) or run without
+    /// idempotency (still in a transaction).
+    pub key_required: bool,
+    /// TTL and maximum wait.
+    pub policy: Policy,
+    /// Where the tenant comes from.
+    pub tenant: TenantSource,
+    /// Methods the layer applies to; others pass straight through. Default
+    /// POST and PATCH; add PUT or DELETE to opt in.
+    pub methods: Vec<Method>,
+    /// Largest request body read (413 above). Default 1 MiB.
+    pub max_request_bytes: usize,
+    /// Largest response body stored for replay. Above it the layer rolls back
+    /// and answers 500 `response-too-large`, so nothing happens that could not
+    /// be replayed. Default 1 MiB.
+    pub max_response_bytes: usize,
+    /// Response headers stored and replayed (lowercase). Change it with
+    /// [`RouteConfig::replay_header`], which refuses [`NEVER_REPLAYED`] ones.
+    pub replay_headers: Vec<HeaderName>,
+    /// 4xx statuses stored as failed outcomes and replayed.
+    pub store_client_errors: HashSet<u16>,
+    /// Fingerprint settings (ignored JSON fields).
+    pub fingerprint: FingerprintSpec,
+}
+
+/// A configuration error.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// A header that must never be replayed was allow-listed.
+    #[error("header {0} may never be replayed")]
+    ForbiddenReplayHeader(String),
+}
+
+impl RouteConfig {
+    /// A route whose requests must carry a key.
+    pub fn required(operation: Operation, tenant: TenantSource) -> Self {
+        Self {
+            operation,
+            key_required: true,
+            policy: Policy::default(),
+            tenant,
+            methods: vec![Method::POST, Method::PATCH],
+            max_request_bytes: 1 << 20,
+            max_response_bytes: 1 << 20,
+            replay_headers: vec![
+                header::CONTENT_TYPE,
+                header::LOCATION,
+                header::ETAG,
+                header::LINK,
+            ],
+            store_client_errors: [402, 409, 410, 422].into_iter().collect(),
+            fingerprint: FingerprintSpec::default(),
+        }
+    }
+
+    /// A route where the key is optional.
+    pub fn optional(operation: Operation, tenant: TenantSource) -> Self {
+        Self {
+            key_required: false,
+            ..Self::required(operation, tenant)
+        }
+    }
+
+    /// Whether a response with `status` commits (stored for replay when keyed)
+    /// or rolls back: the handler's [`Disposition`] wins, else 2xx/3xx and the
+    /// configured 4xx statuses commit.
+    pub(crate) fn keeps(&self, status: u16, disposition: Option<Disposition>) -> bool {
+        match disposition {
+            Some(d) => d == Disposition::Store,
+            None => status < 400 || self.store_client_errors.contains(&status),
+        }
+    }
+
+    /// Whether a response header is stored and replayed.
+    pub(crate) fn replays(&self, name: &HeaderName) -> bool {
+        self.replay_headers.contains(name) && !NEVER_REPLAYED.contains(&name.as_str())
+    }
+
+    /// Adds a response header to replay; refuses the ones in [`NEVER_REPLAYED`].
+    pub fn replay_header(mut self, name: HeaderName) -> Result<Self, ConfigError> {
+        if NEVER_REPLAYED.contains(&name.as_str()) {
+            return Err(ConfigError::ForbiddenReplayHeader(name.to_string()));
+        }
+        self.replay_headers.push(name);
+        Ok(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> RouteConfig {
+        RouteConfig::required(
+            Operation::new("op").unwrap(),
+            TenantSource::Static(Tenant::new("t").unwrap()),
+        )
+    }
+
+    #[test]
+    fn secret_bearing_headers_cannot_be_allow_listed() {
+        for name in NEVER_REPLAYED {
+            let err = config()
+                .replay_header(HeaderName::from_static(name))
+                .unwrap_err();
+            assert!(err.to_string().contains(name), "{err}");
+        }
+        let mut c = config()
+            .replay_header(HeaderName::from_static("x-request-id"))
+            .unwrap();
+        assert!(c.replays(&HeaderName::from_static("x-request-id")));
+        // Pushed past the builder, a forbidden header is still never replayed.
+        c.replay_headers.push(header::SET_COOKIE);
+        assert!(!c.replays(&header::SET_COOKIE));
+    }
+
+    #[test]
+    fn what_commits_by_default_and_with_a_disposition() {
+        let c = config();
+        for status in [200, 201, 204, 302, 402, 409, 410, 422] {
+            assert!(c.keeps(status, None), "{status} is kept");
+        }
+        for status in [400, 401, 403, 404, 429, 500, 503] {
+            assert!(!c.keeps(status, None), "{status} rolls back");
+        }
+        assert!(c.keeps(500, Some(Disposition::Store)));
+        assert!(!c.keeps(201, Some(Disposition::Discard)));
+    }
+
+    #[test]
+    fn tenant_sources_resolve_or_reject() {
+        let req = |h: Option<&str>| {
+            let mut b = http::Request::builder();
+            if let Some(h) = h {
+                b = b.header("x-tenant-id", h);
+            }
+            b.body(()).unwrap().into_parts().0
+        };
+        let header = TenantSource::TrustedHeader {
+            name: HeaderName::from_static("x-tenant-id"),
+            default: None,
+        };
+        assert_eq!(header.resolve(&req(Some("acme"))).unwrap().as_str(), "acme");
+        assert_eq!(header.resolve(&req(None)), Err(Rejection::TenantUnresolved));
+        assert_eq!(
+            header.resolve(&req(Some("bad tenant"))),
+            Err(Rejection::TenantUnresolved)
+        );
+        let mut parts = req(Some("ignored"));
+        assert_eq!(
+            TenantSource::Extension.resolve(&parts),
+            Err(Rejection::TenantUnresolved),
+            "the header is not read when the source is the extension"
+        );
+        parts.extensions.insert(Tenant::new("from-auth").unwrap());
+        assert_eq!(
+            TenantSource::Extension.resolve(&parts).unwrap().as_str(),
+            "from-auth"
+        );
+    }
+}
