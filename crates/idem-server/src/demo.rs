@@ -14,8 +14,34 @@ pub const MIGRATIONS: &[Migration] = &[Migration {
     sql: include_str!("../migrations/0001_demo.sql"),
 }];
 
-/// Largest request body accepted by the demo routes.
-pub const MAX_BODY_BYTES: usize = 1 << 20;
+/// Settings of the demo routes.
+#[derive(Debug, Clone)]
+pub struct DemoConfig {
+    /// How long key records live (default 24 h).
+    pub key_ttl: std::time::Duration,
+    /// Largest request body accepted (default 1 MiB); 413 above.
+    pub max_body_bytes: usize,
+}
+
+impl Default for DemoConfig {
+    fn default() -> Self {
+        Self {
+            key_ttl: idem_core::Policy::DEFAULT_TTL,
+            max_body_bytes: 1 << 20,
+        }
+    }
+}
+
+/// A database error on a read route: 503 + Retry-After when the database is
+/// unreachable (the client should retry), 500 otherwise.
+pub fn db_error(e: idem_core::StoreError) -> Response {
+    if e.retryable() {
+        tracing::warn!(error = %e, "database unavailable");
+        idem_http::Rejection::StoreUnavailable(std::time::Duration::from_secs(1)).into_response()
+    } else {
+        internal(e)
+    }
+}
 
 pub fn invalid(detail: &str) -> Response {
     idem_http::problem(
@@ -154,7 +180,7 @@ pub const SELECT_PAYMENT: &str = "SELECT id, amount, currency, customer, referen
 /// Generates the demo router for one backend.
 #[macro_export]
 macro_rules! demo_app {
-    ($modname:ident, $store:ty, $tx:ty, $pool:ty) => {
+    ($modname:ident, $store:ty, $tx:ty, $pool:ty, $map_err:path) => {
         pub mod $modname {
             use axum::extract::{Path, Query, State};
             use axum::http::{HeaderMap, StatusCode};
@@ -162,7 +188,7 @@ macro_rules! demo_app {
             use axum::routing::{get, post};
             use axum::{Extension, Router};
             use bytes::Bytes;
-            use idem_core::{Operation, ResourceRef, Tenant};
+            use idem_core::{Clock, Operation, Policy, ResourceRef, SystemClock, Tenant};
             use idem_http::{IdemTx, IdempotencyLayer, RouteConfig, TenantSource};
             use serde_json::json;
             use $crate::demo::*;
@@ -210,10 +236,10 @@ macro_rules! demo_app {
                             }
                             Ok(row) => idem_http::problem(StatusCode::CONFLICT, "reference-conflict",
                                 "This reference belongs to a different payment", Some(&format!("payment {}", row.0)), None),
-                            Err(e) => internal(e),
+                            Err(e) => db_error($map_err(e)),
                         }
                     }
-                    Err(e) => internal(e),
+                    Err(e) => db_error($map_err(e)),
                 }
             }
 
@@ -223,7 +249,7 @@ macro_rules! demo_app {
                 let mut tx = match tx.lock().await { Ok(t) => t, Err(_) => return internal("transaction finished") };
                 let payment: Result<Option<PaymentRow>, _> = sqlx::query_as(SELECT_PAYMENT)
                     .bind(tenant.as_str()).bind(&payment_id).fetch_optional(&mut **tx).await;
-                let payment = match payment { Ok(Some(p)) => p, Ok(None) => return not_found(), Err(e) => return internal(e) };
+                let payment = match payment { Ok(Some(p)) => p, Ok(None) => return not_found(), Err(e) => return db_error($map_err(e)) };
                 let remaining = payment.1 - payment.5;
                 if amount > remaining {
                     return idem_http::problem(StatusCode::UNPROCESSABLE_ENTITY, "refund-exceeds-payment",
@@ -237,7 +263,7 @@ macro_rules! demo_app {
                     .execute(&mut **tx).await;
                 let r2 = sqlx::query("UPDATE demo_payments SET amount_refunded = amount_refunded + $3 WHERE tenant_id = $1 AND id = $2")
                     .bind(tenant.as_str()).bind(&payment_id).bind(amount).execute(&mut **tx).await;
-                if let Err(e) = r1.and(r2) { return internal(e); }
+                if let Err(e) = r1.and(r2) { return db_error($map_err(e)); }
                 let body = json!({"id": id, "payment_id": payment_id, "amount": amount, "created_at": rfc3339(now)});
                 json_response(StatusCode::CREATED, &body, None, Some(ResourceRef { kind: "refund".into(), id }))
             }
@@ -249,7 +275,7 @@ macro_rules! demo_app {
                 match row {
                     Ok(Some(p)) => json_response(StatusCode::OK, &payment_json(&p), None, None),
                     Ok(None) => not_found(),
-                    Err(e) => internal(e),
+                    Err(e) => db_error($map_err(e)),
                 }
             }
 
@@ -264,13 +290,18 @@ macro_rules! demo_app {
                 match rows {
                     Ok(rows) => json_response(StatusCode::OK,
                         &json!({"data": rows.iter().map(payment_json).collect::<Vec<_>>()}), None, None),
-                    Err(e) => internal(e),
+                    Err(e) => db_error($map_err(e)),
                 }
             }
 
             /// The demo router. The tenant comes from `X-Tenant-Id`, trusted here
             /// only because this is a demo; `default` when absent.
-            pub fn router(store: $store, pool: $pool) -> Router {
+            pub fn router(store: $store, pool: $pool, config: &DemoConfig) -> Router {
+                router_with_clock(store, pool, config, SystemClock)
+            }
+
+            /// The demo router on another clock (tests pass a TTL without sleeping).
+            pub fn router_with_clock<C: Clock + Clone>(store: $store, pool: $pool, config: &DemoConfig, clock: C) -> Router {
                 let tenant = TenantSource::TrustedHeader {
                     name: axum::http::HeaderName::from_static("x-tenant-id"),
                     default: Tenant::new("default").ok(),
@@ -278,8 +309,9 @@ macro_rules! demo_app {
                 let route = |op: &str| {
                     let op = Operation::new(op).unwrap_or_else(|e| panic!("operation name {op}: {e}"));
                     let mut cfg = RouteConfig::required(op, tenant.clone());
-                    cfg.max_request_bytes = MAX_BODY_BYTES;
-                    IdempotencyLayer::new(store.clone(), cfg)
+                    cfg.max_request_bytes = config.max_body_bytes;
+                    cfg.policy = Policy::with_ttl(config.key_ttl);
+                    IdempotencyLayer::new(store.clone(), cfg).with_clock(clock.clone())
                 };
                 Router::new()
                     .route("/v1/payments", post(create).layer(route("payments.create")).get(list))

@@ -12,11 +12,13 @@ demo_app!(
     sqlite_demo,
     idem_sqlite::SqliteStore,
     idem_sqlite::SqliteTx,
-    sqlx::SqlitePool
+    sqlx::SqlitePool,
+    idem_sqlite::map_err
 );
 demo_app!(
     postgres_demo,
     idem_postgres::PgStore,
     idem_postgres::PgTx,
-    sqlx::PgPool
+    sqlx::PgPool,
+    idem_postgres::map_err
 );

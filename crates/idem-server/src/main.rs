@@ -16,7 +16,9 @@ use idem_core::{Engine, KeyStore};
 use idem_postgres::{PgConfig, PgStore};
 use idem_sqlite::{SqliteConfig, SqliteStore};
 
-use idem_server::{demo, postgres_demo, sqlite_demo};
+use idem_core::Policy;
+use idem_server::demo::{self, DemoConfig};
+use idem_server::{postgres_demo, sqlite_demo};
 
 #[derive(Parser)]
 #[command(name = "idem", version, about = "Make duplicate delivery harmless")]
@@ -44,6 +46,13 @@ enum Command {
         /// How often expired key records are deleted.
         #[arg(long, env = "IDEM_GC_INTERVAL", default_value = "60s", value_parser = humantime::parse_duration)]
         gc_interval: Duration,
+        /// How long key records live: retries after it execute again (the
+        /// payment `reference` then still stops a second payment). 1s to 400d.
+        #[arg(long, env = "IDEM_KEY_TTL", default_value = "24h", value_parser = humantime::parse_duration)]
+        key_ttl: Duration,
+        /// Largest request body accepted, in bytes (413 above). At most 64 MiB.
+        #[arg(long, env = "IDEM_MAX_BODY_BYTES", default_value_t = 1 << 20)]
+        max_body_bytes: usize,
     },
     /// Apply migrations and exit.
     Migrate {
@@ -67,6 +76,24 @@ enum Command {
         #[command(flatten)]
         db: DbArgs,
     },
+}
+
+/// The largest request body `--max-body-bytes` accepts.
+const MAX_BODY_BYTES_LIMIT: usize = 64 << 20;
+
+fn demo_config(key_ttl: Duration, max_body_bytes: usize) -> anyhow::Result<DemoConfig> {
+    if key_ttl < Duration::from_secs(1) || key_ttl > Policy::MAX_TTL {
+        bail!("--key-ttl must be between 1s and 400days, got {key_ttl:?}");
+    }
+    if max_body_bytes == 0 || max_body_bytes > MAX_BODY_BYTES_LIMIT {
+        bail!(
+            "--max-body-bytes must be between 1 and {MAX_BODY_BYTES_LIMIT}, got {max_body_bytes}"
+        );
+    }
+    Ok(DemoConfig {
+        key_ttl,
+        max_body_bytes,
+    })
 }
 
 /// GC batch size and the most batches per run: bounded work per tick.
@@ -157,15 +184,18 @@ async fn main() -> anyhow::Result<()> {
             db,
             listen,
             gc_interval,
+            key_ttl,
+            max_body_bytes,
         } => {
+            let config = demo_config(key_ttl, max_body_bytes)?;
             let api = match open(&db.database_url).await? {
                 Db::Sqlite(store) => {
                     spawn_gc(store.clone(), gc_interval);
-                    sqlite_demo::router(store.clone(), store.pool().clone())
+                    sqlite_demo::router(store.clone(), store.pool().clone(), &config)
                 }
                 Db::Postgres(store) => {
                     spawn_gc(store.clone(), gc_interval);
-                    postgres_demo::router(store.clone(), store.pool().clone())
+                    postgres_demo::router(store.clone(), store.pool().clone(), &config)
                 }
             };
             let app = Router::new()
@@ -175,7 +205,10 @@ async fn main() -> anyhow::Result<()> {
             let listener = tokio::net::TcpListener::bind(listen)
                 .await
                 .with_context(|| format!("failed to listen on {listen}"))?;
-            tracing::info!(%listen, "idem serving the demo payments API");
+            let bound = listener
+                .local_addr()
+                .context("failed to read the bound address")?;
+            tracing::info!(listen = %bound, "idem serving the demo payments API");
             axum::serve(listener, app)
                 .with_graceful_shutdown(shutdown())
                 .await

@@ -1,8 +1,12 @@
-//! Drills against the demo API served on a real socket (127.0.0.1:0), on a
-//! real SQLite file and a real PostgreSQL database.
+//! Drills against the demo API on real sockets (127.0.0.1:0), on a real SQLite
+//! file and a real PostgreSQL database, in-process (`drills`) and as the `idem`
+//! binary started, killed with SIGKILL and restarted (`process`).
 #![allow(clippy::unwrap_used, missing_docs)]
 
+mod process;
+
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -19,13 +23,20 @@ impl Reply {
         serde_json::from_slice(&self.body).unwrap()
     }
     pub fn replayed(&self) -> bool {
-        self.head
-            .to_ascii_lowercase()
-            .contains("\r\nidempotent-replayed: true")
+        self.header("idempotent-replayed").as_deref() == Some("true")
+    }
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.head.split("\r\n").skip(1).find_map(|line| {
+            let (n, v) = line.split_once(':')?;
+            n.eq_ignore_ascii_case(name).then(|| v.trim().to_owned())
+        })
+    }
+    pub fn problem_type(&self) -> String {
+        self.json()["type"].as_str().unwrap_or_default().to_owned()
     }
 }
 
-fn request(method: &str, path: &str, key: Option<&str>, body: &str) -> String {
+pub fn request(method: &str, path: &str, key: Option<&str>, body: &str) -> String {
     let key = key
         .map(|k| format!("Idempotency-Key: {k}\r\n"))
         .unwrap_or_default();
@@ -43,37 +54,37 @@ pub async fn call(
     key: Option<&str>,
     body: &str,
 ) -> Reply {
-    let mut s = TcpStream::connect(addr).await.unwrap();
+    try_call(addr, method, path, key, body).await.unwrap()
+}
+
+/// One request on its own connection; an error when the server is gone.
+pub async fn try_call(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    key: Option<&str>,
+    body: &str,
+) -> std::io::Result<Reply> {
+    let mut s = TcpStream::connect(addr).await?;
     s.write_all(request(method, path, key, body).as_bytes())
-        .await
-        .unwrap();
+        .await?;
     let mut raw = Vec::new();
-    s.read_to_end(&mut raw).await.unwrap();
-    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
-    let head = String::from_utf8(raw[..split].to_vec()).unwrap();
-    let status = head[9..12].parse().unwrap();
-    Reply {
+    s.read_to_end(&mut raw).await?;
+    let broken = || std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "incomplete response");
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(broken)?;
+    let head = String::from_utf8_lossy(&raw[..split]).into_owned();
+    let status = head
+        .get(9..12)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(broken)?;
+    Ok(Reply {
         status,
         head,
         body: raw[split + 4..].to_vec(),
-    }
-}
-
-/// Sends a request and closes the connection without reading the response.
-pub async fn send_and_vanish(addr: SocketAddr, path: &str, key: &str, body: &str) {
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    s.write_all(request("POST", path, Some(key), body).as_bytes())
-        .await
-        .unwrap();
-    s.shutdown().await.unwrap();
-    drop(s);
-}
-
-pub async fn serve(router: axum::Router) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
-    addr
+    })
 }
 
 pub async fn payments_of(addr: SocketAddr, customer: &str) -> Vec<Value> {
@@ -89,200 +100,383 @@ pub async fn payments_of(addr: SocketAddr, customer: &str) -> Vec<Value> {
     r.json()["data"].as_array().unwrap().clone()
 }
 
-const PAY: &str = r#"{"amount":1000,"currency":"EUR","customer":"cus_1"}"#;
+/// Polls until `customer` has `n` payments (committed), for at most 10 s.
+pub async fn await_payments(addr: SocketAddr, customer: &str, n: usize) -> Vec<Value> {
+    for _ in 0..500 {
+        let p = payments_of(addr, customer).await;
+        if p.len() >= n {
+            return p;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("{customer} never had {n} payments");
+}
+
+pub const PAY: &str = r#"{"amount":1000,"currency":"EUR","customer":"cus_1"}"#;
 
 macro_rules! drills {
     ($modname:ident, $setup:path) => {
         mod $modname {
             use super::*;
+            use idem_core::ManualClock;
+
+            async fn setup() -> Fixture {
+                $setup(ManualClock::starting_now(), DemoConfig::default()).await
+            }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn drill1_lost_response_then_retry_gets_stored_response_one_payment() {
-                let (addr, _db) = $setup().await;
-                send_and_vanish(addr, "/v1/payments", "lost-1", PAY).await;
-                let first = call(addr, "POST", "/v1/payments", Some("lost-1"), PAY).await;
+            async fn drill1_committed_then_response_lost_retry_gets_stored_response() {
+                let f = setup().await;
+                let body = r#"{"amount":1000,"currency":"EUR","customer":"cus_lost"}"#;
+                // The request is sent; the server commits; the client never reads
+                // the answer and goes away.
+                let mut s = TcpStream::connect(f.addr).await.unwrap();
+                s.write_all(request("POST", "/v1/payments", Some("lost-1"), body).as_bytes())
+                    .await
+                    .unwrap();
+                let committed = await_payments(f.addr, "cus_lost", 1).await;
+                drop(s);
+                let retry = call(f.addr, "POST", "/v1/payments", Some("lost-1"), body).await;
+                assert_eq!(retry.status, 201);
+                assert!(retry.replayed(), "the retry gets the stored response");
+                assert_eq!(retry.json()["id"], committed[0]["id"]);
+                let again = call(f.addr, "POST", "/v1/payments", Some("lost-1"), body).await;
+                assert_eq!(again.body, retry.body, "every replay is the same bytes");
+                assert_eq!(payments_of(f.addr, "cus_lost").await.len(), 1, "exactly one payment");
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn drill2_fifty_concurrent_requests_one_payment() {
+                let f = setup().await;
+                let body = r#"{"amount":50,"currency":"EUR","customer":"cus_race"}"#;
+                let mut tasks = Vec::new();
+                for _ in 0..50 {
+                    let addr = f.addr;
+                    tasks.push(tokio::spawn(async move {
+                        call(addr, "POST", "/v1/payments", Some("race-1"), body).await
+                    }));
+                }
+                let mut created = std::collections::HashSet::new();
+                let (mut fresh, mut conflicts) = (0, 0);
+                for t in tasks {
+                    let r = t.await.unwrap();
+                    assert!(r.status < 500, "never a 5xx, got {}", r.status);
+                    match r.status {
+                        201 => {
+                            fresh += usize::from(!r.replayed());
+                            created.insert(r.body);
+                        }
+                        409 => {
+                            assert_eq!(r.problem_type(), "https://idem.dev/problems/request-in-flight");
+                            assert!(r.header("retry-after").is_some());
+                            conflicts += 1;
+                        }
+                        s => panic!("unexpected status {s}"),
+                    }
+                }
+                assert_eq!(fresh, 1, "one execution ({conflicts} in flight)");
+                assert_eq!(created.len(), 1, "every 201 is the identical response");
+                assert_eq!(payments_of(f.addr, "cus_race").await.len(), 1);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn drill3_same_key_other_body_is_422_and_record_unchanged() {
+                let f = setup().await;
+                let first = call(f.addr, "POST", "/v1/payments", Some("k-3"), PAY).await;
                 assert_eq!(first.status, 201);
-                let again = call(addr, "POST", "/v1/payments", Some("lost-1"), PAY).await;
-                assert_eq!(again.status, 201);
-                assert!(again.replayed());
-                assert_eq!(again.body, first.body);
-                assert_eq!(
-                    payments_of(addr, "cus_1").await.len(),
-                    1,
-                    "exactly one payment"
-                );
+                let other = r#"{"amount":999,"currency":"EUR","customer":"cus_1"}"#;
+                let mismatch = call(f.addr, "POST", "/v1/payments", Some("k-3"), other).await;
+                assert_eq!(mismatch.status, 422);
+                assert_eq!(mismatch.header("content-type").as_deref(), Some("application/problem+json"));
+                assert_eq!(mismatch.problem_type(), "https://idem.dev/problems/idempotency-key-reused");
+                let replay = call(f.addr, "POST", "/v1/payments", Some("k-3"), PAY).await;
+                assert!(replay.replayed());
+                assert_eq!(replay.body, first.body, "the stored record is unchanged");
+                assert_eq!(payments_of(f.addr, "cus_1").await.len(), 1);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn missing_and_malformed_keys_are_400_and_nothing_runs() {
+                let f = setup().await;
+                let r = call(f.addr, "POST", "/v1/payments", None, PAY).await;
+                assert_eq!(r.status, 400);
+                assert_eq!(r.problem_type(), "https://idem.dev/problems/missing-idempotency-key");
+                let long = "k".repeat(256);
+                for bad in ["\"unterminated", long.as_str(), "\"a b\"", "a\"b"] {
+                    let r = call(f.addr, "POST", "/v1/payments", Some(bad), PAY).await;
+                    assert_eq!(r.status, 400, "{bad:?}");
+                    assert_eq!(r.problem_type(), "https://idem.dev/problems/malformed-idempotency-key");
+                }
+                assert!(payments_of(f.addr, "cus_1").await.is_empty());
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn same_key_in_two_tenants_is_two_payments_and_never_cross_replayed() {
+                let f = setup().await;
+                let post = |tenant: &'static str| {
+                    let addr = f.addr;
+                    async move {
+                        let mut s = TcpStream::connect(addr).await.unwrap();
+                        let req = request("POST", "/v1/payments", Some("shared"), PAY)
+                            .replacen("Host: test\r\n", &format!("Host: test\r\nX-Tenant-Id: {tenant}\r\n"), 1);
+                        s.write_all(req.as_bytes()).await.unwrap();
+                        let mut raw = Vec::new();
+                        s.read_to_end(&mut raw).await.unwrap();
+                        String::from_utf8(raw).unwrap()
+                    }
+                };
+                let a = post("alpha").await;
+                let b = post("beta").await;
+                assert!(a.starts_with("HTTP/1.1 201") && b.starts_with("HTTP/1.1 201"));
+                assert!(!b.to_ascii_lowercase().contains("idempotent-replayed"), "no cross-tenant replay");
+                assert!(post("alpha").await.to_ascii_lowercase().contains("idempotent-replayed: true"));
+                // Each tenant sees only its own payment.
+                let list = |tenant: &'static str| {
+                    let addr = f.addr;
+                    async move {
+                        let mut s = TcpStream::connect(addr).await.unwrap();
+                        let req = format!("GET /v1/payments?customer=cus_1 HTTP/1.1\r\nHost: t\r\nX-Tenant-Id: {tenant}\r\nConnection: close\r\n\r\n");
+                        s.write_all(req.as_bytes()).await.unwrap();
+                        let mut raw = String::new();
+                        s.read_to_string(&mut raw).await.unwrap();
+                        let body = raw.split("\r\n\r\n").nth(1).unwrap().to_owned();
+                        serde_json::from_str::<Value>(&body).unwrap()["data"].as_array().unwrap().len()
+                    }
+                };
+                assert_eq!((list("alpha").await, list("beta").await, list("gamma").await), (1, 1, 0));
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn drill8_ttl_expiry_gc_and_the_late_retry() {
+                let f = setup().await;
+                let with_ref = r#"{"amount":1000,"currency":"EUR","customer":"cus_8","reference":"order-8"}"#;
+                let no_ref = r#"{"amount":700,"currency":"EUR","customer":"cus_8"}"#;
+                let first = call(f.addr, "POST", "/v1/payments", Some("k-8"), with_ref).await;
+                assert_eq!(first.status, 201);
+                let plain = call(f.addr, "POST", "/v1/payments", Some("k-8b"), no_ref).await;
+                assert_eq!(plain.status, 201);
+                // Within the TTL: a replay, and GC leaves the records alone.
+                f.clock.advance(Duration::from_secs(23 * 3600));
+                assert!(call(f.addr, "POST", "/v1/payments", Some("k-8"), with_ref).await.replayed());
+                assert_eq!((f.gc)().await, 0);
+                // Past the TTL (24 h): GC deletes both key records.
+                f.clock.advance(Duration::from_secs(3600 + 1));
+                assert_eq!((f.gc)().await, 2, "both expired records collected");
+                // The late retry is a new request. With a reference, the business
+                // natural key returns the existing payment: 200, same id, no new effect.
+                let late = call(f.addr, "POST", "/v1/payments", Some("k-8"), with_ref).await;
+                assert_eq!(late.status, 200);
+                assert!(!late.replayed(), "not a replay: the key record is gone");
+                assert_eq!(late.json()["id"], first.json()["id"]);
+                // Without a reference there is no second line of defence: the
+                // documented behaviour is a new payment.
+                let late_plain = call(f.addr, "POST", "/v1/payments", Some("k-8b"), no_ref).await;
+                assert_eq!(late_plain.status, 201);
+                assert_ne!(late_plain.json()["id"], plain.json()["id"]);
+                assert_eq!(payments_of(f.addr, "cus_8").await.len(), 3);
+                // A different payment under a used reference is refused.
+                let changed = r#"{"amount":2000,"currency":"EUR","customer":"cus_8","reference":"order-8"}"#;
+                let conflict = call(f.addr, "POST", "/v1/payments", Some("k-other"), changed).await;
+                assert_eq!(conflict.status, 409);
+                assert_eq!(conflict.problem_type(), "https://idem.dev/problems/reference-conflict");
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn drill9_replay_after_refund_returns_the_original_body() {
-                let (addr, _db) = $setup().await;
-                let created = call(addr, "POST", "/v1/payments", Some("c-9"), PAY).await;
+                let f = setup().await;
+                let created = call(f.addr, "POST", "/v1/payments", Some("c-9"), PAY).await;
                 let id = created.json()["id"].as_str().unwrap().to_owned();
-                assert!(
-                    created
-                        .head
-                        .to_ascii_lowercase()
-                        .contains(&format!("location: /v1/payments/{id}"))
-                );
-                let refund = call(
-                    addr,
-                    "POST",
-                    &format!("/v1/payments/{id}/refunds"),
-                    Some("r-9"),
-                    r#"{"amount":300}"#,
-                )
-                .await;
+                assert_eq!(created.header("location"), Some(format!("/v1/payments/{id}")));
+                let refund = call(f.addr, "POST", &format!("/v1/payments/{id}/refunds"), Some("r-9"), r#"{"amount":300}"#).await;
                 assert_eq!(refund.status, 201);
-                let now = call(addr, "GET", &format!("/v1/payments/{id}"), None, "").await;
+                let now = call(f.addr, "GET", &format!("/v1/payments/{id}"), None, "").await;
                 assert_eq!(now.json()["amount_refunded"], 300);
                 assert_eq!(now.json()["status"], "partially_refunded");
-                let replay = call(addr, "POST", "/v1/payments", Some("c-9"), PAY).await;
+                let replay = call(f.addr, "POST", "/v1/payments", Some("c-9"), PAY).await;
                 assert!(replay.replayed());
-                assert_eq!(
-                    replay.body, created.body,
-                    "the replay is the original response"
-                );
+                assert_eq!(replay.body, created.body, "the replay is the original response");
+                assert_eq!(replay.header("location"), created.header("location"));
                 assert_eq!(replay.json()["amount_refunded"], 0);
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn over_refund_422_is_stored_and_replayed() {
-                let (addr, _db) = $setup().await;
-                let id = call(addr, "POST", "/v1/payments", Some("c-r"), PAY)
-                    .await
-                    .json()["id"]
-                    .as_str()
-                    .unwrap()
-                    .to_owned();
+                let f = setup().await;
+                let id = call(f.addr, "POST", "/v1/payments", Some("c-r"), PAY).await.json()["id"]
+                    .as_str().unwrap().to_owned();
                 let path = format!("/v1/payments/{id}/refunds");
-                let first = call(addr, "POST", &path, Some("r-big"), r#"{"amount":5000}"#).await;
+                let first = call(f.addr, "POST", &path, Some("r-big"), r#"{"amount":5000}"#).await;
                 assert_eq!(first.status, 422);
-                assert_eq!(
-                    first.json()["type"],
-                    "https://idem.dev/problems/refund-exceeds-payment"
-                );
-                let again = call(addr, "POST", &path, Some("r-big"), r#"{"amount":5000}"#).await;
+                assert_eq!(first.problem_type(), "https://idem.dev/problems/refund-exceeds-payment");
+                // Even once the refund would fit (it never will: amounts only
+                // shrink), the stored failure is what the key answers.
+                let again = call(f.addr, "POST", &path, Some("r-big"), r#"{"amount":5000}"#).await;
                 assert_eq!(again.status, 422);
                 assert!(again.replayed());
                 assert_eq!(again.body, first.body);
                 // The same refund key sent to another payment is a mismatch, not a replay.
-                let other = call(addr, "POST", "/v1/payments", Some("c-r2"), PAY)
-                    .await
-                    .json()["id"]
-                    .as_str()
-                    .unwrap()
-                    .to_owned();
-                let cross = call(
-                    addr,
-                    "POST",
-                    &format!("/v1/payments/{other}/refunds"),
-                    Some("r-big"),
-                    r#"{"amount":5000}"#,
-                )
-                .await;
+                let other = call(f.addr, "POST", "/v1/payments", Some("c-r2"), PAY).await.json()["id"]
+                    .as_str().unwrap().to_owned();
+                let cross = call(f.addr, "POST", &format!("/v1/payments/{other}/refunds"), Some("r-big"), r#"{"amount":5000}"#).await;
                 assert_eq!(cross.status, 422);
-                assert_eq!(
-                    cross.json()["type"],
-                    "https://idem.dev/problems/idempotency-key-reused"
-                );
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn drill8_new_key_same_reference_finds_the_first_payment() {
-                // What a late retry after the key expired looks like: a fresh key
-                // record, stopped by the business natural key.
-                let (addr, _db) = $setup().await;
-                let body =
-                    r#"{"amount":1000,"currency":"EUR","customer":"cus_8","reference":"order-8"}"#;
-                let first = call(addr, "POST", "/v1/payments", Some("k-old"), body).await;
-                assert_eq!(first.status, 201);
-                let late = call(addr, "POST", "/v1/payments", Some("k-new"), body).await;
-                assert_eq!(late.status, 200, "the existing payment is returned");
-                assert_eq!(late.json()["id"], first.json()["id"]);
-                let changed =
-                    r#"{"amount":2000,"currency":"EUR","customer":"cus_8","reference":"order-8"}"#;
-                let conflict = call(addr, "POST", "/v1/payments", Some("k-other"), changed).await;
-                assert_eq!(conflict.status, 409);
-                assert_eq!(
-                    conflict.json()["type"],
-                    "https://idem.dev/problems/reference-conflict"
-                );
-                assert_eq!(payments_of(addr, "cus_8").await.len(), 1);
+                assert_eq!(cross.problem_type(), "https://idem.dev/problems/idempotency-key-reused");
+                let unknown = call(f.addr, "POST", "/v1/payments/pay_nope/refunds", Some("r-x"), r#"{"amount":1}"#).await;
+                assert_eq!(unknown.status, 404);
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn invalid_fields_are_400_and_store_nothing() {
-                let (addr, _db) = $setup().await;
+                let f = setup().await;
                 for bad in [
                     "{",
+                    "[]",
                     r#"{"amount":0,"currency":"EUR","customer":"c"}"#,
+                    r#"{"amount":1.5,"currency":"EUR","customer":"c"}"#,
                     r#"{"amount":1,"currency":"eur","customer":"c"}"#,
                     r#"{"amount":1,"currency":"EUR"}"#,
+                    r#"{"amount":1,"currency":"EUR","customer":"c","reference":7}"#,
                 ] {
-                    let r = call(addr, "POST", "/v1/payments", Some("bad-1"), bad).await;
+                    let r = call(f.addr, "POST", "/v1/payments", Some("bad-1"), bad).await;
                     assert_eq!(r.status, 400, "{bad}");
-                    assert_eq!(
-                        r.json()["type"],
-                        "https://idem.dev/problems/invalid-request"
-                    );
+                    assert_eq!(r.problem_type(), "https://idem.dev/problems/invalid-request");
                 }
                 // Nothing was stored under the key: a valid request with it executes.
-                let ok = call(addr, "POST", "/v1/payments", Some("bad-1"), PAY).await;
+                let ok = call(f.addr, "POST", "/v1/payments", Some("bad-1"), PAY).await;
                 assert_eq!(ok.status, 201);
+                assert!(!ok.replayed());
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn body_over_the_limit_is_413_and_stores_nothing() {
+                let f = $setup(ManualClock::starting_now(), DemoConfig { max_body_bytes: 256, ..DemoConfig::default() }).await;
+                let big = format!(r#"{{"amount":1,"currency":"EUR","customer":"cus_1","reference":"{}"}}"#, "r".repeat(300));
+                let r = call(f.addr, "POST", "/v1/payments", Some("big"), &big).await;
+                assert_eq!(r.status, 413);
+                assert_eq!(r.problem_type(), "https://idem.dev/problems/body-too-large");
+                let ok = call(f.addr, "POST", "/v1/payments", Some("big"), PAY).await;
+                assert_eq!(ok.status, 201, "the key was not used by the rejected request");
                 assert!(!ok.replayed());
             }
         }
     };
 }
 
-mod setup {
+pub use fixture::{DemoConfig, Fixture};
+
+mod fixture {
     use super::*;
+    use idem_core::{Engine, ManualClock};
     use idem_postgres::{PgConfig, PgStore};
     use idem_sqlite::{SqliteConfig, SqliteStore};
-    use sqlx::Connection;
+    use std::future::Future;
+    use std::pin::Pin;
     use std::sync::atomic::{AtomicU32, Ordering};
+
+    pub use idem_server::demo::DemoConfig;
+
+    type Gc = Box<dyn Fn() -> Pin<Box<dyn Future<Output = u64> + Send>> + Send + Sync>;
+
+    /// A demo API on a socket, its clock, and a GC on that clock.
+    pub struct Fixture {
+        pub addr: SocketAddr,
+        pub clock: ManualClock,
+        pub gc: Gc,
+        _dir: Option<TempDir>,
+    }
 
     static SEQ: AtomicU32 = AtomicU32::new(0);
 
-    pub struct TempDir(std::path::PathBuf);
+    pub struct TempDir(pub std::path::PathBuf);
+    impl TempDir {
+        pub fn new(tag: &str) -> Self {
+            let dir = std::env::temp_dir().join(format!(
+                "idem-server-it-{tag}-{}-{}",
+                std::process::id(),
+                SEQ.fetch_add(1, Ordering::SeqCst)
+            ));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            Self(dir)
+        }
+        pub fn sqlite_url(&self) -> String {
+            format!("sqlite://{}", self.0.join("idem.db").display())
+        }
+    }
     impl Drop for TempDir {
         fn drop(&mut self) {
             let _ = std::fs::remove_dir_all(&self.0);
         }
     }
 
-    pub async fn sqlite() -> (SocketAddr, TempDir) {
-        let dir = std::env::temp_dir().join(format!(
-            "idem-server-it-{}-{}",
-            std::process::id(),
-            SEQ.fetch_add(1, Ordering::SeqCst)
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let store = SqliteStore::connect(
-            &format!("sqlite://{}", dir.join("t.db").display()),
-            SqliteConfig::default(),
-        )
-        .await
-        .unwrap();
-        store.migrate().await.unwrap();
-        idem_sqlite::migrate_component(store.pool(), "demo", idem_server::demo::MIGRATIONS)
-            .await
-            .unwrap();
-        let addr = serve(idem_server::sqlite_demo::router(
-            store.clone(),
-            store.pool().clone(),
-        ))
-        .await;
-        (addr, TempDir(dir))
+    async fn serve(router: axum::Router) -> SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+        addr
     }
 
-    pub async fn postgres() -> (SocketAddr, ()) {
+    fn gc_on<S: idem_core::KeyStore>(store: S, clock: ManualClock) -> Gc {
+        let engine = Engine::with_clock(store, clock);
+        Box::new(move || {
+            let engine = engine.clone();
+            Box::pin(async move { engine.purge_expired(100, 10).await.unwrap() })
+        })
+    }
+
+    pub async fn sqlite(clock: ManualClock, config: DemoConfig) -> Fixture {
+        let dir = TempDir::new("sqlite");
+        let mut f = serve_demo(&dir.sqlite_url(), clock, config).await;
+        f._dir = Some(dir);
+        f
+    }
+
+    /// Serves the demo in-process on the database at `url`, migrated.
+    pub async fn serve_demo(url: &str, clock: ManualClock, config: DemoConfig) -> Fixture {
+        let (router, gc) = if url.starts_with("sqlite:") {
+            let store = SqliteStore::connect(url, SqliteConfig::default())
+                .await
+                .unwrap();
+            store.migrate().await.unwrap();
+            idem_sqlite::migrate_component(store.pool(), "demo", idem_server::demo::MIGRATIONS)
+                .await
+                .unwrap();
+            let router = idem_server::sqlite_demo::router_with_clock(
+                store.clone(),
+                store.pool().clone(),
+                &config,
+                clock.clone(),
+            );
+            (router, gc_on(store, clock.clone()))
+        } else {
+            let store = PgStore::connect(url, PgConfig::default()).await.unwrap();
+            store.migrate().await.unwrap();
+            idem_postgres::migrate_component(store.pool(), "demo", idem_server::demo::MIGRATIONS)
+                .await
+                .unwrap();
+            let router = idem_server::postgres_demo::router_with_clock(
+                store.clone(),
+                store.pool().clone(),
+                &config,
+                clock.clone(),
+            );
+            (router, gc_on(store, clock.clone()))
+        };
+        Fixture {
+            addr: serve(router).await,
+            gc,
+            clock,
+            _dir: None,
+        }
+    }
+
+    /// A fresh, empty PostgreSQL database on the suite's server; its URL.
+    pub async fn postgres_database(tag: &str) -> String {
+        use sqlx::Connection;
         let admin = std::env::var("IDEM_TEST_POSTGRES_URL").unwrap_or_else(|_| {
             panic!("IDEM_TEST_POSTGRES_URL is not set: run the suite with `cargo xtask test`")
         });
         let name = format!(
-            "idem_server_{}_{}",
+            "idem_server_{tag}_{}_{}",
             std::process::id(),
             SEQ.fetch_add(1, Ordering::SeqCst)
         );
@@ -292,23 +486,13 @@ mod setup {
             .await
             .unwrap();
         let (base, _) = admin.rsplit_once('/').unwrap();
-        let store = PgStore::connect(&format!("{base}/{name}"), PgConfig::default())
-            .await
-            .unwrap();
-        store.migrate().await.unwrap();
-        idem_postgres::migrate_component(store.pool(), "demo", idem_server::demo::MIGRATIONS)
-            .await
-            .unwrap();
-        (
-            serve(idem_server::postgres_demo::router(
-                store.clone(),
-                store.pool().clone(),
-            ))
-            .await,
-            (),
-        )
+        format!("{base}/{name}")
+    }
+
+    pub async fn postgres(clock: ManualClock, config: DemoConfig) -> Fixture {
+        serve_demo(&postgres_database("drill").await, clock, config).await
     }
 }
 
-drills!(sqlite, setup::sqlite);
-drills!(postgres, setup::postgres);
+drills!(sqlite, fixture::sqlite);
+drills!(postgres, fixture::postgres);

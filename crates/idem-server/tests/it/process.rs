@@ -1,0 +1,359 @@
+//! The `idem` binary as a real process: the README tour, `kill -9` and
+//! restart, `idem gc` and `idem migrate`, and clear errors for bad settings.
+
+use std::net::SocketAddr;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use idem_core::ManualClock;
+
+use crate::fixture::{self, TempDir};
+use crate::{DemoConfig, call, payments_of, try_call};
+
+fn idem() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_idem"))
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `idem serve` running as a child process.
+struct Server {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Server {
+    async fn start(database_url: &str, extra: &[&str]) -> Self {
+        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let mut child = idem()
+            .args([
+                "serve",
+                "--listen",
+                &addr.to_string(),
+                "--database-url",
+                database_url,
+            ])
+            .args(extra)
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        for _ in 0..600 {
+            if let Ok(r) = try_call(addr, "GET", "/healthz", None, "").await {
+                assert_eq!(r.status, 200);
+                return Self { child, addr };
+            }
+            if let Some(status) = child.try_wait().unwrap() {
+                panic!("idem serve exited early with {status}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("idem serve did not answer /healthz within 30 s");
+    }
+
+    /// SIGKILL: no shutdown hook, no flush, no graceful anything.
+    fn kill9(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn run(args: &[&str]) -> Output {
+    idem().args(args).output().unwrap()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readme_tour_on_sqlite() {
+    let dir = TempDir::new("tour");
+    let server = Server::start(&dir.sqlite_url(), &[]).await;
+    let a = server.addr;
+    let b = r#"{"amount":1000,"currency":"EUR","customer":"cus_1","reference":"order-1"}"#;
+    let created = call(a, "POST", "/v1/payments", Some("k-1"), b).await;
+    assert_eq!(created.status, 201);
+    let id = created.json()["id"].as_str().unwrap().to_owned();
+    assert!(id.starts_with("pay_"));
+    assert_eq!(
+        created.header("location"),
+        Some(format!("/v1/payments/{id}"))
+    );
+    assert_eq!(created.json()["status"], "succeeded");
+    let retry = call(a, "POST", "/v1/payments", Some("k-1"), b).await;
+    assert_eq!((retry.status, retry.replayed()), (201, true));
+    assert_eq!(retry.body, created.body);
+    let mismatch = call(
+        a,
+        "POST",
+        "/v1/payments",
+        Some("k-1"),
+        r#"{"amount":5,"currency":"EUR","customer":"cus_1"}"#,
+    )
+    .await;
+    assert_eq!(mismatch.status, 422);
+    assert_eq!(
+        mismatch.problem_type(),
+        "https://idem.dev/problems/idempotency-key-reused"
+    );
+    let missing = call(a, "POST", "/v1/payments", None, b).await;
+    assert_eq!(missing.status, 400);
+    assert_eq!(
+        missing.problem_type(),
+        "https://idem.dev/problems/missing-idempotency-key"
+    );
+    assert_eq!(payments_of(a, "cus_1").await.len(), 1);
+    let path = format!("/v1/payments/{id}/refunds");
+    let refund = call(a, "POST", &path, Some("r-1"), r#"{"amount":300}"#).await;
+    assert_eq!(refund.status, 201);
+    let over = call(a, "POST", &path, Some("r-2"), r#"{"amount":800}"#).await;
+    assert_eq!(over.status, 422);
+    let over_again = call(a, "POST", &path, Some("r-2"), r#"{"amount":800}"#).await;
+    assert_eq!((over_again.status, over_again.replayed()), (422, true));
+    let shown = call(a, "GET", &format!("/v1/payments/{id}"), None, "").await;
+    assert_eq!(shown.json()["amount_refunded"], 300);
+}
+
+async fn crash_and_restart(url: &str) {
+    let server = Server::start(url, &[]).await;
+    let body = |i: usize| {
+        format!(
+            r#"{{"amount":{},"currency":"EUR","customer":"cus_crash"}}"#,
+            100 + i
+        )
+    };
+    // Acknowledged before the crash.
+    let mut acked = Vec::new();
+    for i in 0..5 {
+        let r = call(
+            server.addr,
+            "POST",
+            "/v1/payments",
+            Some(&format!("a-{i}")),
+            &body(i),
+        )
+        .await;
+        assert_eq!(r.status, 201);
+        acked.push(r.body);
+    }
+    // Eight clients keep creating payments while the process is killed: the
+    // outcomes of the requests in flight are unknown to them.
+    let addr = server.addr;
+    let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(5));
+    let mut clients = Vec::new();
+    for _ in 0..8 {
+        let next = next.clone();
+        clients.push(tokio::spawn(async move {
+            let (mut answered, mut lost) = (0, 0);
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                match try_call(
+                    addr,
+                    "POST",
+                    "/v1/payments",
+                    Some(&format!("a-{i}")),
+                    &body(i),
+                )
+                .await
+                {
+                    Ok(r) if r.status == 201 => answered += 1,
+                    Ok(r) => panic!("unexpected status {} before the kill", r.status),
+                    Err(_) => {
+                        lost += 1;
+                        return (answered, lost);
+                    }
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    server.kill9();
+    let (mut answered, mut lost) = (0, 0);
+    for c in clients {
+        let (a, l) = c.await.unwrap();
+        answered += a;
+        lost += l;
+    }
+    // Every index handed out was sent (or tried): each is an intent to settle.
+    let attempted = next.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(lost, 8, "every client saw the server die");
+    // Restarted on the same database, every client retries with its key.
+    let server = Server::start(url, &[]).await;
+    for (i, first) in acked.iter().enumerate() {
+        let r = call(
+            server.addr,
+            "POST",
+            "/v1/payments",
+            Some(&format!("a-{i}")),
+            &body(i),
+        )
+        .await;
+        assert!(r.replayed(), "an acknowledged payment survives kill -9");
+        assert_eq!(&r.body, first);
+    }
+    for i in 5..attempted {
+        let r = call(
+            server.addr,
+            "POST",
+            "/v1/payments",
+            Some(&format!("a-{i}")),
+            &body(i),
+        )
+        .await;
+        assert_eq!(r.status, 201);
+    }
+    let mut amounts: Vec<i64> = payments_of(server.addr, "cus_crash")
+        .await
+        .iter()
+        .map(|p| p["amount"].as_i64().unwrap())
+        .collect();
+    amounts.sort();
+    let expected: Vec<i64> = (0..attempted).map(|i| 100 + i as i64).collect();
+    assert_eq!(
+        amounts, expected,
+        "every intent has exactly one payment ({answered} answered, {lost} lost in the kill)"
+    );
+    eprintln!(
+        "crash drill: {attempted} intents, {answered} answered before kill -9, {lost} unanswered; one payment each after retries"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill9_and_restart_on_sqlite_keeps_one_payment_per_key() {
+    let dir = TempDir::new("crash");
+    crash_and_restart(&dir.sqlite_url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill9_and_restart_on_postgres_keeps_one_payment_per_key() {
+    crash_and_restart(&fixture::postgres_database("crash").await).await;
+}
+
+/// Records written 25 h ago (by an in-process server on a clock set back) are
+/// expired in real time; `idem gc` deletes them and nothing else.
+async fn gc_as_a_process(url: &str) {
+    let past = ManualClock::starting_now();
+    let old = fixture::serve_demo(
+        url,
+        ManualClock::new(idem_core::Clock::now_ms(&past) - 25 * 3600 * 1000),
+        DemoConfig::default(),
+    )
+    .await;
+    for i in 0..3 {
+        let b = format!(
+            r#"{{"amount":{},"currency":"EUR","customer":"cus_gc"}}"#,
+            i + 1
+        );
+        assert_eq!(
+            call(
+                old.addr,
+                "POST",
+                "/v1/payments",
+                Some(&format!("old-{i}")),
+                &b
+            )
+            .await
+            .status,
+            201
+        );
+    }
+    let live = fixture::serve_demo(url, past, DemoConfig::default()).await;
+    let b = r#"{"amount":9,"currency":"EUR","customer":"cus_gc"}"#;
+    assert_eq!(
+        call(live.addr, "POST", "/v1/payments", Some("live"), b)
+            .await
+            .status,
+        201
+    );
+    let out = run(&["gc", "--database-url", url]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), "deleted 3 expired key records");
+    let out = run(&["gc", "--database-url", url]);
+    assert_eq!(text(&out.stdout).trim(), "deleted 0 expired key records");
+    // The live key still replays; the payments themselves are untouched.
+    assert!(
+        call(live.addr, "POST", "/v1/payments", Some("live"), b)
+            .await
+            .replayed()
+    );
+    assert_eq!(payments_of(live.addr, "cus_gc").await.len(), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gc_command_deletes_expired_records_on_sqlite() {
+    let dir = TempDir::new("gc");
+    gc_as_a_process(&dir.sqlite_url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gc_command_deletes_expired_records_on_postgres() {
+    gc_as_a_process(&fixture::postgres_database("gc").await).await;
+}
+
+#[test]
+fn migrate_command_is_idempotent() {
+    let dir = TempDir::new("migrate");
+    for _ in 0..2 {
+        let out = run(&["migrate", "--database-url", &dir.sqlite_url()]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        assert_eq!(text(&out.stdout).trim(), "migrations applied");
+    }
+}
+
+#[test]
+fn bad_settings_are_clear_errors_and_nothing_starts() {
+    let dir = TempDir::new("bad");
+    let db = dir.sqlite_url();
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["serve", "--database-url", &db, "--key-ttl", "0s"],
+            "--key-ttl must be between",
+        ),
+        (
+            &["serve", "--database-url", &db, "--key-ttl", "soon"],
+            "invalid value 'soon'",
+        ),
+        (
+            &["serve", "--database-url", &db, "--max-body-bytes", "0"],
+            "--max-body-bytes must be between",
+        ),
+        (
+            &["serve", "--database-url", "mysql://x/y"],
+            "unsupported database URL",
+        ),
+        (
+            &["serve", "--database-url", "sqlite::memory:"],
+            "not durable",
+        ),
+        (
+            &["serve", "--database-url", &db, "--listen", "nowhere"],
+            "invalid value 'nowhere'",
+        ),
+    ];
+    for (args, expected) in cases {
+        let out = run(args);
+        assert!(!out.status.success(), "{args:?} must fail");
+        let err = text(&out.stderr);
+        assert!(
+            err.contains(expected),
+            "{args:?}: expected {expected:?} in {err}"
+        );
+    }
+    assert!(
+        !dir.0.join("idem.db").exists(),
+        "settings are checked before the database is touched"
+    );
+}
