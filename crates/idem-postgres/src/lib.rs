@@ -99,6 +99,10 @@ impl PgStore {
         let pool = PgPoolOptions::new()
             .max_connections(config.max_connections.max(1))
             .acquire_timeout(config.acquire_timeout)
+            // No ping before each use: it would cost a round trip per request.
+            // A connection that died while idle fails at `BEGIN`, before
+            // anything happened, and `begin_waiting` retries on a fresh one.
+            .test_before_acquire(false)
             .connect_with(options)
             .await
             .map_err(map_err)?;
@@ -123,18 +127,28 @@ impl PgStore {
         &self,
         wait: Duration,
     ) -> Result<Transaction<'static, Postgres>, StoreError> {
-        let result = if wait == self.lock_timeout {
-            self.pool.begin().await
-        } else {
-            // One simple-query message: no extra round trip.
-            self.pool
-                .begin_with(format!(
-                    "BEGIN; SET LOCAL lock_timeout = '{}ms'",
-                    wait.as_millis().max(1)
-                ))
-                .await
-        };
-        result.map_err(|e| map_err_waited(e, wait))
+        // A pooled connection the server or network closed while it was idle
+        // fails here with an I/O error; nothing was sent that could have taken
+        // effect, so one more try on another connection is safe.
+        let mut retried = false;
+        loop {
+            let result = if wait == self.lock_timeout {
+                self.pool.begin().await
+            } else {
+                // One simple-query message: no extra round trip.
+                self.pool
+                    .begin_with(format!(
+                        "BEGIN; SET LOCAL lock_timeout = '{}ms'",
+                        wait.as_millis().max(1)
+                    ))
+                    .await
+            };
+            match result {
+                Ok(tx) => return Ok(tx),
+                Err(e) if !retried && connection_lost(&e) => retried = true,
+                Err(e) => return Err(map_err_waited(e, wait)),
+            }
+        }
     }
 }
 
@@ -317,7 +331,7 @@ impl KeyStore for PgStore {
     }
 
     async fn begin(&self) -> Result<PgTx, StoreError> {
-        self.pool.begin().await.map(PgTx).map_err(map_err)
+        self.begin_waiting(self.lock_timeout).await.map(PgTx)
     }
 
     async fn commit(&self, tx: PgTx) -> Result<(), StoreError> {
@@ -380,6 +394,18 @@ fn map_err_waited(e: sqlx::Error, wait: Duration) -> StoreError {
     match map_err(e) {
         StoreError::Busy { .. } => StoreError::Busy { waited: wait },
         other => other,
+    }
+}
+
+/// Whether the connection broke (I/O error, connection exception `08…`, or the
+/// server ended the session `57P0…`): the statement never ran.
+fn connection_lost(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_) => true,
+        sqlx::Error::Database(db) => db
+            .code()
+            .is_some_and(|c| c.starts_with("08") || c.starts_with("57P0")),
+        _ => false,
     }
 }
 

@@ -127,6 +127,8 @@ impl SqliteStore {
         let pool = SqlitePoolOptions::new()
             .max_connections(config.max_connections.max(1))
             .acquire_timeout(config.acquire_timeout)
+            // A local file cannot hang up: no ping before each use.
+            .test_before_acquire(false)
             .connect_with(options)
             .await
             .map_err(map_err)?;

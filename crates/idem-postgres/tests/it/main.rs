@@ -43,6 +43,13 @@ impl Drop for TestDb {
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
+fn db_url(name: &str) -> String {
+    match admin_url().rsplit_once('/') {
+        Some((base, _)) => format!("{base}/{name}"),
+        None => panic!("IDEM_TEST_POSTGRES_URL must end in /<database>"),
+    }
+}
+
 async fn db() -> TestDb {
     let admin = admin_url();
     let name = format!(
@@ -55,10 +62,7 @@ async fn db() -> TestDb {
         .execute(&mut conn)
         .await
         .unwrap();
-    let url = match admin.rsplit_once('/') {
-        Some((base, _)) => format!("{base}/{name}"),
-        None => panic!("IDEM_TEST_POSTGRES_URL must end in /<database>"),
-    };
+    let url = db_url(&name);
     let config = PgConfig {
         max_connections: 60,
         ..PgConfig::default()
@@ -158,5 +162,210 @@ async fn unreachable_database_is_unavailable_and_retryable() {
     assert!(
         err.retryable(),
         "connection refused must be retryable: {err:?}"
+    );
+}
+
+/// Counts the client's statement round trips to the server: each simple `Query`
+/// and each `Sync` that closes a batch with an `Execute` waits for one
+/// `ReadyForQuery`. A lone `Sync` is a ping, counted apart: sqlx pings a
+/// connection when it goes back to the pool (after the caller has its answer)
+/// and, unless disabled, before handing it out (on the request's path).
+mod round_trips {
+    use std::net::SocketAddr;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+
+    #[derive(Default)]
+    pub struct Counts {
+        pub statements: AtomicUsize,
+        pub pings: AtomicUsize,
+    }
+
+    impl Counts {
+        /// Lets in-flight pings land, then zeroes both counters.
+        pub async fn settle_and_reset(&self) {
+            tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+            self.statements.store(0, Ordering::SeqCst);
+            self.pings.store(0, Ordering::SeqCst);
+        }
+
+        /// Lets in-flight pings land, then reads `(statements, pings)`.
+        pub async fn settle_and_read(&self) -> (usize, usize) {
+            tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+            (
+                self.statements.load(Ordering::SeqCst),
+                self.pings.load(Ordering::SeqCst),
+            )
+        }
+    }
+
+    pub async fn proxy(upstream: SocketAddr) -> (SocketAddr, Arc<Counts>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let count = Arc::new(Counts::default());
+        let c = count.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let server = TcpStream::connect(upstream).await.unwrap();
+                let (mut cr, mut cw) = client.into_split();
+                let (mut sr, mut sw) = server.into_split();
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut sr, &mut cw).await;
+                });
+                let c = c.clone();
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut started = false;
+                    let mut executed = false;
+                    let mut chunk = [0u8; 8192];
+                    loop {
+                        let n = match cr.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => n,
+                        };
+                        if sw.write_all(&chunk[..n]).await.is_err() {
+                            return;
+                        }
+                        buf.extend_from_slice(&chunk[..n]);
+                        // Untyped frames until the startup message, then typed.
+                        loop {
+                            let (head, len_at) = if started { (1, 1) } else { (0, 0) };
+                            if buf.len() < head + 4 {
+                                break;
+                            }
+                            let len =
+                                i32::from_be_bytes(buf[len_at..len_at + 4].try_into().unwrap())
+                                    as usize;
+                            if buf.len() < head + len {
+                                break;
+                            }
+                            if started {
+                                match buf[0] {
+                                    b'E' => executed = true,
+                                    b'Q' => {
+                                        c.statements.fetch_add(1, Ordering::SeqCst);
+                                    }
+                                    b'S' if std::mem::take(&mut executed) => {
+                                        c.statements.fetch_add(1, Ordering::SeqCst);
+                                    }
+                                    b'S' => {
+                                        c.pings.fetch_add(1, Ordering::SeqCst);
+                                    }
+                                    _ => {}
+                                }
+                            } else {
+                                let code = i32::from_be_bytes(buf[4..8].try_into().unwrap());
+                                started = code == 196_608; // protocol 3.0 startup
+                            }
+                            buf.drain(..head + len);
+                        }
+                    }
+                });
+            }
+        });
+        (addr, count)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fresh_path_is_five_round_trips_and_replay_four() {
+    let db = db().await;
+    let url = db_url(&db.name);
+    let (host, rest) = url["postgres://".len()..].split_once('@').unwrap();
+    let (hostport, dbname) = rest.split_once('/').unwrap();
+    let (proxy, count) = round_trips::proxy(hostport.parse().unwrap()).await;
+    let store = PgStore::connect(
+        &format!("postgres://{host}@{proxy}/{dbname}"),
+        PgConfig {
+            max_connections: 1,
+            ..PgConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let engine = Engine::new(store);
+    let fp = c::fingerprint("{}");
+    let fresh = |key: String| {
+        let engine = engine.clone();
+        async move {
+            let out = engine
+                .execute(&c::scope("t1", &key), &fp, &Policy::default(), |tx| {
+                    Box::pin(async move {
+                        sqlx::query("INSERT INTO payments (id, amount) VALUES ($1, 1)")
+                            .bind(key)
+                            .execute(&mut **tx)
+                            .await?;
+                        Ok::<_, sqlx::Error>(Completion::completed(c::response(201, "{}")))
+                    })
+                })
+                .await
+                .unwrap();
+            matches!(out, Outcome::Executed(_))
+        }
+    };
+    // Warm up: the connection is open and every statement is prepared.
+    assert!(fresh("warm".into()).await);
+    assert!(!fresh("warm".into()).await);
+    count.settle_and_reset().await;
+    assert!(fresh("k-1".into()).await);
+    assert_eq!(
+        count.settle_and_read().await,
+        (5, 1),
+        "fresh: BEGIN, claim INSERT, business INSERT, UPDATE, COMMIT; \
+         the one ping is sqlx's on release, none before use"
+    );
+    count.settle_and_reset().await;
+    assert!(!fresh("k-1".into()).await);
+    assert_eq!(
+        count.settle_and_read().await,
+        (4, 1),
+        "replay: BEGIN, claim INSERT, SELECT, ROLLBACK"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_killed_while_idle_is_replaced_without_an_error() {
+    let db = db().await;
+    let store = PgStore::connect(
+        &db_url(&db.name),
+        PgConfig {
+            max_connections: 1,
+            ..PgConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let engine = Engine::new(store.clone());
+    let fp = c::fingerprint("{}");
+    let ok = Completion::completed(c::response(201, "{}"));
+    let run = |key: &'static str| {
+        let (engine, ok) = (engine.clone(), ok.clone());
+        async move {
+            engine
+                .execute(&c::scope("t1", key), &fp, &Policy::default(), |_| {
+                    Box::pin(async move { Ok::<_, sqlx::Error>(ok) })
+                })
+                .await
+        }
+    };
+    run("before").await.unwrap();
+    // The server ends the pooled, idle session (a restart, a proxy timeout …).
+    let mut admin = sqlx::PgConnection::connect(&admin_url()).await.unwrap();
+    let killed: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE datname = $1 AND pid <> pg_backend_pid()) t",
+    )
+    .bind(&db.name)
+    .fetch_one(&mut admin)
+    .await
+    .unwrap();
+    assert!(killed >= 1, "the pool's idle connection was terminated");
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert!(
+        matches!(run("after").await, Ok(Outcome::Executed(_))),
+        "the dead connection is replaced at BEGIN, invisibly to the caller"
     );
 }
