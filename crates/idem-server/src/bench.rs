@@ -1,6 +1,7 @@
 //! `idem bench`: the key engine's fresh and replay paths against a baseline of
 //! the same business insert without idempotency, on SQLite and PostgreSQL, at
-//! several concurrencies. Prints ops/s, p50, p99 and the ratio to the baseline.
+//! several concurrencies, through the library and through HTTP. Prints ops/s,
+//! p50, p99 and the ratio to the baseline measured the same way in the same run.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -166,19 +167,140 @@ macro_rules! ops {
     }};
 }
 
+/// The same three paths through HTTP: an axum server on a loopback socket in
+/// this process, driven by a keep-alive hyper client. `/baseline` runs the
+/// insert in a plain transaction; `/idem` runs it under the `IdempotencyLayer`.
+macro_rules! http_ops {
+    ($store:expr, $store_ty:ty, $tx:ty, $run:expr) => {{
+        use axum::extract::State;
+        use axum::response::{IntoResponse, Response};
+        use axum::routing::post;
+        use axum::{Extension, Router};
+        use idem_http::{IdemTx, IdempotencyLayer, RouteConfig, TenantSource};
+
+        let store = $store;
+        let run_id: u64 = $run;
+        fn created(id: &str) -> Response {
+            (
+                axum::http::StatusCode::CREATED,
+                [("content-type", "application/json")],
+                format!(r#"{{"id":"{id}","amount":100}}"#),
+            )
+                .into_response()
+        }
+        async fn baseline(State(store): State<$store_ty>) -> Response {
+            let id = uuid::Uuid::new_v4().simple().to_string();
+            let result = async {
+                let mut tx = store.pool().begin().await?;
+                sqlx::query("INSERT INTO bench_payments (id, amount) VALUES ($1, $2)")
+                    .bind(&id)
+                    .bind(100_i64)
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await
+            }
+            .await;
+            match result {
+                Ok(()) => created(&id),
+                Err(_) => axum::http::StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+            }
+        }
+        async fn keyed(Extension(tx): Extension<IdemTx<$tx>>) -> Response {
+            let id = uuid::Uuid::new_v4().simple().to_string();
+            let Ok(mut tx) = tx.lock().await else {
+                return axum::http::StatusCode::INTERNAL_SERVER_ERROR.into_response();
+            };
+            let result = sqlx::query("INSERT INTO bench_payments (id, amount) VALUES ($1, $2)")
+                .bind(&id)
+                .bind(100_i64)
+                .execute(&mut **tx)
+                .await;
+            match result {
+                Ok(_) => created(&id),
+                Err(_) => axum::http::StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+            }
+        }
+        let config = RouteConfig::required(
+            Operation::new("bench.http")?,
+            TenantSource::Static(Tenant::new("bench")?),
+        );
+        let app = Router::new()
+            .route("/baseline", post(baseline))
+            .route(
+                "/idem",
+                post(keyed).layer(IdempotencyLayer::new(store.clone(), config)),
+            )
+            .with_state(store);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let client = $crate::bench::client();
+        let post = move |path: &'static str, key: Option<String>| {
+            $crate::bench::post(client.clone(), addr, path, key)
+        };
+        let p = post.clone();
+        let baseline: Op = Arc::new(move |_| Box::pin(p("/baseline", None)));
+        let p = post.clone();
+        let fresh: Op = Arc::new(move |n| Box::pin(p("/idem", Some(format!("hf{run_id}-{n}")))));
+        let replay_key = format!("hr{run_id}");
+        post("/idem", Some(replay_key.clone())).await?;
+        let replay: Op = Arc::new(move |_| Box::pin(post("/idem", Some(replay_key.clone()))));
+        (baseline, fresh, replay)
+    }};
+}
+
+type Client = hyper_util::client::legacy::Client<
+    hyper_util::client::legacy::connect::HttpConnector,
+    http_body_util::Full<bytes::Bytes>,
+>;
+
+pub fn client() -> Client {
+    hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http()
+}
+
+/// One `POST` with a small JSON body; anything but `201` is an error.
+pub async fn post(
+    client: Client,
+    addr: std::net::SocketAddr,
+    path: &'static str,
+    key: Option<String>,
+) -> anyhow::Result<()> {
+    use http_body_util::BodyExt;
+    let mut req = axum::http::Request::post(format!("http://{addr}{path}"))
+        .header("content-type", "application/json");
+    if let Some(k) = key {
+        req = req.header("idempotency-key", k);
+    }
+    let req = req.body(http_body_util::Full::new(bytes::Bytes::from_static(
+        br#"{"amount":100,"currency":"EUR"}"#,
+    )))?;
+    let res = client.request(req).await?;
+    let status = res.status();
+    res.into_body().collect().await?;
+    anyhow::ensure!(status == 201, "{path} answered {status}");
+    Ok(())
+}
+
 pub async fn run(sqlite_url: &str, postgres_url: Option<&str>, secs: u64) -> anyhow::Result<()> {
     let duration = Duration::from_secs(secs.max(1));
     let run_id = idem_core::Clock::now_ms(&idem_core::SystemClock) as u64;
-    println!("| backend | path | concurrency | ops/s | p50 | p99 | ratio to baseline |");
-    println!("|---|---|---:|---:|---:|---:|---:|");
+    println!("| backend | via | path | concurrency | ops/s | p50 | p99 | ratio to baseline |");
+    println!("|---|---|---|---:|---:|---:|---:|---:|");
     {
         let store =
             idem_sqlite::SqliteStore::connect(sqlite_url, idem_sqlite::SqliteConfig::default())
                 .await?;
         store.migrate().await?;
         sqlx::raw_sql("CREATE TABLE IF NOT EXISTS bench_payments (id TEXT PRIMARY KEY, amount BIGINT NOT NULL)").execute(store.pool()).await?;
-        let ops = ops!(store, run_id);
-        table("sqlite", ops, duration).await?;
+        let ops = ops!(store.clone(), run_id);
+        table("sqlite", "library", ops, duration).await?;
+        let ops = http_ops!(
+            store,
+            idem_sqlite::SqliteStore,
+            idem_sqlite::SqliteTx,
+            run_id
+        );
+        table("sqlite", "http", ops, duration).await?;
     }
     if let Some(url) = postgres_url {
         let store = idem_postgres::PgStore::connect(
@@ -191,14 +313,17 @@ pub async fn run(sqlite_url: &str, postgres_url: Option<&str>, secs: u64) -> any
         .await?;
         store.migrate().await?;
         sqlx::raw_sql("CREATE TABLE IF NOT EXISTS bench_payments (id TEXT PRIMARY KEY, amount BIGINT NOT NULL)").execute(store.pool()).await?;
-        let ops = ops!(store, run_id);
-        table("postgres", ops, duration).await?;
+        let ops = ops!(store.clone(), run_id);
+        table("postgres", "library", ops, duration).await?;
+        let ops = http_ops!(store, idem_postgres::PgStore, idem_postgres::PgTx, run_id);
+        table("postgres", "http", ops, duration).await?;
     }
     Ok(())
 }
 
 async fn table(
     backend: &str,
+    via: &str,
     (baseline, fresh, replay): (Op, Op, Op),
     duration: Duration,
 ) -> anyhow::Result<()> {
@@ -218,7 +343,7 @@ async fn table(
                 Some(op) => measure(op.clone(), c, duration).await?,
             };
             println!(
-                "| {backend} | {name} | {c} | {:.0} | {:.2} ms | {:.2} ms | {:.2} |",
+                "| {backend} | {via} | {name} | {c} | {:.0} | {:.2} ms | {:.2} ms | {:.2} |",
                 s.ops_per_sec,
                 s.p50.as_secs_f64() * 1e3,
                 s.p99.as_secs_f64() * 1e3,
