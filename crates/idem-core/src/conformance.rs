@@ -9,9 +9,15 @@ use std::time::Duration;
 
 use crate::store::KeyStore;
 use crate::{
-    Begun, Completion, Engine, Error, Fingerprint, FingerprintSpec, IdempotencyKey, ManualClock,
-    Operation, Policy, RecordState, RequestParts, Scope, StoredResponse, Tenant,
+    Begun, BoxError, BoxFuture, Completion, Engine, Error, Fingerprint, FingerprintSpec,
+    IdempotencyKey, ManualClock, Operation, Outcome, Policy, RecordState, RequestParts, Scope,
+    StoredResponse, Tenant,
 };
+
+/// Writes one business row with the given id in the claim's transaction.
+pub type Insert<T> = for<'t> fn(&'t mut T, &'static str) -> BoxFuture<'t, Result<(), BoxError>>;
+/// Counts the business rows, outside any claim.
+pub type Count<S> = for<'s> fn(&'s S) -> BoxFuture<'s, i64>;
 
 pub fn scope(tenant: &str, key: &str) -> Scope {
     Scope::new(
@@ -332,4 +338,49 @@ pub async fn concurrent_takeover_of_expired_record_executes_once<S: KeyStore>(st
         t.await.unwrap();
     }
     assert_eq!(executed.load(Ordering::SeqCst), 1, "exactly one takeover");
+}
+
+/// A business write made in the claim's transaction rolls back with the key
+/// when the operation fails, and commits with it exactly once when it succeeds.
+pub async fn business_write_commits_with_the_key<S: KeyStore>(
+    store: S,
+    insert: Insert<S::Tx>,
+    count: Count<S>,
+) {
+    let engine = Engine::new(store);
+    let s = scope("t1", "atomic-1");
+    let fp = fingerprint(r#"{"amount":5}"#);
+    // The operation writes a payment then fails: neither payment nor key survive.
+    let failed = engine
+        .execute(&s, &fp, &Policy::default(), move |tx| {
+            Box::pin(async move {
+                insert(tx, "p1").await?;
+                Err::<Completion, BoxError>("card network timeout".into())
+            })
+        })
+        .await;
+    match failed {
+        Err(Error::Operation(e)) => assert_eq!(e.to_string(), "card network timeout"),
+        other => panic!("the operation's error must come back, got {other:?}"),
+    }
+    assert_eq!(
+        count(engine.store()).await,
+        0,
+        "the payment rolls back with the key"
+    );
+    assert!(engine.store().fetch(&s).await.unwrap().is_none());
+    // The retry executes once; the next one replays without a second payment.
+    for expect_executed in [true, false] {
+        let out = engine
+            .execute(&s, &fp, &Policy::default(), move |tx| {
+                Box::pin(async move {
+                    insert(tx, "p1").await?;
+                    Ok::<_, BoxError>(Completion::completed(response(201, r#"{"id":"p1"}"#)))
+                })
+            })
+            .await
+            .unwrap();
+        assert_eq!(matches!(out, Outcome::Executed(_)), expect_executed);
+    }
+    assert_eq!(count(engine.store()).await, 1, "exactly one payment");
 }

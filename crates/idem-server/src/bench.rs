@@ -133,23 +133,11 @@ macro_rules! ops {
                 Ok(())
             })
         });
-        let replay_scope = scope(&format!("replay-{run_id}"))?;
-        let replay_fp = fingerprint(0)?;
-        let id = format!("r{run_id}");
-        engine
-            .execute(&replay_scope, &replay_fp, &Policy::default(), |tx| {
-                let id = id.clone();
-                Box::pin(async move {
-                    sqlx::query("INSERT INTO bench_payments (id, amount) VALUES ($1, $2)")
-                        .bind(&id)
-                        .bind(100_i64)
-                        .execute(&mut **tx)
-                        .await?;
-                    Ok::<_, sqlx::Error>(completion(&id))
-                })
-            })
-            .await
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        // The replayed key is one the fresh path stored, under an index the
+        // run's sequence never reaches.
+        fresh(u64::MAX).await?;
+        let replay_scope = scope(&format!("f{run_id}-{}", u64::MAX))?;
+        let replay_fp = fingerprint(u64::MAX)?;
         let replay: Op = Arc::new(move |_| {
             let (engine, s) = (engine.clone(), replay_scope.clone());
             Box::pin(async move {

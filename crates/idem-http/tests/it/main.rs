@@ -555,105 +555,73 @@ macro_rules! http_suite {
     };
 }
 
+/// `SELECT count(*)` of a table, on either backend's pool.
+macro_rules! count {
+    ($pool:expr, $table:literal) => {
+        sqlx::query_scalar::<_, i64>(concat!("SELECT count(*) FROM ", $table))
+            .fetch_one($pool)
+            .await
+            .unwrap()
+    };
+}
+
 mod sqlite_db {
     use idem_sqlite::{SqliteConfig, SqliteStore};
+    use idem_testkit::TempDir;
     pub struct Db {
         pub store: SqliteStore,
-        dir: std::path::PathBuf,
-    }
-    impl Drop for Db {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
+        _dir: TempDir,
     }
     impl Db {
         pub async fn count(&self) -> i64 {
-            sqlx::query_scalar("SELECT count(*) FROM payments")
-                .fetch_one(self.store.pool())
-                .await
-                .unwrap()
+            count!(self.store.pool(), "payments")
         }
         pub async fn keys(&self) -> i64 {
-            sqlx::query_scalar("SELECT count(*) FROM idem_keys")
-                .fetch_one(self.store.pool())
-                .await
-                .unwrap()
+            count!(self.store.pool(), "idem_keys")
         }
     }
-    static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     pub async fn setup() -> Db {
-        let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let dir = std::env::temp_dir().join(format!("idem-http-it-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let store = SqliteStore::connect(
-            &format!("sqlite://{}", dir.join("t.db").display()),
-            SqliteConfig::default(),
-        )
-        .await
-        .unwrap();
+        let dir = TempDir::new("http-it");
+        let store = SqliteStore::connect(&dir.sqlite_url(), SqliteConfig::default())
+            .await
+            .unwrap();
         store.migrate().await.unwrap();
         sqlx::raw_sql("CREATE TABLE payments (id TEXT PRIMARY KEY, amount INTEGER NOT NULL)")
             .execute(store.pool())
             .await
             .unwrap();
-        Db { store, dir }
+        Db { store, _dir: dir }
     }
 }
 
 mod pg_db {
     use idem_postgres::{PgConfig, PgStore};
-    use sqlx::Connection;
+    use idem_testkit::PgDatabase;
     pub struct Db {
         pub store: PgStore,
-        pub url: String,
+        pub db: PgDatabase,
     }
     impl Db {
         pub async fn count(&self) -> i64 {
-            sqlx::query_scalar("SELECT count(*) FROM payments")
-                .fetch_one(self.store.pool())
-                .await
-                .unwrap()
+            count!(self.store.pool(), "payments")
         }
         pub async fn keys(&self) -> i64 {
-            sqlx::query_scalar("SELECT count(*) FROM idem_keys")
-                .fetch_one(self.store.pool())
-                .await
-                .unwrap()
+            count!(self.store.pool(), "idem_keys")
         }
     }
-    static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     pub async fn setup() -> Db {
-        let admin = std::env::var("IDEM_TEST_POSTGRES_URL").unwrap_or_else(|_| {
-            panic!("IDEM_TEST_POSTGRES_URL is not set: run the suite with `cargo xtask test`")
-        });
-        let name = format!(
-            "idem_http_{}_{}",
-            std::process::id(),
-            SEQ.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
-        );
-        let mut conn = sqlx::PgConnection::connect(&admin).await.unwrap();
-        sqlx::raw_sql(&format!("CREATE DATABASE {name}"))
-            .execute(&mut conn)
-            .await
-            .unwrap();
-        let (base, _) = admin.rsplit_once('/').unwrap();
-        let url = format!("{base}/{name}");
-        let store = PgStore::connect(
-            &url,
-            PgConfig {
-                max_connections: 60,
-                ..PgConfig::default()
-            },
-        )
-        .await
-        .unwrap();
+        let db = PgDatabase::create("idem_http").await;
+        let config = PgConfig {
+            max_connections: 60,
+            ..PgConfig::default()
+        };
+        let store = PgStore::connect(&db.url, config).await.unwrap();
         store.migrate().await.unwrap();
         sqlx::raw_sql("CREATE TABLE payments (id TEXT PRIMARY KEY, amount BIGINT NOT NULL)")
             .execute(store.pool())
             .await
             .unwrap();
-        Db { store, url }
+        Db { store, db }
     }
 }
 
@@ -666,10 +634,8 @@ async fn locked_database_is_503_with_retry_after_and_nothing_written() {
     use idem_http::{IdemTx, IdempotencyLayer, RouteConfig, TenantSource};
     use idem_sqlite::{SqliteConfig, SqliteStore, SqliteTx};
     use sqlx::Connection;
-    let dir = std::env::temp_dir().join(format!("idem-http-locked-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let url = format!("sqlite://{}", dir.join("t.db").display());
+    let dir = idem_testkit::TempDir::new("http-locked");
+    let url = dir.sqlite_url();
     let config = SqliteConfig {
         busy_timeout: std::time::Duration::from_millis(200),
         ..SqliteConfig::default()
@@ -736,7 +702,6 @@ async fn locked_database_is_503_with_retry_after_and_nothing_written() {
         .await
         .unwrap();
     assert_eq!(res.status(), StatusCode::CREATED);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 http_suite!(postgres, idem_postgres::PgTx, pg_db);
 
@@ -753,7 +718,7 @@ async fn postgres_down_is_503_with_retry_after_and_nothing_half_written() {
     use tokio::sync::Notify;
 
     let db = pg_db::setup().await;
-    let url: url_parts::PgUrl = db.url.parse().unwrap();
+    let url: url_parts::PgUrl = db.db.url.parse().unwrap();
     let proxy = proxy::Proxy::start(url.addr).await;
     let store = PgStore::connect(
         &url.via(proxy.addr),

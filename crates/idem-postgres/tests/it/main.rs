@@ -2,87 +2,58 @@
 //! `cargo xtask test` starts the server and sets `IDEM_TEST_POSTGRES_URL`.
 #![allow(clippy::unwrap_used, missing_docs)]
 
-use std::sync::atomic::{AtomicU32, Ordering};
-
 use idem_core::conformance as c;
-use idem_core::{Completion, Engine, Error, KeyStore, Outcome, Policy};
-use idem_postgres::{PgConfig, PgStore};
+use idem_core::{BoxError, BoxFuture, Completion, Engine, Outcome, Policy};
+use idem_postgres::{PgConfig, PgStore, PgTx};
+use idem_testkit::{PgDatabase, postgres_admin_url};
 use sqlx::Connection;
 
-fn admin_url() -> String {
-    std::env::var("IDEM_TEST_POSTGRES_URL").unwrap_or_else(|_| {
-        panic!("IDEM_TEST_POSTGRES_URL is not set: run the suite with `cargo xtask test`")
-    })
-}
-
 struct TestDb {
-    name: String,
+    db: PgDatabase,
     store: PgStore,
 }
 
-impl Drop for TestDb {
-    fn drop(&mut self) {
-        let name = self.name.clone();
-        // Best effort: the throwaway server is deleted at the end of the run anyway.
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async {
-                if let Ok(mut conn) = sqlx::PgConnection::connect(&admin_url()).await {
-                    let _ = sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-                        .execute(&mut conn)
-                        .await;
-                }
-            });
-        })
-        .join();
-    }
-}
-
-static SEQ: AtomicU32 = AtomicU32::new(0);
-
-fn db_url(name: &str) -> String {
-    match admin_url().rsplit_once('/') {
-        Some((base, _)) => format!("{base}/{name}"),
-        None => panic!("IDEM_TEST_POSTGRES_URL must end in /<database>"),
-    }
-}
-
 async fn db() -> TestDb {
-    let admin = admin_url();
-    let name = format!(
-        "idem_it_{}_{}",
-        std::process::id(),
-        SEQ.fetch_add(1, Ordering::SeqCst)
-    );
-    let mut conn = sqlx::PgConnection::connect(&admin).await.unwrap();
-    sqlx::raw_sql(&format!("CREATE DATABASE {name}"))
-        .execute(&mut conn)
-        .await
-        .unwrap();
-    let url = db_url(&name);
+    let db = PgDatabase::create("idem_it").await;
     let config = PgConfig {
         max_connections: 60,
         ..PgConfig::default()
     };
-    let store = PgStore::connect(&url, config).await.unwrap();
+    let store = PgStore::connect(&db.url, config).await.unwrap();
     store.migrate().await.unwrap();
     store.migrate().await.unwrap(); // migrations are idempotent
     sqlx::raw_sql("CREATE TABLE payments (id TEXT PRIMARY KEY, amount BIGINT NOT NULL)")
         .execute(store.pool())
         .await
         .unwrap();
-    TestDb { name, store }
+    TestDb { db, store }
+}
+
+fn insert<'t>(tx: &'t mut PgTx, id: &'static str) -> BoxFuture<'t, Result<(), BoxError>> {
+    Box::pin(async move {
+        sqlx::query("INSERT INTO payments (id, amount) VALUES ($1, 5)")
+            .bind(id)
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
+    })
+}
+
+fn count(store: &PgStore) -> BoxFuture<'_, i64> {
+    Box::pin(async move {
+        sqlx::query_scalar("SELECT count(*) FROM payments")
+            .fetch_one(store.pool())
+            .await
+            .unwrap()
+    })
 }
 
 macro_rules! conformance {
-    ($($name:ident $(, $arg:expr)?;)*) => {$(
+    ($($name:ident $(, $arg:expr)*;)*) => {$(
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn $name() {
             let db = db().await;
-            c::$name(db.store.clone() $(, $arg)?).await;
+            c::$name(db.store.clone() $(, $arg)*).await;
         }
     )*};
 }
@@ -96,57 +67,7 @@ conformance! {
     wait_is_bounded;
     expiry_and_gc;
     concurrent_takeover_of_expired_record_executes_once, 20;
-}
-
-async fn payments(store: &PgStore) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM payments")
-        .fetch_one(store.pool())
-        .await
-        .unwrap()
-}
-
-#[tokio::test]
-async fn business_write_commits_with_the_key_and_rolls_back_with_it() {
-    let db = db().await;
-    let engine = Engine::new(db.store.clone());
-    let s = c::scope("t1", "atomic-1");
-    let fp = c::fingerprint(r#"{"amount":5}"#);
-    let failed = engine
-        .execute(&s, &fp, &Policy::default(), |tx| {
-            Box::pin(async move {
-                sqlx::query("INSERT INTO payments VALUES ('p1', 5)")
-                    .execute(&mut **tx)
-                    .await
-                    .unwrap();
-                Err::<Completion, _>("card network timeout")
-            })
-        })
-        .await;
-    assert!(matches!(
-        failed,
-        Err(Error::Operation("card network timeout"))
-    ));
-    assert_eq!(
-        payments(&db.store).await,
-        0,
-        "the payment must roll back with the key"
-    );
-    assert!(db.store.fetch(&s).await.unwrap().is_none());
-    for expect_executed in [true, false] {
-        let out = engine
-            .execute(&s, &fp, &Policy::default(), |tx| {
-                Box::pin(async move {
-                    sqlx::query("INSERT INTO payments VALUES ('p1', 5)")
-                        .execute(&mut **tx)
-                        .await?;
-                    Ok::<_, sqlx::Error>(Completion::completed(c::response(201, r#"{"id":"p1"}"#)))
-                })
-            })
-            .await
-            .unwrap();
-        assert_eq!(matches!(out, Outcome::Executed(_)), expect_executed);
-    }
-    assert_eq!(payments(&db.store).await, 1, "exactly one payment");
+    business_write_commits_with_the_key, insert, count;
 }
 
 #[tokio::test]
@@ -273,7 +194,7 @@ mod round_trips {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fresh_path_is_five_round_trips_and_replay_four() {
     let db = db().await;
-    let url = db_url(&db.name);
+    let url = db.db.url.clone();
     let (host, rest) = url["postgres://".len()..].split_once('@').unwrap();
     let (hostport, dbname) = rest.split_once('/').unwrap();
     let (proxy, count) = round_trips::proxy(hostport.parse().unwrap()).await;
@@ -330,7 +251,7 @@ async fn fresh_path_is_five_round_trips_and_replay_four() {
 async fn connection_killed_while_idle_is_replaced_without_an_error() {
     let db = db().await;
     let store = PgStore::connect(
-        &db_url(&db.name),
+        &db.db.url,
         PgConfig {
             max_connections: 1,
             ..PgConfig::default()
@@ -353,12 +274,14 @@ async fn connection_killed_while_idle_is_replaced_without_an_error() {
     };
     run("before").await.unwrap();
     // The server ends the pooled, idle session (a restart, a proxy timeout …).
-    let mut admin = sqlx::PgConnection::connect(&admin_url()).await.unwrap();
+    let mut admin = sqlx::PgConnection::connect(&postgres_admin_url())
+        .await
+        .unwrap();
     let killed: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
          WHERE datname = $1 AND pid <> pg_backend_pid()) t",
     )
-    .bind(&db.name)
+    .bind(&db.db.name)
     .fetch_one(&mut admin)
     .await
     .unwrap();

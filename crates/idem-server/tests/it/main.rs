@@ -57,6 +57,11 @@ pub async fn call(
     try_call(addr, method, path, key, body).await.unwrap()
 }
 
+/// `POST /v1/payments` with a key.
+pub async fn create(addr: SocketAddr, key: &str, body: &str) -> Reply {
+    call(addr, "POST", "/v1/payments", Some(key), body).await
+}
+
 /// One request on its own connection; an error when the server is gone.
 pub async fn try_call(
     addr: SocketAddr,
@@ -136,11 +141,11 @@ macro_rules! drills {
                     .unwrap();
                 let committed = await_payments(f.addr, "cus_lost", 1).await;
                 drop(s);
-                let retry = call(f.addr, "POST", "/v1/payments", Some("lost-1"), body).await;
+                let retry = create(f.addr, "lost-1", body).await;
                 assert_eq!(retry.status, 201);
                 assert!(retry.replayed(), "the retry gets the stored response");
                 assert_eq!(retry.json()["id"], committed[0]["id"]);
-                let again = call(f.addr, "POST", "/v1/payments", Some("lost-1"), body).await;
+                let again = create(f.addr, "lost-1", body).await;
                 assert_eq!(again.body, retry.body, "every replay is the same bytes");
                 assert_eq!(payments_of(f.addr, "cus_lost").await.len(), 1, "exactly one payment");
             }
@@ -153,7 +158,7 @@ macro_rules! drills {
                 for _ in 0..50 {
                     let addr = f.addr;
                     tasks.push(tokio::spawn(async move {
-                        call(addr, "POST", "/v1/payments", Some("race-1"), body).await
+                        create(addr, "race-1", body).await
                     }));
                 }
                 let mut created = std::collections::HashSet::new();
@@ -182,14 +187,14 @@ macro_rules! drills {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn drill3_same_key_other_body_is_422_and_record_unchanged() {
                 let f = setup().await;
-                let first = call(f.addr, "POST", "/v1/payments", Some("k-3"), PAY).await;
+                let first = create(f.addr, "k-3", PAY).await;
                 assert_eq!(first.status, 201);
                 let other = r#"{"amount":999,"currency":"EUR","customer":"cus_1"}"#;
-                let mismatch = call(f.addr, "POST", "/v1/payments", Some("k-3"), other).await;
+                let mismatch = create(f.addr, "k-3", other).await;
                 assert_eq!(mismatch.status, 422);
                 assert_eq!(mismatch.header("content-type").as_deref(), Some("application/problem+json"));
                 assert_eq!(mismatch.problem_type(), "https://idem.dev/problems/idempotency-key-reused");
-                let replay = call(f.addr, "POST", "/v1/payments", Some("k-3"), PAY).await;
+                let replay = create(f.addr, "k-3", PAY).await;
                 assert!(replay.replayed());
                 assert_eq!(replay.body, first.body, "the stored record is unchanged");
                 assert_eq!(payments_of(f.addr, "cus_1").await.len(), 1);
@@ -203,7 +208,7 @@ macro_rules! drills {
                 assert_eq!(r.problem_type(), "https://idem.dev/problems/missing-idempotency-key");
                 let long = "k".repeat(256);
                 for bad in ["\"unterminated", long.as_str(), "\"a b\"", "a\"b"] {
-                    let r = call(f.addr, "POST", "/v1/payments", Some(bad), PAY).await;
+                    let r = create(f.addr, bad, PAY).await;
                     assert_eq!(r.status, 400, "{bad:?}");
                     assert_eq!(r.problem_type(), "https://idem.dev/problems/malformed-idempotency-key");
                 }
@@ -251,32 +256,32 @@ macro_rules! drills {
                 let f = setup().await;
                 let with_ref = r#"{"amount":1000,"currency":"EUR","customer":"cus_8","reference":"order-8"}"#;
                 let no_ref = r#"{"amount":700,"currency":"EUR","customer":"cus_8"}"#;
-                let first = call(f.addr, "POST", "/v1/payments", Some("k-8"), with_ref).await;
+                let first = create(f.addr, "k-8", with_ref).await;
                 assert_eq!(first.status, 201);
-                let plain = call(f.addr, "POST", "/v1/payments", Some("k-8b"), no_ref).await;
+                let plain = create(f.addr, "k-8b", no_ref).await;
                 assert_eq!(plain.status, 201);
                 // Within the TTL: a replay, and GC leaves the records alone.
                 f.clock.advance(Duration::from_secs(23 * 3600));
-                assert!(call(f.addr, "POST", "/v1/payments", Some("k-8"), with_ref).await.replayed());
+                assert!(create(f.addr, "k-8", with_ref).await.replayed());
                 assert_eq!((f.gc)().await, 0);
                 // Past the TTL (24 h): GC deletes both key records.
                 f.clock.advance(Duration::from_secs(3600 + 1));
                 assert_eq!((f.gc)().await, 2, "both expired records collected");
                 // The late retry is a new request. With a reference, the business
                 // natural key returns the existing payment: 200, same id, no new effect.
-                let late = call(f.addr, "POST", "/v1/payments", Some("k-8"), with_ref).await;
+                let late = create(f.addr, "k-8", with_ref).await;
                 assert_eq!(late.status, 200);
                 assert!(!late.replayed(), "not a replay: the key record is gone");
                 assert_eq!(late.json()["id"], first.json()["id"]);
                 // Without a reference there is no second line of defence: the
                 // documented behaviour is a new payment.
-                let late_plain = call(f.addr, "POST", "/v1/payments", Some("k-8b"), no_ref).await;
+                let late_plain = create(f.addr, "k-8b", no_ref).await;
                 assert_eq!(late_plain.status, 201);
                 assert_ne!(late_plain.json()["id"], plain.json()["id"]);
                 assert_eq!(payments_of(f.addr, "cus_8").await.len(), 3);
                 // A different payment under a used reference is refused.
                 let changed = r#"{"amount":2000,"currency":"EUR","customer":"cus_8","reference":"order-8"}"#;
-                let conflict = call(f.addr, "POST", "/v1/payments", Some("k-other"), changed).await;
+                let conflict = create(f.addr, "k-other", changed).await;
                 assert_eq!(conflict.status, 409);
                 assert_eq!(conflict.problem_type(), "https://idem.dev/problems/reference-conflict");
             }
@@ -284,7 +289,7 @@ macro_rules! drills {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn drill9_replay_after_refund_returns_the_original_body() {
                 let f = setup().await;
-                let created = call(f.addr, "POST", "/v1/payments", Some("c-9"), PAY).await;
+                let created = create(f.addr, "c-9", PAY).await;
                 let id = created.json()["id"].as_str().unwrap().to_owned();
                 assert_eq!(created.header("location"), Some(format!("/v1/payments/{id}")));
                 let refund = call(f.addr, "POST", &format!("/v1/payments/{id}/refunds"), Some("r-9"), r#"{"amount":300}"#).await;
@@ -292,7 +297,7 @@ macro_rules! drills {
                 let now = call(f.addr, "GET", &format!("/v1/payments/{id}"), None, "").await;
                 assert_eq!(now.json()["amount_refunded"], 300);
                 assert_eq!(now.json()["status"], "partially_refunded");
-                let replay = call(f.addr, "POST", "/v1/payments", Some("c-9"), PAY).await;
+                let replay = create(f.addr, "c-9", PAY).await;
                 assert!(replay.replayed());
                 assert_eq!(replay.body, created.body, "the replay is the original response");
                 assert_eq!(replay.header("location"), created.header("location"));
@@ -302,7 +307,7 @@ macro_rules! drills {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn over_refund_422_is_stored_and_replayed() {
                 let f = setup().await;
-                let id = call(f.addr, "POST", "/v1/payments", Some("c-r"), PAY).await.json()["id"]
+                let id = create(f.addr, "c-r", PAY).await.json()["id"]
                     .as_str().unwrap().to_owned();
                 let path = format!("/v1/payments/{id}/refunds");
                 let first = call(f.addr, "POST", &path, Some("r-big"), r#"{"amount":5000}"#).await;
@@ -315,7 +320,7 @@ macro_rules! drills {
                 assert!(again.replayed());
                 assert_eq!(again.body, first.body);
                 // The same refund key sent to another payment is a mismatch, not a replay.
-                let other = call(f.addr, "POST", "/v1/payments", Some("c-r2"), PAY).await.json()["id"]
+                let other = create(f.addr, "c-r2", PAY).await.json()["id"]
                     .as_str().unwrap().to_owned();
                 let cross = call(f.addr, "POST", &format!("/v1/payments/{other}/refunds"), Some("r-big"), r#"{"amount":5000}"#).await;
                 assert_eq!(cross.status, 422);
@@ -336,12 +341,12 @@ macro_rules! drills {
                     r#"{"amount":1,"currency":"EUR"}"#,
                     r#"{"amount":1,"currency":"EUR","customer":"c","reference":7}"#,
                 ] {
-                    let r = call(f.addr, "POST", "/v1/payments", Some("bad-1"), bad).await;
+                    let r = create(f.addr, "bad-1", bad).await;
                     assert_eq!(r.status, 400, "{bad}");
                     assert_eq!(r.problem_type(), "https://idem.dev/problems/invalid-request");
                 }
                 // Nothing was stored under the key: a valid request with it executes.
-                let ok = call(f.addr, "POST", "/v1/payments", Some("bad-1"), PAY).await;
+                let ok = create(f.addr, "bad-1", PAY).await;
                 assert_eq!(ok.status, 201);
                 assert!(!ok.replayed());
             }
@@ -350,10 +355,10 @@ macro_rules! drills {
             async fn body_over_the_limit_is_413_and_stores_nothing() {
                 let f = $setup(ManualClock::starting_now(), DemoConfig { max_body_bytes: 256, ..DemoConfig::default() }).await;
                 let big = format!(r#"{{"amount":1,"currency":"EUR","customer":"cus_1","reference":"{}"}}"#, "r".repeat(300));
-                let r = call(f.addr, "POST", "/v1/payments", Some("big"), &big).await;
+                let r = create(f.addr, "big", &big).await;
                 assert_eq!(r.status, 413);
                 assert_eq!(r.problem_type(), "https://idem.dev/problems/body-too-large");
-                let ok = call(f.addr, "POST", "/v1/payments", Some("big"), PAY).await;
+                let ok = create(f.addr, "big", PAY).await;
                 assert_eq!(ok.status, 201, "the key was not used by the rejected request");
                 assert!(!ok.replayed());
             }
@@ -368,9 +373,9 @@ mod fixture {
     use idem_core::{Engine, ManualClock};
     use idem_postgres::{PgConfig, PgStore};
     use idem_sqlite::{SqliteConfig, SqliteStore};
+    use idem_testkit::PgDatabase;
     use std::future::Future;
     use std::pin::Pin;
-    use std::sync::atomic::{AtomicU32, Ordering};
 
     pub use idem_server::demo::DemoConfig;
 
@@ -382,31 +387,10 @@ mod fixture {
         pub clock: ManualClock,
         pub gc: Gc,
         _dir: Option<TempDir>,
+        _db: Option<PgDatabase>,
     }
 
-    static SEQ: AtomicU32 = AtomicU32::new(0);
-
-    pub struct TempDir(pub std::path::PathBuf);
-    impl TempDir {
-        pub fn new(tag: &str) -> Self {
-            let dir = std::env::temp_dir().join(format!(
-                "idem-server-it-{tag}-{}-{}",
-                std::process::id(),
-                SEQ.fetch_add(1, Ordering::SeqCst)
-            ));
-            let _ = std::fs::remove_dir_all(&dir);
-            std::fs::create_dir_all(&dir).unwrap();
-            Self(dir)
-        }
-        pub fn sqlite_url(&self) -> String {
-            format!("sqlite://{}", self.0.join("idem.db").display())
-        }
-    }
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
+    pub use idem_testkit::TempDir;
 
     async fn serve(router: axum::Router) -> SocketAddr {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -466,31 +450,15 @@ mod fixture {
             gc,
             clock,
             _dir: None,
+            _db: None,
         }
     }
 
-    /// A fresh, empty PostgreSQL database on the suite's server; its URL.
-    pub async fn postgres_database(tag: &str) -> String {
-        use sqlx::Connection;
-        let admin = std::env::var("IDEM_TEST_POSTGRES_URL").unwrap_or_else(|_| {
-            panic!("IDEM_TEST_POSTGRES_URL is not set: run the suite with `cargo xtask test`")
-        });
-        let name = format!(
-            "idem_server_{tag}_{}_{}",
-            std::process::id(),
-            SEQ.fetch_add(1, Ordering::SeqCst)
-        );
-        let mut conn = sqlx::PgConnection::connect(&admin).await.unwrap();
-        sqlx::raw_sql(&format!("CREATE DATABASE {name}"))
-            .execute(&mut conn)
-            .await
-            .unwrap();
-        let (base, _) = admin.rsplit_once('/').unwrap();
-        format!("{base}/{name}")
-    }
-
     pub async fn postgres(clock: ManualClock, config: DemoConfig) -> Fixture {
-        serve_demo(&postgres_database("drill").await, clock, config).await
+        let db = PgDatabase::create("idem_server").await;
+        let mut f = serve_demo(&db.url, clock, config).await;
+        f._db = Some(db);
+        f
     }
 }
 

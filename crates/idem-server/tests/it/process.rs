@@ -8,7 +8,7 @@ use std::time::Duration;
 use idem_core::ManualClock;
 
 use crate::fixture::{self, TempDir};
-use crate::{DemoConfig, call, payments_of, try_call};
+use crate::{DemoConfig, call, create, payments_of, try_call};
 
 fn idem() -> Command {
     Command::new(env!("CARGO_BIN_EXE_idem"))
@@ -84,7 +84,7 @@ async fn readme_tour_on_sqlite() {
     let server = Server::start(&dir.sqlite_url(), &[]).await;
     let a = server.addr;
     let b = r#"{"amount":1000,"currency":"EUR","customer":"cus_1","reference":"order-1"}"#;
-    let created = call(a, "POST", "/v1/payments", Some("k-1"), b).await;
+    let created = create(a, "k-1", b).await;
     assert_eq!(created.status, 201);
     let id = created.json()["id"].as_str().unwrap().to_owned();
     assert!(id.starts_with("pay_"));
@@ -93,14 +93,12 @@ async fn readme_tour_on_sqlite() {
         Some(format!("/v1/payments/{id}"))
     );
     assert_eq!(created.json()["status"], "succeeded");
-    let retry = call(a, "POST", "/v1/payments", Some("k-1"), b).await;
+    let retry = create(a, "k-1", b).await;
     assert_eq!((retry.status, retry.replayed()), (201, true));
     assert_eq!(retry.body, created.body);
-    let mismatch = call(
+    let mismatch = create(
         a,
-        "POST",
-        "/v1/payments",
-        Some("k-1"),
+        "k-1",
         r#"{"amount":5,"currency":"EUR","customer":"cus_1"}"#,
     )
     .await;
@@ -138,14 +136,7 @@ async fn crash_and_restart(url: &str) {
     // Acknowledged before the crash.
     let mut acked = Vec::new();
     for i in 0..5 {
-        let r = call(
-            server.addr,
-            "POST",
-            "/v1/payments",
-            Some(&format!("a-{i}")),
-            &body(i),
-        )
-        .await;
+        let r = create(server.addr, &format!("a-{i}"), &body(i)).await;
         assert_eq!(r.status, 201);
         acked.push(r.body);
     }
@@ -193,26 +184,12 @@ async fn crash_and_restart(url: &str) {
     // Restarted on the same database, every client retries with its key.
     let server = Server::start(url, &[]).await;
     for (i, first) in acked.iter().enumerate() {
-        let r = call(
-            server.addr,
-            "POST",
-            "/v1/payments",
-            Some(&format!("a-{i}")),
-            &body(i),
-        )
-        .await;
+        let r = create(server.addr, &format!("a-{i}"), &body(i)).await;
         assert!(r.replayed(), "an acknowledged payment survives kill -9");
         assert_eq!(&r.body, first);
     }
     for i in 5..attempted {
-        let r = call(
-            server.addr,
-            "POST",
-            "/v1/payments",
-            Some(&format!("a-{i}")),
-            &body(i),
-        )
-        .await;
+        let r = create(server.addr, &format!("a-{i}"), &body(i)).await;
         assert_eq!(r.status, 201);
     }
     let mut amounts: Vec<i64> = payments_of(server.addr, "cus_crash")
@@ -239,7 +216,8 @@ async fn kill9_and_restart_on_sqlite_keeps_one_payment_per_key() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill9_and_restart_on_postgres_keeps_one_payment_per_key() {
-    crash_and_restart(&fixture::postgres_database("crash").await).await;
+    let db = idem_testkit::PgDatabase::create("idem_crash").await;
+    crash_and_restart(&db.url).await;
 }
 
 /// Records written 25 h ago (by an in-process server on a clock set back) are
@@ -257,38 +235,18 @@ async fn gc_as_a_process(url: &str) {
             r#"{{"amount":{},"currency":"EUR","customer":"cus_gc"}}"#,
             i + 1
         );
-        assert_eq!(
-            call(
-                old.addr,
-                "POST",
-                "/v1/payments",
-                Some(&format!("old-{i}")),
-                &b
-            )
-            .await
-            .status,
-            201
-        );
+        assert_eq!(create(old.addr, &format!("old-{i}"), &b).await.status, 201);
     }
     let live = fixture::serve_demo(url, past, DemoConfig::default()).await;
     let b = r#"{"amount":9,"currency":"EUR","customer":"cus_gc"}"#;
-    assert_eq!(
-        call(live.addr, "POST", "/v1/payments", Some("live"), b)
-            .await
-            .status,
-        201
-    );
+    assert_eq!(create(live.addr, "live", b).await.status, 201);
     let out = run(&["gc", "--database-url", url]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout).trim(), "deleted 3 expired key records");
     let out = run(&["gc", "--database-url", url]);
     assert_eq!(text(&out.stdout).trim(), "deleted 0 expired key records");
     // The live key still replays; the payments themselves are untouched.
-    assert!(
-        call(live.addr, "POST", "/v1/payments", Some("live"), b)
-            .await
-            .replayed()
-    );
+    assert!(create(live.addr, "live", b).await.replayed());
     assert_eq!(payments_of(live.addr, "cus_gc").await.len(), 4);
 }
 
@@ -300,7 +258,8 @@ async fn gc_command_deletes_expired_records_on_sqlite() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gc_command_deletes_expired_records_on_postgres() {
-    gc_as_a_process(&fixture::postgres_database("gc").await).await;
+    let db = idem_testkit::PgDatabase::create("idem_gc").await;
+    gc_as_a_process(&db.url).await;
 }
 
 #[test]
@@ -353,7 +312,7 @@ fn bad_settings_are_clear_errors_and_nothing_starts() {
         );
     }
     assert!(
-        !dir.0.join("idem.db").exists(),
+        !dir.path().join("idem.db").exists(),
         "settings are checked before the database is touched"
     );
 }
