@@ -1,0 +1,61 @@
+//! # Idem
+//!
+//! Idem makes duplicate delivery harmless: a repeated business intent never
+//! produces a second business effect, and the caller still gets a consistent
+//! answer. The idempotency key record is written in the same database
+//! transaction as the business mutation, so both commit or neither does.
+//!
+//! This crate gathers the parts behind cargo features, the way sqlx gates its
+//! drivers:
+//!
+//! | feature | module | what |
+//! |---|---|---|
+//! | (always) | the crate root | [`idem_core`]: keys, scopes, fingerprints, [`Engine`], [`KeyStore`] |
+//! | `sqlite` (default) | `idem::sqlite` | `SqliteStore`, the embedded backend |
+//! | `postgres` | `idem::postgres` | `PgStore`, the production backend |
+//! | `http` (default) | `idem::http` | `IdempotencyLayer` for axum and hyper |
+//!
+//! ```toml
+//! [dependencies]
+//! idem = { version = "0.1", default-features = false, features = ["postgres", "http"] }
+//! ```
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use idem::sqlite::{SqliteConfig, SqliteStore};
+//! use idem::{Begun, Completion, Engine, FingerprintSpec, IdempotencyKey, Operation, Policy,
+//!            RequestParts, Scope, StoredResponse, Tenant};
+//! # let dir = std::env::temp_dir().join(format!("idem-facade-doc-{}", std::process::id()));
+//! # std::fs::create_dir_all(&dir)?;
+//! # let url = format!("sqlite://{}", dir.join("doc.db").display());
+//! let store = SqliteStore::connect(&url, SqliteConfig::default()).await?;
+//! store.migrate().await?;
+//! let engine = Engine::new(store);
+//!
+//! let op = Operation::new("emails.send")?;
+//! let scope = Scope::new(Tenant::new("acme")?, op.clone(), IdempotencyKey::new("welcome-42")?);
+//! let fp = FingerprintSpec::default().fingerprint(&RequestParts {
+//!     method: "SEND", operation: &op, target: "user/42", json: false, body: b"welcome",
+//! });
+//! let Begun::Fresh(claimed) = engine.begin(&scope, &fp, &Policy::default()).await? else {
+//!     unreachable!("a new key is claimed");
+//! };
+//! // … record the email in `claimed.tx`, in the same transaction …
+//! let sent = StoredResponse { status: 200, headers: vec![], body: b"sent".to_vec() };
+//! engine.finish(claimed, &Completion::completed(sent)).await?;
+//!
+//! // The duplicate finds the stored outcome instead of sending again.
+//! assert!(matches!(engine.begin(&scope, &fp, &Policy::default()).await?, Begun::Replay(_)));
+//! # std::fs::remove_dir_all(&dir)?;
+//! # Ok(()) }
+//! ```
+
+pub use idem_core::*;
+
+#[cfg(feature = "http")]
+pub use idem_http as http;
+#[cfg(feature = "postgres")]
+pub use idem_postgres as postgres;
+#[cfg(feature = "sqlite")]
+pub use idem_sqlite as sqlite;
