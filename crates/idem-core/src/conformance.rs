@@ -10,9 +10,14 @@ use std::time::Duration;
 use crate::store::KeyStore;
 use crate::{
     Begun, BoxError, BoxFuture, Completion, Engine, Error, Fingerprint, FingerprintSpec,
-    IdempotencyKey, ManualClock, Operation, Outcome, Policy, RecordState, RequestParts, Scope,
-    StoredResponse, Tenant,
+    IdempotencyKey, InboxStore, ManualClock, MessageId, Operation, OutboxMessage, OutboxRecord,
+    OutboxStore, Outcome, Policy, RecordState, RequestParts, Scope, StoreError, StoredResponse,
+    Subscriber, Tenant, Topic,
 };
+
+/// A backend's `enqueue`: writes a message in the given transaction.
+pub type Enqueue<T> =
+    for<'t> fn(&'t mut T, &'t OutboxMessage, i64) -> BoxFuture<'t, Result<i64, StoreError>>;
 
 /// Writes one business row with the given id in the claim's transaction.
 pub type Insert<T> = for<'t> fn(&'t mut T, &'static str) -> BoxFuture<'t, Result<(), BoxError>>;
@@ -383,4 +388,328 @@ pub async fn business_write_commits_with_the_key<S: KeyStore>(
         assert_eq!(matches!(out, Outcome::Executed(_)), expect_executed);
     }
     assert_eq!(count(engine.store()).await, 1, "exactly one payment");
+}
+
+const NOW: i64 = 1_000_000;
+const LEASE: Duration = Duration::from_secs(30);
+
+fn message(key: &str, body: &str) -> OutboxMessage {
+    OutboxMessage::new(
+        Topic::new("payments.created").unwrap(),
+        key,
+        body.as_bytes().to_vec(),
+    )
+    .unwrap()
+}
+
+async fn write<S: KeyStore + OutboxStore>(
+    store: &S,
+    enqueue: Enqueue<S::Tx>,
+    messages: &[OutboxMessage],
+) -> Vec<i64> {
+    let mut tx = store.begin().await.unwrap();
+    let mut ids = Vec::new();
+    for m in messages {
+        ids.push(enqueue(&mut tx, m, NOW).await.unwrap());
+    }
+    store.commit(tx).await.unwrap();
+    ids
+}
+
+fn keys(batch: &[OutboxRecord]) -> Vec<String> {
+    batch
+        .iter()
+        .map(|r| String::from_utf8(r.payload.clone()).unwrap())
+        .collect()
+}
+
+/// A message written in a rolled-back transaction never exists; a committed
+/// one comes back from a claim exactly as written.
+pub async fn outbox_commits_with_the_transaction<S: KeyStore + OutboxStore>(
+    store: S,
+    enqueue: Enqueue<S::Tx>,
+) {
+    let lost = message("k", "rolled back");
+    let mut tx = store.begin().await.unwrap();
+    enqueue(&mut tx, &lost, NOW).await.unwrap();
+    store.rollback(tx).await.unwrap();
+    assert!(store.claim_batch(NOW, LEASE, 10).await.unwrap().is_empty());
+    let kept = message("pay_1", "kept").header("trace-id", "t-1").unwrap();
+    write(&store, enqueue, std::slice::from_ref(&kept)).await;
+    let batch = store.claim_batch(NOW, LEASE, 10).await.unwrap();
+    assert_eq!(batch.len(), 1);
+    let r = &batch[0];
+    assert_eq!(r.message_id, kept.message_id, "the id is the one written");
+    assert_eq!(
+        (r.topic.as_str(), r.key.as_str()),
+        ("payments.created", "pay_1")
+    );
+    assert_eq!(r.payload, b"kept");
+    assert_eq!(r.headers, kept.headers);
+    assert_eq!((r.attempts, r.created_at_ms), (0, NOW));
+}
+
+/// Per key, only the earliest pending message is claimable; other keys are not
+/// held back; a sent message releases the next one of its key.
+pub async fn outbox_keeps_order_per_key<S: KeyStore + OutboxStore>(
+    store: S,
+    enqueue: Enqueue<S::Tx>,
+) {
+    write(
+        &store,
+        enqueue,
+        &[
+            message("a", "a1"),
+            message("a", "a2"),
+            message("b", "b1"),
+            message("a", "a3"),
+        ],
+    )
+    .await;
+    let first = store.claim_batch(NOW, LEASE, 10).await.unwrap();
+    assert_eq!(
+        keys(&first),
+        ["a1", "b1"],
+        "one message per key, the earliest"
+    );
+    assert!(
+        store.claim_batch(NOW, LEASE, 10).await.unwrap().is_empty(),
+        "leased"
+    );
+    assert_eq!(store.mark_sent(&[first[0].id], NOW).await.unwrap(), 1);
+    let next = store.claim_batch(NOW, LEASE, 10).await.unwrap();
+    assert_eq!(keys(&next), ["a2"], "a2 follows a1 once a1 is sent");
+    assert_eq!(
+        store
+            .mark_sent(&[first[1].id, next[0].id], NOW)
+            .await
+            .unwrap(),
+        2
+    );
+    assert_eq!(
+        store.mark_sent(&[next[0].id], NOW).await.unwrap(),
+        0,
+        "already sent"
+    );
+    assert_eq!(
+        keys(&store.claim_batch(NOW, LEASE, 10).await.unwrap()),
+        ["a3"]
+    );
+}
+
+/// A lease hides a claimed message until it ends (a crashed dispatcher's
+/// messages come back); `release` gives it back without counting an attempt.
+pub async fn outbox_leases_expire_and_release<S: KeyStore + OutboxStore>(
+    store: S,
+    enqueue: Enqueue<S::Tx>,
+) {
+    write(&store, enqueue, &[message("k", "m")]).await;
+    let claimed = store.claim_batch(NOW, LEASE, 10).await.unwrap();
+    assert_eq!(claimed.len(), 1);
+    let end = NOW + LEASE.as_millis() as i64;
+    assert!(
+        store
+            .claim_batch(end - 1, LEASE, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let again = store.claim_batch(end, LEASE, 10).await.unwrap();
+    assert_eq!(keys(&again), ["m"], "the lease ended: claimable again");
+    store.release(&[again[0].id], end + 5_000).await.unwrap();
+    assert!(
+        store
+            .claim_batch(end + 4_999, LEASE, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let back = store.claim_batch(end + 5_000, LEASE, 10).await.unwrap();
+    assert_eq!(back[0].attempts, 0, "a release is not an attempt");
+}
+
+/// A failed attempt backs off and keeps holding its key; a dead message no
+/// longer holds it. The figures follow.
+pub async fn outbox_failures_back_off_then_die<S: KeyStore + OutboxStore>(
+    store: S,
+    enqueue: Enqueue<S::Tx>,
+) {
+    write(
+        &store,
+        enqueue,
+        &[message("k", "first"), message("k", "second")],
+    )
+    .await;
+    let stats = store.stats().await.unwrap();
+    assert_eq!(
+        (stats.pending, stats.dead, stats.oldest_pending_ms),
+        (2, 0, Some(NOW))
+    );
+    let first = store.claim_batch(NOW, LEASE, 10).await.unwrap().remove(0);
+    store
+        .mark_failed(first.id, "broker said no", NOW + 1_000, false)
+        .await
+        .unwrap();
+    assert!(
+        store
+            .claim_batch(NOW + 999, LEASE, 10)
+            .await
+            .unwrap()
+            .is_empty(),
+        "backing off, and the second waits behind it"
+    );
+    let retry = store.claim_batch(NOW + 1_000, LEASE, 10).await.unwrap();
+    assert_eq!(
+        (keys(&retry), retry[0].attempts),
+        (vec!["first".to_owned()], 1)
+    );
+    store
+        .mark_failed(first.id, "broker said no", NOW + 2_000, true)
+        .await
+        .unwrap();
+    let stats = store.stats().await.unwrap();
+    assert_eq!((stats.pending, stats.dead), (1, 1));
+    assert_eq!(
+        keys(&store.claim_batch(NOW + 1_000, LEASE, 10).await.unwrap()),
+        ["second"],
+        "a dead message does not hold its key"
+    );
+}
+
+/// `available_at` holds a message back; purge deletes only sent messages, in
+/// bounded batches.
+pub async fn outbox_delays_and_purges<S: KeyStore + OutboxStore>(
+    store: S,
+    enqueue: Enqueue<S::Tx>,
+) {
+    write(
+        &store,
+        enqueue,
+        &[message("later", "later").available_at_ms(NOW + 60_000)],
+    )
+    .await;
+    assert!(store.claim_batch(NOW, LEASE, 10).await.unwrap().is_empty());
+    let sent: Vec<OutboxMessage> = (0..5).map(|i| message(&format!("s{i}"), "s")).collect();
+    let ids = write(&store, enqueue, &sent).await;
+    assert_eq!(store.claim_batch(NOW, LEASE, 10).await.unwrap().len(), 5);
+    store.mark_sent(&ids, NOW).await.unwrap();
+    assert_eq!(
+        store.purge_sent(NOW - 1, 10).await.unwrap(),
+        0,
+        "not old enough"
+    );
+    assert_eq!(store.purge_sent(NOW, 3).await.unwrap(), 3, "bounded batch");
+    assert_eq!(store.purge_sent(NOW, 3).await.unwrap(), 2);
+    assert_eq!(
+        store.stats().await.unwrap().pending,
+        1,
+        "the delayed one is kept"
+    );
+    assert_eq!(
+        keys(&store.claim_batch(NOW + 60_000, LEASE, 10).await.unwrap()),
+        ["later"]
+    );
+}
+
+fn subscriber(name: &str) -> Subscriber {
+    Subscriber::new(name).unwrap()
+}
+
+/// An inbox record commits with its transaction: rolled back, the message is
+/// new again; committed, a second record is a duplicate. Subscribers are
+/// independent.
+pub async fn inbox_records_once_per_subscriber<S: InboxStore>(store: S) {
+    let (ledger, mailer) = (subscriber("ledger"), subscriber("mailer"));
+    let id = MessageId::new("m-1").unwrap();
+    let mut tx = store.begin().await.unwrap();
+    assert!(
+        store
+            .record(&mut tx, &ledger, &id, NOW, NOW + 1_000)
+            .await
+            .unwrap()
+    );
+    store.rollback(tx).await.unwrap();
+    assert!(
+        !store.seen(&ledger, &id).await.unwrap(),
+        "rolled back with its transaction"
+    );
+    let mut tx = store.begin().await.unwrap();
+    assert!(
+        store
+            .record(&mut tx, &ledger, &id, NOW, NOW + 1_000)
+            .await
+            .unwrap()
+    );
+    store.commit(tx).await.unwrap();
+    assert!(store.seen(&ledger, &id).await.unwrap());
+    let mut tx = store.begin().await.unwrap();
+    assert!(
+        !store
+            .record(&mut tx, &ledger, &id, NOW, NOW + 1_000)
+            .await
+            .unwrap(),
+        "duplicate"
+    );
+    assert!(
+        store
+            .record(&mut tx, &mailer, &id, NOW, NOW + 1_000)
+            .await
+            .unwrap(),
+        "other subscriber"
+    );
+    store.commit(tx).await.unwrap();
+}
+
+/// A duplicate arriving while the first is still in its transaction waits for
+/// it, then sees the committed record.
+pub async fn inbox_concurrent_duplicate_waits_then_skips<S: InboxStore>(store: S) {
+    let sub = subscriber("ledger");
+    let id = MessageId::new("m-race").unwrap();
+    let mut first = store.begin().await.unwrap();
+    assert!(
+        store
+            .record(&mut first, &sub, &id, NOW, NOW + 1_000)
+            .await
+            .unwrap()
+    );
+    let (s2, sub2, id2) = (store.clone(), sub.clone(), id.clone());
+    let second = tokio::spawn(async move {
+        let mut tx = s2.begin().await.unwrap();
+        let fresh = s2
+            .record(&mut tx, &sub2, &id2, NOW, NOW + 1_000)
+            .await
+            .unwrap();
+        s2.rollback(tx).await.unwrap();
+        fresh
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !second.is_finished(),
+        "the duplicate waits for the first transaction"
+    );
+    store.commit(first).await.unwrap();
+    assert!(!second.await.unwrap(), "and then sees a duplicate");
+}
+
+/// Expired inbox records are deleted in bounded batches; live ones stay.
+pub async fn inbox_gc_deletes_expired_records<S: InboxStore>(store: S) {
+    let sub = subscriber("ledger");
+    let mut tx = store.begin().await.unwrap();
+    for i in 0..5 {
+        let id = MessageId::new(format!("old-{i}")).unwrap();
+        store
+            .record(&mut tx, &sub, &id, NOW, NOW + 10)
+            .await
+            .unwrap();
+    }
+    let live = MessageId::new("live").unwrap();
+    store
+        .record(&mut tx, &sub, &live, NOW, NOW + 1_000_000)
+        .await
+        .unwrap();
+    store.commit(tx).await.unwrap();
+    assert_eq!(store.purge_expired_inbox(NOW + 9, 10).await.unwrap(), 0);
+    assert_eq!(store.purge_expired_inbox(NOW + 10, 3).await.unwrap(), 3);
+    assert_eq!(store.purge_expired_inbox(NOW + 10, 3).await.unwrap(), 2);
+    assert!(store.seen(&sub, &live).await.unwrap());
 }

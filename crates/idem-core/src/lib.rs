@@ -1,6 +1,7 @@
 //! # Idem core
 //!
-//! The domain of Idem, with no I/O: it knows nothing of SQL drivers or HTTP.
+//! The domain of Idem, with no database, network or file I/O: it knows nothing
+//! of SQL drivers, brokers or HTTP.
 //!
 //! - [`IdempotencyKey`], [`Tenant`], [`Operation`] and [`Scope`]: who a key
 //!   belongs to; each can only be built valid.
@@ -12,6 +13,10 @@
 //! - [`KeyStore`]: the capability a backend implements (`idem-sqlite`,
 //!   `idem-postgres`), handing its open transaction to business code.
 //! - [`Engine`]: claim, run the mutation in the same transaction, store, replay.
+//! - [`OutboxMessage`], [`MessageId`], [`Topic`], [`Subscriber`], [`Backoff`]
+//!   and the [`OutboxStore`] / [`InboxStore`] capabilities: messages written in
+//!   the business transaction, and messages applied once per subscriber.
+//! - [`failpoint`]: crash points for the drills (`IDEM_FAILPOINTS`).
 //!
 //! ```
 //! use idem_core::{IdempotencyKey, KeyError};
@@ -23,11 +28,14 @@
 #[cfg(feature = "conformance")]
 pub mod conformance;
 
+pub mod failpoint;
+
 mod clock;
 mod engine;
 mod error;
 mod fingerprint;
 mod key;
+mod message;
 mod policy;
 mod record;
 mod scope;
@@ -38,13 +46,17 @@ pub use engine::{Begun, BoxFuture, Claimed, Engine, Outcome};
 pub use error::{BoxError, Error, KeyError, ScopeError, StoreError};
 pub use fingerprint::{Fingerprint, FingerprintSpec, RequestParts};
 pub use key::IdempotencyKey;
+pub use message::{
+    Backoff, MessageError, MessageId, OutboxColumns, OutboxMessage, OutboxRecord, OutboxStats,
+    RESERVED_HEADERS, Subscriber, Topic,
+};
 pub use policy::Policy;
 pub use record::{
     Completion, Decision, RecordColumns, RecordState, ResourceRef, StoredRecord, StoredResponse,
-    decide,
+    decide, headers_from_json, headers_to_json,
 };
 pub use scope::{NAME_MAX_LEN, Operation, Scope, Tenant};
-pub use store::{Claim, KeyStore};
+pub use store::{Claim, InboxStore, KeyStore, OutboxStore};
 
 /// One schema migration: applied once per database, in `version` order, inside
 /// a transaction. Backends and applications list theirs as constants.

@@ -62,20 +62,29 @@ pub struct StoredResponse {
 impl StoredResponse {
     /// Encodes headers for storage as a JSON array of `[name, value]` pairs.
     pub fn headers_json(&self) -> String {
-        serde_json::Value::Array(
-            self.headers
-                .iter()
-                .map(|(n, v)| serde_json::json!([n, v]))
-                .collect(),
-        )
-        .to_string()
+        headers_to_json(&self.headers)
     }
 
     /// Decodes headers written by [`StoredResponse::headers_json`].
     pub fn parse_headers(json: &str) -> Option<Vec<(String, String)>> {
-        let pairs: Vec<(String, String)> = serde_json::from_str(json).ok()?;
-        Some(pairs)
+        headers_from_json(json)
     }
+}
+
+/// Encodes headers for storage as a JSON array of `[name, value]` pairs.
+pub fn headers_to_json(headers: &[(String, String)]) -> String {
+    serde_json::Value::Array(
+        headers
+            .iter()
+            .map(|(n, v)| serde_json::json!([n, v]))
+            .collect(),
+    )
+    .to_string()
+}
+
+/// Decodes headers written by [`headers_to_json`].
+pub fn headers_from_json(json: &str) -> Option<Vec<(String, String)>> {
+    serde_json::from_str(json).ok()
 }
 
 /// A pointer to the resource an operation created, kept with the record so an

@@ -4,6 +4,7 @@ use std::future::Future;
 
 use crate::error::StoreError;
 use crate::fingerprint::Fingerprint;
+use crate::message::{MessageId, OutboxRecord, OutboxStats, Subscriber};
 use crate::policy::Policy;
 use crate::record::{Completion, StoredRecord};
 use crate::scope::Scope;
@@ -71,6 +72,94 @@ pub trait KeyStore: Clone + Send + Sync + 'static {
     /// Deletes at most `limit` records that expired at or before `now_ms` and
     /// returns how many it deleted.
     fn purge_expired(
+        &self,
+        now_ms: i64,
+        limit: u32,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+}
+
+/// The outbox table, as a dispatcher uses it. Messages are written with the
+/// backend's own `enqueue` function inside the caller's transaction; this trait
+/// is the relay's side.
+///
+/// Implementations must claim with a lease so a crashed dispatcher's messages
+/// come back, never hand out a message while an earlier one with the same key
+/// is still pending (unsent or backing off), and let several dispatchers claim
+/// at once without handing one message to two of them within a lease.
+pub trait OutboxStore: Clone + Send + Sync + 'static {
+    /// Leases up to `limit` publishable messages until `now_ms + lease`: pending,
+    /// available, not leased, and first of their key among pending ones.
+    /// Ordered by id.
+    fn claim_batch(
+        &self,
+        now_ms: i64,
+        lease: std::time::Duration,
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<OutboxRecord>, StoreError>> + Send;
+
+    /// Marks messages the broker acknowledged as sent. Returns how many were
+    /// still pending.
+    fn mark_sent(
+        &self,
+        ids: &[i64],
+        now_ms: i64,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Records a failed attempt: the message is retried at `retry_at_ms`, or
+    /// becomes dead when `dead`.
+    fn mark_failed(
+        &self,
+        id: i64,
+        error: &str,
+        retry_at_ms: i64,
+        dead: bool,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Gives messages back without counting an attempt (the broker was
+    /// unreachable, not the message at fault); available again at `retry_at_ms`.
+    fn release(
+        &self,
+        ids: &[i64],
+        retry_at_ms: i64,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Deletes at most `limit` messages sent at or before `before_ms`.
+    fn purge_sent(
+        &self,
+        before_ms: i64,
+        limit: u32,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Pending count, oldest pending message, dead count.
+    fn stats(&self) -> impl Future<Output = Result<OutboxStats, StoreError>> + Send;
+}
+
+/// The inbox table: which messages a subscriber has applied. Records are
+/// written in the handler's transaction (a [`KeyStore::begin`] transaction), so
+/// the record and the business effect commit together.
+pub trait InboxStore: KeyStore {
+    /// Records `(subscriber, message_id)` in `tx`. `Ok(true)`: recorded now, the
+    /// message is new. `Ok(false)`: a committed record exists, a duplicate. A
+    /// concurrent, uncommitted record of the same message is waited for (at
+    /// most the store's lock wait, then [`StoreError::Busy`]).
+    fn record(
+        &self,
+        tx: &mut Self::Tx,
+        subscriber: &Subscriber,
+        message_id: &MessageId,
+        now_ms: i64,
+        expires_at_ms: i64,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Whether a committed record exists (for operators and tests).
+    fn seen(
+        &self,
+        subscriber: &Subscriber,
+        message_id: &MessageId,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Deletes at most `limit` records that expired at or before `now_ms`.
+    fn purge_expired_inbox(
         &self,
         now_ms: i64,
         limit: u32,

@@ -29,11 +29,26 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{PgPool, Postgres, Row, Transaction};
 
 /// The key store's own migrations.
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "idem_keys",
-    sql: include_str!("../migrations/0001_idem_keys.sql"),
-}];
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "idem_keys",
+        sql: include_str!("../migrations/0001_idem_keys.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "idem_outbox",
+        sql: include_str!("../migrations/0002_idem_outbox.sql"),
+    },
+    Migration {
+        version: 3,
+        name: "idem_inbox",
+        sql: include_str!("../migrations/0003_idem_inbox.sql"),
+    },
+];
+
+mod inbox;
+pub mod outbox;
 
 /// An open PostgreSQL transaction handed to business code. Dereferences to the
 /// connection, so `sqlx::query(…).execute(&mut **tx)` works through a guard.

@@ -31,7 +31,9 @@
 //!   then only sees `Busy`. One process per file is the supported layout.
 
 mod gate;
+mod inbox;
 mod migrate;
+pub mod outbox;
 
 use std::ops::{Deref, DerefMut};
 use std::str::FromStr;
@@ -166,7 +168,7 @@ impl SqliteStore {
     /// this key (the per-key gate already let us in): it means the store is
     /// overloaded or locked by another process, so it is reported as
     /// `Unavailable` (503 + Retry-After over HTTP), not as "in flight".
-    fn map(&self, e: sqlx::Error) -> StoreError {
+    pub(crate) fn map(&self, e: sqlx::Error) -> StoreError {
         match map_err(e) {
             StoreError::Busy { .. } => StoreError::Unavailable {
                 source: format!("database is locked (waited {:?})", self.busy_timeout).into(),

@@ -6,11 +6,23 @@ use sqlx::SqlitePool;
 use crate::map_err;
 
 /// The key store's own migrations.
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "idem_keys",
-    sql: include_str!("../migrations/0001_idem_keys.sql"),
-}];
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "idem_keys",
+        sql: include_str!("../migrations/0001_idem_keys.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "idem_outbox",
+        sql: include_str!("../migrations/0002_idem_outbox.sql"),
+    },
+    Migration {
+        version: 3,
+        name: "idem_inbox",
+        sql: include_str!("../migrations/0003_idem_inbox.sql"),
+    },
+];
 
 /// Applies `migrations` of `component` that this database has not seen, each in
 /// its own `BEGIN IMMEDIATE` transaction (which serialises concurrent runners).

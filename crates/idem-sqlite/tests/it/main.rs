@@ -35,6 +35,14 @@ fn insert<'t>(tx: &'t mut SqliteTx, id: &'static str) -> BoxFuture<'t, Result<()
     })
 }
 
+fn enqueue<'t>(
+    tx: &'t mut SqliteTx,
+    message: &'t idem_core::OutboxMessage,
+    now_ms: i64,
+) -> BoxFuture<'t, Result<i64, idem_core::StoreError>> {
+    Box::pin(idem_sqlite::outbox::enqueue(tx, message, now_ms))
+}
+
 fn count(store: &SqliteStore) -> BoxFuture<'_, i64> {
     Box::pin(async move {
         sqlx::query_scalar("SELECT count(*) FROM payments")
@@ -64,6 +72,14 @@ conformance! {
     expiry_and_gc;
     concurrent_takeover_of_expired_record_executes_once, 20;
     business_write_commits_with_the_key, insert, count;
+    outbox_commits_with_the_transaction, enqueue;
+    outbox_keeps_order_per_key, enqueue;
+    outbox_leases_expire_and_release, enqueue;
+    outbox_failures_back_off_then_die, enqueue;
+    outbox_delays_and_purges, enqueue;
+    inbox_records_once_per_subscriber;
+    inbox_concurrent_duplicate_waits_then_skips;
+    inbox_gc_deletes_expired_records;
 }
 
 #[tokio::test]

@@ -1,0 +1,482 @@
+//! Messages: ids, topics, subscribers, and what the outbox stores.
+
+use std::fmt;
+use std::time::Duration;
+
+/// Why a message part was rejected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum MessageError {
+    /// A name or id is empty or too long.
+    #[error("{kind} must be 1 to {max} bytes, got {len}")]
+    Length {
+        /// What was checked.
+        kind: &'static str,
+        /// The limit.
+        max: usize,
+        /// What was given.
+        len: usize,
+    },
+    /// A character that is not allowed.
+    #[error("{kind} has a character that is not allowed at byte {position}")]
+    InvalidChar {
+        /// What was checked.
+        kind: &'static str,
+        /// Byte offset of the first bad character.
+        position: usize,
+    },
+    /// A topic with an empty token (`a..b`, `.a`, `a.`).
+    #[error("topic {0:?} has an empty token")]
+    EmptyToken(String),
+    /// The payload is over [`OutboxMessage::MAX_PAYLOAD_BYTES`].
+    #[error("payload is {len} bytes, the maximum is {max}")]
+    PayloadTooLarge {
+        /// The payload's size.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// More headers than [`OutboxMessage::MAX_HEADERS`].
+    #[error("more than {max} headers")]
+    TooManyHeaders {
+        /// The limit.
+        max: usize,
+    },
+    /// A header name that Idem or the broker sets itself.
+    #[error("header {0} is reserved")]
+    ReservedHeader(String),
+}
+
+fn check(
+    kind: &'static str,
+    value: &str,
+    max: usize,
+    ok: impl Fn(u8) -> bool,
+) -> Result<(), MessageError> {
+    if value.is_empty() || value.len() > max {
+        return Err(MessageError::Length {
+            kind,
+            max,
+            len: value.len(),
+        });
+    }
+    match value.bytes().position(|b| !ok(b)) {
+        Some(position) => Err(MessageError::InvalidChar { kind, position }),
+        None => Ok(()),
+    }
+}
+
+fn visible_ascii(b: u8) -> bool {
+    (0x21..=0x7e).contains(&b)
+}
+
+/// A message's stable id: generated once when the message is written to the
+/// outbox, sent as `Nats-Msg-Id` and used by every inbox to drop duplicates.
+/// 1 to 128 visible ASCII characters.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MessageId(String);
+
+impl MessageId {
+    /// The longest id accepted.
+    pub const MAX_LEN: usize = 128;
+
+    /// Validates an id received from elsewhere.
+    pub fn new(value: impl Into<String>) -> Result<Self, MessageError> {
+        let value = value.into();
+        check("message id", &value, Self::MAX_LEN, visible_ascii)?;
+        Ok(Self(value))
+    }
+
+    /// A new random id (UUID v4 in simple form, 32 hex digits).
+    pub fn generate() -> Self {
+        Self(uuid::Uuid::new_v4().simple().to_string())
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for MessageId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("MessageId").field(&self.0).finish()
+    }
+}
+
+impl fmt::Display for MessageId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Where a message is published: dot-separated tokens of `[A-Za-z0-9_-]`
+/// (a NATS subject without wildcards), 1 to 255 bytes.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Topic(String);
+
+impl Topic {
+    /// Validates a topic.
+    pub fn new(value: impl Into<String>) -> Result<Self, MessageError> {
+        let value = value.into();
+        check("topic", &value, 255, |b| {
+            b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.')
+        })?;
+        if value.split('.').any(str::is_empty) {
+            return Err(MessageError::EmptyToken(value));
+        }
+        Ok(Self(value))
+    }
+
+    /// The topic as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Topic {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A consumer of messages, the scope of inbox records: the same message is
+/// applied once per subscriber. `[A-Za-z0-9._:-]`, 1 to 128 bytes.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Subscriber(String);
+
+impl Subscriber {
+    /// Validates a subscriber name.
+    pub fn new(value: impl Into<String>) -> Result<Self, MessageError> {
+        let value = value.into();
+        check("subscriber", &value, 128, |b| {
+            b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-')
+        })?;
+        Ok(Self(value))
+    }
+
+    /// The name as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Subscriber {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Header names the outbox sets itself; a message may not carry them.
+pub const RESERVED_HEADERS: &[&str] = &["nats-msg-id", "idem-message-id", "idem-message-key"];
+
+/// A message to write to the outbox, in the caller's transaction.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OutboxMessage {
+    /// Stable id, generated at write time.
+    pub message_id: MessageId,
+    /// Where it is published.
+    pub topic: Topic,
+    /// Ordering key (an aggregate id): messages with one key are published in
+    /// the order they were written.
+    pub key: String,
+    /// The bytes to publish.
+    pub payload: Vec<u8>,
+    /// Extra headers, published as given.
+    pub headers: Vec<(String, String)>,
+    /// Not published before this time (unix ms); `None` is "now".
+    pub available_at_ms: Option<i64>,
+}
+
+impl OutboxMessage {
+    /// Largest payload accepted (the broker's default maximum).
+    pub const MAX_PAYLOAD_BYTES: usize = 1 << 20;
+    /// Most headers accepted.
+    pub const MAX_HEADERS: usize = 32;
+    /// Longest ordering key accepted.
+    pub const MAX_KEY_LEN: usize = 255;
+
+    /// A message with a new id.
+    pub fn new(
+        topic: Topic,
+        key: impl Into<String>,
+        payload: impl Into<Vec<u8>>,
+    ) -> Result<Self, MessageError> {
+        let key = key.into();
+        check("message key", &key, Self::MAX_KEY_LEN, |b| {
+            b != b'\r' && b != b'\n'
+        })?;
+        let payload = payload.into();
+        if payload.len() > Self::MAX_PAYLOAD_BYTES {
+            return Err(MessageError::PayloadTooLarge {
+                len: payload.len(),
+                max: Self::MAX_PAYLOAD_BYTES,
+            });
+        }
+        Ok(Self {
+            message_id: MessageId::generate(),
+            topic,
+            key,
+            payload,
+            headers: Vec::new(),
+            available_at_ms: None,
+        })
+    }
+
+    /// Adds a header. Names are tokens of visible ASCII without `:`; values
+    /// are printable ASCII or UTF-8 without line breaks.
+    pub fn header(mut self, name: &str, value: &str) -> Result<Self, MessageError> {
+        check("header name", name, 128, |b| visible_ascii(b) && b != b':')?;
+        if RESERVED_HEADERS.contains(&name.to_ascii_lowercase().as_str()) {
+            return Err(MessageError::ReservedHeader(name.to_owned()));
+        }
+        if let Some(position) = value.bytes().position(|b| b == b'\r' || b == b'\n') {
+            return Err(MessageError::InvalidChar {
+                kind: "header value",
+                position,
+            });
+        }
+        if self.headers.len() >= Self::MAX_HEADERS {
+            return Err(MessageError::TooManyHeaders {
+                max: Self::MAX_HEADERS,
+            });
+        }
+        self.headers.push((name.to_owned(), value.to_owned()));
+        Ok(self)
+    }
+
+    /// Holds the message back until `at_ms` (unix ms).
+    pub fn available_at_ms(mut self, at_ms: i64) -> Self {
+        self.available_at_ms = Some(at_ms);
+        self
+    }
+}
+
+/// A message as claimed from the outbox by a dispatcher.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OutboxRecord {
+    /// The outbox row id; increases in write order.
+    pub id: i64,
+    /// Stable id.
+    pub message_id: MessageId,
+    /// Where it is published.
+    pub topic: Topic,
+    /// Ordering key.
+    pub key: String,
+    /// The bytes to publish.
+    pub payload: Vec<u8>,
+    /// Extra headers.
+    pub headers: Vec<(String, String)>,
+    /// Failed publish attempts so far.
+    pub attempts: u32,
+    /// When it was written (unix ms).
+    pub created_at_ms: i64,
+}
+
+/// An outbox row's columns as read from any backend, before validation.
+#[derive(Clone, Debug, Default)]
+pub struct OutboxColumns {
+    /// `id`.
+    pub id: i64,
+    /// `message_id`.
+    pub message_id: String,
+    /// `topic`.
+    pub topic: String,
+    /// `message_key`.
+    pub message_key: String,
+    /// `payload`.
+    pub payload: Vec<u8>,
+    /// `headers` (JSON list of pairs).
+    pub headers: String,
+    /// `attempts`.
+    pub attempts: i64,
+    /// `created_at_ms`.
+    pub created_at_ms: i64,
+}
+
+impl OutboxColumns {
+    /// Validates the columns into a record; the error names the bad column.
+    pub fn decode(self) -> Result<OutboxRecord, crate::StoreError> {
+        let corrupt = |detail: String| crate::StoreError::Corrupt { detail };
+        Ok(OutboxRecord {
+            id: self.id,
+            message_id: MessageId::new(self.message_id)
+                .map_err(|e| corrupt(format!("outbox {}: {e}", self.id)))?,
+            topic: Topic::new(self.topic)
+                .map_err(|e| corrupt(format!("outbox {}: {e}", self.id)))?,
+            key: self.message_key,
+            payload: self.payload,
+            headers: crate::record::headers_from_json(&self.headers).ok_or_else(|| {
+                corrupt(format!(
+                    "outbox {}: headers are not a JSON list of pairs",
+                    self.id
+                ))
+            })?,
+            attempts: u32::try_from(self.attempts)
+                .map_err(|_| corrupt(format!("outbox {}: attempts {}", self.id, self.attempts)))?,
+            created_at_ms: self.created_at_ms,
+        })
+    }
+}
+
+/// Lag figures of an outbox.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OutboxStats {
+    /// Messages not yet published (including those backing off).
+    pub pending: u64,
+    /// When the oldest pending message was written (unix ms).
+    pub oldest_pending_ms: Option<i64>,
+    /// Messages that exhausted their attempts.
+    pub dead: u64,
+}
+
+/// Exponential backoff with jitter, bounded: `initial × 2^attempt`, capped at
+/// `max`, then scaled into `[½, 1]` of itself by the jitter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Backoff {
+    /// Delay after the first failure.
+    pub initial: Duration,
+    /// Longest delay.
+    pub max: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self {
+            initial: Duration::from_millis(500),
+            max: Duration::from_secs(60),
+        }
+    }
+}
+
+impl Backoff {
+    /// The delay after `attempt` failures (1 = the first), with `jitter` in
+    /// `[0, 1]` (clamped) choosing where in `[½, 1]` of the full delay it lands.
+    pub fn delay(&self, attempt: u32, jitter: f64) -> Duration {
+        let exp = attempt.saturating_sub(1).min(31);
+        let full = self
+            .initial
+            .saturating_mul(1u32 << exp)
+            .min(self.max)
+            .max(self.initial.min(self.max));
+        full.mul_f64(0.5 + 0.5 * jitter.clamp(0.0, 1.0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topics_are_subject_tokens() {
+        assert!(Topic::new("payments.created").is_ok());
+        assert!(Topic::new("a-b_c.D9").is_ok());
+        for bad in ["", "payments.*", "payments.>", "a b", "a..b", ".a", "a."] {
+            assert!(Topic::new(bad).is_err(), "{bad:?}");
+        }
+        assert!(Topic::new("x".repeat(256)).is_err());
+    }
+
+    #[test]
+    fn message_ids_and_subscribers() {
+        let id = MessageId::generate();
+        assert_eq!(id.as_str().len(), 32);
+        assert_ne!(id, MessageId::generate());
+        assert_eq!(MessageId::new(id.as_str()).unwrap(), id);
+        assert!(MessageId::new("").is_err());
+        assert!(MessageId::new("a b").is_err());
+        assert!(MessageId::new("x".repeat(129)).is_err());
+        assert!(Subscriber::new("ledger:v1").is_ok());
+        assert!(Subscriber::new("led ger").is_err());
+    }
+
+    #[test]
+    fn messages_validate_key_payload_and_headers() {
+        let t = Topic::new("t").unwrap();
+        let m = OutboxMessage::new(t.clone(), "pay_1", b"{}".to_vec()).unwrap();
+        assert_eq!(m.key, "pay_1");
+        assert!(OutboxMessage::new(t.clone(), "", b"".to_vec()).is_err());
+        assert!(OutboxMessage::new(t.clone(), "a\nb", b"".to_vec()).is_err());
+        let big = vec![0u8; OutboxMessage::MAX_PAYLOAD_BYTES + 1];
+        assert!(matches!(
+            OutboxMessage::new(t.clone(), "k", big),
+            Err(MessageError::PayloadTooLarge { .. })
+        ));
+        let m = m.header("trace-id", "abc").unwrap();
+        assert_eq!(m.headers, vec![("trace-id".into(), "abc".into())]);
+        assert!(matches!(
+            m.clone().header("Nats-Msg-Id", "x"),
+            Err(MessageError::ReservedHeader(_))
+        ));
+        assert!(m.clone().header("bad:name", "x").is_err());
+        assert!(m.clone().header("h", "line\r\nbreak").is_err());
+        let mut many = OutboxMessage::new(t, "k", vec![]).unwrap();
+        for i in 0..OutboxMessage::MAX_HEADERS {
+            many = many.header(&format!("h{i}"), "v").unwrap();
+        }
+        assert!(matches!(
+            many.header("one-more", "v"),
+            Err(MessageError::TooManyHeaders { .. })
+        ));
+    }
+
+    #[test]
+    fn outbox_columns_decode_or_name_the_bad_one() {
+        let good = OutboxColumns {
+            id: 7,
+            message_id: "m1".into(),
+            topic: "payments.created".into(),
+            message_key: "pay_1".into(),
+            payload: b"{}".to_vec(),
+            headers: r#"[["a","b"]]"#.into(),
+            attempts: 2,
+            created_at_ms: 5,
+        };
+        let r = good.clone().decode().unwrap();
+        assert_eq!((r.id, r.attempts, r.headers.len()), (7, 2, 1));
+        let bad = |c: OutboxColumns| c.decode().unwrap_err().to_string();
+        assert!(
+            bad(OutboxColumns {
+                topic: "a..b".into(),
+                ..good.clone()
+            })
+            .contains("empty token")
+        );
+        assert!(
+            bad(OutboxColumns {
+                message_id: "".into(),
+                ..good.clone()
+            })
+            .contains("message id")
+        );
+        assert!(
+            bad(OutboxColumns {
+                headers: "{".into(),
+                ..good.clone()
+            })
+            .contains("headers")
+        );
+        assert!(
+            bad(OutboxColumns {
+                attempts: -1,
+                ..good
+            })
+            .contains("attempts")
+        );
+    }
+
+    #[test]
+    fn backoff_grows_caps_and_jitters() {
+        let b = Backoff {
+            initial: Duration::from_millis(100),
+            max: Duration::from_secs(1),
+        };
+        assert_eq!(b.delay(1, 1.0), Duration::from_millis(100));
+        assert_eq!(b.delay(2, 1.0), Duration::from_millis(200));
+        assert_eq!(b.delay(4, 1.0), Duration::from_millis(800));
+        assert_eq!(b.delay(5, 1.0), Duration::from_secs(1));
+        assert_eq!(b.delay(500, 1.0), Duration::from_secs(1));
+        assert_eq!(b.delay(1, 0.0), Duration::from_millis(50));
+        assert_eq!(b.delay(0, 7.0), Duration::from_millis(100));
+    }
+}

@@ -1,0 +1,18 @@
+CREATE TABLE idem_outbox (
+    id              BIGINT  GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    message_id      TEXT    NOT NULL UNIQUE,
+    topic           TEXT    NOT NULL,
+    message_key     TEXT    NOT NULL,
+    payload         BYTEA   NOT NULL,
+    headers         TEXT    NOT NULL,
+    created_at_ms   BIGINT  NOT NULL,
+    available_at_ms BIGINT  NOT NULL,
+    attempts        INTEGER NOT NULL DEFAULT 0,
+    last_error      TEXT,
+    state           TEXT    NOT NULL DEFAULT 'pending' CHECK (state IN ('pending', 'sent', 'dead')),
+    locked_until_ms BIGINT,
+    sent_at_ms      BIGINT
+);
+CREATE INDEX idem_outbox_pending ON idem_outbox (available_at_ms, id) WHERE state = 'pending';
+CREATE INDEX idem_outbox_pending_key ON idem_outbox (message_key, id) WHERE state = 'pending';
+CREATE INDEX idem_outbox_sent ON idem_outbox (sent_at_ms) WHERE state = 'sent';
