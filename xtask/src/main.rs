@@ -1,6 +1,7 @@
 //! Developer commands: `cargo xtask test` provisions a throwaway PostgreSQL 15
-//! on loopback (installing the Debian package when root and it is missing), runs
-//! the whole test suite against it, and stops it.
+//! and a NATS server with JetStream on loopback (installing the Debian packages
+//! `postgresql-15` and `nats-server` when root and they are missing), runs the
+//! whole test suite against them, and stops them.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -46,35 +47,51 @@ fn run(cmd: &mut Command) -> Result<()> {
     }
 }
 
+/// Installs a Debian package with apt-get (root only).
+fn apt_install(package: &str) -> Result<()> {
+    if !is_root() {
+        return Err(format!(
+            "{package} is missing: install the Debian package {package} \
+             (or run as root to let xtask install it)"
+        ));
+    }
+    eprintln!("xtask: installing {package} with apt-get");
+    run(Command::new("apt-get").args(["update", "-q"]))?;
+    run(Command::new("apt-get")
+        .args(["install", "-y", "-q", "--no-install-recommends", package])
+        .env("DEBIAN_FRONTEND", "noninteractive"))
+}
+
 /// Finds PostgreSQL 15's server binaries, installing `postgresql-15` if root.
 fn postgres_bindir() -> Result<PathBuf> {
     let candidate = PathBuf::from("/usr/lib/postgresql/15/bin");
-    if candidate.join("initdb").exists() {
-        return Ok(candidate);
+    if !candidate.join("initdb").exists() {
+        apt_install("postgresql-15")?;
     }
-    if !is_root() {
-        return Err(
-            "PostgreSQL 15 not found in /usr/lib/postgresql/15/bin; install the \
-                    Debian package postgresql-15 (or run as root to let xtask install it)"
-                .into(),
-        );
-    }
-    eprintln!("xtask: installing postgresql-15 with apt-get");
-    run(Command::new("apt-get").args(["update", "-q"]))?;
-    run(Command::new("apt-get")
-        .args([
-            "install",
-            "-y",
-            "-q",
-            "--no-install-recommends",
-            "postgresql-15",
-        ])
-        .env("DEBIAN_FRONTEND", "noninteractive"))?;
     if candidate.join("initdb").exists() {
         Ok(candidate)
     } else {
         Err("postgresql-15 installed but initdb is missing".into())
     }
+}
+
+/// Finds `nats-server`, installing the Debian package if root.
+fn nats_binary() -> Result<PathBuf> {
+    let find = || {
+        [
+            "/usr/sbin/nats-server",
+            "/usr/bin/nats-server",
+            "/usr/local/bin/nats-server",
+        ]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+    };
+    if let Some(p) = find() {
+        return Ok(p);
+    }
+    apt_install("nats-server")?;
+    find().ok_or_else(|| "nats-server installed but its binary is missing".into())
 }
 
 fn free_port() -> Result<u16> {
@@ -168,10 +185,57 @@ impl Drop for Postgres {
     }
 }
 
+/// A throwaway NATS server with JetStream; killed when dropped.
+struct Nats {
+    child: std::process::Child,
+    dir: PathBuf,
+    port: u16,
+}
+
+impl Nats {
+    fn start(root: &Path, binary: &Path) -> Result<Self> {
+        let dir = root.join(format!("nats-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).map_err(|e| format!("failed to create {dir:?}: {e}"))?;
+        let port = free_port()?;
+        let child = Command::new(binary)
+            .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
+            .arg(&dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("failed to start {binary:?}: {e}"))?;
+        let nats = Self { child, dir, port };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if Instant::now() > deadline {
+                return Err("nats-server did not start listening in 30 s".into());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(nats)
+    }
+
+    fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Nats {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 fn test(extra: &[String]) -> Result<()> {
     let root = std::env::temp_dir().join("idem-xtask");
     let pg = Postgres::start(&root)?;
     eprintln!("xtask: PostgreSQL 15 on 127.0.0.1:{}", pg.port);
+    let nats_bin = nats_binary()?;
+    let nats = Nats::start(&root, &nats_bin)?;
+    eprintln!("xtask: nats-server with JetStream on {}", nats.url());
     let have_nextest = Command::new("cargo")
         .args(["nextest", "--version"])
         .stdout(Stdio::null())
@@ -185,7 +249,10 @@ fn test(extra: &[String]) -> Result<()> {
     } else {
         cmd.args(["test", "--workspace", "--no-fail-fast"]);
     }
-    cmd.args(extra).env("IDEM_TEST_POSTGRES_URL", pg.url());
+    cmd.args(extra)
+        .env("IDEM_TEST_POSTGRES_URL", pg.url())
+        .env("IDEM_TEST_NATS_URL", nats.url())
+        .env("IDEM_TEST_NATS_SERVER", &nats_bin);
     let result = run(&mut cmd);
     // Doc tests are not run by nextest.
     let docs = if have_nextest {
@@ -193,6 +260,7 @@ fn test(extra: &[String]) -> Result<()> {
     } else {
         Ok(())
     };
+    drop(nats);
     drop(pg);
     result.and(docs)
 }

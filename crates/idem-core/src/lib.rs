@@ -56,7 +56,7 @@ pub use record::{
     decide, headers_from_json, headers_to_json,
 };
 pub use scope::{NAME_MAX_LEN, Operation, Scope, Tenant};
-pub use store::{Claim, InboxStore, KeyStore, OutboxStore};
+pub use store::{Claim, InboxStore, KeyStore, OutboxStore, Wake};
 
 /// One schema migration: applied once per database, in `version` order, inside
 /// a transaction. Backends and applications list theirs as constants.

@@ -165,3 +165,14 @@ pub trait InboxStore: KeyStore {
         limit: u32,
     ) -> impl Future<Output = Result<u64, StoreError>> + Send;
 }
+
+/// A hint that there may be new work (new outbox messages), so a loop can sleep
+/// until either the hint or its polling interval. Hints may be missed; polling
+/// is what always works.
+pub trait Wake: Send {
+    /// Returns when a hint arrives or `max` has passed.
+    ///
+    /// # Cancel safety
+    /// Implementations must be cancel safe.
+    fn wait(&mut self, max: std::time::Duration) -> impl Future<Output = ()> + Send;
+}

@@ -59,12 +59,12 @@ impl std::fmt::Debug for OutboxListener {
     }
 }
 
-impl OutboxListener {
+impl idem_core::Wake for OutboxListener {
     /// Waits for a notification, at most `max`.
     ///
     /// # Cancel safety
     /// Cancel safe: a notification not yet received stays queued.
-    pub async fn wait(&mut self, max: Duration) {
+    async fn wait(&mut self, max: Duration) {
         let Some(listener) = self.0.as_mut() else {
             tokio::time::sleep(max).await;
             return;

@@ -4,6 +4,7 @@
 //! when the handle is dropped.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -106,4 +107,186 @@ impl Drop for PgDatabase {
         })
         .join();
     }
+}
+
+/// The suite's shared NATS server (JetStream on), as a `nats://` URL. Tests on
+/// it use their own stream names and subjects ([`unique_name`]).
+pub fn nats_url() -> String {
+    std::env::var("IDEM_TEST_NATS_URL").unwrap_or_else(|_| {
+        panic!("IDEM_TEST_NATS_URL is not set: run the suite with `cargo xtask test`")
+    })
+}
+
+/// A name unique to this test process and call, usable as a NATS stream name
+/// or subject token: `<TAG>_<pid>_<n>`.
+pub fn unique_name(tag: &str) -> String {
+    unique(tag)
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A NATS server (JetStream on) of this test's own, for tests that stop and
+/// restart the broker. Killed on drop.
+#[derive(Debug)]
+pub struct NatsServer {
+    child: Option<std::process::Child>,
+    dir: TempDir,
+    port: u16,
+}
+
+impl NatsServer {
+    /// Starts `nats-server` (from `IDEM_TEST_NATS_SERVER`, else the PATH) on a
+    /// free loopback port with its own store directory.
+    pub fn start() -> Self {
+        let mut server = Self {
+            child: None,
+            dir: TempDir::new("nats"),
+            port: free_port(),
+        };
+        server.restart();
+        server
+    }
+
+    /// `nats://127.0.0.1:<port>`; the same across restarts.
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// Kills the server with SIGKILL (the broker goes down hard).
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again on the same port and store (JetStream state survives).
+    pub fn restart(&mut self) {
+        self.kill();
+        let binary =
+            std::env::var("IDEM_TEST_NATS_SERVER").unwrap_or_else(|_| "nats-server".into());
+        let child = std::process::Command::new(&binary)
+            .args([
+                "-js",
+                "-a",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-sd",
+            ])
+            .arg(self.dir.path())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("failed to start {binary}: {e}"));
+        self.child = Some(child);
+        for _ in 0..300 {
+            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        panic!("nats-server did not listen on {} within 6 s", self.port);
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+pub use proxy::Proxy;
+
+mod proxy {
+    use std::net::SocketAddr;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use tokio::net::{TcpListener, TcpStream};
+    use tokio::sync::Mutex;
+    use tokio::task::JoinSet;
+
+    /// A TCP proxy in front of a real server (PostgreSQL, NATS) that can cut
+    /// every connection and refuse new ones: the server going away, as a client
+    /// sees it.
+    #[derive(Debug)]
+    pub struct Proxy {
+        /// Where clients connect.
+        pub addr: SocketAddr,
+        down: Arc<AtomicBool>,
+        links: Arc<Mutex<JoinSet<()>>>,
+    }
+
+    impl Proxy {
+        /// Listens on a free loopback port and forwards to `upstream`.
+        pub async fn start(upstream: SocketAddr) -> Self {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let down = Arc::new(AtomicBool::new(false));
+            let links = Arc::new(Mutex::new(JoinSet::new()));
+            let (d, l) = (down.clone(), links.clone());
+            tokio::spawn(async move {
+                while let Ok((mut client, _)) = listener.accept().await {
+                    if d.load(Ordering::SeqCst) {
+                        drop(client);
+                        continue;
+                    }
+                    l.lock().await.spawn(async move {
+                        if let Ok(mut server) = TcpStream::connect(upstream).await {
+                            let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                        }
+                    });
+                }
+            });
+            Self { addr, down, links }
+        }
+
+        /// The database is gone: open connections are closed, new ones dropped.
+        pub async fn cut(&self) {
+            self.down.store(true, Ordering::SeqCst);
+            self.links.lock().await.abort_all();
+        }
+
+        /// The database is back.
+        pub fn restore(&self) {
+            self.down.store(false, Ordering::SeqCst);
+        }
+    }
+}
+
+/// The URL's parts: scheme, `user@` (or nothing), address, path.
+fn url_parts(url: &str) -> (&str, &str, SocketAddr, &str) {
+    let (scheme, rest) = url.split_once("://").expect("a URL with a scheme");
+    let (user, rest) = match rest.find('@') {
+        Some(i) => (&rest[..=i], &rest[i + 1..]),
+        None => ("", rest),
+    };
+    let (hostport, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, ""),
+    };
+    (
+        scheme,
+        user,
+        hostport.parse().expect("an IP address and port"),
+        path,
+    )
+}
+
+/// The address of a `postgres://user@host:port/db` or `nats://host:port` URL.
+pub fn url_addr(url: &str) -> SocketAddr {
+    url_parts(url).2
+}
+
+/// The same URL pointing at `addr` instead (to go through a [`Proxy`]).
+pub fn url_via(url: &str, addr: SocketAddr) -> String {
+    let (scheme, user, _, path) = url_parts(url);
+    format!("{scheme}://{user}{addr}{path}")
 }

@@ -9,8 +9,6 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 use tower::ServiceExt;
 
-mod proxy;
-
 pub async fn send(
     app: &axum::Router,
     key: Option<&str>,
@@ -718,10 +716,9 @@ async fn postgres_down_is_503_with_retry_after_and_nothing_half_written() {
     use tokio::sync::Notify;
 
     let db = pg_db::setup().await;
-    let url: url_parts::PgUrl = db.db.url.parse().unwrap();
-    let proxy = proxy::Proxy::start(url.addr).await;
+    let proxy = idem_testkit::Proxy::start(idem_testkit::url_addr(&db.db.url)).await;
     let store = PgStore::connect(
-        &url.via(proxy.addr),
+        &idem_testkit::url_via(&db.db.url, proxy.addr),
         PgConfig {
             acquire_timeout: std::time::Duration::from_secs(1),
             ..PgConfig::default()
@@ -814,37 +811,4 @@ async fn postgres_down_is_503_with_retry_after_and_nothing_half_written() {
     let res = app.oneshot(req("fast")).await.unwrap();
     assert_eq!(res.headers()["idempotent-replayed"], "true");
     assert_eq!(db.count().await, 1);
-}
-
-mod url_parts {
-    use std::net::SocketAddr;
-
-    /// `postgres://user@host:port/db`, enough to put a proxy in between.
-    pub struct PgUrl {
-        pub addr: SocketAddr,
-        user: String,
-        db: String,
-    }
-
-    impl std::str::FromStr for PgUrl {
-        type Err = String;
-        fn from_str(s: &str) -> Result<Self, String> {
-            let rest = s
-                .strip_prefix("postgres://")
-                .ok_or("not a postgres:// URL")?;
-            let (user, rest) = rest.split_once('@').ok_or("no user")?;
-            let (hostport, db) = rest.split_once('/').ok_or("no database")?;
-            Ok(Self {
-                addr: hostport.parse().map_err(|e| format!("{hostport}: {e}"))?,
-                user: user.to_owned(),
-                db: db.to_owned(),
-            })
-        }
-    }
-
-    impl PgUrl {
-        pub fn via(&self, addr: SocketAddr) -> String {
-            format!("postgres://{}@{addr}/{}", self.user, self.db)
-        }
-    }
 }

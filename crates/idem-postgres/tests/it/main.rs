@@ -210,12 +210,9 @@ mod round_trips {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fresh_path_is_five_round_trips_and_replay_four() {
     let db = db().await;
-    let url = db.db.url.clone();
-    let (host, rest) = url["postgres://".len()..].split_once('@').unwrap();
-    let (hostport, dbname) = rest.split_once('/').unwrap();
-    let (proxy, count) = round_trips::proxy(hostport.parse().unwrap()).await;
+    let (proxy, count) = round_trips::proxy(idem_testkit::url_addr(&db.db.url)).await;
     let store = PgStore::connect(
-        &format!("postgres://{host}@{proxy}/{dbname}"),
+        &idem_testkit::url_via(&db.db.url, proxy),
         PgConfig {
             max_connections: 1,
             ..PgConfig::default()

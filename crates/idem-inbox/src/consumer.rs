@@ -1,0 +1,327 @@
+//! The consume loop: fetch, apply through the inbox, ack after commit.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use idem_core::{
+    Backoff, BoxError, BoxFuture, Clock, InboxStore, MessageId, Subscriber, failpoint,
+};
+
+use crate::{Begun, Committed, Inbox};
+
+/// A message as handed to a [`Handler`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Received {
+    /// The stable id the producer gave it.
+    pub message_id: MessageId,
+    /// Where it was published.
+    pub subject: String,
+    /// The producer's ordering key, if it sent one.
+    pub key: Option<String>,
+    /// The payload.
+    pub payload: Vec<u8>,
+    /// Headers other than the ids.
+    pub headers: Vec<(String, String)>,
+    /// How many times it has been delivered, this time included.
+    pub delivered: u64,
+    /// The broker's sequence number in its stream.
+    pub stream_sequence: u64,
+}
+
+/// A broker failure.
+#[derive(Debug, thiserror::Error)]
+#[error("message source: {source}")]
+pub struct SourceError {
+    /// The client's error.
+    #[source]
+    pub source: BoxError,
+}
+
+/// One delivered message and the means to settle it.
+pub trait Delivery: Send + Sync {
+    /// The message, or why it cannot be read (no id, a bad id): such a
+    /// message is dead-lettered.
+    fn received(&self) -> Result<Received, String>;
+    /// Done: do not deliver again.
+    fn ack(&self) -> impl Future<Output = Result<(), SourceError>> + Send;
+    /// Not done: deliver again after `delay`.
+    fn nak(&self, delay: Duration) -> impl Future<Output = Result<(), SourceError>> + Send;
+    /// Never deliver again (after a dead-letter).
+    fn term(&self) -> impl Future<Output = Result<(), SourceError>> + Send;
+}
+
+/// Where messages come from.
+pub trait MessageSource: Send {
+    /// A delivered message.
+    type Delivery: Delivery;
+    /// Up to `max` messages, waiting at most `wait` for the first.
+    ///
+    /// # Cancel safety
+    /// Messages fetched but not returned are redelivered after the ack wait.
+    fn fetch(
+        &mut self,
+        max: usize,
+        wait: Duration,
+    ) -> impl Future<Output = Result<Vec<Self::Delivery>, SourceError>> + Send;
+    /// Parks the message, with `reason`, where an operator finds it.
+    fn dead_letter(
+        &self,
+        delivery: &Self::Delivery,
+        reason: &str,
+    ) -> impl Future<Output = Result<(), SourceError>> + Send;
+}
+
+/// Why a handler did not apply a message.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum HandlerError {
+    /// Try again later (a dependency is down, a lock timed out).
+    #[error("retryable: {0}")]
+    Retry(#[source] BoxError),
+    /// This message can never be applied (it does not decode): dead-letter it.
+    #[error("rejected: {0}")]
+    Reject(String),
+}
+
+/// Applies a message's business effect in the inbox transaction.
+pub trait Handler<Tx>: Send + Sync {
+    /// Writes the effect of `message` in `tx`. Everything it writes commits
+    /// with the inbox record, or rolls back with it.
+    fn handle<'a>(
+        &'a self,
+        tx: &'a mut Tx,
+        message: &'a Received,
+    ) -> BoxFuture<'a, Result<(), HandlerError>>;
+}
+
+/// Consumer settings.
+#[derive(Debug, Clone)]
+pub struct ConsumerConfig {
+    /// Messages per fetch. Default 64.
+    pub batch: usize,
+    /// Longest wait for a fetch. Default 1 s.
+    pub fetch_wait: Duration,
+    /// Deliveries before a message that keeps failing is dead-lettered.
+    /// Default 5; it should equal the broker consumer's maximum.
+    pub max_deliver: u64,
+    /// Redelivery delay after a retryable failure, by delivery count.
+    pub nak_backoff: Backoff,
+}
+
+impl Default for ConsumerConfig {
+    fn default() -> Self {
+        Self {
+            batch: 64,
+            fetch_wait: Duration::from_secs(1),
+            max_deliver: 5,
+            nak_backoff: Backoff {
+                initial: Duration::from_secs(1),
+                max: Duration::from_secs(60),
+            },
+        }
+    }
+}
+
+/// Counters since start.
+#[derive(Debug, Default)]
+pub struct ConsumerStats {
+    /// Applied and acknowledged.
+    pub applied: AtomicU64,
+    /// Skipped as duplicates and acknowledged.
+    pub duplicates: AtomicU64,
+    /// Negatively acknowledged for a retry.
+    pub retried: AtomicU64,
+    /// Dead-lettered.
+    pub dead_lettered: AtomicU64,
+}
+
+/// Consumes a [`MessageSource`] through an [`Inbox`] with a [`Handler`].
+#[derive(Debug)]
+pub struct Consumer<Src, S, H, C = idem_core::SystemClock> {
+    source: Src,
+    inbox: Inbox<S, C>,
+    subscriber: Subscriber,
+    handler: H,
+    config: ConsumerConfig,
+    stats: ConsumerStats,
+}
+
+enum Settle {
+    Ack,
+    Retry(String),
+    Dead(String),
+}
+
+impl<Src, S, H, C> Consumer<Src, S, H, C>
+where
+    Src: MessageSource,
+    S: InboxStore,
+    H: Handler<S::Tx>,
+    C: Clock,
+{
+    /// A consumer for `subscriber`.
+    pub fn new(
+        source: Src,
+        inbox: Inbox<S, C>,
+        subscriber: Subscriber,
+        handler: H,
+        config: ConsumerConfig,
+    ) -> Self {
+        Self {
+            source,
+            inbox,
+            subscriber,
+            handler,
+            config,
+            stats: ConsumerStats::default(),
+        }
+    }
+
+    /// Counters since start.
+    pub fn stats(&self) -> &ConsumerStats {
+        &self.stats
+    }
+
+    /// Fetches one batch and settles every message in order. Returns how many
+    /// were fetched.
+    ///
+    /// # Cancel safety
+    /// A message being applied when cancelled is rolled back (its transaction
+    /// drops) and redelivered after the ack wait.
+    pub async fn run_once(&mut self) -> Result<usize, SourceError> {
+        let batch = self
+            .source
+            .fetch(self.config.batch.max(1), self.config.fetch_wait)
+            .await?;
+        for delivery in &batch {
+            let settle = self.apply(delivery).await;
+            self.settle(delivery, settle).await;
+        }
+        Ok(batch.len())
+    }
+
+    async fn apply(&self, delivery: &Src::Delivery) -> Settle {
+        let message = match delivery.received() {
+            Ok(m) => m,
+            Err(reason) => return Settle::Dead(format!("undecodable message: {reason}")),
+        };
+        let claim = match self
+            .inbox
+            .begin(&self.subscriber, &message.message_id)
+            .await
+        {
+            Ok(Begun::Duplicate) => {
+                self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
+                return Settle::Ack;
+            }
+            Ok(Begun::Fresh(claim)) => claim,
+            Err(e) => return self.retry_or_dead(&message, format!("inbox: {e}")),
+        };
+        let mut claim = claim;
+        match self.handler.handle(&mut claim.tx, &message).await {
+            Ok(()) => {}
+            Err(HandlerError::Reject(reason)) => {
+                let _ = self.inbox.rollback(claim).await;
+                return Settle::Dead(format!("rejected by the handler: {reason}"));
+            }
+            Err(HandlerError::Retry(e)) => {
+                let _ = self.inbox.rollback(claim).await;
+                return self.retry_or_dead(&message, format!("handler: {e}"));
+            }
+        }
+        match self.inbox.commit(claim).await {
+            Ok(Committed::Applied) => {
+                failpoint::hit("consume.after_commit");
+                self.stats.applied.fetch_add(1, Ordering::Relaxed);
+                Settle::Ack
+            }
+            Ok(Committed::Duplicate) => {
+                self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
+                Settle::Ack
+            }
+            // Not acked: the broker delivers it again, and the inbox decides.
+            Err(e) => self.retry_or_dead(&message, format!("commit: {e}")),
+        }
+    }
+
+    fn retry_or_dead(&self, message: &Received, error: String) -> Settle {
+        if message.delivered >= self.config.max_deliver {
+            Settle::Dead(format!(
+                "gave up after {} deliveries: {error}",
+                message.delivered
+            ))
+        } else {
+            Settle::Retry(error)
+        }
+    }
+
+    async fn settle(&self, delivery: &Src::Delivery, settle: Settle) {
+        let result = match settle {
+            Settle::Ack => delivery.ack().await,
+            Settle::Retry(error) => {
+                let delivered = delivery.received().map(|m| m.delivered).unwrap_or(1);
+                let delay = self.config.nak_backoff.delay(delivered.min(32) as u32, 1.0);
+                tracing::warn!(%error, ?delay, delivered, "message not applied; redelivery requested");
+                self.stats.retried.fetch_add(1, Ordering::Relaxed);
+                delivery.nak(delay).await
+            }
+            Settle::Dead(reason) => match self.source.dead_letter(delivery, &reason).await {
+                Ok(()) => {
+                    tracing::error!(%reason, "message dead-lettered");
+                    self.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
+                    delivery.term().await
+                }
+                // Never drop a message silently: if it cannot be parked, it
+                // is delivered again.
+                Err(e) => {
+                    tracing::error!(error = %e, %reason, "dead-letter failed; message will be redelivered");
+                    delivery.nak(self.config.nak_backoff.max).await
+                }
+            },
+        };
+        if let Err(e) = result {
+            // An ack that did not arrive means a redelivery, which the inbox
+            // turns into a skip.
+            tracing::warn!(error = %e, "settling a message failed");
+        }
+    }
+
+    /// Consumes until `shutdown` completes, pausing with a backoff while the
+    /// broker cannot be reached; deletes expired inbox records every
+    /// `gc_every`.
+    pub async fn run(&mut self, gc_every: Duration, shutdown: impl Future<Output = ()>) {
+        let mut shutdown = std::pin::pin!(shutdown);
+        let mut failures = 0u32;
+        let mut next_gc = tokio::time::Instant::now();
+        loop {
+            if tokio::time::Instant::now() >= next_gc {
+                match self.inbox.purge_expired(1000, 100).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(deleted = n, "expired inbox records deleted"),
+                    Err(e) => tracing::warn!(error = %e, "inbox gc failed"),
+                }
+                next_gc = tokio::time::Instant::now() + gc_every;
+            }
+            let pause = tokio::select! {
+                biased;
+                _ = &mut shutdown => return,
+                r = self.run_once() => match r {
+                    Ok(_) => { failures = 0; None }
+                    Err(e) => {
+                        failures += 1;
+                        tracing::warn!(error = %e, rounds = failures, "message source unavailable");
+                        Some(self.config.nak_backoff.delay(failures, 1.0))
+                    }
+                },
+            };
+            if let Some(p) = pause {
+                tokio::select! {
+                    biased;
+                    _ = &mut shutdown => return,
+                    _ = tokio::time::sleep(p) => {}
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,293 @@
+//! # Idem on NATS JetStream
+//!
+//! - [`NatsPublisher`] implements [`idem_outbox::Publisher`]: it publishes an
+//!   outbox message to its topic (the subject) with `Nats-Msg-Id` set to the
+//!   message id, waits for the stream's acknowledgement, and counts a
+//!   duplicate acknowledgement as success.
+//! - [`NatsSource`] implements [`idem_inbox::MessageSource`] over a durable
+//!   pull consumer with explicit acks: ack after commit, nak with a delay,
+//!   term after a dead-letter, which is published to a dead-letter subject with
+//!   the reason in `Idem-Dead-Reason`.
+//! - [`ensure_stream`] creates or updates a stream with a duplicate window.
+//!
+//! Messages carry `Idem-Message-Id` (and `Idem-Message-Key`, the ordering
+//! key); consumers read the id from it, falling back to `Nats-Msg-Id`.
+
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, pull};
+use async_nats::jetstream::message::PublishMessage;
+use async_nats::jetstream::{self, AckKind, Context};
+use futures_util::StreamExt;
+use idem_core::{BoxError, MessageId, OutboxRecord};
+use idem_inbox::{Delivery, MessageSource, Received, SourceError};
+use idem_outbox::{PublishError, Published, Publisher};
+
+/// Header with the producer's message id.
+pub const MESSAGE_ID: &str = "Idem-Message-Id";
+/// Header with the producer's ordering key.
+pub const MESSAGE_KEY: &str = "Idem-Message-Key";
+/// Header with the reason a message was dead-lettered.
+pub const DEAD_REASON: &str = "Idem-Dead-Reason";
+/// Header with the subject a dead-lettered message came from.
+pub const ORIGINAL_SUBJECT: &str = "Idem-Original-Subject";
+
+/// A NATS failure.
+#[derive(Debug, thiserror::Error)]
+#[error("nats: {0}")]
+pub struct NatsError(#[source] pub BoxError);
+
+fn nats_err(e: impl Into<BoxError>) -> NatsError {
+    NatsError(e.into())
+}
+
+/// Connects to `url`. With `retry`, the client keeps trying in the background
+/// when the server is not up yet, so a relay started before its broker
+/// recovers by itself.
+pub async fn connect(url: &str, name: &str, retry: bool) -> Result<Context, NatsError> {
+    let mut options = async_nats::ConnectOptions::new()
+        .name(name)
+        .connection_timeout(Duration::from_secs(5));
+    if retry {
+        options = options.retry_on_initial_connect();
+    }
+    let client = options.connect(url).await.map_err(nats_err)?;
+    Ok(jetstream::new(client))
+}
+
+/// Creates the stream, or updates its subjects and duplicate window. The
+/// window must be longer than the outbox lease, so a message republished after
+/// a dispatcher crash is dropped by the broker too.
+pub async fn ensure_stream(
+    js: &Context,
+    name: &str,
+    subjects: &[&str],
+    duplicate_window: Duration,
+) -> Result<(), NatsError> {
+    let config = jetstream::stream::Config {
+        name: name.to_owned(),
+        subjects: subjects.iter().map(|s| (*s).to_owned()).collect(),
+        duplicate_window,
+        ..Default::default()
+    };
+    match js.get_stream(name).await {
+        Ok(_) => js.update_stream(config).await.map(drop).map_err(nats_err),
+        Err(_) => js.create_stream(config).await.map(drop).map_err(nats_err),
+    }
+}
+
+/// Publishes outbox messages to JetStream.
+#[derive(Debug, Clone)]
+pub struct NatsPublisher {
+    js: Context,
+}
+
+impl NatsPublisher {
+    /// A publisher on `js`.
+    pub fn new(js: Context) -> Self {
+        Self { js }
+    }
+}
+
+fn classify(kind: async_nats::jetstream::context::PublishErrorKind, e: BoxError) -> PublishError {
+    use async_nats::jetstream::context::PublishErrorKind as K;
+    match kind {
+        // The message itself is at fault: counts as an attempt.
+        K::MaxPayloadExceeded | K::Other => PublishError::Rejected {
+            reason: e.to_string(),
+        },
+        // The broker, its stream or the network: wait without an attempt.
+        _ => PublishError::Unavailable { source: e },
+    }
+}
+
+impl Publisher for NatsPublisher {
+    async fn publish(&self, record: &OutboxRecord) -> Result<Published, PublishError> {
+        let mut headers = HeaderMap::new();
+        for (name, value) in &record.headers {
+            headers.append(name.as_str(), value.as_str());
+        }
+        headers.insert(MESSAGE_ID, record.message_id.as_str());
+        headers.insert(MESSAGE_KEY, record.key.as_str());
+        let message = PublishMessage::build()
+            .payload(bytes::Bytes::copy_from_slice(&record.payload))
+            .headers(headers)
+            .message_id(record.message_id.as_str());
+        let ack = self
+            .js
+            .send_publish(record.topic.as_str().to_owned(), message)
+            .await
+            .map_err(|e| classify(e.kind(), e.into()))?
+            .await
+            .map_err(|e| classify(e.kind(), e.into()))?;
+        Ok(Published {
+            duplicate: ack.duplicate,
+            sequence: Some(ack.sequence),
+        })
+    }
+}
+
+/// Settings of a durable pull consumer.
+#[derive(Debug, Clone)]
+pub struct SourceConfig {
+    /// The stream.
+    pub stream: String,
+    /// The durable consumer's name (one per subscriber).
+    pub durable: String,
+    /// Subjects it receives (empty: all of the stream).
+    pub filter_subject: String,
+    /// Redelivery after this long without an ack.
+    pub ack_wait: Duration,
+    /// Deliveries before the server gives up (match `ConsumerConfig::max_deliver`).
+    pub max_deliver: i64,
+    /// Where dead letters go (a subject bound to a stream).
+    pub dead_letter_subject: String,
+}
+
+/// A durable pull consumer as an [`idem_inbox::MessageSource`].
+#[derive(Debug)]
+pub struct NatsSource {
+    js: Context,
+    consumer: jetstream::consumer::Consumer<pull::Config>,
+    dead_letter_subject: String,
+}
+
+impl NatsSource {
+    /// Creates (or binds to) the durable consumer.
+    pub async fn new(js: Context, config: SourceConfig) -> Result<Self, NatsError> {
+        let stream = js.get_stream(&config.stream).await.map_err(nats_err)?;
+        let consumer = stream
+            .get_or_create_consumer(
+                &config.durable,
+                pull::Config {
+                    durable_name: Some(config.durable.clone()),
+                    ack_policy: AckPolicy::Explicit,
+                    deliver_policy: DeliverPolicy::All,
+                    ack_wait: config.ack_wait,
+                    max_deliver: config.max_deliver,
+                    filter_subject: config.filter_subject.clone(),
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(nats_err)?;
+        Ok(Self {
+            js,
+            consumer,
+            dead_letter_subject: config.dead_letter_subject,
+        })
+    }
+}
+
+/// One message from JetStream.
+#[derive(Debug)]
+pub struct NatsDelivery(jetstream::Message);
+
+fn source_err(e: impl Into<BoxError>) -> SourceError {
+    SourceError { source: e.into() }
+}
+
+impl Delivery for NatsDelivery {
+    fn received(&self) -> Result<Received, String> {
+        let m = &self.0;
+        let header = |name: &str| {
+            m.headers
+                .as_ref()
+                .and_then(|h| h.get(name))
+                .map(|v| v.as_str().to_owned())
+        };
+        let id = header(MESSAGE_ID)
+            .or_else(|| header("Nats-Msg-Id"))
+            .ok_or("no Idem-Message-Id or Nats-Msg-Id header")?;
+        let message_id = MessageId::new(id).map_err(|e| e.to_string())?;
+        let info = m
+            .info()
+            .map_err(|e| format!("no JetStream metadata: {e}"))?;
+        let headers = m
+            .headers
+            .iter()
+            .flat_map(|h| h.iter())
+            .filter(|(n, _)| {
+                let n = n.to_string();
+                !n.eq_ignore_ascii_case(MESSAGE_ID)
+                    && !n.eq_ignore_ascii_case(MESSAGE_KEY)
+                    && !n.eq_ignore_ascii_case("Nats-Msg-Id")
+            })
+            .flat_map(|(n, vs)| {
+                vs.iter()
+                    .map(move |v| (n.to_string(), v.as_str().to_owned()))
+            })
+            .collect();
+        Ok(Received {
+            message_id,
+            subject: m.subject.to_string(),
+            key: header(MESSAGE_KEY),
+            payload: m.payload.to_vec(),
+            headers,
+            delivered: u64::try_from(info.delivered).unwrap_or(1),
+            stream_sequence: info.stream_sequence,
+        })
+    }
+
+    async fn ack(&self) -> Result<(), SourceError> {
+        self.0.ack().await.map_err(source_err)
+    }
+
+    async fn nak(&self, delay: Duration) -> Result<(), SourceError> {
+        self.0
+            .ack_with(AckKind::Nak(Some(delay)))
+            .await
+            .map_err(source_err)
+    }
+
+    async fn term(&self) -> Result<(), SourceError> {
+        self.0.ack_with(AckKind::Term).await.map_err(source_err)
+    }
+}
+
+impl MessageSource for NatsSource {
+    type Delivery = NatsDelivery;
+
+    async fn fetch(
+        &mut self,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Vec<NatsDelivery>, SourceError> {
+        let mut batch = self
+            .consumer
+            .fetch()
+            .max_messages(max)
+            .expires(wait)
+            .messages()
+            .await
+            .map_err(source_err)?;
+        let mut out = Vec::new();
+        while let Some(m) = batch.next().await {
+            out.push(NatsDelivery(m.map_err(source_err)?));
+        }
+        Ok(out)
+    }
+
+    async fn dead_letter(&self, delivery: &NatsDelivery, reason: &str) -> Result<(), SourceError> {
+        let m = &delivery.0;
+        let mut headers = m.headers.clone().unwrap_or_default();
+        // Header values cannot hold line breaks.
+        let reason: String = reason
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .collect();
+        headers.insert(DEAD_REASON, reason.as_str());
+        headers.insert(ORIGINAL_SUBJECT, m.subject.as_str());
+        let message = PublishMessage::build()
+            .payload(m.payload.clone())
+            .headers(headers);
+        self.js
+            .send_publish(self.dead_letter_subject.clone(), message)
+            .await
+            .map_err(source_err)?
+            .await
+            .map_err(source_err)?;
+        Ok(())
+    }
+}
