@@ -1,0 +1,420 @@
+//! Shared pieces of the messaging tests: streams of their own on the shared
+//! NATS server, a fault-injecting publisher, and the two backends.
+
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::message::PublishMessage;
+use async_nats::jetstream::{self, Context};
+use idem_core::{Backoff, InboxStore, MessageId, OutboxMessage, OutboxRecord, Subscriber, Topic};
+use idem_inbox::{Consumer, ConsumerConfig, Handler, Inbox, InboxMode};
+use idem_nats::{NatsSource, SourceConfig};
+use idem_outbox::{PublishError, Published, Publisher};
+
+pub const ORD: std::sync::atomic::Ordering = std::sync::atomic::Ordering::SeqCst;
+
+pub async fn js() -> Context {
+    idem_nats::connect(&idem_testkit::nats_url(), "idem-test", false)
+        .await
+        .unwrap()
+}
+
+/// The seed of a randomised test: `IDEM_SEED` or the clock. Printed so a
+/// failure can be replayed.
+pub fn seed() -> u64 {
+    let seed = std::env::var("IDEM_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        });
+    eprintln!("seed: {seed} (IDEM_SEED={seed} replays it)");
+    seed
+}
+
+/// splitmix64: a small, seeded generator for fault injection.
+#[derive(Debug)]
+pub struct Rng(AtomicU64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Self(AtomicU64::new(seed))
+    }
+    pub fn next(&self) -> u64 {
+        let mut z = self
+            .0
+            .fetch_add(0x9E37_79B9_7F4A_7C15, ORD)
+            .wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// True with probability `percent` / 100.
+    pub fn chance(&self, percent: u64) -> bool {
+        self.next() % 100 < percent
+    }
+}
+
+/// A message as stored in a stream.
+#[derive(Debug, Clone)]
+pub struct Sent {
+    pub headers: Vec<(String, String)>,
+    pub payload: Vec<u8>,
+}
+
+impl Sent {
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.clone())
+    }
+}
+
+/// A stream and a dead-letter stream of this test's own.
+pub struct Streams {
+    pub js: Context,
+    pub name: String,
+    pub topic: Topic,
+    pub dead_letter_subject: String,
+}
+
+impl Streams {
+    pub async fn create(js: &Context) -> Self {
+        Self::create_with_max_msg_size(js, -1).await
+    }
+
+    pub async fn create_with_max_msg_size(js: &Context, max: i32) -> Self {
+        let name = idem_testkit::unique_name("S");
+        js.create_stream(jetstream::stream::Config {
+            name: name.clone(),
+            subjects: vec![format!("{name}.>")],
+            duplicate_window: Duration::from_secs(120),
+            max_message_size: max,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        idem_nats::ensure_stream(
+            js,
+            &format!("{name}_DLQ"),
+            &[&format!("{name}_dlq.>")],
+            Duration::from_secs(120),
+        )
+        .await
+        .unwrap();
+        Self {
+            js: js.clone(),
+            topic: Topic::new(format!("{name}.created")).unwrap(),
+            dead_letter_subject: format!("{name}_dlq.dead"),
+            name,
+        }
+    }
+
+    pub fn message(&self, key: &str, payload: &str) -> OutboxMessage {
+        OutboxMessage::new(self.topic.clone(), key, payload.as_bytes().to_vec()).unwrap()
+    }
+
+    async fn read_stream(&self, name: &str) -> Vec<Sent> {
+        let stream = self.js.get_stream(name).await.unwrap();
+        let info = stream.get_info().await.unwrap();
+        let mut out = Vec::new();
+        if info.state.messages == 0 {
+            return out;
+        }
+        for seq in info.state.first_sequence..=info.state.last_sequence {
+            let Ok(m) = stream.get_raw_message(seq).await else {
+                continue;
+            };
+            out.push(Sent {
+                headers: m
+                    .headers
+                    .iter()
+                    .flat_map(|(n, vs)| {
+                        vs.iter()
+                            .map(move |v| (n.to_string(), v.as_str().to_owned()))
+                    })
+                    .collect(),
+                payload: m.payload.to_vec(),
+            });
+        }
+        out
+    }
+
+    /// Everything in the stream, in stream order.
+    pub async fn read(&self) -> Vec<Sent> {
+        self.read_stream(&self.name).await
+    }
+
+    /// Everything dead-lettered.
+    pub async fn read_dead(&self) -> Vec<Sent> {
+        self.read_stream(&format!("{}_DLQ", self.name)).await
+    }
+
+    /// Publishes the messages at these positions (0-based) again under new
+    /// broker ids: duplicates only an inbox can catch.
+    pub async fn republish(&self, positions: &[usize]) {
+        let all = self.read().await;
+        for &i in positions {
+            let m = &all[i];
+            let mut headers = HeaderMap::new();
+            for (n, v) in &m.headers {
+                if !n.eq_ignore_ascii_case("Nats-Msg-Id") {
+                    headers.append(n.as_str(), v.as_str());
+                }
+            }
+            let msg = PublishMessage::build()
+                .payload(m.payload.clone().into())
+                .headers(headers)
+                .message_id(MessageId::generate().as_str());
+            self.js
+                .send_publish(self.topic.to_string(), msg)
+                .await
+                .unwrap()
+                .await
+                .unwrap();
+        }
+    }
+
+    /// A message with no id headers at all.
+    pub async fn publish_raw(&self, payload: &str) {
+        self.js
+            .publish(self.topic.to_string(), payload.to_owned().into())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+
+    pub async fn consumer<S, H>(
+        &self,
+        store: &S,
+        handler: H,
+        mode: InboxMode,
+    ) -> Consumer<NatsSource, S, H>
+    where
+        S: InboxStore,
+        H: Handler<S::Tx>,
+    {
+        let source = NatsSource::new(
+            self.js.clone(),
+            SourceConfig {
+                stream: self.name.clone(),
+                durable: "ledger".into(),
+                filter_subject: String::new(),
+                ack_wait: Duration::from_secs(1),
+                max_deliver: 3,
+                dead_letter_subject: self.dead_letter_subject.clone(),
+            },
+        )
+        .await
+        .unwrap();
+        Consumer::new(
+            source,
+            Inbox::new(store.clone()).mode(mode),
+            Subscriber::new("ledger").unwrap(),
+            handler,
+            ConsumerConfig {
+                batch: 16,
+                fetch_wait: Duration::from_millis(200),
+                max_deliver: 3,
+                nak_backoff: Backoff {
+                    initial: Duration::from_millis(10),
+                    max: Duration::from_millis(50),
+                },
+            },
+        )
+    }
+}
+
+/// Wraps a real publisher with seeded faults: delays, refusals, and acks lost
+/// after the broker stored the message.
+pub struct Flaky<P> {
+    inner: P,
+    rng: Rng,
+}
+
+impl<P> Flaky<P> {
+    pub fn new(inner: P, seed: u64) -> Self {
+        Self {
+            inner,
+            rng: Rng::new(seed),
+        }
+    }
+}
+
+impl<P: Publisher> Publisher for Flaky<P> {
+    async fn publish(&self, record: &OutboxRecord) -> Result<Published, PublishError> {
+        tokio::time::sleep(Duration::from_micros(self.rng.next() % 3000)).await;
+        if self.rng.chance(10) {
+            return Err(PublishError::Rejected {
+                reason: "injected refusal".into(),
+            });
+        }
+        let published = self.inner.publish(record).await?;
+        if self.rng.chance(10) {
+            return Err(PublishError::Unavailable {
+                source: "injected: ack lost after the broker stored it".into(),
+            });
+        }
+        Ok(published)
+    }
+}
+
+/// The pieces that differ per backend, as the same names in two modules.
+macro_rules! backend {
+    ($modname:ident, $store:ty, $tx:ty, $outbox:path, $open:ident) => {
+        pub mod $modname {
+            use super::$open::{Guard, open, reopen};
+            use super::*;
+            use idem_core::{BoxFuture, KeyStore};
+            use idem_inbox::{Begun, HandlerError, Received};
+
+            pub struct Db {
+                pub store: $store,
+                #[allow(dead_code)]
+                pub db: Guard,
+            }
+
+            pub async fn setup() -> Db {
+                let (store, db) = open().await;
+                store.migrate().await.unwrap();
+                sqlx::raw_sql("CREATE TABLE ledger (message_id TEXT NOT NULL)")
+                    .execute(store.pool())
+                    .await
+                    .unwrap();
+                Db { store, db }
+            }
+
+            /// A second pool on the same database (another process).
+            #[allow(dead_code)]
+            pub async fn connect(db: &Db) -> $store {
+                reopen(&db.db).await
+            }
+
+            pub async fn enqueue(tx: &mut $tx, m: &OutboxMessage) -> i64 {
+                $outbox(
+                    &mut **tx,
+                    m,
+                    idem_core::Clock::now_ms(&idem_core::SystemClock),
+                )
+                .await
+                .unwrap()
+            }
+
+            pub async fn write(store: &$store, messages: &[OutboxMessage]) -> Vec<i64> {
+                let mut tx = store.begin().await.unwrap();
+                let mut ids = Vec::new();
+                for m in messages {
+                    ids.push(enqueue(&mut tx, m).await);
+                }
+                store.commit(tx).await.unwrap();
+                ids
+            }
+
+            /// The message ids in the ledger, one row per applied delivery.
+            pub async fn ledger(store: &$store) -> Vec<String> {
+                sqlx::query_scalar("SELECT message_id FROM ledger")
+                    .fetch_all(store.pool())
+                    .await
+                    .unwrap()
+            }
+
+            /// Writes one ledger row per applied message; `reject` and `fail`
+            /// payloads make it refuse or fail.
+            pub struct Ledger;
+
+            impl Handler<$tx> for Ledger {
+                fn handle<'a>(
+                    &'a self,
+                    tx: &'a mut $tx,
+                    m: &'a Received,
+                ) -> BoxFuture<'a, Result<(), HandlerError>> {
+                    Box::pin(async move {
+                        match m.payload.as_slice() {
+                            b"reject" => {
+                                return Err(HandlerError::Reject("payload says reject".into()));
+                            }
+                            b"fail" => return Err(HandlerError::Retry("payload says fail".into())),
+                            _ => {}
+                        }
+                        sqlx::query("INSERT INTO ledger (message_id) VALUES ($1)")
+                            .bind(m.message_id.as_str())
+                            .execute(&mut **tx)
+                            .await
+                            .map_err(|e| HandlerError::Retry(e.into()))?;
+                        Ok(())
+                    })
+                }
+            }
+
+            /// One delivery of `id` through the inbox; whether it applied.
+            pub async fn apply_once(
+                inbox: &Inbox<$store>,
+                sub: &Subscriber,
+                id: &MessageId,
+            ) -> bool {
+                let mut claim = match inbox.begin(sub, id).await.unwrap() {
+                    Begun::Duplicate => return false,
+                    Begun::Fresh(c) => c,
+                };
+                sqlx::query("INSERT INTO ledger (message_id) VALUES ($1)")
+                    .bind(id.as_str())
+                    .execute(&mut *claim.tx)
+                    .await
+                    .unwrap();
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                inbox.commit(claim).await.unwrap() == idem_inbox::Committed::Applied
+            }
+        }
+    };
+}
+
+pub mod sqlite_open {
+    pub type Guard = idem_testkit::TempDir;
+    pub async fn open() -> (idem_sqlite::SqliteStore, Guard) {
+        let dir = idem_testkit::TempDir::new("nats-it");
+        (reopen(&dir).await, dir)
+    }
+    pub async fn reopen(dir: &Guard) -> idem_sqlite::SqliteStore {
+        idem_sqlite::SqliteStore::connect(&dir.sqlite_url(), Default::default())
+            .await
+            .unwrap()
+    }
+}
+
+pub mod postgres_open {
+    pub type Guard = idem_testkit::PgDatabase;
+    pub async fn open() -> (idem_postgres::PgStore, Guard) {
+        let db = idem_testkit::PgDatabase::create("idem_nats").await;
+        (reopen(&db).await, db)
+    }
+    pub async fn reopen(db: &Guard) -> idem_postgres::PgStore {
+        let config = idem_postgres::PgConfig {
+            max_connections: 30,
+            ..Default::default()
+        };
+        idem_postgres::PgStore::connect(&db.url, config)
+            .await
+            .unwrap()
+    }
+}
+
+backend!(
+    sqlite_backend,
+    idem_sqlite::SqliteStore,
+    idem_sqlite::SqliteTx,
+    idem_sqlite::outbox::enqueue,
+    sqlite_open
+);
+backend!(
+    postgres_backend,
+    idem_postgres::PgStore,
+    idem_postgres::PgTx,
+    idem_postgres::outbox::enqueue,
+    postgres_open
+);
