@@ -18,11 +18,13 @@ use std::time::Duration;
 use async_nats::HeaderMap;
 use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, pull};
 use async_nats::jetstream::message::PublishMessage;
-use async_nats::jetstream::{self, AckKind, Context};
+use async_nats::jetstream::{self, AckKind};
 use futures_util::StreamExt;
 use idem_core::{BoxError, MessageId, OutboxRecord};
 use idem_inbox::{Delivery, MessageSource, Received, SourceError};
 use idem_outbox::{PublishError, Published, Publisher};
+
+pub use async_nats::jetstream::Context;
 
 /// Header with the producer's message id.
 pub const MESSAGE_ID: &str = "Idem-Message-Id";

@@ -269,7 +269,13 @@ pub async fn post(
     Ok(())
 }
 
-pub async fn run(sqlite_url: &str, postgres_url: Option<&str>, secs: u64) -> anyhow::Result<()> {
+pub async fn run(
+    sqlite_url: &str,
+    postgres_url: Option<&str>,
+    nats_url: Option<&str>,
+    secs: u64,
+) -> anyhow::Result<()> {
+    let _ = nats_url;
     let duration = Duration::from_secs(secs.max(1));
     let run_id = idem_core::Clock::now_ms(&idem_core::SystemClock) as u64;
     println!("| backend | via | path | concurrency | ops/s | p50 | p99 | ratio to baseline |");

@@ -8,11 +8,96 @@ use idem_core::{Clock, Migration, ResourceRef, SystemClock};
 use serde_json::{Value, json};
 
 /// The demo's tables.
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "demo_payments",
-    sql: include_str!("../migrations/0001_demo.sql"),
-}];
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "demo_payments",
+        sql: include_str!("../migrations/0001_demo.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "demo_effects",
+        sql: include_str!("../migrations/0002_demo_effects.sql"),
+    },
+];
+
+/// Topic of the event written when a payment is created.
+pub const PAYMENT_CREATED: &str = "payments.created";
+/// Topic of the event written when a payment is refunded.
+pub const PAYMENT_REFUNDED: &str = "payments.refunded";
+
+/// A payment event as the consumer reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// `payments.created`: a charge in the ledger and a receipt.
+    Created {
+        tenant: String,
+        payment_id: String,
+        amount: i64,
+    },
+    /// `payments.refunded`: a refund in the ledger.
+    Refunded {
+        tenant: String,
+        payment_id: String,
+        amount: i64,
+    },
+}
+
+/// The outbox message for `event`, keyed by its payment so a payment's events
+/// are published in order.
+pub fn event_message(event: &Event) -> Result<idem_core::OutboxMessage, idem_core::MessageError> {
+    let (topic, tenant, payment_id, amount) = match event {
+        Event::Created {
+            tenant,
+            payment_id,
+            amount,
+        } => (PAYMENT_CREATED, tenant, payment_id, amount),
+        Event::Refunded {
+            tenant,
+            payment_id,
+            amount,
+        } => (PAYMENT_REFUNDED, tenant, payment_id, amount),
+    };
+    let body = json!({"tenant": tenant, "payment_id": payment_id, "amount": amount});
+    idem_core::OutboxMessage::new(
+        idem_core::Topic::new(topic)?,
+        payment_id.clone(),
+        body.to_string(),
+    )
+}
+
+/// Reads an event; the error says why it cannot be applied (it is then
+/// dead-lettered).
+pub fn decode_event(subject: &str, payload: &[u8]) -> Result<Event, String> {
+    let v: Value =
+        serde_json::from_slice(payload).map_err(|e| format!("payload is not JSON: {e}"))?;
+    let field = |name: &str| {
+        v.get(name)
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty() && s.len() <= 255)
+            .map(str::to_owned)
+            .ok_or_else(|| format!("{name} is missing or not a string"))
+    };
+    let amount = v
+        .get("amount")
+        .and_then(Value::as_i64)
+        .filter(|a| *a > 0)
+        .ok_or("amount is missing or not a positive integer")?;
+    let (tenant, payment_id) = (field("tenant")?, field("payment_id")?);
+    match subject {
+        PAYMENT_CREATED => Ok(Event::Created {
+            tenant,
+            payment_id,
+            amount,
+        }),
+        PAYMENT_REFUNDED => Ok(Event::Refunded {
+            tenant,
+            payment_id,
+            amount,
+        }),
+        other => Err(format!("unknown subject {other}")),
+    }
+}
 
 /// Settings of the demo routes.
 #[derive(Debug, Clone)]
@@ -21,6 +106,9 @@ pub struct DemoConfig {
     pub key_ttl: std::time::Duration,
     /// Largest request body accepted (default 1 MiB); 413 above.
     pub max_body_bytes: usize,
+    /// Whether payments and refunds write their events to the outbox (on
+    /// when a broker is configured; without a relay they would only pile up).
+    pub events: bool,
 }
 
 impl Default for DemoConfig {
@@ -28,6 +116,7 @@ impl Default for DemoConfig {
         Self {
             key_ttl: idem_core::Policy::DEFAULT_TTL,
             max_body_bytes: 1 << 20,
+            events: false,
         }
     }
 }
@@ -180,7 +269,7 @@ pub const SELECT_PAYMENT: &str = "SELECT id, amount, currency, customer, referen
 /// Generates the demo router for one backend.
 #[macro_export]
 macro_rules! demo_app {
-    ($modname:ident, $store:ty, $tx:ty, $pool:ty, $map_err:path) => {
+    ($modname:ident, $store:ty, $tx:ty, $pool:ty, $map_err:path, $enqueue:path) => {
         pub mod $modname {
             use axum::extract::{Path, Query, State};
             use axum::http::{HeaderMap, StatusCode};
@@ -197,6 +286,16 @@ macro_rules! demo_app {
             struct App {
                 pool: $pool,
                 tenant: TenantSource,
+                events: bool,
+            }
+
+            /// Writes `event` to the outbox in the request's transaction.
+            async fn emit(app: &App, tx: &mut $tx, event: Event, now: i64) -> Result<(), Response> {
+                if !app.events {
+                    return Ok(());
+                }
+                let message = event_message(&event).map_err(internal)?;
+                $enqueue(&mut **tx, &message, now).await.map(drop).map_err(db_error)
             }
 
             fn tenant_of(app: &App, headers: &HeaderMap) -> Result<Tenant, Response> {
@@ -205,7 +304,7 @@ macro_rules! demo_app {
                 app.tenant.resolve(&parts).map_err(|r| r.into_response())
             }
 
-            async fn create(Extension(tx): Extension<IdemTx<$tx>>, Extension(tenant): Extension<Tenant>, body: Bytes) -> Response {
+            async fn create(State(app): State<App>, Extension(tx): Extension<IdemTx<$tx>>, Extension(tenant): Extension<Tenant>, body: Bytes) -> Response {
                 let p = match parse_payment(&body) { Ok(p) => p, Err(r) => return r };
                 let mut tx = match tx.lock().await { Ok(t) => t, Err(_) => return internal("transaction finished") };
                 let id = new_id("pay");
@@ -218,6 +317,8 @@ macro_rules! demo_app {
                     .fetch_optional(&mut **tx).await;
                 match inserted {
                     Ok(Some(_)) => {
+                        let event = Event::Created { tenant: tenant.to_string(), payment_id: id.clone(), amount: p.amount };
+                        if let Err(r) = emit(&app, &mut tx, event, now).await { return r; }
                         let row = (id.clone(), p.amount, p.currency, p.customer, p.reference, 0, now);
                         json_response(StatusCode::CREATED, &payment_json(&row), Some(format!("/v1/payments/{id}")),
                             Some(ResourceRef { kind: "payment".into(), id }))
@@ -243,7 +344,7 @@ macro_rules! demo_app {
                 }
             }
 
-            async fn refund(Extension(tx): Extension<IdemTx<$tx>>, Extension(tenant): Extension<Tenant>,
+            async fn refund(State(app): State<App>, Extension(tx): Extension<IdemTx<$tx>>, Extension(tenant): Extension<Tenant>,
                             Path(payment_id): Path<String>, body: Bytes) -> Response {
                 let amount = match parse_refund(&body) { Ok(a) => a, Err(r) => return r };
                 let mut tx = match tx.lock().await { Ok(t) => t, Err(_) => return internal("transaction finished") };
@@ -264,6 +365,8 @@ macro_rules! demo_app {
                 let r2 = sqlx::query("UPDATE demo_payments SET amount_refunded = amount_refunded + $3 WHERE tenant_id = $1 AND id = $2")
                     .bind(tenant.as_str()).bind(&payment_id).bind(amount).execute(&mut **tx).await;
                 if let Err(e) = r1.and(r2) { return db_error($map_err(e)); }
+                let event = Event::Refunded { tenant: tenant.to_string(), payment_id: payment_id.clone(), amount };
+                if let Err(r) = emit(&app, &mut tx, event, now).await { return r; }
                 let body = json!({"id": id, "payment_id": payment_id, "amount": amount, "created_at": rfc3339(now)});
                 json_response(StatusCode::CREATED, &body, None, Some(ResourceRef { kind: "refund".into(), id }))
             }
@@ -294,6 +397,51 @@ macro_rules! demo_app {
                 }
             }
 
+            async fn effects(State(app): State<App>, headers: HeaderMap, Path(id): Path<String>) -> Response {
+                let tenant = match tenant_of(&app, &headers) { Ok(t) => t, Err(r) => return r };
+                let counts: Result<(i64, i64), _> = sqlx::query_as(
+                    "SELECT (SELECT count(*) FROM demo_ledger_entries WHERE tenant_id = $1 AND payment_id = $2), \
+                            (SELECT count(*) FROM demo_notifications WHERE tenant_id = $1 AND payment_id = $2)")
+                    .bind(tenant.as_str()).bind(&id).fetch_one(&app.pool).await;
+                match counts {
+                    Ok((l, n)) => json_response(StatusCode::OK, &json!({"ledger_entries": l, "notifications": n}), None, None),
+                    Err(e) => db_error($map_err(e)),
+                }
+            }
+
+            /// The consumer of payment events: a ledger entry per event and a
+            /// receipt per payment, in the inbox transaction.
+            pub struct Ledger;
+
+            impl idem_inbox::Handler<$tx> for Ledger {
+                fn handle<'a>(&'a self, tx: &'a mut $tx, m: &'a idem_inbox::Received)
+                    -> idem_core::BoxFuture<'a, Result<(), idem_inbox::HandlerError>> {
+                    Box::pin(async move {
+                        use idem_inbox::HandlerError;
+                        let event = decode_event(&m.subject, &m.payload).map_err(HandlerError::Reject)?;
+                        let now = now_ms();
+                        let retry = |e: sqlx::Error| HandlerError::Retry(e.into());
+                        let (tenant, payment_id, kind, amount) = match &event {
+                            Event::Created { tenant, payment_id, amount } => (tenant, payment_id, "charge", *amount),
+                            Event::Refunded { tenant, payment_id, amount } => (tenant, payment_id, "refund", -*amount),
+                        };
+                        sqlx::query("INSERT INTO demo_ledger_entries (tenant_id, payment_id, kind, amount, message_id, stream_seq, created_at_ms) \
+                                     VALUES ($1, $2, $3, $4, $5, $6, $7)")
+                            .bind(tenant).bind(payment_id).bind(kind).bind(amount)
+                            .bind(m.message_id.as_str()).bind(m.stream_sequence as i64).bind(now)
+                            .execute(&mut **tx).await.map_err(retry)?;
+                        if let Event::Created { .. } = event {
+                            // "Sending" the receipt: recorded once per message id.
+                            sqlx::query("INSERT INTO demo_notifications (message_id, tenant_id, payment_id, kind, sent_at_ms) \
+                                         VALUES ($1, $2, $3, 'receipt', $4) ON CONFLICT (message_id) DO NOTHING")
+                                .bind(m.message_id.as_str()).bind(tenant).bind(payment_id).bind(now)
+                                .execute(&mut **tx).await.map_err(retry)?;
+                        }
+                        Ok(())
+                    })
+                }
+            }
+
             /// The demo router. The tenant comes from `X-Tenant-Id`, trusted here
             /// only because this is a demo; `default` when absent.
             pub fn router(store: $store, pool: $pool, config: &DemoConfig) -> Router {
@@ -317,7 +465,8 @@ macro_rules! demo_app {
                     .route("/v1/payments", post(create).layer(route("payments.create")).get(list))
                     .route("/v1/payments/{id}", get(show))
                     .route("/v1/payments/{id}/refunds", post(refund).layer(route("refunds.create")))
-                    .with_state(App { pool, tenant })
+                    .route("/v1/payments/{id}/effects", get(effects))
+                    .with_state(App { pool, tenant, events: config.events })
             }
         }
     };

@@ -7,18 +7,21 @@
 
 pub mod bench;
 pub mod demo;
+pub mod messaging;
 
 demo_app!(
     sqlite_demo,
     idem_sqlite::SqliteStore,
     idem_sqlite::SqliteTx,
     sqlx::SqlitePool,
-    idem_sqlite::map_err
+    idem_sqlite::map_err,
+    idem_sqlite::outbox::enqueue
 );
 demo_app!(
     postgres_demo,
     idem_postgres::PgStore,
     idem_postgres::PgTx,
     sqlx::PgPool,
-    idem_postgres::map_err
+    idem_postgres::map_err,
+    idem_postgres::outbox::enqueue
 );

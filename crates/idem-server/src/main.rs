@@ -1,24 +1,32 @@
 //! `idem`: the Idem server.
 //!
 //! - `idem serve` — the demo payments API on the Idem HTTP layer, with
-//!   periodic GC of expired key records.
-//! - `idem migrate` — apply migrations and exit.
-//! - `idem gc` — delete expired key records once, in bounded batches.
+//!   periodic GC of expired key records; with `--nats-url`, payment events go
+//!   through the outbox to NATS (and with `--consume`, into the ledger).
+//! - `idem relay` — the outbox relay alone; `idem consume` — the ledger
+//!   consumer alone.
+//! - `idem migrate`, `idem gc`, `idem stats`, `idem bench`.
 
 use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use axum::Router;
+use axum::extract::State;
+use axum::response::Response;
 use axum::routing::get;
 use clap::{Parser, Subcommand};
-use idem_core::{Engine, KeyStore};
+use idem_core::{Engine, KeyStore, OutboxStore, Policy};
+use idem_nats::NatsPublisher;
+use idem_outbox::{Dispatcher, Polling};
 use idem_postgres::{PgConfig, PgStore};
-use idem_sqlite::{SqliteConfig, SqliteStore};
-
-use idem_core::Policy;
 use idem_server::demo::{self, DemoConfig};
+use idem_server::messaging::{self, ConsumeConfig};
 use idem_server::{postgres_demo, sqlite_demo};
+use idem_sqlite::{SqliteConfig, SqliteStore};
+use serde_json::json;
+use tokio::sync::watch;
 
 #[derive(Parser)]
 #[command(name = "idem", version, about = "Make duplicate delivery harmless")]
@@ -32,6 +40,16 @@ struct DbArgs {
     /// `sqlite://PATH` (the file is created if missing) or `postgres://…`.
     #[arg(long, env = "IDEM_DATABASE_URL", default_value = "sqlite://idem.db")]
     database_url: String,
+}
+
+#[derive(clap::Args)]
+struct ConsumeArgs {
+    /// Redelivery of an unacknowledged event after this long.
+    #[arg(long, env = "IDEM_ACK_WAIT", default_value = "30s", value_parser = humantime::parse_duration)]
+    ack_wait: Duration,
+    /// Deliveries before an event that keeps failing is dead-lettered (1 to 100).
+    #[arg(long, env = "IDEM_MAX_DELIVER", default_value_t = 5)]
+    max_deliver: u32,
 }
 
 #[derive(Subcommand)]
@@ -53,13 +71,49 @@ enum Command {
         /// Largest request body accepted, in bytes (413 above). At most 64 MiB.
         #[arg(long, env = "IDEM_MAX_BODY_BYTES", default_value_t = 1 << 20)]
         max_body_bytes: usize,
+        /// NATS server: payment events are written to the outbox and relayed
+        /// to JetStream by this process.
+        #[arg(long, env = "IDEM_NATS_URL")]
+        nats_url: Option<String>,
+        /// Write payment events to the outbox without relaying them here (run
+        /// `idem relay` next to it).
+        #[arg(long)]
+        events: bool,
+        /// Also run the ledger consumer in this process (needs --nats-url).
+        #[arg(long)]
+        consume: bool,
+        #[command(flatten)]
+        consumer: ConsumeArgs,
+    },
+    /// Relay the outbox to NATS JetStream (one per SQLite file; any number on PostgreSQL).
+    Relay {
+        #[command(flatten)]
+        db: DbArgs,
+        /// NATS server.
+        #[arg(long, env = "IDEM_NATS_URL")]
+        nats_url: String,
+        /// How long claimed messages are hidden from other relays; a relay
+        /// that dies holding some publishes them again after it (1s to 1h,
+        /// shorter than the stream's 5 min duplicate window).
+        #[arg(long, env = "IDEM_RELAY_LEASE", default_value = "30s", value_parser = humantime::parse_duration)]
+        lease: Duration,
+    },
+    /// Apply payment events to the ledger through the inbox.
+    Consume {
+        #[command(flatten)]
+        db: DbArgs,
+        /// NATS server.
+        #[arg(long, env = "IDEM_NATS_URL")]
+        nats_url: String,
+        #[command(flatten)]
+        consumer: ConsumeArgs,
     },
     /// Apply migrations and exit.
     Migrate {
         #[command(flatten)]
         db: DbArgs,
     },
-    /// Benchmark the key engine against a plain insert (prints a markdown table).
+    /// Benchmark against plain baselines (prints markdown tables).
     Bench {
         /// SQLite file for the SQLite half.
         #[arg(long, default_value = "sqlite://idem-bench.db")]
@@ -67,6 +121,9 @@ enum Command {
         /// PostgreSQL database for the PostgreSQL half (skipped when absent).
         #[arg(long, env = "IDEM_BENCH_POSTGRES_URL")]
         postgres_url: Option<String>,
+        /// NATS server for the relay and consume benchmarks (skipped when absent).
+        #[arg(long, env = "IDEM_BENCH_NATS_URL")]
+        nats_url: Option<String>,
         /// Seconds per measured case.
         #[arg(long, default_value_t = 2)]
         secs: u64,
@@ -76,12 +133,21 @@ enum Command {
         #[command(flatten)]
         db: DbArgs,
     },
+    /// Print the outbox lag figures as JSON.
+    Stats {
+        #[command(flatten)]
+        db: DbArgs,
+    },
 }
 
 /// The largest request body `--max-body-bytes` accepts.
 const MAX_BODY_BYTES_LIMIT: usize = 64 << 20;
 
-fn demo_config(key_ttl: Duration, max_body_bytes: usize) -> anyhow::Result<DemoConfig> {
+fn demo_config(
+    key_ttl: Duration,
+    max_body_bytes: usize,
+    events: bool,
+) -> anyhow::Result<DemoConfig> {
     if key_ttl < Duration::from_secs(1) || key_ttl > Policy::MAX_TTL {
         bail!("--key-ttl must be between 1s and 400days, got {key_ttl:?}");
     }
@@ -93,6 +159,26 @@ fn demo_config(key_ttl: Duration, max_body_bytes: usize) -> anyhow::Result<DemoC
     Ok(DemoConfig {
         key_ttl,
         max_body_bytes,
+        events,
+    })
+}
+
+fn consume_config(args: &ConsumeArgs) -> anyhow::Result<ConsumeConfig> {
+    if args.ack_wait < Duration::from_secs(1) || args.ack_wait > Duration::from_secs(12 * 3600) {
+        bail!(
+            "--ack-wait must be between 1s and 12h, got {:?}",
+            args.ack_wait
+        );
+    }
+    if !(1..=100).contains(&args.max_deliver) {
+        bail!(
+            "--max-deliver must be between 1 and 100, got {}",
+            args.max_deliver
+        );
+    }
+    Ok(ConsumeConfig {
+        ack_wait: args.ack_wait,
+        max_deliver: args.max_deliver,
     })
 }
 
@@ -136,6 +222,14 @@ async fn open(url: &str) -> anyhow::Result<Db> {
     Ok(db)
 }
 
+/// A NATS URL is checked before anything starts.
+fn check_nats_url(url: &str) -> anyhow::Result<()> {
+    if !(url.starts_with("nats://") || url.starts_with("tls://")) || url.len() > 1024 {
+        bail!("--nats-url must be a nats:// or tls:// URL");
+    }
+    Ok(())
+}
+
 async fn gc_once<S: KeyStore>(store: &S) -> anyhow::Result<u64> {
     Engine::new(store.clone())
         .purge_expired(GC_BATCH, GC_MAX_BATCHES)
@@ -157,20 +251,74 @@ fn spawn_gc<S: KeyStore>(store: S, every: Duration) {
     });
 }
 
-async fn shutdown() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        {
-            s.recv().await;
+/// A watch that turns true on Ctrl-C or SIGTERM.
+fn shutdown_signal() -> watch::Receiver<bool> {
+    let (tx, rx) = watch::channel(false);
+    tokio::spawn(async move {
+        let ctrl_c = async {
+            let _ = tokio::signal::ctrl_c().await;
+        };
+        #[cfg(unix)]
+        let term = async {
+            if let Ok(mut s) =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            {
+                s.recv().await;
+            }
+        };
+        #[cfg(not(unix))]
+        let term = std::future::pending::<()>();
+        tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+        let _ = tx.send(true);
+    });
+    rx
+}
+
+fn stats_json(s: &idem_outbox::DispatcherStats) -> serde_json::Value {
+    json!({
+        "pending": s.pending,
+        "oldest_pending_age_ms": s.oldest_pending_age.map(|d| d.as_millis() as u64),
+        "dead": s.dead,
+        "published_total": s.published_total,
+        "publish_rate_per_sec": s.publish_rate_per_sec,
+    })
+}
+
+async fn store_stats_json<S: OutboxStore>(store: &S) -> anyhow::Result<serde_json::Value> {
+    let s = store.stats().await.context("failed to read the outbox")?;
+    let now = idem_core::Clock::now_ms(&idem_core::SystemClock);
+    Ok(json!({
+        "pending": s.pending,
+        "oldest_pending_age_ms": s.oldest_pending_ms.map(|t| now.saturating_sub(t).max(0)),
+        "dead": s.dead,
+    }))
+}
+
+/// The relay of this process, once it has started.
+type RelaySlot<S> = Arc<OnceLock<Arc<Dispatcher<S, NatsPublisher>>>>;
+
+/// `GET /admin/outbox`: lag figures (with the relay's rate when it runs here).
+fn admin_router<S: OutboxStore>(store: S, relay: RelaySlot<S>) -> Router {
+    async fn outbox<S: OutboxStore>(State((store, relay)): State<(S, RelaySlot<S>)>) -> Response {
+        let figures = match relay.get() {
+            Some(d) => d
+                .stats()
+                .await
+                .map(|s| stats_json(&s))
+                .map_err(anyhow::Error::from),
+            None => store_stats_json(&store).await,
+        };
+        match figures {
+            Ok(v) => demo::json_response(axum::http::StatusCode::OK, &v, None, None),
+            Err(e) => demo::db_error(match e.downcast::<idem_core::StoreError>() {
+                Ok(s) => s,
+                Err(e) => idem_core::StoreError::Database { source: e.into() },
+            }),
         }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+    }
+    Router::new()
+        .route("/admin/outbox", get(outbox::<S>))
+        .with_state((store, relay))
 }
 
 #[tokio::main]
@@ -186,16 +334,47 @@ async fn main() -> anyhow::Result<()> {
             gc_interval,
             key_ttl,
             max_body_bytes,
+            nats_url,
+            events,
+            consume,
+            consumer,
         } => {
-            let config = demo_config(key_ttl, max_body_bytes)?;
+            if let Some(url) = &nats_url {
+                check_nats_url(url)?;
+            }
+            if consume && nats_url.is_none() {
+                bail!("--consume needs --nats-url");
+            }
+            let consume_config = consume_config(&consumer)?;
+            let config = demo_config(key_ttl, max_body_bytes, events || nats_url.is_some())?;
+            let shutdown = shutdown_signal();
             let api = match open(&db.database_url).await? {
                 Db::Sqlite(store) => {
                     spawn_gc(store.clone(), gc_interval);
+                    let d = start_messaging(
+                        &store,
+                        nats_url.as_deref(),
+                        consume.then(|| (sqlite_demo::Ledger, consume_config.clone())),
+                        || async { Polling },
+                        Duration::from_millis(200),
+                        &shutdown,
+                    );
                     sqlite_demo::router(store.clone(), store.pool().clone(), &config)
+                        .merge(admin_router(store.clone(), d))
                 }
                 Db::Postgres(store) => {
                     spawn_gc(store.clone(), gc_interval);
+                    let listener_store = store.clone();
+                    let d = start_messaging(
+                        &store,
+                        nats_url.as_deref(),
+                        consume.then(|| (postgres_demo::Ledger, consume_config.clone())),
+                        move || async move { listener_store.outbox_listener().await },
+                        Duration::from_secs(1),
+                        &shutdown,
+                    );
                     postgres_demo::router(store.clone(), store.pool().clone(), &config)
+                        .merge(admin_router(store.clone(), d))
                 }
             };
             let app = Router::new()
@@ -210,16 +389,66 @@ async fn main() -> anyhow::Result<()> {
                 .context("failed to read the bound address")?;
             tracing::info!(listen = %bound, "idem serving the demo payments API");
             axum::serve(listener, app)
-                .with_graceful_shutdown(shutdown())
+                .with_graceful_shutdown(messaging::stopped(shutdown))
                 .await
                 .context("server failed")?;
+        }
+        Command::Relay {
+            db,
+            nats_url,
+            lease,
+        } => {
+            check_nats_url(&nats_url)?;
+            if lease < Duration::from_secs(1) || lease >= messaging::DUPLICATE_WINDOW {
+                bail!("--lease must be at least 1s and shorter than the 5 min duplicate window");
+            }
+            let shutdown = shutdown_signal();
+            match open(&db.database_url).await? {
+                Db::Sqlite(store) => {
+                    let poll = Duration::from_millis(200);
+                    run_relay(store, &nats_url, Polling, poll, lease, shutdown).await?
+                }
+                Db::Postgres(store) => {
+                    let wake = store.outbox_listener().await;
+                    let poll = Duration::from_secs(1);
+                    run_relay(store, &nats_url, wake, poll, lease, shutdown).await?
+                }
+            }
+        }
+        Command::Consume {
+            db,
+            nats_url,
+            consumer,
+        } => {
+            check_nats_url(&nats_url)?;
+            let config = consume_config(&consumer)?;
+            let shutdown = shutdown_signal();
+            let Some(js) = messaging::prepare(&nats_url, "idem-consume", shutdown.clone()).await
+            else {
+                return Ok(());
+            };
+            match open(&db.database_url).await? {
+                Db::Sqlite(store) => {
+                    messaging::consume(store, js, sqlite_demo::Ledger, config, shutdown).await
+                }
+                Db::Postgres(store) => {
+                    messaging::consume(store, js, postgres_demo::Ledger, config, shutdown).await
+                }
+            }
         }
         Command::Bench {
             sqlite_url,
             postgres_url,
+            nats_url,
             secs,
         } => {
-            idem_server::bench::run(&sqlite_url, postgres_url.as_deref(), secs).await?;
+            idem_server::bench::run(
+                &sqlite_url,
+                postgres_url.as_deref(),
+                nats_url.as_deref(),
+                secs,
+            )
+            .await?;
         }
         Command::Migrate { db } => {
             open(&db.database_url).await?;
@@ -232,6 +461,97 @@ async fn main() -> anyhow::Result<()> {
             };
             println!("deleted {n} expired key records");
         }
+        Command::Stats { db } => {
+            let v = match open(&db.database_url).await? {
+                Db::Sqlite(s) => store_stats_json(&s).await?,
+                Db::Postgres(s) => store_stats_json(&s).await?,
+            };
+            println!("{v}");
+        }
     }
+    Ok(())
+}
+
+/// Starts the relay (and the consumer) in the background when a NATS URL is
+/// given. The relay needs the streams, hence the server; until it is up the
+/// API works and events wait in the outbox. Returns the slot the relay is put
+/// in once it runs.
+fn start_messaging<S, H, W, F>(
+    store: &S,
+    nats_url: Option<&str>,
+    consumer: Option<(H, ConsumeConfig)>,
+    wake: impl FnOnce() -> F + Send + 'static,
+    poll: Duration,
+    shutdown: &watch::Receiver<bool>,
+) -> RelaySlot<S>
+where
+    S: OutboxStore + idem_core::InboxStore,
+    H: idem_inbox::Handler<S::Tx> + 'static,
+    W: idem_core::Wake + 'static,
+    F: std::future::Future<Output = W> + Send,
+{
+    let slot = RelaySlot::<S>::default();
+    let Some(url) = nats_url else {
+        return slot;
+    };
+    let (url, store, shutdown, filled) = (
+        url.to_owned(),
+        store.clone(),
+        shutdown.clone(),
+        slot.clone(),
+    );
+    tokio::spawn(async move {
+        let Some(js) = messaging::prepare(&url, "idem-serve", shutdown.clone()).await else {
+            return;
+        };
+        if let Some((handler, config)) = consumer {
+            let task =
+                messaging::consume(store.clone(), js.clone(), handler, config, shutdown.clone());
+            tokio::spawn(task);
+        }
+        match messaging::dispatcher(
+            store,
+            js,
+            poll,
+            idem_outbox::DispatcherConfig::default().lease,
+        ) {
+            Ok(d) => {
+                let d = Arc::new(d);
+                let _ = filled.set(d.clone());
+                messaging::relay(d, wake().await, shutdown).await
+            }
+            Err(e) => tracing::error!(error = %e, "relay not started"),
+        }
+    });
+    slot
+}
+
+async fn run_relay<S: OutboxStore>(
+    store: S,
+    nats_url: &str,
+    wake: impl idem_core::Wake,
+    poll: Duration,
+    lease: Duration,
+    shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let Some(js) = messaging::prepare(nats_url, "idem-relay", shutdown.clone()).await else {
+        return Ok(());
+    };
+    let d = Arc::new(messaging::dispatcher(store, js, poll, lease)?);
+    let reporter = {
+        let d = d.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(30));
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                if let Ok(s) = d.stats().await {
+                    tracing::info!(figures = %stats_json(&s), "outbox");
+                }
+            }
+        })
+    };
+    messaging::relay(d, wake, shutdown).await;
+    reporter.abort();
     Ok(())
 }

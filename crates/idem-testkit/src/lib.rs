@@ -290,3 +290,53 @@ pub fn url_via(url: &str, addr: SocketAddr) -> String {
     let (scheme, user, _, path) = url_parts(url);
     format!("{scheme}://{user}{addr}{path}")
 }
+
+/// The seed of a randomised test: `IDEM_SEED` or the clock. Printed, so a
+/// failure can be replayed with the same faults.
+pub fn seed() -> u64 {
+    let seed = std::env::var("IDEM_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0)
+        });
+    eprintln!("seed: {seed} (IDEM_SEED={seed} replays it)");
+    seed
+}
+
+/// splitmix64: a small seeded generator for fault injection. Shared between
+/// tasks; the sequence is deterministic for one task.
+#[derive(Debug)]
+pub struct Rng(std::sync::atomic::AtomicU64);
+
+impl Rng {
+    /// A generator starting from `seed`.
+    pub fn new(seed: u64) -> Self {
+        Self(std::sync::atomic::AtomicU64::new(seed))
+    }
+
+    /// The next number.
+    pub fn next(&self) -> u64 {
+        const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut z = self
+            .0
+            .fetch_add(GAMMA, Ordering::SeqCst)
+            .wrapping_add(GAMMA);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// True with probability `percent` / 100.
+    pub fn chance(&self, percent: u64) -> bool {
+        self.next() % 100 < percent
+    }
+
+    /// A number in `lo..hi`.
+    pub fn range(&self, lo: u64, hi: u64) -> u64 {
+        lo + self.next() % (hi - lo).max(1)
+    }
+}

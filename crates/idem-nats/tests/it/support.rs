@@ -1,7 +1,6 @@
 //! Shared pieces of the messaging tests: streams of their own on the shared
 //! NATS server, a fault-injecting publisher, and the two backends.
 
-use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use async_nats::HeaderMap;
@@ -20,44 +19,7 @@ pub async fn js() -> Context {
         .unwrap()
 }
 
-/// The seed of a randomised test: `IDEM_SEED` or the clock. Printed so a
-/// failure can be replayed.
-pub fn seed() -> u64 {
-    let seed = std::env::var("IDEM_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        });
-    eprintln!("seed: {seed} (IDEM_SEED={seed} replays it)");
-    seed
-}
-
-/// splitmix64: a small, seeded generator for fault injection.
-#[derive(Debug)]
-pub struct Rng(AtomicU64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Self(AtomicU64::new(seed))
-    }
-    pub fn next(&self) -> u64 {
-        let mut z = self
-            .0
-            .fetch_add(0x9E37_79B9_7F4A_7C15, ORD)
-            .wrapping_add(0x9E37_79B9_7F4A_7C15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// True with probability `percent` / 100.
-    pub fn chance(&self, percent: u64) -> bool {
-        self.next() % 100 < percent
-    }
-}
+pub use idem_testkit::{Rng, seed};
 
 /// A message as stored in a stream.
 #[derive(Debug, Clone)]

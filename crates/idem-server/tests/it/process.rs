@@ -14,7 +14,7 @@ fn idem() -> Command {
     Command::new(env!("CARGO_BIN_EXE_idem"))
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -22,51 +22,107 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// `idem serve` running as a child process.
-struct Server {
+/// An `idem` subcommand running as a child process; SIGKILLed on drop.
+pub struct Proc {
     child: Child,
-    addr: SocketAddr,
+    pub args: Vec<String>,
+}
+
+impl Proc {
+    /// Starts `idem ARGS` with `IDEM_FAILPOINTS` set to `failpoints` (if any).
+    pub fn spawn(args: &[String], failpoints: Option<&str>) -> Self {
+        let mut cmd = idem();
+        cmd.args(args).stdout(Stdio::null());
+        match failpoints {
+            Some(f) => cmd.env(idem_core::failpoint::ENV, f),
+            None => cmd.env_remove(idem_core::failpoint::ENV),
+        };
+        Self {
+            child: cmd.spawn().unwrap(),
+            args: args.to_vec(),
+        }
+    }
+
+    /// Whether it is still running.
+    pub fn alive(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+
+    /// Waits up to `max` for it to exit by itself; whether it did.
+    pub async fn exited_within(&mut self, max: Duration) -> bool {
+        for _ in 0..(max.as_millis() / 20).max(1) {
+            if !self.alive() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        !self.alive()
+    }
+
+    /// SIGKILL: no shutdown hook, no flush, no graceful anything.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// `idem serve` running as a child process.
+pub struct Server {
+    proc: Proc,
+    pub addr: SocketAddr,
 }
 
 impl Server {
-    async fn start(database_url: &str, extra: &[&str]) -> Self {
+    pub async fn start(database_url: &str, extra: &[&str]) -> Self {
+        Self::start_with(database_url, extra, None).await
+    }
+
+    pub async fn start_with(database_url: &str, extra: &[&str], failpoints: Option<&str>) -> Self {
         let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let mut child = idem()
-            .args([
-                "serve",
-                "--listen",
-                &addr.to_string(),
-                "--database-url",
-                database_url,
-            ])
-            .args(extra)
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
+        let mut args: Vec<String> = [
+            "serve",
+            "--listen",
+            &addr.to_string(),
+            "--database-url",
+            database_url,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let mut proc = Proc::spawn(&args, failpoints);
+        Self::wait_healthy(&mut proc, addr).await;
+        Self { proc, addr }
+    }
+
+    async fn wait_healthy(proc: &mut Proc, addr: SocketAddr) {
         for _ in 0..600 {
             if let Ok(r) = try_call(addr, "GET", "/healthz", None, "").await {
                 assert_eq!(r.status, 200);
-                return Self { child, addr };
+                return;
             }
-            if let Some(status) = child.try_wait().unwrap() {
-                panic!("idem serve exited early with {status}");
-            }
+            assert!(proc.alive(), "idem serve exited early");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         panic!("idem serve did not answer /healthz within 30 s");
     }
 
     /// SIGKILL: no shutdown hook, no flush, no graceful anything.
-    fn kill9(mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
+    pub fn kill9(mut self) {
+        self.proc.kill9();
     }
-}
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+    /// Kills it and starts the same command again on the same port.
+    pub async fn restart(&mut self) {
+        self.proc.kill9();
+        self.proc = Proc::spawn(&self.proc.args.clone(), None);
+        Self::wait_healthy(&mut self.proc, self.addr).await;
     }
 }
 

@@ -1,0 +1,148 @@
+//! The demo's messaging: the payment events stream on NATS JetStream, the
+//! relay from the outbox, and the ledger consumer.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_core::{InboxStore, OutboxStore, Subscriber, Wake};
+use idem_inbox::{Consumer, ConsumerConfig, Handler, Inbox};
+use idem_nats::{Context, NatsPublisher, NatsSource, SourceConfig};
+use idem_outbox::{Dispatcher, DispatcherConfig};
+use tokio::sync::watch;
+
+/// The stream holding payment events.
+pub const STREAM: &str = "IDEM_PAYMENTS";
+/// Its subjects.
+pub const SUBJECTS: &[&str] = &["payments.>"];
+/// The stream holding dead letters.
+pub const DLQ_STREAM: &str = "IDEM_DLQ";
+/// Its subjects.
+pub const DLQ_SUBJECTS: &[&str] = &["idem.dlq.>"];
+/// The ledger consumer: its inbox subscriber, durable consumer and dead-letter subject.
+pub const SUBSCRIBER: &str = "demo-ledger";
+/// Where the ledger consumer's dead letters go.
+pub const DLQ_SUBJECT: &str = "idem.dlq.demo-ledger";
+/// Longer than the outbox lease, so a message republished after a relay
+/// crash is dropped by the broker.
+pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(300);
+
+/// Resolves when `shutdown` turns true.
+pub async fn stopped(mut shutdown: watch::Receiver<bool>) {
+    let _ = shutdown.wait_for(|s| *s).await;
+}
+
+/// Connects (retrying in the background while the server is down) and makes
+/// sure both streams exist, retrying until they do or `shutdown`.
+pub async fn prepare(url: &str, name: &str, shutdown: watch::Receiver<bool>) -> Option<Context> {
+    let js = match idem_nats::connect(url, name, true).await {
+        Ok(js) => js,
+        Err(e) => {
+            tracing::error!(error = %e, "invalid NATS settings");
+            return None;
+        }
+    };
+    let mut delay = Duration::from_millis(200);
+    loop {
+        let ready = async {
+            idem_nats::ensure_stream(&js, STREAM, SUBJECTS, DUPLICATE_WINDOW).await?;
+            idem_nats::ensure_stream(&js, DLQ_STREAM, DLQ_SUBJECTS, DUPLICATE_WINDOW).await
+        };
+        match ready.await {
+            Ok(()) => return Some(js),
+            Err(e) => tracing::warn!(error = %e, "NATS streams not ready; retrying"),
+        }
+        tokio::select! {
+            _ = stopped(shutdown.clone()) => return None,
+            _ = tokio::time::sleep(delay) => {}
+        }
+        delay = (delay * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// The relay: a dispatcher from the outbox to JetStream, until `shutdown`.
+pub async fn relay<S: OutboxStore>(
+    dispatcher: Arc<Dispatcher<S, NatsPublisher>>,
+    wake: impl Wake,
+    shutdown: watch::Receiver<bool>,
+) {
+    tracing::info!("relay publishing the outbox to NATS");
+    dispatcher.run(wake, stopped(shutdown)).await;
+}
+
+/// A dispatcher for `store` on `js`.
+pub fn dispatcher<S: OutboxStore>(
+    store: S,
+    js: Context,
+    poll_interval: Duration,
+    lease: Duration,
+) -> anyhow::Result<Dispatcher<S, NatsPublisher>> {
+    let config = DispatcherConfig {
+        poll_interval,
+        lease,
+        ..DispatcherConfig::default()
+    };
+    Ok(Dispatcher::new(store, NatsPublisher::new(js), config)?)
+}
+
+/// Settings of the ledger consumer.
+#[derive(Debug, Clone)]
+pub struct ConsumeConfig {
+    /// Redelivery after this long without an ack.
+    pub ack_wait: Duration,
+    /// Deliveries before a failing message is dead-lettered.
+    pub max_deliver: u32,
+}
+
+/// The ledger consumer until `shutdown`: binds the durable consumer
+/// (retrying while NATS is not ready), then applies events through the inbox.
+pub async fn consume<S, H>(
+    store: S,
+    js: Context,
+    handler: H,
+    config: ConsumeConfig,
+    shutdown: watch::Receiver<bool>,
+) where
+    S: InboxStore,
+    H: Handler<S::Tx>,
+{
+    let source_config = SourceConfig {
+        stream: STREAM.into(),
+        durable: SUBSCRIBER.into(),
+        filter_subject: String::new(),
+        ack_wait: config.ack_wait,
+        max_deliver: i64::from(config.max_deliver),
+        dead_letter_subject: DLQ_SUBJECT.into(),
+    };
+    let source = loop {
+        match NatsSource::new(js.clone(), source_config.clone()).await {
+            Ok(s) => break s,
+            Err(e) => tracing::warn!(error = %e, "consumer not ready; retrying"),
+        }
+        tokio::select! {
+            _ = stopped(shutdown.clone()) => return,
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+    };
+    let subscriber = match Subscriber::new(SUBSCRIBER) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "bad subscriber name");
+            return;
+        }
+    };
+    let consumer_config = ConsumerConfig {
+        max_deliver: u64::from(config.max_deliver),
+        ..ConsumerConfig::default()
+    };
+    let mut consumer = Consumer::new(
+        source,
+        Inbox::new(store),
+        subscriber,
+        handler,
+        consumer_config,
+    );
+    tracing::info!(subscriber = SUBSCRIBER, "consuming payment events");
+    consumer
+        .run(Duration::from_secs(3600), stopped(shutdown))
+        .await;
+}
