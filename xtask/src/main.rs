@@ -265,10 +265,12 @@ fn test(extra: &[String]) -> Result<()> {
     result.and(docs)
 }
 
-/// Runs `idem bench` (release build) on SQLite and a throwaway PostgreSQL.
+/// Runs `idem bench` (release build) on SQLite, a throwaway PostgreSQL and a
+/// throwaway NATS server.
 fn bench(extra: &[String]) -> Result<()> {
     let root = std::env::temp_dir().join("idem-xtask");
     let pg = Postgres::start(&root)?;
+    let nats = Nats::start(&root, &nats_binary()?)?;
     let sqlite = root.join(format!("bench-{}.db", std::process::id()));
     let result = run(Command::new("cargo")
         .args([
@@ -284,10 +286,13 @@ fn bench(extra: &[String]) -> Result<()> {
         .arg(format!("sqlite://{}", sqlite.display()))
         .arg("--postgres-url")
         .arg(pg.url())
+        .arg("--nats-url")
+        .arg(nats.url())
         .args(extra));
     for suffix in ["", "-wal", "-shm"] {
         let _ = std::fs::remove_file(format!("{}{suffix}", sqlite.display()));
     }
+    drop(nats);
     drop(pg);
     result
 }

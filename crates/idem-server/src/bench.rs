@@ -275,7 +275,6 @@ pub async fn run(
     nats_url: Option<&str>,
     secs: u64,
 ) -> anyhow::Result<()> {
-    let _ = nats_url;
     let duration = Duration::from_secs(secs.max(1));
     let run_id = idem_core::Clock::now_ms(&idem_core::SystemClock) as u64;
     println!("| backend | via | path | concurrency | ops/s | p50 | p99 | ratio to baseline |");
@@ -311,6 +310,57 @@ pub async fn run(
         table("postgres", "library", ops, duration).await?;
         let ops = http_ops!(store, idem_postgres::PgStore, idem_postgres::PgTx, run_id);
         table("postgres", "http", ops, duration).await?;
+    }
+    if let Some(url) = nats_url {
+        messaging(sqlite_url, postgres_url, url, run_id).await?;
+    }
+    Ok(())
+}
+
+/// Messages per messaging case.
+const MESSAGES: usize = 5000;
+
+const LEDGER: &str = "CREATE TABLE IF NOT EXISTS bench_ledger (message_id TEXT NOT NULL)";
+
+async fn messaging(
+    sqlite_url: &str,
+    postgres_url: Option<&str>,
+    nats_url: &str,
+    run_id: u64,
+) -> anyhow::Result<()> {
+    use crate::bench_messaging::{self as m, PgLedger, SqliteLedger};
+    let js = idem_nats::connect(nats_url, "idem-bench", false).await?;
+    println!();
+    m::header();
+    let store =
+        idem_sqlite::SqliteStore::connect(sqlite_url, idem_sqlite::SqliteConfig::default()).await?;
+    store.migrate().await?;
+    sqlx::raw_sql(LEDGER).execute(store.pool()).await?;
+    m::run(
+        "sqlite",
+        store,
+        |tx, msg, now| Box::pin(idem_sqlite::outbox::enqueue(tx, msg, now)),
+        SqliteLedger,
+        &js,
+        MESSAGES,
+        run_id,
+    )
+    .await?;
+    if let Some(url) = postgres_url {
+        let store =
+            idem_postgres::PgStore::connect(url, idem_postgres::PgConfig::default()).await?;
+        store.migrate().await?;
+        sqlx::raw_sql(LEDGER).execute(store.pool()).await?;
+        m::run(
+            "postgres",
+            store,
+            |tx, msg, now| Box::pin(idem_postgres::outbox::enqueue(tx, msg, now)),
+            PgLedger,
+            &js,
+            MESSAGES,
+            run_id,
+        )
+        .await?;
     }
     Ok(())
 }

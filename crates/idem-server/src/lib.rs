@@ -6,6 +6,7 @@
 #![allow(clippy::result_large_err)]
 
 pub mod bench;
+pub mod bench_messaging;
 pub mod demo;
 pub mod messaging;
 
