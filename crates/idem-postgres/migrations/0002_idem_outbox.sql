@@ -13,6 +13,8 @@ CREATE TABLE idem_outbox (
     locked_until_ms BIGINT,
     sent_at_ms      BIGINT
 );
-CREATE INDEX idem_outbox_pending ON idem_outbox (available_at_ms, id) WHERE state = 'pending';
+-- The claim scans pending messages in id order; sent ones kept for the
+-- retention must not be in its way.
+CREATE INDEX idem_outbox_pending ON idem_outbox (id) WHERE state = 'pending';
 CREATE INDEX idem_outbox_pending_key ON idem_outbox (message_key, id) WHERE state = 'pending';
 CREATE INDEX idem_outbox_sent ON idem_outbox (sent_at_ms) WHERE state = 'sent';

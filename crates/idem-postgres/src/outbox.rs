@@ -111,7 +111,7 @@ impl OutboxStore for PgStore {
         let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
         let rows = sqlx::query(
             "UPDATE idem_outbox SET locked_until_ms = $1 + $2
-             WHERE id IN (
+             WHERE id = ANY(ARRAY(
                  SELECT o.id FROM idem_outbox o
                  WHERE o.state = 'pending' AND o.available_at_ms <= $1
                    AND (o.locked_until_ms IS NULL OR o.locked_until_ms <= $1)
@@ -119,7 +119,7 @@ impl OutboxStore for PgStore {
                                    WHERE e.state = 'pending' AND e.message_key = o.message_key
                                      AND e.id < o.id)
                  ORDER BY o.id LIMIT $3
-                 FOR UPDATE SKIP LOCKED)
+                 FOR UPDATE SKIP LOCKED))
              RETURNING id, message_id, topic, message_key, payload, headers, attempts, created_at_ms",
         )
         .bind(now_ms)
