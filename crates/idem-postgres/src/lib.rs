@@ -181,14 +181,23 @@ pub async fn migrate_component(
             .execute(&mut *tx)
             .await
             .map_err(map_err)?;
-        sqlx::raw_sql(
-            "CREATE TABLE IF NOT EXISTS idem_schema_migrations (
-                 component TEXT NOT NULL, version BIGINT NOT NULL, name TEXT NOT NULL,
-                 applied_at TIMESTAMPTZ NOT NULL DEFAULT now(), PRIMARY KEY (component, version))",
-        )
-        .execute(&mut *tx)
-        .await
-        .map_err(map_err)?;
+        // Checked first so that a started server does not log PostgreSQL's
+        // "already exists, skipping" notice for every migration.
+        let exists: bool =
+            sqlx::query_scalar("SELECT to_regclass('idem_schema_migrations') IS NOT NULL")
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(map_err)?;
+        if !exists {
+            sqlx::raw_sql(
+                "CREATE TABLE idem_schema_migrations (
+                     component TEXT NOT NULL, version BIGINT NOT NULL, name TEXT NOT NULL,
+                     applied_at TIMESTAMPTZ NOT NULL DEFAULT now(), PRIMARY KEY (component, version))",
+            )
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
+        }
         let seen: Option<i64> = sqlx::query_scalar(
             "SELECT version FROM idem_schema_migrations WHERE component = $1 AND version = $2",
         )

@@ -14,6 +14,9 @@
 //! | `sqlite` (default) | `idem::sqlite` | `SqliteStore`, the embedded backend |
 //! | `postgres` | `idem::postgres` | `PgStore`, the production backend |
 //! | `http` (default) | `idem::http` | `IdempotencyLayer` for axum and hyper |
+//! | `outbox` | `idem::outbox` | the `Dispatcher` relaying the transactional outbox |
+//! | `inbox` | `idem::inbox` | the `Inbox` and `Consumer`: effects once per subscriber |
+//! | `nats` | `idem::nats` | NATS JetStream `NatsPublisher` and `NatsSource` |
 //!
 //! ```toml
 //! [dependencies]
@@ -55,6 +58,12 @@ pub use idem_core::*;
 
 #[cfg(feature = "http")]
 pub use idem_http as http;
+#[cfg(feature = "inbox")]
+pub use idem_inbox as inbox;
+#[cfg(feature = "nats")]
+pub use idem_nats as nats;
+#[cfg(feature = "outbox")]
+pub use idem_outbox as outbox;
 #[cfg(feature = "postgres")]
 pub use idem_postgres as postgres;
 #[cfg(feature = "sqlite")]

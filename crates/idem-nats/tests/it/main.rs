@@ -228,6 +228,35 @@ macro_rules! messaging_suite {
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sent_messages_are_deleted_after_the_retention() {
+                let db = b::setup().await;
+                let s = Streams::create(&js().await).await;
+                b::write(&db.store, &[s.message("k1", "a"), s.message("k2", "b")]).await;
+                let clock = idem_core::ManualClock::starting_now();
+                let config = DispatcherConfig {
+                    retention: Duration::from_secs(3600),
+                    ..fast()
+                };
+                let d = Dispatcher::with_clock(
+                    db.store.clone(),
+                    NatsPublisher::new(s.js.clone()),
+                    config,
+                    clock.clone(),
+                )
+                .unwrap();
+                assert_eq!(d.run_once().await.unwrap().sent, 2);
+                b::write(&db.store, &[s.message("k3", "still pending")]).await;
+                assert_eq!(d.cleanup().await.unwrap(), 0, "within the retention");
+                clock.advance(Duration::from_secs(3601));
+                assert_eq!(d.cleanup().await.unwrap(), 2, "sent and past the retention");
+                assert_eq!(
+                    d.stats().await.unwrap().pending,
+                    1,
+                    "pending messages are never cleaned"
+                );
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn broker_down_messages_wait_then_go_out_by_themselves() {
                 let db = b::setup().await;
                 let mut nats = idem_testkit::NatsServer::start();
@@ -332,6 +361,96 @@ async fn two_dispatchers_on_postgres_never_reorder_a_key() {
     let published = s.read().await;
     assert_eq!(published.len(), 240, "seed {seed}: once each");
     assert_in_key_order(&published, &messages);
+}
+
+/// `NOTIFY` at commit wakes a dispatcher that would otherwise sleep for a
+/// minute between polls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notify_wakes_the_dispatcher_before_its_poll_interval() {
+    let db = postgres_backend::setup().await;
+    let s = Streams::create(&js().await).await;
+    let config = DispatcherConfig {
+        poll_interval: Duration::from_secs(60),
+        ..fast()
+    };
+    let d = Arc::new(dispatcher(db.store.clone(), s.js.clone(), config));
+    let wake = db.store.outbox_listener().await;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let runner = {
+        let d = d.clone();
+        tokio::spawn(async move {
+            d.run(wake, async {
+                let _ = stopped.await;
+            })
+            .await
+        })
+    };
+    // Let the first, empty round pass: the dispatcher is now asleep.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    postgres_backend::write(&db.store, &[s.message("k", "wake up")]).await;
+    let mut published = 0;
+    for _ in 0..100 {
+        published = s.read().await.len();
+        if published == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = stop.send(());
+    runner.await.unwrap();
+    assert_eq!(
+        published, 1,
+        "published within 5 s of the commit, not after the 60 s poll"
+    );
+}
+
+/// The dispatcher's database goes away and comes back: it keeps running and
+/// publishes what was written meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dispatcher_outlives_its_database_going_away() {
+    let db = postgres_backend::setup().await;
+    let s = Streams::create(&js().await).await;
+    let proxy = idem_testkit::Proxy::start(idem_testkit::url_addr(&db.db.url)).await;
+    let via = idem_postgres::PgStore::connect(
+        &idem_testkit::url_via(&db.db.url, proxy.addr),
+        idem_postgres::PgConfig {
+            acquire_timeout: Duration::from_secs(1),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let d = Arc::new(dispatcher(via, s.js.clone(), fast()));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let runner = {
+        let d = d.clone();
+        tokio::spawn(async move {
+            d.run(idem_outbox::Polling, async {
+                let _ = stopped.await;
+            })
+            .await
+        })
+    };
+    proxy.cut().await;
+    let messages: Vec<_> = (0..10).map(|i| s.message(&format!("k{i}"), "m")).collect();
+    postgres_backend::write(&db.store, &messages).await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(
+        s.read().await.is_empty(),
+        "nothing can be claimed while the database is away"
+    );
+    proxy.restore();
+    let mut published = 0;
+    for _ in 0..200 {
+        published = s.read().await.len();
+        if published == 10 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = stop.send(());
+    runner.await.unwrap();
+    assert_eq!(published, 10, "the dispatcher recovered by itself");
 }
 
 /// The consumer's database goes away: the message is not acknowledged; once
