@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::store::KeyStore;
+use crate::{Accepted, Finish, NewReceipt, ReceiptState, Replay, WebhookStore};
 use crate::{
     Begun, BoxError, BoxFuture, Completion, Engine, Error, Fingerprint, FingerprintSpec,
     IdempotencyKey, InboxStore, ManualClock, MessageId, Operation, OutboxMessage, OutboxRecord,
@@ -712,4 +713,239 @@ pub async fn inbox_gc_deletes_expired_records<S: InboxStore>(store: S) {
     assert_eq!(store.purge_expired_inbox(NOW + 10, 3).await.unwrap(), 3);
     assert_eq!(store.purge_expired_inbox(NOW + 10, 3).await.unwrap(), 2);
     assert!(store.seen(&sub, &live).await.unwrap());
+}
+
+fn receipt(endpoint: &str, delivery: &str, entity: Option<(&str, i64)>) -> NewReceipt {
+    NewReceipt {
+        endpoint: endpoint.into(),
+        delivery_id: delivery.into(),
+        event_type: Some("push".into()),
+        headers: vec![("x-github-delivery".into(), delivery.into())],
+        body: format!(r#"{{"delivery":"{delivery}"}}"#).into_bytes(),
+        entity_id: entity.map(|(e, _)| e.to_owned()),
+        entity_version: entity.map(|(_, v)| v),
+    }
+}
+
+/// A delivery is stored once per endpoint, with its inbox record, byte for
+/// byte; a repeat is a duplicate that changes nothing.
+pub async fn webhook_receipts_are_stored_once<S: WebhookStore + InboxStore>(store: S) {
+    let r = receipt("github", "d-1", None);
+    assert_eq!(
+        store.accept(&r, NOW, NOW + 1_000).await.unwrap(),
+        Accepted::New
+    );
+    let again = NewReceipt {
+        body: b"different".to_vec(),
+        ..r.clone()
+    };
+    assert_eq!(
+        store.accept(&again, NOW + 5, NOW + 1_000).await.unwrap(),
+        Accepted::Duplicate
+    );
+    let stored = store.get_receipt("github", "d-1").await.unwrap().unwrap();
+    assert_eq!(stored.receipt, r, "the first delivery, unchanged");
+    assert_eq!(
+        (stored.state, stored.received_at_ms),
+        (ReceiptState::Received, NOW)
+    );
+    let inbox = Subscriber::new("webhook:github").unwrap();
+    assert!(
+        store
+            .seen(&inbox, &MessageId::new("d-1").unwrap())
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        store
+            .accept(&receipt("stripe", "d-1", None), NOW, NOW + 1_000)
+            .await
+            .unwrap(),
+        Accepted::New,
+        "endpoints are independent"
+    );
+    assert!(store.get_receipt("github", "nope").await.unwrap().is_none());
+}
+
+/// One entity's receipts are handed out one at a time in arrival order;
+/// processing moves the entity's newest version up; leases expire.
+pub async fn webhook_claims_keep_entity_order<S: WebhookStore>(store: S) {
+    for r in [
+        receipt("gh", "a-v2", Some(("A", 2))),
+        receipt("gh", "a-v1", Some(("A", 1))),
+        receipt("gh", "b-v1", Some(("B", 1))),
+        receipt("gh", "plain", None),
+        receipt("other", "a-v1", Some(("A", 1))),
+    ] {
+        store.accept(&r, NOW, NOW + 100_000).await.unwrap();
+    }
+    let ids = |v: &[crate::Receipt]| {
+        v.iter()
+            .map(|r| format!("{}/{}", r.receipt.endpoint, r.receipt.delivery_id))
+            .collect::<Vec<_>>()
+    };
+    let first = store.claim_receipts(NOW, LEASE, 10).await.unwrap();
+    assert_eq!(
+        ids(&first),
+        ["gh/a-v2", "gh/b-v1", "gh/plain", "other/a-v1"]
+    );
+    assert!(
+        store
+            .claim_receipts(NOW, LEASE, 10)
+            .await
+            .unwrap()
+            .is_empty(),
+        "leased"
+    );
+    assert_eq!(store.newest_version("gh", "A").await.unwrap(), None);
+    store
+        .finish(first[0].id, &Finish::Processed, NOW + 1)
+        .await
+        .unwrap();
+    assert_eq!(store.newest_version("gh", "A").await.unwrap(), Some(2));
+    assert_eq!(
+        store.newest_version("other", "A").await.unwrap(),
+        None,
+        "per endpoint"
+    );
+    let next = store.claim_receipts(NOW, LEASE, 10).await.unwrap();
+    assert_eq!(
+        ids(&next),
+        ["gh/a-v1"],
+        "A's second delivery after the first finished"
+    );
+    store
+        .finish(next[0].id, &Finish::Stale, NOW + 2)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.newest_version("gh", "A").await.unwrap(),
+        Some(2),
+        "stale moves nothing"
+    );
+    let stale = store.get_receipt("gh", "a-v1").await.unwrap().unwrap();
+    assert_eq!(
+        (stale.state, stale.finished_at_ms),
+        (ReceiptState::Stale, Some(NOW + 2))
+    );
+    let end = NOW + LEASE.as_millis() as i64;
+    let back = store.claim_receipts(end, LEASE, 10).await.unwrap();
+    assert_eq!(
+        ids(&back),
+        ["gh/b-v1", "gh/plain", "other/a-v1"],
+        "expired leases come back"
+    );
+}
+
+/// Failures retry later, then die; an operator's replay requeues failed and
+/// dead receipts and leaves finished ones alone; GC deletes expired receipts.
+pub async fn webhook_failures_replay_and_gc<S: WebhookStore>(store: S) {
+    store
+        .accept(&receipt("gh", "r", None), NOW, NOW + 10_000)
+        .await
+        .unwrap();
+    let r = store
+        .claim_receipts(NOW, LEASE, 10)
+        .await
+        .unwrap()
+        .remove(0);
+    let retry = Finish::Retry {
+        error: "upstream 503".into(),
+        at_ms: NOW + 1_000,
+    };
+    store.finish(r.id, &retry, NOW).await.unwrap();
+    assert!(
+        store
+            .claim_receipts(NOW + 999, LEASE, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let again = store
+        .claim_receipts(NOW + 1_000, LEASE, 10)
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!((again.state, again.attempts), (ReceiptState::Failed, 1));
+    assert_eq!(again.last_error.as_deref(), Some("upstream 503"));
+    store
+        .finish(
+            again.id,
+            &Finish::Dead {
+                error: "upstream 400".into(),
+            },
+            NOW,
+        )
+        .await
+        .unwrap();
+    let dead = store.get_receipt("gh", "r").await.unwrap().unwrap();
+    assert_eq!((dead.state, dead.attempts), (ReceiptState::Dead, 2));
+    assert_eq!(
+        store
+            .list_receipts(Some("gh"), Some(ReceiptState::Dead), 10)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    assert!(
+        store
+            .claim_receipts(NOW + 5_000, LEASE, 10)
+            .await
+            .unwrap()
+            .is_empty(),
+        "dead stays dead"
+    );
+    assert_eq!(
+        store.replay_receipt("gh", "r", NOW + 5_000).await.unwrap(),
+        Replay::Requeued
+    );
+    assert_eq!(
+        store.replay_receipt("gh", "r", NOW + 5_000).await.unwrap(),
+        Replay::AlreadyQueued
+    );
+    let requeued = store
+        .claim_receipts(NOW + 5_000, LEASE, 10)
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(
+        (requeued.state, requeued.attempts),
+        (ReceiptState::Received, 0)
+    );
+    store
+        .finish(requeued.id, &Finish::Processed, NOW + 5_001)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.replay_receipt("gh", "r", NOW + 6_000).await.unwrap(),
+        Replay::AlreadyFinished(ReceiptState::Processed),
+        "a processed receipt is not run twice"
+    );
+    assert_eq!(
+        store.replay_receipt("gh", "missing", NOW).await.unwrap(),
+        Replay::NotFound
+    );
+    store
+        .accept(
+            &receipt("gh", "young", Some(("E", 1))),
+            NOW + 9_000,
+            NOW + 100_000,
+        )
+        .await
+        .unwrap();
+    assert_eq!(store.list_receipts(None, None, 10).await.unwrap().len(), 2);
+    assert_eq!(
+        store.purge_expired_receipts(NOW + 9_999, 10).await.unwrap(),
+        0
+    );
+    assert_eq!(
+        store
+            .purge_expired_receipts(NOW + 10_000, 10)
+            .await
+            .unwrap(),
+        1
+    );
+    assert!(store.get_receipt("gh", "r").await.unwrap().is_none());
+    assert!(store.get_receipt("gh", "young").await.unwrap().is_some());
 }

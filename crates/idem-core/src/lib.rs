@@ -16,6 +16,8 @@
 //! - [`OutboxMessage`], [`MessageId`], [`Topic`], [`Subscriber`], [`Backoff`]
 //!   and the [`OutboxStore`] / [`InboxStore`] capabilities: messages written in
 //!   the business transaction, and messages applied once per subscriber.
+//! - [`NewReceipt`], [`Receipt`], [`ReceiptState`] and the [`WebhookStore`]
+//!   capability: webhook deliveries stored before they are acknowledged.
 //! - [`failpoint`]: crash points for the drills (`IDEM_FAILPOINTS`).
 //!
 //! ```
@@ -40,6 +42,7 @@ mod policy;
 mod record;
 mod scope;
 mod store;
+mod webhook;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use engine::{Begun, BoxFuture, Claimed, Engine, Outcome};
@@ -56,7 +59,8 @@ pub use record::{
     decide, headers_from_json, headers_to_json,
 };
 pub use scope::{NAME_MAX_LEN, Operation, Scope, Tenant};
-pub use store::{Claim, InboxStore, KeyStore, OutboxStore, Wake};
+pub use store::{Claim, InboxStore, KeyStore, OutboxStore, Wake, WebhookStore};
+pub use webhook::{Accepted, Finish, NewReceipt, Receipt, ReceiptColumns, ReceiptState, Replay};
 
 /// One schema migration: applied once per database, in `version` order, inside
 /// a transaction. Backends and applications list theirs as constants.

@@ -8,6 +8,7 @@ use crate::message::{MessageId, OutboxRecord, OutboxStats, Subscriber};
 use crate::policy::Policy;
 use crate::record::{Completion, StoredRecord};
 use crate::scope::Scope;
+use crate::webhook::{Accepted, Finish, NewReceipt, Receipt, ReceiptState, Replay};
 
 /// The result of trying to claim a key.
 #[derive(Debug)]
@@ -175,4 +176,80 @@ pub trait Wake: Send {
     /// # Cancel safety
     /// Implementations must be cancel safe.
     fn wait(&mut self, max: std::time::Duration) -> impl Future<Output = ()> + Send;
+}
+
+/// Webhook receipts. A receipt is stored — with an inbox record for its
+/// endpoint — in one transaction before the receiver answers, and processed
+/// by workers afterwards.
+///
+/// Implementations must make `(endpoint, delivery_id)` unique, lease claimed
+/// receipts so a crashed worker's come back, and never hand out a receipt
+/// while an earlier unfinished receipt of the same `(endpoint, entity_id)`
+/// exists, so one entity's deliveries are processed one at a time, in
+/// arrival order.
+pub trait WebhookStore: Clone + Send + Sync + 'static {
+    /// Stores the receipt and its inbox record (subscriber `webhook:<endpoint>`)
+    /// in one transaction, unless the delivery was stored before.
+    fn accept(
+        &self,
+        receipt: &NewReceipt,
+        now_ms: i64,
+        expires_at_ms: i64,
+    ) -> impl Future<Output = Result<Accepted, StoreError>> + Send;
+
+    /// Leases up to `limit` receipts that are due (received, or failed and
+    /// past their retry time), first of their entity, in arrival order.
+    fn claim_receipts(
+        &self,
+        now_ms: i64,
+        lease: std::time::Duration,
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<Receipt>, StoreError>> + Send;
+
+    /// The newest applied version of an entity.
+    fn newest_version(
+        &self,
+        endpoint: &str,
+        entity_id: &str,
+    ) -> impl Future<Output = Result<Option<i64>, StoreError>> + Send;
+
+    /// Records how a run ended (for `Processed`, moving the entity's newest
+    /// applied version up in the same transaction).
+    fn finish(
+        &self,
+        id: i64,
+        outcome: &Finish,
+        now_ms: i64,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Receipts, newest first, optionally of one endpoint and one state.
+    fn list_receipts(
+        &self,
+        endpoint: Option<&str>,
+        state: Option<ReceiptState>,
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<Receipt>, StoreError>> + Send;
+
+    /// One receipt.
+    fn get_receipt(
+        &self,
+        endpoint: &str,
+        delivery_id: &str,
+    ) -> impl Future<Output = Result<Option<Receipt>, StoreError>> + Send;
+
+    /// An operator's replay: a failed or dead receipt runs again; a finished
+    /// one is left alone.
+    fn replay_receipt(
+        &self,
+        endpoint: &str,
+        delivery_id: &str,
+        now_ms: i64,
+    ) -> impl Future<Output = Result<Replay, StoreError>> + Send;
+
+    /// Deletes at most `limit` receipts (and their inbox records) that expired.
+    fn purge_expired_receipts(
+        &self,
+        now_ms: i64,
+        limit: u32,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
 }

@@ -45,10 +45,16 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "idem_inbox",
         sql: include_str!("../migrations/0003_idem_inbox.sql"),
     },
+    Migration {
+        version: 4,
+        name: "idem_webhooks",
+        sql: include_str!("../migrations/0004_idem_webhooks.sql"),
+    },
 ];
 
 mod inbox;
 pub mod outbox;
+mod webhooks;
 
 /// An open PostgreSQL transaction handed to business code. Dereferences to the
 /// connection, so `sqlx::query(…).execute(&mut **tx)` works through a guard.

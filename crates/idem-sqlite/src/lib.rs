@@ -34,6 +34,7 @@ mod gate;
 mod inbox;
 mod migrate;
 pub mod outbox;
+mod webhooks;
 
 use std::ops::{Deref, DerefMut};
 use std::str::FromStr;

@@ -22,6 +22,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "idem_inbox",
         sql: include_str!("../migrations/0003_idem_inbox.sql"),
     },
+    Migration {
+        version: 4,
+        name: "idem_webhooks",
+        sql: include_str!("../migrations/0004_idem_webhooks.sql"),
+    },
 ];
 
 /// Applies `migrations` of `component` that this database has not seen, each in

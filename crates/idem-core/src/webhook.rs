@@ -1,0 +1,227 @@
+//! Webhook receipts: what a receiver stores before it answers, and what
+//! workers process.
+
+use std::fmt;
+
+/// Where a receipt is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReceiptState {
+    /// Stored, waiting for a worker.
+    Received,
+    /// The handler succeeded.
+    Processed,
+    /// The handler failed; retried later.
+    Failed,
+    /// The handler failed for good (or too often); an operator may replay it.
+    Dead,
+    /// Older than the newest applied receipt of its entity: not applied.
+    Stale,
+}
+
+impl ReceiptState {
+    /// The name used in storage.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Received => "received",
+            Self::Processed => "processed",
+            Self::Failed => "failed",
+            Self::Dead => "dead",
+            Self::Stale => "stale",
+        }
+    }
+
+    /// Parses the stored name.
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "received" => Self::Received,
+            "processed" => Self::Processed,
+            "failed" => Self::Failed,
+            "dead" => Self::Dead,
+            "stale" => Self::Stale,
+            _ => return None,
+        })
+    }
+}
+
+impl fmt::Display for ReceiptState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A verified delivery to store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewReceipt {
+    /// The endpoint it was sent to.
+    pub endpoint: String,
+    /// The provider's delivery id (the dedupe key with the endpoint).
+    pub delivery_id: String,
+    /// The event type, when the provider says.
+    pub event_type: Option<String>,
+    /// The request headers, minus credentials.
+    pub headers: Vec<(String, String)>,
+    /// The raw body, byte for byte.
+    pub body: Vec<u8>,
+    /// The entity the event is about, for order awareness.
+    pub entity_id: Option<String>,
+    /// Its version (a number, or a timestamp in unix ms).
+    pub entity_version: Option<i64>,
+}
+
+/// A stored receipt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Receipt {
+    /// Row id, in arrival order.
+    pub id: i64,
+    /// What was received.
+    pub receipt: NewReceipt,
+    /// Where it is.
+    pub state: ReceiptState,
+    /// Failed handler runs so far.
+    pub attempts: u32,
+    /// The last failure.
+    pub last_error: Option<String>,
+    /// When it arrived (unix ms).
+    pub received_at_ms: i64,
+    /// When it was processed or found stale (unix ms).
+    pub finished_at_ms: Option<i64>,
+}
+
+/// What [`WebhookStore::accept`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Accepted {
+    /// First time: stored.
+    New,
+    /// This delivery was stored before; nothing changed.
+    Duplicate,
+}
+
+/// How a worker's run of a receipt ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Finish {
+    /// Done; the entity's newest applied version moves up to the receipt's.
+    Processed,
+    /// Older than what was applied: recorded, not applied.
+    Stale,
+    /// Failed; try again at `at_ms`.
+    Retry {
+        /// Why.
+        error: String,
+        /// When to try again (unix ms).
+        at_ms: i64,
+    },
+    /// Failed for good.
+    Dead {
+        /// Why.
+        error: String,
+    },
+}
+
+/// What an operator's replay did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replay {
+    /// A failed or dead receipt is queued to run again.
+    Requeued,
+    /// Nothing to do: it is already waiting for a worker.
+    AlreadyQueued,
+    /// Nothing to do: it finished (processed or stale); replaying it would
+    /// apply it twice.
+    AlreadyFinished(ReceiptState),
+    /// No such receipt.
+    NotFound,
+}
+
+/// A receipt row's columns as read from any backend, before validation.
+#[derive(Debug, Clone, Default)]
+pub struct ReceiptColumns {
+    /// `id`.
+    pub id: i64,
+    /// `endpoint`.
+    pub endpoint: String,
+    /// `delivery_id`.
+    pub delivery_id: String,
+    /// `event_type`.
+    pub event_type: Option<String>,
+    /// `headers` (JSON list of pairs).
+    pub headers: String,
+    /// `body`.
+    pub body: Vec<u8>,
+    /// `entity_id`.
+    pub entity_id: Option<String>,
+    /// `entity_version`.
+    pub entity_version: Option<i64>,
+    /// `state`.
+    pub state: String,
+    /// `attempts`.
+    pub attempts: i64,
+    /// `last_error`.
+    pub last_error: Option<String>,
+    /// `received_at_ms`.
+    pub received_at_ms: i64,
+    /// `finished_at_ms`.
+    pub finished_at_ms: Option<i64>,
+}
+
+impl ReceiptColumns {
+    /// Validates the columns; the error names the bad one.
+    pub fn decode(self) -> Result<Receipt, crate::StoreError> {
+        let corrupt = |what: &str| crate::StoreError::Corrupt {
+            detail: format!("webhook receipt {}: {what}", self.id),
+        };
+        Ok(Receipt {
+            id: self.id,
+            state: ReceiptState::parse(&self.state).ok_or_else(|| corrupt("state"))?,
+            attempts: u32::try_from(self.attempts).map_err(|_| corrupt("attempts"))?,
+            receipt: NewReceipt {
+                headers: crate::record::headers_from_json(&self.headers)
+                    .ok_or_else(|| corrupt("headers are not a JSON list of pairs"))?,
+                endpoint: self.endpoint,
+                delivery_id: self.delivery_id,
+                event_type: self.event_type,
+                body: self.body,
+                entity_id: self.entity_id,
+                entity_version: self.entity_version,
+            },
+            last_error: self.last_error,
+            received_at_ms: self.received_at_ms,
+            finished_at_ms: self.finished_at_ms,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn states_round_trip_and_columns_decode() {
+        for s in [
+            ReceiptState::Received,
+            ReceiptState::Processed,
+            ReceiptState::Failed,
+            ReceiptState::Dead,
+            ReceiptState::Stale,
+        ] {
+            assert_eq!(ReceiptState::parse(s.as_str()), Some(s));
+        }
+        let good = ReceiptColumns {
+            id: 3,
+            endpoint: "github".into(),
+            delivery_id: "d".into(),
+            headers: "[]".into(),
+            state: "received".into(),
+            ..ReceiptColumns::default()
+        };
+        assert_eq!(good.clone().decode().unwrap().state, ReceiptState::Received);
+        let bad = ReceiptColumns {
+            state: "gone".into(),
+            ..good.clone()
+        };
+        assert!(bad.decode().unwrap_err().to_string().contains("state"));
+        let bad = ReceiptColumns {
+            attempts: -1,
+            ..good
+        };
+        assert!(bad.decode().unwrap_err().to_string().contains("attempts"));
+    }
+}
