@@ -1,0 +1,414 @@
+//! Signature schemes, each verified over the raw body bytes in constant time.
+
+use std::fmt;
+use std::time::Duration;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as B64;
+use ed25519_dalek::{Signature, VerifyingKey};
+use hmac::{Hmac, Mac};
+use http::HeaderMap;
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// A provider's signing scheme.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scheme {
+    /// `X-Hub-Signature-256: sha256=<hex>` over the body.
+    Github,
+    /// `Stripe-Signature: t=…,v1=…` over `t.body`.
+    Stripe,
+    /// Standard Webhooks: `webhook-id`, `webhook-timestamp`,
+    /// `webhook-signature: v1,<base64> v1a,<base64>` over `id.timestamp.body`.
+    Standard,
+    /// `X-Shopify-Hmac-Sha256: <base64>` over the body.
+    Shopify,
+    /// `X-Slack-Signature: v0=<hex>` over `v0:timestamp:body`.
+    Slack,
+}
+
+impl Scheme {
+    /// The default timestamp tolerance (the providers' own).
+    pub fn default_tolerance(self) -> Duration {
+        Duration::from_secs(300)
+    }
+}
+
+/// A shared secret or key. Its bytes never appear in `Debug` or `Display`.
+#[derive(Clone, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a secret.
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret([redacted])")
+    }
+}
+
+/// A secret as a verifier uses it.
+#[derive(Clone)]
+enum Key {
+    Hmac(Vec<u8>),
+    Ed25519(VerifyingKey),
+}
+
+impl fmt::Debug for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Hmac(_) => f.write_str("Hmac([redacted])"),
+            Self::Ed25519(_) => f.write_str("Ed25519(public key)"),
+        }
+    }
+}
+
+/// A secret that does not fit its scheme.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SecretError {
+    /// No secrets at all.
+    #[error("at least one secret is required")]
+    Missing,
+    /// An empty secret.
+    #[error("secret {index} is empty")]
+    Empty {
+        /// Its position in the list.
+        index: usize,
+    },
+    /// A Standard Webhooks secret without `whsec_` or `whpk_`, or with bad base64.
+    #[error("secret {index} must be whsec_<base64> (HMAC) or whpk_<base64> (ed25519 public key)")]
+    Standard {
+        /// Its position in the list.
+        index: usize,
+    },
+}
+
+/// Why a delivery did not verify. Messages name what was wrong, never a secret.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum VerifyError {
+    /// A header the scheme needs is absent.
+    #[error("header {0} is missing")]
+    MissingHeader(&'static str),
+    /// A header is present but unreadable.
+    #[error("header {0} is malformed")]
+    Malformed(&'static str),
+    /// The signed timestamp is further in the past than the tolerance.
+    #[error("timestamp is {0} s old, beyond the tolerance")]
+    TooOld(i64),
+    /// The signed timestamp is further in the future than the tolerance.
+    #[error("timestamp is {0} s in the future, beyond the tolerance")]
+    InFuture(i64),
+    /// No signature matched any secret.
+    #[error("no signature matches")]
+    NoMatch,
+}
+
+/// What a verified delivery says about itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verified {
+    /// The provider's delivery id, the dedupe key within an endpoint (see the
+    /// crate docs for each scheme and the fallback).
+    pub delivery_id: String,
+    /// The event type, when the provider says.
+    pub event_type: Option<String>,
+}
+
+/// Verifies one endpoint's deliveries: a scheme, its secrets (several at once
+/// during rotation), and a timestamp tolerance in both directions.
+#[derive(Debug, Clone)]
+pub struct Verifier {
+    scheme: Scheme,
+    keys: Vec<Key>,
+    tolerance: Duration,
+}
+
+fn hex_decode(s: &str) -> Option<Vec<u8>> {
+    if s.len() % 2 != 0 {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn header<'a>(headers: &'a HeaderMap, name: &'static str) -> Result<&'a str, VerifyError> {
+    let value = headers.get(name).ok_or(VerifyError::MissingHeader(name))?;
+    let value = value
+        .to_str()
+        .map_err(|_| VerifyError::Malformed(name))?
+        .trim();
+    if value.is_empty() {
+        return Err(VerifyError::Malformed(name));
+    }
+    Ok(value)
+}
+
+fn optional<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+}
+
+fn json_str(body: &[u8], path: &[&str]) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let mut cur = &v;
+    for p in path {
+        cur = cur.get(p)?;
+    }
+    cur.as_str()
+        .filter(|s| !s.is_empty() && s.len() <= 255)
+        .map(str::to_owned)
+}
+
+/// The fallback delivery id when a scheme has none: the signed timestamp (if
+/// any) and the body's SHA-256. Two identical bodies signed at the same second
+/// are one delivery.
+fn fallback_id(timestamp: Option<&str>, body: &[u8]) -> String {
+    let digest = hex(&Sha256::digest(body));
+    match timestamp {
+        Some(t) => format!("{t}:sha256:{digest}"),
+        None => format!("sha256:{digest}"),
+    }
+}
+
+impl Verifier {
+    /// A verifier for `scheme` with `secrets` (tried in order; any may match).
+    /// Standard Webhooks secrets are `whsec_<base64>` (HMAC) or
+    /// `whpk_<base64>` (ed25519 public key, for `v1a`); other schemes take the
+    /// secret's bytes as the HMAC key.
+    pub fn new(
+        scheme: Scheme,
+        secrets: &[Secret],
+        tolerance: Duration,
+    ) -> Result<Self, SecretError> {
+        if secrets.is_empty() {
+            return Err(SecretError::Missing);
+        }
+        let keys = secrets
+            .iter()
+            .enumerate()
+            .map(|(index, s)| {
+                let s = s.expose();
+                if s.is_empty() {
+                    return Err(SecretError::Empty { index });
+                }
+                if scheme != Scheme::Standard {
+                    return Ok(Key::Hmac(s.as_bytes().to_vec()));
+                }
+                let bad = || SecretError::Standard { index };
+                if let Some(b) = s.strip_prefix("whsec_") {
+                    let key = B64.decode(b).map_err(|_| bad())?;
+                    if key.is_empty() {
+                        return Err(bad());
+                    }
+                    Ok(Key::Hmac(key))
+                } else if let Some(b) = s.strip_prefix("whpk_") {
+                    let bytes: [u8; 32] = B64
+                        .decode(b)
+                        .ok()
+                        .and_then(|k| k.try_into().ok())
+                        .ok_or_else(bad)?;
+                    Ok(Key::Ed25519(
+                        VerifyingKey::from_bytes(&bytes).map_err(|_| bad())?,
+                    ))
+                } else {
+                    Err(bad())
+                }
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Self {
+            scheme,
+            keys,
+            tolerance,
+        })
+    }
+
+    /// The scheme.
+    pub fn scheme(&self) -> Scheme {
+        self.scheme
+    }
+
+    fn hmac_matches(&self, message: &[&[u8]], signature: &[u8]) -> bool {
+        // An empty or truncated signature never verifies: `verify_slice`
+        // demands the full tag length and compares in constant time.
+        if signature.len() != 32 {
+            return false;
+        }
+        self.keys.iter().any(|k| match k {
+            Key::Hmac(key) => {
+                let Ok(mut mac) = HmacSha256::new_from_slice(key) else {
+                    return false;
+                };
+                for part in message {
+                    mac.update(part);
+                }
+                mac.verify_slice(signature).is_ok()
+            }
+            Key::Ed25519(_) => false,
+        })
+    }
+
+    fn ed25519_matches(&self, message: &[u8], signature: &[u8]) -> bool {
+        let Ok(sig) = Signature::from_slice(signature) else {
+            return false;
+        };
+        self.keys.iter().any(|k| match k {
+            Key::Ed25519(key) => key.verify_strict(message, &sig).is_ok(),
+            Key::Hmac(_) => false,
+        })
+    }
+
+    fn check_time(&self, name: &'static str, value: &str, now_s: i64) -> Result<(), VerifyError> {
+        let ts: i64 = value.parse().map_err(|_| VerifyError::Malformed(name))?;
+        let skew = now_s.saturating_sub(ts);
+        let tolerance = i64::try_from(self.tolerance.as_secs()).unwrap_or(i64::MAX);
+        if skew > tolerance {
+            Err(VerifyError::TooOld(skew))
+        } else if -skew > tolerance {
+            Err(VerifyError::InFuture(-skew))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Verifies a delivery's signature over its raw `body`, at `now_s` (unix
+    /// seconds), and reads its delivery id.
+    pub fn verify(
+        &self,
+        headers: &HeaderMap,
+        body: &[u8],
+        now_s: i64,
+    ) -> Result<Verified, VerifyError> {
+        match self.scheme {
+            Scheme::Github => {
+                const H: &str = "x-hub-signature-256";
+                let sig = header(headers, H)?
+                    .strip_prefix("sha256=")
+                    .and_then(hex_decode)
+                    .ok_or(VerifyError::Malformed(H))?;
+                if !self.hmac_matches(&[body], &sig) {
+                    return Err(VerifyError::NoMatch);
+                }
+                let delivery = optional(headers, "x-github-delivery");
+                let delivery_id = match (optional(headers, "x-github-hook-id"), delivery) {
+                    (Some(hook), Some(d)) => format!("{hook}:{d}"),
+                    (None, Some(d)) => d.to_owned(),
+                    _ => fallback_id(None, body),
+                };
+                Ok(Verified {
+                    delivery_id,
+                    event_type: optional(headers, "x-github-event").map(str::to_owned),
+                })
+            }
+            Scheme::Stripe => {
+                const H: &str = "stripe-signature";
+                let value = header(headers, H)?;
+                let mut timestamp = None;
+                let mut signatures = Vec::new();
+                for item in value.split(',') {
+                    match item.trim().split_once('=') {
+                        Some(("t", t)) => timestamp = Some(t),
+                        // Several during secret rotation; other schemes (v0) ignored.
+                        Some(("v1", s)) => signatures.extend(hex_decode(s)),
+                        _ => {}
+                    }
+                }
+                let t = timestamp.ok_or(VerifyError::Malformed(H))?;
+                self.check_time(H, t, now_s)?;
+                if !signatures
+                    .iter()
+                    .any(|s| self.hmac_matches(&[t.as_bytes(), b".", body], s))
+                {
+                    return Err(VerifyError::NoMatch);
+                }
+                Ok(Verified {
+                    delivery_id: json_str(body, &["id"])
+                        .unwrap_or_else(|| fallback_id(Some(t), body)),
+                    event_type: json_str(body, &["type"]),
+                })
+            }
+            Scheme::Standard => {
+                let id = header(headers, "webhook-id")?;
+                let ts = header(headers, "webhook-timestamp")?;
+                let sigs = header(headers, "webhook-signature")?;
+                self.check_time("webhook-timestamp", ts, now_s)?;
+                let message = [id.as_bytes(), b".", ts.as_bytes(), b".", body].concat();
+                let matched = sigs.split(' ').any(|entry| match entry.split_once(',') {
+                    Some(("v1", s)) => B64
+                        .decode(s)
+                        .is_ok_and(|s| self.hmac_matches(&[&message], &s)),
+                    Some(("v1a", s)) => B64
+                        .decode(s)
+                        .is_ok_and(|s| self.ed25519_matches(&message, &s)),
+                    _ => false,
+                });
+                if !matched {
+                    return Err(VerifyError::NoMatch);
+                }
+                Ok(Verified {
+                    delivery_id: id.to_owned(),
+                    event_type: json_str(body, &["type"]),
+                })
+            }
+            Scheme::Shopify => {
+                const H: &str = "x-shopify-hmac-sha256";
+                let sig = B64
+                    .decode(header(headers, H)?)
+                    .map_err(|_| VerifyError::Malformed(H))?;
+                if !self.hmac_matches(&[body], &sig) {
+                    return Err(VerifyError::NoMatch);
+                }
+                let delivery_id = optional(headers, "x-shopify-webhook-id")
+                    .or_else(|| optional(headers, "x-shopify-event-id"))
+                    .map_or_else(|| fallback_id(None, body), str::to_owned);
+                Ok(Verified {
+                    delivery_id,
+                    event_type: optional(headers, "x-shopify-topic").map(str::to_owned),
+                })
+            }
+            Scheme::Slack => {
+                const H: &str = "x-slack-signature";
+                const T: &str = "x-slack-request-timestamp";
+                let sig = header(headers, H)?
+                    .strip_prefix("v0=")
+                    .and_then(hex_decode)
+                    .ok_or(VerifyError::Malformed(H))?;
+                let ts = header(headers, T)?;
+                self.check_time(T, ts, now_s)?;
+                if !self.hmac_matches(&[b"v0:", ts.as_bytes(), b":", body], &sig) {
+                    return Err(VerifyError::NoMatch);
+                }
+                Ok(Verified {
+                    delivery_id: json_str(body, &["event_id"])
+                        .unwrap_or_else(|| fallback_id(Some(ts), body)),
+                    event_type: json_str(body, &["event", "type"])
+                        .or_else(|| json_str(body, &["type"])),
+                })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

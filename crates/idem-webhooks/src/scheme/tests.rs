@@ -1,0 +1,401 @@
+use super::*;
+use ed25519_dalek::{Signer, SigningKey};
+use http::HeaderValue;
+
+fn headers(pairs: &[(&'static str, String)]) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    for (n, v) in pairs {
+        h.insert(*n, HeaderValue::from_str(v).unwrap());
+    }
+    h
+}
+
+fn hmac_hex(key: &[u8], parts: &[&[u8]]) -> String {
+    let mut mac = HmacSha256::new_from_slice(key).unwrap();
+    for p in parts {
+        mac.update(p);
+    }
+    hex(&mac.finalize().into_bytes())
+}
+
+fn hmac_b64(key: &[u8], parts: &[&[u8]]) -> String {
+    B64.encode(hex_decode(&hmac_hex(key, parts)).unwrap())
+}
+
+fn verifier(scheme: Scheme, secrets: &[&str]) -> Verifier {
+    let secrets: Vec<Secret> = secrets.iter().map(|s| Secret::new(*s)).collect();
+    Verifier::new(scheme, &secrets, Duration::from_secs(300)).unwrap()
+}
+
+const NOW: i64 = 1_700_000_000;
+
+#[test]
+fn github_published_example_verifies() {
+    // docs.github.com, "Validating webhook deliveries".
+    let v = verifier(Scheme::Github, &["It's a Secret to Everybody"]);
+    let h = headers(&[
+        (
+            "x-hub-signature-256",
+            "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17".into(),
+        ),
+        (
+            "x-github-delivery",
+            "72d3162e-cc78-11e3-81ab-4c9367dc0958".into(),
+        ),
+        ("x-github-hook-id", "292430182".into()),
+        ("x-github-event", "push".into()),
+    ]);
+    let ok = v.verify(&h, b"Hello, World!", NOW).unwrap();
+    assert_eq!(
+        ok.delivery_id,
+        "292430182:72d3162e-cc78-11e3-81ab-4c9367dc0958"
+    );
+    assert_eq!(ok.event_type.as_deref(), Some("push"));
+    assert_eq!(
+        v.verify(&h, b"Hello, World?", NOW),
+        Err(VerifyError::NoMatch)
+    );
+}
+
+#[test]
+fn github_negative_space() {
+    let body = br#"{"action":"opened"}"#;
+    let sig = format!("sha256={}", hmac_hex(b"new-secret", &[body]));
+    let h = headers(&[
+        ("x-hub-signature-256", sig.clone()),
+        ("x-github-delivery", "d1".into()),
+    ]);
+    assert!(
+        verifier(Scheme::Github, &["old-secret", "new-secret"])
+            .verify(&h, body, NOW)
+            .is_ok(),
+        "rotation"
+    );
+    assert_eq!(
+        verifier(Scheme::Github, &["other"]).verify(&h, body, NOW),
+        Err(VerifyError::NoMatch)
+    );
+    let v = verifier(Scheme::Github, &["new-secret"]);
+    for bad in ["sha256=", "sha256=abc", "sha1=00", &sig[..sig.len() - 2]] {
+        let h = headers(&[("x-hub-signature-256", bad.to_owned())]);
+        assert!(v.verify(&h, body, NOW).is_err(), "{bad:?}");
+    }
+    assert_eq!(
+        v.verify(&HeaderMap::new(), body, NOW),
+        Err(VerifyError::MissingHeader("x-hub-signature-256"))
+    );
+    // No delivery header: the documented fallback, a body hash.
+    let h = headers(&[("x-hub-signature-256", sig)]);
+    assert!(
+        v.verify(&h, body, NOW)
+            .unwrap()
+            .delivery_id
+            .starts_with("sha256:")
+    );
+}
+
+#[test]
+fn stripe_matches_an_independent_computation() {
+    // HMAC-SHA256("whsec_idem_doc_secret", "1700000000." + body), computed with
+    // Python's hmac module following Stripe's documented scheme.
+    let body =
+        br#"{"id":"evt_1NwDq2","type":"payment_intent.succeeded","data":{"object":{"id":"pi_1"}}}"#;
+    let h = headers(&[(
+        "stripe-signature",
+        "t=1700000000,v1=ae407c0cf3d64a308f549bbc0bcbd1d72378cdaf61fceca033189c1f00ca180c".into(),
+    )]);
+    let ok = verifier(Scheme::Stripe, &["whsec_idem_doc_secret"])
+        .verify(&h, body, NOW)
+        .unwrap();
+    assert_eq!(ok.delivery_id, "evt_1NwDq2");
+    assert_eq!(ok.event_type.as_deref(), Some("payment_intent.succeeded"));
+}
+
+#[test]
+fn stripe_negative_space() {
+    let body = br#"{"id":"evt_2","type":"charge.refunded"}"#;
+    let t = NOW.to_string();
+    let good = hmac_hex(b"sk2", &[t.as_bytes(), b".", body]);
+    let other = hmac_hex(b"sk1", &[t.as_bytes(), b".", body]);
+    let sig = |t: i64, v1: &str| headers(&[("stripe-signature", format!("t={t},v1={v1}"))]);
+    let v = verifier(Scheme::Stripe, &["sk1", "sk2"]);
+    // Several v1 entries (rotation) and unknown schemes are fine.
+    let h = headers(&[(
+        "stripe-signature",
+        format!("t={NOW},v0=deadbeef,v1={},v1={good}", "00".repeat(32)),
+    )]);
+    assert!(v.verify(&h, body, NOW).is_ok());
+    assert!(
+        v.verify(&sig(NOW, &other), body, NOW).is_ok(),
+        "the first secret also verifies its own"
+    );
+    assert_eq!(
+        v.verify(&sig(NOW, &good), b"tampered", NOW),
+        Err(VerifyError::NoMatch)
+    );
+    assert_eq!(
+        verifier(Scheme::Stripe, &["sk9"]).verify(&sig(NOW, &good), body, NOW),
+        Err(VerifyError::NoMatch)
+    );
+    // Stale and future timestamps are refused even with a correct signature.
+    let old = NOW - 301;
+    let s_old = hmac_hex(b"sk2", &[old.to_string().as_bytes(), b".", body]);
+    assert_eq!(
+        v.verify(&sig(old, &s_old), body, NOW),
+        Err(VerifyError::TooOld(301))
+    );
+    let future = NOW + 301;
+    let s_future = hmac_hex(b"sk2", &[future.to_string().as_bytes(), b".", body]);
+    assert_eq!(
+        v.verify(&sig(future, &s_future), body, NOW),
+        Err(VerifyError::InFuture(301))
+    );
+    assert_eq!(
+        v.verify(&sig(NOW, ""), body, NOW),
+        Err(VerifyError::NoMatch),
+        "empty v1"
+    );
+    let no_t = headers(&[("stripe-signature", format!("v1={good}"))]);
+    assert_eq!(
+        v.verify(&no_t, body, NOW),
+        Err(VerifyError::Malformed("stripe-signature"))
+    );
+    assert_eq!(
+        v.verify(&HeaderMap::new(), body, NOW),
+        Err(VerifyError::MissingHeader("stripe-signature"))
+    );
+}
+
+#[test]
+fn standard_webhooks_published_vector_verifies() {
+    // The test vector of the Standard Webhooks specification.
+    let v = verifier(
+        Scheme::Standard,
+        &["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"],
+    );
+    let h = headers(&[
+        ("webhook-id", "msg_p5jXN8AQM9LWM0D4loKWxJek".into()),
+        ("webhook-timestamp", "1614265330".into()),
+        (
+            "webhook-signature",
+            "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=".into(),
+        ),
+    ]);
+    let ok = v
+        .verify(&h, br#"{"test": 2432232314}"#, 1_614_265_330)
+        .unwrap();
+    assert_eq!(ok.delivery_id, "msg_p5jXN8AQM9LWM0D4loKWxJek");
+    assert_eq!(
+        v.verify(&h, br#"{"test": 2432232315}"#, 1_614_265_330),
+        Err(VerifyError::NoMatch)
+    );
+}
+
+#[test]
+fn standard_webhooks_negative_space_and_ed25519() {
+    let key = b"0123456789abcdef0123456789abcdef";
+    let secret = format!("whsec_{}", B64.encode(key));
+    let body = br#"{"type":"invoice.paid"}"#;
+    let id = "msg_1";
+    let ts = NOW.to_string();
+    let v1 = hmac_b64(key, &[id.as_bytes(), b".", ts.as_bytes(), b".", body]);
+    let h = |sig: &str, ts: &str| {
+        headers(&[
+            ("webhook-id", id.into()),
+            ("webhook-timestamp", ts.into()),
+            ("webhook-signature", sig.into()),
+        ])
+    };
+    let other = format!("whsec_{}", B64.encode(b"another key, rotated out soon"));
+    let v = verifier(Scheme::Standard, &[&other, &secret]);
+    let ok = v.verify(&h(&format!("v1,{v1}"), &ts), body, NOW).unwrap();
+    assert_eq!(
+        (ok.delivery_id.as_str(), ok.event_type.as_deref()),
+        ("msg_1", Some("invoice.paid"))
+    );
+    // Space-separated entries: one bad, one good; unknown versions ignored.
+    assert!(
+        v.verify(&h(&format!("v2,abc v1,AAAA v1,{v1}"), &ts), body, NOW)
+            .is_ok()
+    );
+    assert_eq!(
+        v.verify(&h("v1,", &ts), body, NOW),
+        Err(VerifyError::NoMatch),
+        "empty signature"
+    );
+    assert_eq!(
+        v.verify(&h(&format!("v1,{v1}"), &ts), b"{}", NOW),
+        Err(VerifyError::NoMatch)
+    );
+    assert_eq!(
+        verifier(Scheme::Standard, &[&other]).verify(&h(&format!("v1,{v1}"), &ts), body, NOW),
+        Err(VerifyError::NoMatch)
+    );
+    assert_eq!(
+        v.verify(&h(&format!("v1,{v1}"), &ts), body, NOW + 301),
+        Err(VerifyError::TooOld(301))
+    );
+    assert_eq!(
+        v.verify(&h(&format!("v1,{v1}"), &ts), body, NOW - 301),
+        Err(VerifyError::InFuture(301))
+    );
+    let mut missing = h(&format!("v1,{v1}"), &ts);
+    missing.remove("webhook-id");
+    assert_eq!(
+        v.verify(&missing, body, NOW),
+        Err(VerifyError::MissingHeader("webhook-id"))
+    );
+    // v1a: ed25519 with a whpk_ public key.
+    let signing = SigningKey::from_bytes(&[7; 32]);
+    let public = format!("whpk_{}", B64.encode(signing.verifying_key().to_bytes()));
+    let message = [id.as_bytes(), b".", ts.as_bytes(), b".", body].concat();
+    let v1a = B64.encode(signing.sign(&message).to_bytes());
+    let ed = verifier(Scheme::Standard, &[&public]);
+    assert!(ed.verify(&h(&format!("v1a,{v1a}"), &ts), body, NOW).is_ok());
+    assert_eq!(
+        ed.verify(&h(&format!("v1a,{v1a}"), &ts), b"{}", NOW),
+        Err(VerifyError::NoMatch)
+    );
+    assert_eq!(
+        ed.verify(&h(&format!("v1,{v1}"), &ts), body, NOW),
+        Err(VerifyError::NoMatch),
+        "an HMAC is not an ed25519 signature"
+    );
+    let wrong = SigningKey::from_bytes(&[8; 32]);
+    let forged = B64.encode(wrong.sign(&message).to_bytes());
+    assert_eq!(
+        ed.verify(&h(&format!("v1a,{forged}"), &ts), body, NOW),
+        Err(VerifyError::NoMatch)
+    );
+    // Secrets must say what they are.
+    for bad in ["plain", "whsec_", "whsec_***", "whpk_AAAA"] {
+        assert!(
+            Verifier::new(
+                Scheme::Standard,
+                &[Secret::new(bad)],
+                Duration::from_secs(1)
+            )
+            .is_err(),
+            "{bad}"
+        );
+    }
+}
+
+#[test]
+fn shopify_matches_an_independent_computation() {
+    // base64(HMAC-SHA256("shopify-shared-secret", body)), computed with
+    // Python's hmac module following Shopify's documented scheme.
+    let body = br#"{"id":820982911946154508,"email":"jon@doe.ca"}"#;
+    let h = headers(&[
+        (
+            "x-shopify-hmac-sha256",
+            "pCD6gt/jTWB0b3mAPGiOA6sJMc2Q8cGmhZHTHzqI83A=".into(),
+        ),
+        (
+            "x-shopify-webhook-id",
+            "b54557e4-bdd9-4b37-8a5f-bf7d70bcd043".into(),
+        ),
+        ("x-shopify-topic", "orders/create".into()),
+    ]);
+    let v = verifier(Scheme::Shopify, &["rotated-out", "shopify-shared-secret"]);
+    let ok = v.verify(&h, body, NOW).unwrap();
+    assert_eq!(ok.delivery_id, "b54557e4-bdd9-4b37-8a5f-bf7d70bcd043");
+    assert_eq!(ok.event_type.as_deref(), Some("orders/create"));
+    assert_eq!(v.verify(&h, b"{}", NOW), Err(VerifyError::NoMatch));
+    assert_eq!(
+        verifier(Scheme::Shopify, &["nope"]).verify(&h, body, NOW),
+        Err(VerifyError::NoMatch)
+    );
+    let empty = headers(&[("x-shopify-hmac-sha256", "=".into())]);
+    assert!(v.verify(&empty, body, NOW).is_err());
+    assert_eq!(
+        v.verify(&HeaderMap::new(), body, NOW),
+        Err(VerifyError::MissingHeader("x-shopify-hmac-sha256"))
+    );
+}
+
+#[test]
+fn slack_published_example_verifies() {
+    // api.slack.com, "Verifying requests from Slack".
+    let body = b"token=xyzz0WbapA4vBCDEFasx0q6G&team_id=T1DC2JH3J&team_domain=testteamnow&channel_id=G8PSS9T3V&channel_name=foobar&user_id=U2CERLKJA&user_name=roadrunner&command=%2Fwebhook-collect&text=&response_url=https%3A%2F%2Fhooks.slack.com%2Fcommands%2FT1DC2JH3J%2F397700885554%2F96rGlfmibIGlgcZRskXaIFfN&trigger_id=398738663015.47445629121.803a0bc887a14d10d2c447fce8b6703c";
+    let h = headers(&[
+        (
+            "x-slack-signature",
+            "v0=a2114d57b48eac39b9ad189dd8316235a7b4a8d21a10bd27519666489c69b503".into(),
+        ),
+        ("x-slack-request-timestamp", "1531420618".into()),
+    ]);
+    let v = verifier(Scheme::Slack, &["8f742231b10e8888abcd99yyyzzz85a5"]);
+    let ok = v.verify(&h, body, 1_531_420_618).unwrap();
+    assert!(
+        ok.delivery_id.starts_with("1531420618:sha256:"),
+        "no event id in a slash command: the fallback"
+    );
+    assert_eq!(
+        v.verify(&h, body, 1_531_420_618 + 301),
+        Err(VerifyError::TooOld(301))
+    );
+}
+
+#[test]
+fn slack_negative_space() {
+    let body = br#"{"event_id":"Ev01","event":{"type":"message"}}"#;
+    let ts = NOW.to_string();
+    let sig = format!(
+        "v0={}",
+        hmac_hex(b"slack2", &[b"v0:", ts.as_bytes(), b":", body])
+    );
+    let h = |sig: &str, ts: &str| {
+        headers(&[
+            ("x-slack-signature", sig.into()),
+            ("x-slack-request-timestamp", ts.into()),
+        ])
+    };
+    let v = verifier(Scheme::Slack, &["slack1", "slack2"]);
+    let ok = v.verify(&h(&sig, &ts), body, NOW).unwrap();
+    assert_eq!(
+        (ok.delivery_id.as_str(), ok.event_type.as_deref()),
+        ("Ev01", Some("message"))
+    );
+    assert_eq!(
+        v.verify(&h(&sig, &ts), b"{}", NOW),
+        Err(VerifyError::NoMatch)
+    );
+    assert_eq!(
+        verifier(Scheme::Slack, &["x"]).verify(&h(&sig, &ts), body, NOW),
+        Err(VerifyError::NoMatch)
+    );
+    assert_eq!(
+        v.verify(&h(&sig, &ts), body, NOW - 301),
+        Err(VerifyError::InFuture(301))
+    );
+    assert!(
+        v.verify(&h("v0=", &ts), body, NOW).is_err(),
+        "empty signature"
+    );
+    assert_eq!(
+        v.verify(&h(&sig, "soon"), body, NOW),
+        Err(VerifyError::Malformed("x-slack-request-timestamp"))
+    );
+    let only_sig = headers(&[("x-slack-signature", sig.clone())]);
+    assert_eq!(
+        v.verify(&only_sig, body, NOW),
+        Err(VerifyError::MissingHeader("x-slack-request-timestamp"))
+    );
+}
+
+#[test]
+fn secrets_never_show_in_debug() {
+    let v = verifier(Scheme::Github, &["hunter2-super-secret"]);
+    let dbg = format!("{v:?} {:?}", Secret::new("hunter2-super-secret"));
+    assert!(!dbg.contains("hunter2"), "{dbg}");
+    assert!(dbg.contains("redacted"));
+    assert_eq!(
+        Verifier::new(Scheme::Github, &[], Duration::ZERO).unwrap_err(),
+        SecretError::Missing
+    );
+    assert_eq!(
+        Verifier::new(Scheme::Github, &[Secret::new("")], Duration::ZERO).unwrap_err(),
+        SecretError::Empty { index: 0 }
+    );
+}
