@@ -9,6 +9,7 @@ pub mod bench;
 pub mod bench_messaging;
 pub mod demo;
 pub mod messaging;
+pub mod webhooks;
 
 demo_app!(
     sqlite_demo,

@@ -84,6 +84,14 @@ enum Command {
         consume: bool,
         #[command(flatten)]
         consumer: ConsumeArgs,
+        /// A TOML file declaring webhook endpoints (`[webhooks.<name>]`).
+        #[arg(long, env = "IDEM_CONFIG")]
+        config: Option<std::path::PathBuf>,
+    },
+    /// Inspect and replay stored webhook deliveries.
+    Webhooks {
+        #[command(subcommand)]
+        action: WebhookAction,
     },
     /// Relay the outbox to NATS JetStream (one per SQLite file; any number on PostgreSQL).
     Relay {
@@ -137,6 +145,38 @@ enum Command {
     Stats {
         #[command(flatten)]
         db: DbArgs,
+    },
+}
+
+#[derive(Subcommand)]
+enum WebhookAction {
+    /// List deliveries, newest first, as JSON lines.
+    List {
+        #[command(flatten)]
+        db: DbArgs,
+        /// Only this endpoint.
+        #[arg(long)]
+        endpoint: Option<String>,
+        /// Only this state: received, processed, failed, dead or stale.
+        #[arg(long)]
+        state: Option<String>,
+        /// At most this many (1 to 1000).
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+    },
+    /// Show one delivery with its headers and body.
+    Show {
+        #[command(flatten)]
+        db: DbArgs,
+        endpoint: String,
+        delivery_id: String,
+    },
+    /// Run a failed or dead delivery again (a processed one is left alone).
+    Replay {
+        #[command(flatten)]
+        db: DbArgs,
+        endpoint: String,
+        delivery_id: String,
     },
 }
 
@@ -338,10 +378,15 @@ async fn main() -> anyhow::Result<()> {
             events,
             consume,
             consumer,
+            config: config_file,
         } => {
             if let Some(url) = &nats_url {
                 check_nats_url(url)?;
             }
+            let hooks = match &config_file {
+                Some(path) => Some(idem_server::webhooks::load(path)?),
+                None => None,
+            };
             if consume && nats_url.is_none() {
                 bail!("--consume needs --nats-url");
             }
@@ -361,6 +406,7 @@ async fn main() -> anyhow::Result<()> {
                     );
                     sqlite_demo::router(store.clone(), store.pool().clone(), &config)
                         .merge(admin_router(store.clone(), d))
+                        .merge(start_webhooks(&store, hooks.as_ref(), &shutdown))
                 }
                 Db::Postgres(store) => {
                     spawn_gc(store.clone(), gc_interval);
@@ -375,6 +421,7 @@ async fn main() -> anyhow::Result<()> {
                     );
                     postgres_demo::router(store.clone(), store.pool().clone(), &config)
                         .merge(admin_router(store.clone(), d))
+                        .merge(start_webhooks(&store, hooks.as_ref(), &shutdown))
                 }
             };
             let app = Router::new()
@@ -461,6 +508,15 @@ async fn main() -> anyhow::Result<()> {
             };
             println!("deleted {n} expired key records");
         }
+        Command::Webhooks { action } => {
+            let (WebhookAction::List { db, .. }
+            | WebhookAction::Show { db, .. }
+            | WebhookAction::Replay { db, .. }) = &action;
+            match open(&db.database_url).await? {
+                Db::Sqlite(s) => webhooks_command(&s, action).await?,
+                Db::Postgres(s) => webhooks_command(&s, action).await?,
+            }
+        }
         Command::Stats { db } => {
             let v = match open(&db.database_url).await? {
                 Db::Sqlite(s) => store_stats_json(&s).await?,
@@ -524,6 +580,86 @@ where
         }
     });
     slot
+}
+
+/// Mounts the webhook routes and starts the workers, when a configuration
+/// declares endpoints.
+fn start_webhooks<S: idem_core::WebhookStore>(
+    store: &S,
+    config: Option<&idem_server::webhooks::WebhookConfig>,
+    shutdown: &watch::Receiver<bool>,
+) -> Router {
+    use idem_server::webhooks as w;
+    let Some(config) = config.filter(|c| !c.endpoints.is_empty()) else {
+        return Router::new();
+    };
+    let receiver = Arc::new(idem_webhooks::Receiver::new(
+        store.clone(),
+        config.endpoints.clone(),
+    ));
+    let processor = w::processor(store.clone(), config);
+    let shutdown = shutdown.clone();
+    tokio::spawn(async move {
+        processor
+            .run(Duration::from_secs(3600), messaging::stopped(shutdown))
+            .await
+    });
+    let names: Vec<&str> = config.endpoints.iter().map(|e| e.name.as_str()).collect();
+    tracing::info!(endpoints = ?names, "receiving webhooks at /webhooks/{{endpoint}}");
+    w::router(receiver.clone()).merge(w::admin_router(store.clone(), receiver))
+}
+
+async fn webhooks_command<S: idem_core::WebhookStore>(
+    store: &S,
+    action: WebhookAction,
+) -> anyhow::Result<()> {
+    use idem_server::webhooks as w;
+    match action {
+        WebhookAction::List {
+            endpoint,
+            state,
+            limit,
+            ..
+        } => {
+            let state = match state.as_deref() {
+                None => None,
+                Some(s) => Some(w::parse_state(s).with_context(|| {
+                    format!("--state {s}: expected received, processed, failed, dead or stale")
+                })?),
+            };
+            if !(1..=1000).contains(&limit) {
+                bail!("--limit must be between 1 and 1000");
+            }
+            for r in store
+                .list_receipts(endpoint.as_deref(), state, limit)
+                .await?
+            {
+                println!("{}", w::receipt_json(&r, false));
+            }
+        }
+        WebhookAction::Show {
+            endpoint,
+            delivery_id,
+            ..
+        } => match store.get_receipt(&endpoint, &delivery_id).await? {
+            Some(r) => println!("{}", w::receipt_json(&r, true)),
+            None => bail!("no delivery {delivery_id} on endpoint {endpoint}"),
+        },
+        WebhookAction::Replay {
+            endpoint,
+            delivery_id,
+            ..
+        } => {
+            let now = idem_core::Clock::now_ms(&idem_core::SystemClock);
+            let outcome = store.replay_receipt(&endpoint, &delivery_id, now).await?;
+            let (_, v) = w::replay_json(&endpoint, &delivery_id, outcome);
+            println!("{v}");
+            if outcome == idem_core::Replay::NotFound {
+                bail!("no delivery {delivery_id} on endpoint {endpoint}");
+            }
+        }
+    }
+    Ok(())
 }
 
 async fn run_relay<S: OutboxStore>(

@@ -6,6 +6,7 @@
 mod history;
 mod messaging;
 mod process;
+mod webhooks;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -382,6 +383,13 @@ mod fixture {
     pub use idem_server::demo::DemoConfig;
 
     type Gc = Box<dyn Fn() -> Pin<Box<dyn Future<Output = u64> + Send>> + Send + Sync>;
+
+    impl Fixture {
+        /// The address and the SQLite directory (for a fixture from `sqlite`).
+        pub fn into_parts(mut self) -> (SocketAddr, TempDir) {
+            (self.addr, self._dir.take().expect("an SQLite fixture"))
+        }
+    }
 
     /// A demo API on a socket, its clock, and a GC on that clock.
     pub struct Fixture {

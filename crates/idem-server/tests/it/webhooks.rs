@@ -1,0 +1,587 @@
+//! Webhook ingest over real sockets on both backends: drill 5, every scheme's
+//! negative space, order awareness, limits, operator replay, and a worker
+//! killed between a forward and its bookkeeping.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as B64;
+use hmac::{Hmac, Mac};
+use idem_core::{ManualClock, ReceiptState, WebhookStore};
+use idem_server::webhooks;
+use idem_webhooks::Receiver;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::process::Server;
+use crate::{DemoConfig, Reply, payments_of};
+
+type HmacSha256 = Hmac<sha2::Sha256>;
+
+fn hmac(key: &[u8], parts: &[&[u8]]) -> Vec<u8> {
+    let mut mac = HmacSha256::new_from_slice(key).unwrap();
+    for p in parts {
+        mac.update(p);
+    }
+    mac.finalize().into_bytes().to_vec()
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+pub fn now_s() -> i64 {
+    idem_core::Clock::now_ms(&idem_core::SystemClock) / 1000
+}
+
+/// Signers, each following its provider's documented algorithm.
+pub mod sign {
+    use super::*;
+    pub fn github(secret: &str, delivery: &str, body: &str) -> Vec<(String, String)> {
+        vec![
+            (
+                "X-Hub-Signature-256".into(),
+                format!(
+                    "sha256={}",
+                    hex(&hmac(secret.as_bytes(), &[body.as_bytes()]))
+                ),
+            ),
+            ("X-GitHub-Delivery".into(), delivery.into()),
+            ("X-GitHub-Hook-ID".into(), "4242".into()),
+            ("X-GitHub-Event".into(), "push".into()),
+        ]
+    }
+    pub fn stripe(secret: &str, t: i64, body: &str) -> Vec<(String, String)> {
+        let sig = hex(&hmac(
+            secret.as_bytes(),
+            &[t.to_string().as_bytes(), b".", body.as_bytes()],
+        ));
+        vec![("Stripe-Signature".into(), format!("t={t},v1={sig}"))]
+    }
+    pub fn standard(key: &[u8], id: &str, ts: i64, body: &str) -> Vec<(String, String)> {
+        let sig = B64.encode(hmac(
+            key,
+            &[
+                id.as_bytes(),
+                b".",
+                ts.to_string().as_bytes(),
+                b".",
+                body.as_bytes(),
+            ],
+        ));
+        vec![
+            ("webhook-id".into(), id.into()),
+            ("webhook-timestamp".into(), ts.to_string()),
+            ("webhook-signature".into(), format!("v1,{sig}")),
+        ]
+    }
+    pub fn shopify(secret: &str, id: &str, body: &str) -> Vec<(String, String)> {
+        vec![
+            (
+                "X-Shopify-Hmac-Sha256".into(),
+                B64.encode(hmac(secret.as_bytes(), &[body.as_bytes()])),
+            ),
+            ("X-Shopify-Webhook-Id".into(), id.into()),
+        ]
+    }
+    pub fn slack(secret: &str, ts: i64, body: &str) -> Vec<(String, String)> {
+        let sig = hex(&hmac(
+            secret.as_bytes(),
+            &[b"v0:", ts.to_string().as_bytes(), b":", body.as_bytes()],
+        ));
+        vec![
+            ("X-Slack-Signature".into(), format!("v0={sig}")),
+            ("X-Slack-Request-Timestamp".into(), ts.to_string()),
+        ]
+    }
+}
+
+/// `POST /webhooks/{endpoint}` with these headers and this raw body.
+pub async fn deliver(
+    addr: SocketAddr,
+    endpoint: &str,
+    headers: &[(String, String)],
+    body: &str,
+) -> Reply {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let extra: String = headers
+        .iter()
+        .map(|(n, v)| format!("{n}: {v}\r\n"))
+        .collect();
+    let req = format!(
+        "POST /webhooks/{endpoint} HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Type: application/json\r\n\
+         {extra}Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).await.unwrap();
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    let head = String::from_utf8_lossy(&raw[..split]).into_owned();
+    Reply {
+        status: head[9..12].parse().unwrap(),
+        head,
+        body: raw[split + 4..].to_vec(),
+    }
+}
+
+pub const STANDARD_KEY: &[u8] = b"standard-webhooks-test-key-32byte";
+
+/// A config whose endpoints forward to `upstream` (`http://…/path`).
+pub fn config(upstream: &str, extra: &str) -> String {
+    let whsec = format!("whsec_{}", B64.encode(STANDARD_KEY));
+    format!(
+        r#"
+        [webhooks.github]
+        scheme = "github"
+        secrets = ["old-github-secret", "github-secret"]
+        forward_to = "{upstream}"
+        [webhooks.stripe]
+        scheme = "stripe"
+        secrets = ["whsec_stripe"]
+        forward_to = "{upstream}"
+        [webhooks.standard]
+        scheme = "standard"
+        secrets = ["{whsec}"]
+        forward_to = "{upstream}"
+        [webhooks.shopify]
+        scheme = "shopify"
+        secrets = ["shopify-secret"]
+        forward_to = "{upstream}"
+        [webhooks.slack]
+        scheme = "slack"
+        secrets = ["slack-secret"]
+        forward_to = "{upstream}"
+        [webhooks.orders]
+        scheme = "github"
+        secrets = ["github-secret"]
+        forward_to = "{upstream}"
+        entity_id = "/order/id"
+        entity_version = "/order/version"
+        [webhooks.small]
+        scheme = "github"
+        secrets = ["github-secret"]
+        forward_to = "{upstream}"
+        max_body_bytes = 256
+        [worker]
+        lease_secs = 2
+        poll_interval_ms = 50
+        {extra}
+        "#
+    )
+}
+
+/// A payment body the upstream (the demo API, built on Idem's HTTP layer)
+/// accepts, tagged so its effects can be counted.
+pub fn payment(customer: &str, extra: &str) -> String {
+    format!(r#"{{"amount":500,"currency":"EUR","customer":"{customer}"{extra}}}"#)
+}
+
+async fn serve(router: axum::Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    addr
+}
+
+/// The upstream: the demo payments API on an SQLite file of its own.
+pub async fn upstream() -> (SocketAddr, idem_testkit::TempDir) {
+    let f = crate::fixture::sqlite(ManualClock::starting_now(), DemoConfig::default()).await;
+    let (addr, dir) = f.into_parts();
+    (addr, dir)
+}
+
+pub struct Rig<S: WebhookStore> {
+    pub addr: SocketAddr,
+    pub store: S,
+    pub receiver: Arc<Receiver<S>>,
+    pub processor: idem_webhooks::Processor<S>,
+    pub upstream: SocketAddr,
+    _up: idem_testkit::TempDir,
+}
+
+impl<S: WebhookStore> Rig<S> {
+    pub async fn new(store: S, extra: &str) -> Self {
+        let (upstream, up) = upstream().await;
+        let config =
+            webhooks::parse(&config(&format!("http://{upstream}/v1/payments"), extra)).unwrap();
+        let receiver = Arc::new(Receiver::new(store.clone(), config.endpoints.clone()));
+        let router = webhooks::router(receiver.clone())
+            .merge(webhooks::admin_router(store.clone(), receiver.clone()));
+        Self {
+            addr: serve(router).await,
+            processor: webhooks::processor(store.clone(), &config),
+            store,
+            receiver,
+            upstream,
+            _up: up,
+        }
+    }
+
+    pub async fn count(&self) -> usize {
+        self.store
+            .list_receipts(None, None, 1000)
+            .await
+            .unwrap()
+            .len()
+    }
+
+    pub fn counter(&self, endpoint: &str) -> (u64, u64, u64, u64) {
+        let (_, c) = self
+            .receiver
+            .counters()
+            .find(|(n, _)| *n == endpoint)
+            .unwrap();
+        (
+            c.accepted.load(Ordering::Relaxed),
+            c.duplicates.load(Ordering::Relaxed),
+            c.rejected_signature.load(Ordering::Relaxed),
+            c.too_large.load(Ordering::Relaxed),
+        )
+    }
+
+    pub async fn state(&self, endpoint: &str, delivery: &str) -> ReceiptState {
+        self.store
+            .get_receipt(endpoint, delivery)
+            .await
+            .unwrap()
+            .unwrap()
+            .state
+    }
+}
+
+macro_rules! webhook_suite {
+    ($modname:ident, $store:expr) => {
+        mod $modname {
+            use super::*;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn drill5_same_delivery_three_times_one_effect() {
+                let (store, _db) = $store.await;
+                let rig = Rig::new(store, "").await;
+                let body = payment("cus_d5", "");
+                let h = sign::github("github-secret", "d5-guid", &body);
+                let statuses: Vec<u16> = {
+                    let mut v = Vec::new();
+                    for _ in 0..3 {
+                        v.push(deliver(rig.addr, "github", &h, &body).await.status);
+                    }
+                    v
+                };
+                assert_eq!(statuses, [202, 200, 200]);
+                assert_eq!(rig.counter("github"), (1, 2, 0, 0));
+                assert_eq!(rig.processor.run_once().await.unwrap().processed, 1);
+                assert_eq!(rig.processor.run_once().await.unwrap().claimed, 0);
+                assert_eq!(payments_of(rig.upstream, "cus_d5").await.len(), 1, "one effect");
+                assert_eq!(rig.state("github", "4242:d5-guid").await, ReceiptState::Processed);
+                // A late fourth copy, after processing: still a duplicate.
+                assert_eq!(deliver(rig.addr, "github", &h, &body).await.status, 200);
+                assert_eq!(rig.processor.run_once().await.unwrap().claimed, 0);
+                assert_eq!(payments_of(rig.upstream, "cus_d5").await.len(), 1);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn every_scheme_refuses_forgeries_and_stores_nothing() {
+                let (store, _db) = $store.await;
+                let rig = Rig::new(store, "").await;
+                let now = now_s();
+                let body = payment("cus_sig", "");
+                let tampered = payment("cus_sig", r#","amount_extra":1"#);
+                type Case = (&'static str, Vec<(String, String)>, String);
+                let strip = |h: &[(String, String)], name: &str| -> Vec<(String, String)> {
+                    h.iter().filter(|(n, _)| !n.eq_ignore_ascii_case(name)).cloned().collect()
+                };
+                let cases: Vec<(&str, Vec<(String, String)>, Vec<Case>)> = vec![
+                    ("github", sign::github("old-github-secret", "g1", &body), vec![
+                        ("tampered body", sign::github("github-secret", "g2", &body), tampered.clone()),
+                        ("wrong secret", sign::github("nope", "g3", &body), body.clone()),
+                        ("empty signature", vec![("X-Hub-Signature-256".into(), "sha256=".into())], body.clone()),
+                        ("missing header", strip(&sign::github("github-secret", "g4", &body), "X-Hub-Signature-256"), body.clone()),
+                    ]),
+                    ("stripe", sign::stripe("whsec_stripe", now, &body), vec![
+                        ("tampered body", sign::stripe("whsec_stripe", now, &body), tampered.clone()),
+                        ("wrong secret", sign::stripe("whsec_other", now, &body), body.clone()),
+                        ("stale timestamp", sign::stripe("whsec_stripe", now - 400, &body), body.clone()),
+                        ("future timestamp", sign::stripe("whsec_stripe", now + 400, &body), body.clone()),
+                        ("empty signature", vec![("Stripe-Signature".into(), format!("t={now},v1="))], body.clone()),
+                        ("missing header", vec![], body.clone()),
+                    ]),
+                    ("standard", sign::standard(STANDARD_KEY, "msg_1", now, &body), vec![
+                        ("tampered body", sign::standard(STANDARD_KEY, "msg_2", now, &body), tampered.clone()),
+                        ("wrong secret", sign::standard(b"another-key", "msg_3", now, &body), body.clone()),
+                        ("stale timestamp", sign::standard(STANDARD_KEY, "msg_4", now - 400, &body), body.clone()),
+                        ("future timestamp", sign::standard(STANDARD_KEY, "msg_5", now + 400, &body), body.clone()),
+                        ("empty signature", {
+                            let mut h = strip(&sign::standard(STANDARD_KEY, "msg_6", now, &body), "webhook-signature");
+                            h.push(("webhook-signature".into(), "v1,".into()));
+                            h
+                        }, body.clone()),
+                        ("missing header", strip(&sign::standard(STANDARD_KEY, "msg_7", now, &body), "webhook-id"), body.clone()),
+                    ]),
+                    ("shopify", sign::shopify("shopify-secret", "s1", &body), vec![
+                        ("tampered body", sign::shopify("shopify-secret", "s2", &body), tampered.clone()),
+                        ("wrong secret", sign::shopify("nope", "s3", &body), body.clone()),
+                        ("empty signature", vec![("X-Shopify-Hmac-Sha256".into(), String::new())], body.clone()),
+                        ("missing header", vec![("X-Shopify-Webhook-Id".into(), "s4".into())], body.clone()),
+                    ]),
+                    ("slack", sign::slack("slack-secret", now, &body), vec![
+                        ("tampered body", sign::slack("slack-secret", now, &body), tampered.clone()),
+                        ("wrong secret", sign::slack("nope", now, &body), body.clone()),
+                        ("stale timestamp", sign::slack("slack-secret", now - 400, &body), body.clone()),
+                        ("future timestamp", sign::slack("slack-secret", now + 400, &body), body.clone()),
+                        ("empty signature", {
+                            let mut h = strip(&sign::slack("slack-secret", now, &body), "X-Slack-Signature");
+                            h.push(("X-Slack-Signature".into(), "v0=".into()));
+                            h
+                        }, body.clone()),
+                        ("missing header", strip(&sign::slack("slack-secret", now, &body), "X-Slack-Request-Timestamp"), body.clone()),
+                    ]),
+                ];
+                for (endpoint, valid, forgeries) in cases {
+                    let before = rig.count().await;
+                    for (what, headers, b) in &forgeries {
+                        let r = deliver(rig.addr, endpoint, headers, b).await;
+                        assert_eq!(r.status, 401, "{endpoint}: {what}");
+                        assert_eq!(r.problem_type(), "https://idem.dev/problems/invalid-signature", "{endpoint}: {what}");
+                    }
+                    assert_eq!(rig.count().await, before, "{endpoint}: nothing stored for a forgery");
+                    assert_eq!(rig.counter(endpoint).2, forgeries.len() as u64, "{endpoint}: counted");
+                    let ok = deliver(rig.addr, endpoint, &valid, &body).await;
+                    assert_eq!(ok.status, 202, "{endpoint}: valid (github signs with the rotated-out secret)");
+                    assert_eq!(rig.count().await, before + 1);
+                }
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn out_of_order_deliveries_the_older_one_is_stale() {
+                let (store, _db) = $store.await;
+                let rig = Rig::new(store, "").await;
+                // Version n is a payment of n × 100, so the upstream shows which applied.
+                let v = |n: u32| {
+                    format!(r#"{{"amount":{},"currency":"EUR","customer":"cus_order","order":{{"id":"o-1","version":{n}}}}}"#, n * 100)
+                };
+                let send = |n: u32| {
+                    let body = v(n);
+                    let h = sign::github("github-secret", &format!("v{n}"), &body);
+                    let addr = rig.addr;
+                    async move { deliver(addr, "orders", &h, &body).await.status }
+                };
+                // Version 2 arrives before version 1.
+                assert_eq!((send(2).await, send(1).await), (202, 202));
+                let first = rig.processor.run_once().await.unwrap();
+                assert_eq!((first.claimed, first.processed), (1, 1), "one entity, one at a time");
+                let second = rig.processor.run_once().await.unwrap();
+                assert_eq!((second.claimed, second.stale), (1, 1));
+                assert_eq!(rig.state("orders", "4242:v1").await, ReceiptState::Stale);
+                // A newer version still applies.
+                assert_eq!(send(3).await, 202);
+                assert_eq!(rig.processor.run_once().await.unwrap().processed, 1);
+                let mut amounts: Vec<i64> = payments_of(rig.upstream, "cus_order")
+                    .await
+                    .iter()
+                    .map(|p| p["amount"].as_i64().unwrap())
+                    .collect();
+                amounts.sort();
+                assert_eq!(amounts, [200, 300], "v2 and v3 applied; the stale v1 never forwarded");
+                let processed = rig.store.list_receipts(Some("orders"), Some(ReceiptState::Processed), 10).await.unwrap();
+                assert_eq!(processed.len(), 2);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn oversized_body_is_413_and_unknown_endpoint_404() {
+                let (store, _db) = $store.await;
+                let rig = Rig::new(store, "").await;
+                let big = payment("cus_big", &format!(r#","pad":"{}""#, "x".repeat(300)));
+                let r = deliver(rig.addr, "small", &sign::github("github-secret", "big", &big), &big).await;
+                assert_eq!(r.status, 413);
+                assert_eq!(r.problem_type(), "https://idem.dev/problems/body-too-large");
+                assert_eq!(rig.counter("small"), (0, 0, 0, 1));
+                let r = deliver(rig.addr, "nowhere", &[], "{}").await;
+                assert_eq!(r.status, 404);
+                assert_eq!(rig.count().await, 0, "nothing stored");
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn operator_replay_reruns_dead_and_leaves_processed_alone() {
+                let (store, _db) = $store.await;
+                // An upstream that is down until it is not.
+                let up = Arc::new(AtomicBool::new(false));
+                let flag = up.clone();
+                let app = axum::Router::new().route("/hook", axum::routing::post(move || {
+                    let flag = flag.clone();
+                    async move {
+                        if flag.load(Ordering::SeqCst) { axum::http::StatusCode::CREATED } else { axum::http::StatusCode::SERVICE_UNAVAILABLE }
+                    }
+                }));
+                let flaky = serve(app).await;
+                let text = config(&format!("http://{flaky}/hook"), "max_attempts = 2");
+                let mut config = webhooks::parse(&text).unwrap();
+                config.worker.backoff = idem_core::Backoff {
+                    initial: Duration::from_millis(20),
+                    max: Duration::from_millis(20),
+                };
+                let receiver = Arc::new(Receiver::new(store.clone(), config.endpoints.clone()));
+                let addr = serve(webhooks::router(receiver.clone()).merge(webhooks::admin_router(store.clone(), receiver))).await;
+                let processor = webhooks::processor(store.clone(), &config);
+                let body = payment("cus_r", "");
+                assert_eq!(deliver(addr, "github", &sign::github("github-secret", "r1", &body), &body).await.status, 202);
+                assert_eq!(processor.run_once().await.unwrap().retried, 1);
+                let id = "4242:r1";
+                let r = store.get_receipt("github", id).await.unwrap().unwrap();
+                assert_eq!((r.state, r.attempts), (ReceiptState::Failed, 1));
+                assert!(r.last_error.unwrap().contains("503"));
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                let round = processor.run_once().await.unwrap();
+                assert_eq!(round.dead, 1, "the second failure is the last");
+                let replay = |path: &'static str| async move {
+                    let mut s = TcpStream::connect(addr).await.unwrap();
+                    let req = format!("POST {path}?endpoint=github&delivery=4242%3Ar1 HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: 0\r\n\r\n");
+                    s.write_all(req.as_bytes()).await.unwrap();
+                    let mut raw = String::new();
+                    s.read_to_string(&mut raw).await.unwrap();
+                    raw
+                };
+                up.store(true, Ordering::SeqCst);
+                let r = replay("/admin/webhooks/replay").await;
+                assert!(r.starts_with("HTTP/1.1 202") && r.contains("\"requeued\""), "{r}");
+                assert_eq!(processor.run_once().await.unwrap().processed, 1);
+                let r = replay("/admin/webhooks/replay").await;
+                assert!(r.starts_with("HTTP/1.1 200") && r.contains("\"no_op\"") && r.contains("processed"), "{r}");
+                assert_eq!(processor.run_once().await.unwrap().claimed, 0, "a processed delivery is not run again");
+            }
+        }
+    };
+}
+
+webhook_suite!(sqlite, async {
+    let dir = idem_testkit::TempDir::new("wh");
+    let store = idem_sqlite::SqliteStore::connect(&dir.sqlite_url(), Default::default())
+        .await
+        .unwrap();
+    store.migrate().await.unwrap();
+    (store, dir)
+});
+webhook_suite!(postgres, async {
+    let db = idem_testkit::PgDatabase::create("idem_wh").await;
+    let store = idem_postgres::PgStore::connect(&db.url, Default::default())
+        .await
+        .unwrap();
+    store.migrate().await.unwrap();
+    (store, db)
+});
+
+/// The worker forwards a delivery, then dies (an abort at the failpoint between
+/// the forward and marking the receipt processed). After a restart the same
+/// delivery is forwarded again with the same Idempotency-Key, and the upstream
+/// (the demo API on Idem's HTTP layer) applies it once.
+async fn worker_killed_between_forward_and_bookkeeping(db_url: &str) {
+    let (upstream, _up) = upstream().await;
+    let dir = idem_testkit::TempDir::new("whcfg");
+    let file = dir.path().join("idem.toml");
+    std::fs::write(&file, config(&format!("http://{upstream}/v1/payments"), "")).unwrap();
+    let args = ["--config", file.to_str().unwrap()];
+    let server = Server::start_with(db_url, &args, Some("webhook.after_handle")).await;
+    let body = payment("cus_kill", "");
+    let h = sign::github("github-secret", "k1", &body);
+    assert_eq!(deliver(server.addr, "github", &h, &body).await.status, 202);
+    crate::messaging::eventually(
+        Duration::from_secs(15),
+        "the forward reached the upstream",
+        || async { payments_of(upstream, "cus_kill").await.len() == 1 },
+    )
+    .await;
+    // The worker aborted right after the forward, before its bookkeeping.
+    let show = |db: String| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+            .args([
+                "webhooks",
+                "show",
+                "github",
+                "4242:k1",
+                "--database-url",
+                &db,
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    crate::messaging::eventually(
+        Duration::from_secs(10),
+        "the receiver died at the failpoint",
+        || async { try_health(server.addr).await.is_none() },
+    )
+    .await;
+    assert_eq!(
+        show(db_url.to_owned())["state"],
+        "received",
+        "not marked processed"
+    );
+    drop(server);
+    let restarted = Server::start(db_url, &args).await;
+    crate::messaging::eventually(
+        Duration::from_secs(20),
+        "the delivery is processed after the lease",
+        || async { show(db_url.to_owned())["state"] == "processed" },
+    )
+    .await;
+    assert_eq!(
+        payments_of(upstream, "cus_kill").await.len(),
+        1,
+        "forwarded twice, applied once"
+    );
+    let listed = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args([
+            "webhooks",
+            "list",
+            "--state",
+            "processed",
+            "--database-url",
+            db_url,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&listed.stdout).lines().count(), 1);
+    let replay = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args([
+            "webhooks",
+            "replay",
+            "github",
+            "4242:k1",
+            "--database-url",
+            db_url,
+        ])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&replay.stdout).contains("\"no_op\""));
+    println!(
+        "webhook worker drill: forwarded, aborted before bookkeeping, forwarded again after restart; upstream payments=1"
+    );
+    drop(restarted);
+}
+
+async fn try_health(addr: SocketAddr) -> Option<u16> {
+    crate::try_call(addr, "GET", "/healthz", None, "")
+        .await
+        .ok()
+        .map(|r| r.status)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill9_webhook_worker_after_forward_on_sqlite() {
+    let dir = idem_testkit::TempDir::new("whk");
+    worker_killed_between_forward_and_bookkeeping(&dir.sqlite_url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill9_webhook_worker_after_forward_on_postgres() {
+    let db = idem_testkit::PgDatabase::create("idem_whk").await;
+    worker_killed_between_forward_and_bookkeeping(&db.url).await;
+}

@@ -1,0 +1,518 @@
+//! Endpoints and the receiving side: body limit → verify → dedupe key →
+//! persist the receipt with its inbox record → answer.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use http::HeaderMap;
+use idem_core::{Accepted, Clock, NewReceipt, StoreError, SystemClock, WebhookStore};
+use serde::Deserialize;
+
+use crate::scheme::{Scheme, Secret, Verifier, VerifyError};
+
+/// One endpoint as written in the configuration file (`[webhooks.<name>]`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EndpointConfig {
+    /// `github`, `stripe`, `standard`, `shopify` or `slack`.
+    pub scheme: Scheme,
+    /// Secrets, several at once during a rotation.
+    #[serde(default)]
+    pub secrets: Vec<Secret>,
+    /// An environment variable holding more secrets, comma-separated (keeps
+    /// them out of the file).
+    pub secrets_env: Option<String>,
+    /// Where processing forwards each delivery (`http://…`).
+    pub forward_to: Option<String>,
+    /// Timestamp tolerance in seconds, both directions (default 300).
+    pub tolerance_secs: Option<u64>,
+    /// Largest body accepted (default 1 MiB, at most 16 MiB).
+    pub max_body_bytes: Option<usize>,
+    /// How long receipts are kept (default 168 = 7 days).
+    pub retention_hours: Option<u64>,
+    /// JSON pointer to the entity a delivery is about (e.g. `/data/object/id`).
+    pub entity_id: Option<String>,
+    /// JSON pointer to its version: an integer, or an RFC 3339 timestamp.
+    pub entity_version: Option<String>,
+}
+
+/// An endpoint setting that is not usable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("webhooks.{endpoint}.{field}: {detail}")]
+pub struct ConfigError {
+    /// The endpoint.
+    pub endpoint: String,
+    /// The setting.
+    pub field: &'static str,
+    /// What is wrong with it.
+    pub detail: String,
+}
+
+/// A validated endpoint.
+#[derive(Debug, Clone)]
+pub struct Endpoint {
+    /// Its name, the last segment of `/webhooks/{name}`.
+    pub name: String,
+    /// Its verifier.
+    pub verifier: Verifier,
+    /// Where processing forwards deliveries, if anywhere.
+    pub forward_to: Option<http::Uri>,
+    /// Largest body accepted.
+    pub max_body_bytes: usize,
+    /// How long receipts are kept.
+    pub retention: Duration,
+    /// JSON pointers to the entity id and (optionally) its version.
+    pub entity: Option<(String, Option<String>)>,
+}
+
+/// The largest `max_body_bytes` accepted.
+pub const MAX_BODY_LIMIT: usize = 16 << 20;
+
+impl Endpoint {
+    /// Validates one endpoint's settings.
+    pub fn from_config(name: &str, c: EndpointConfig) -> Result<Self, ConfigError> {
+        let err = |field, detail: String| ConfigError {
+            endpoint: name.to_owned(),
+            field,
+            detail,
+        };
+        if name.is_empty()
+            || name.len() > 64
+            || !name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            return Err(err("name", "1 to 64 characters of [A-Za-z0-9_-]".into()));
+        }
+        let mut secrets = c.secrets;
+        if let Some(var) = &c.secrets_env {
+            let value = std::env::var(var).map_err(|_| {
+                err(
+                    "secrets_env",
+                    format!("environment variable {var} is not set"),
+                )
+            })?;
+            secrets.extend(
+                value
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(Secret::new),
+            );
+        }
+        let tolerance = Duration::from_secs(c.tolerance_secs.unwrap_or(300));
+        if tolerance.is_zero() || tolerance > Duration::from_secs(3600) {
+            return Err(err("tolerance_secs", "1 to 3600".into()));
+        }
+        let verifier = Verifier::new(c.scheme, &secrets, tolerance)
+            .map_err(|e| err("secrets", e.to_string()))?;
+        let forward_to = match c.forward_to {
+            None => None,
+            Some(url) => {
+                let uri: http::Uri = url.parse().map_err(|e| err("forward_to", format!("{e}")))?;
+                if uri.scheme_str() != Some("http") || uri.host().is_none() {
+                    return Err(err(
+                        "forward_to",
+                        "must be an http:// URL (forward to a service in your network; terminate TLS in front of it)".into(),
+                    ));
+                }
+                Some(uri)
+            }
+        };
+        let max_body_bytes = c.max_body_bytes.unwrap_or(1 << 20);
+        if max_body_bytes == 0 || max_body_bytes > MAX_BODY_LIMIT {
+            return Err(err("max_body_bytes", format!("1 to {MAX_BODY_LIMIT}")));
+        }
+        let hours = c.retention_hours.unwrap_or(168);
+        if !(1..=400 * 24).contains(&hours) {
+            return Err(err("retention_hours", "1 to 9600 (400 days)".into()));
+        }
+        let pointer = |field, p: Option<String>| match p {
+            Some(p) if !p.starts_with('/') => {
+                Err(err(field, "must be a JSON pointer such as /data/id".into()))
+            }
+            p => Ok(p),
+        };
+        let entity = match (
+            pointer("entity_id", c.entity_id)?,
+            pointer("entity_version", c.entity_version)?,
+        ) {
+            (Some(id), version) => Some((id, version)),
+            (None, Some(_)) => return Err(err("entity_version", "needs entity_id".into())),
+            (None, None) => None,
+        };
+        Ok(Self {
+            name: name.to_owned(),
+            verifier,
+            forward_to,
+            max_body_bytes,
+            retention: Duration::from_secs(hours * 3600),
+            entity,
+        })
+    }
+
+    /// The entity id and version a body names, when the endpoint declares them.
+    pub fn entity_of(&self, body: &[u8]) -> (Option<String>, Option<i64>) {
+        let Some((id_ptr, version_ptr)) = &self.entity else {
+            return (None, None);
+        };
+        let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) else {
+            return (None, None);
+        };
+        let id = match v.pointer(id_ptr) {
+            Some(serde_json::Value::String(s)) if !s.is_empty() && s.len() <= 255 => {
+                Some(s.clone())
+            }
+            Some(serde_json::Value::Number(n)) => Some(n.to_string()),
+            _ => None,
+        };
+        let version = version_ptr.as_ref().and_then(|p| match v.pointer(p)? {
+            serde_json::Value::Number(n) => n.as_i64(),
+            serde_json::Value::String(s) => s.parse().ok().or_else(|| {
+                let t = humantime::parse_rfc3339_weak(s).ok()?;
+                let d = t.duration_since(std::time::UNIX_EPOCH).ok()?;
+                i64::try_from(d.as_millis()).ok()
+            }),
+            _ => None,
+        });
+        let version = version.filter(|_| id.is_some());
+        (id, version)
+    }
+}
+
+/// Counters of one endpoint since start.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// New deliveries stored.
+    pub accepted: AtomicU64,
+    /// Deliveries seen before.
+    pub duplicates: AtomicU64,
+    /// Deliveries whose signature did not verify (nothing stored).
+    pub rejected_signature: AtomicU64,
+    /// Deliveries over the body limit (nothing stored).
+    pub too_large: AtomicU64,
+}
+
+/// How a delivery was taken.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Received {
+    /// Stored now: answer 202.
+    New {
+        /// Its dedupe key within the endpoint.
+        delivery_id: String,
+    },
+    /// Stored before: answer 200, nothing else happens.
+    Duplicate {
+        /// Its dedupe key within the endpoint.
+        delivery_id: String,
+    },
+}
+
+/// Why a delivery was not taken. Nothing was stored.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReceiveError {
+    /// No such endpoint (404).
+    #[error("no such webhook endpoint")]
+    UnknownEndpoint,
+    /// The body is over the endpoint's limit (413).
+    #[error("body over {max} bytes")]
+    TooLarge {
+        /// The limit.
+        max: usize,
+    },
+    /// The signature did not verify (401).
+    #[error("signature: {0}")]
+    Signature(#[from] VerifyError),
+    /// The store failed (503 when retryable).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Request headers never stored with a receipt.
+const CREDENTIALS: &[&str] = &["authorization", "cookie", "proxy-authorization"];
+
+/// Takes deliveries for a set of endpoints.
+#[derive(Debug)]
+pub struct Receiver<S, C = SystemClock> {
+    store: S,
+    clock: C,
+    endpoints: BTreeMap<String, (Endpoint, Counters)>,
+}
+
+impl<S: WebhookStore> Receiver<S> {
+    /// A receiver on the system clock.
+    pub fn new(store: S, endpoints: Vec<Endpoint>) -> Self {
+        Self::with_clock(store, endpoints, SystemClock)
+    }
+}
+
+impl<S: WebhookStore, C: Clock> Receiver<S, C> {
+    /// A receiver on its own clock.
+    pub fn with_clock(store: S, endpoints: Vec<Endpoint>, clock: C) -> Self {
+        Self {
+            store,
+            clock,
+            endpoints: endpoints
+                .into_iter()
+                .map(|e| (e.name.clone(), (e, Counters::default())))
+                .collect(),
+        }
+    }
+
+    /// An endpoint by name.
+    pub fn endpoint(&self, name: &str) -> Option<&Endpoint> {
+        self.endpoints.get(name).map(|(e, _)| e)
+    }
+
+    /// The endpoints and their counters.
+    pub fn counters(&self) -> impl Iterator<Item = (&str, &Counters)> {
+        self.endpoints.iter().map(|(n, (_, c))| (n.as_str(), c))
+    }
+
+    /// Counts a body refused over the limit while it was being read.
+    pub fn note_too_large(&self, name: &str) {
+        if let Some((_, c)) = self.endpoints.get(name) {
+            c.too_large.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Verifies the raw `body` and, when it verifies, stores the receipt and
+    /// its inbox record in one transaction before returning.
+    ///
+    /// # Cancel safety
+    /// Cancelling before the commit stores nothing; the sender retries.
+    pub async fn receive(
+        &self,
+        name: &str,
+        headers: &HeaderMap,
+        body: &[u8],
+    ) -> Result<Received, ReceiveError> {
+        let (endpoint, counters) = self
+            .endpoints
+            .get(name)
+            .ok_or(ReceiveError::UnknownEndpoint)?;
+        if body.len() > endpoint.max_body_bytes {
+            counters.too_large.fetch_add(1, Ordering::Relaxed);
+            return Err(ReceiveError::TooLarge {
+                max: endpoint.max_body_bytes,
+            });
+        }
+        let now_ms = self.clock.now_ms();
+        let verified = match endpoint
+            .verifier
+            .verify(headers, body, now_ms.div_euclid(1000))
+        {
+            Ok(v) => v,
+            Err(e) => {
+                counters.rejected_signature.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(endpoint = name, reason = %e, "webhook signature rejected");
+                return Err(e.into());
+            }
+        };
+        let (entity_id, entity_version) = endpoint.entity_of(body);
+        let receipt = NewReceipt {
+            endpoint: name.to_owned(),
+            delivery_id: verified.delivery_id.clone(),
+            event_type: verified.event_type,
+            headers: headers
+                .iter()
+                .filter(|(n, _)| !CREDENTIALS.contains(&n.as_str()))
+                .map(|(n, v)| {
+                    (
+                        n.as_str().to_owned(),
+                        String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                    )
+                })
+                .collect(),
+            body: body.to_vec(),
+            entity_id,
+            entity_version,
+        };
+        let retention = i64::try_from(endpoint.retention.as_millis()).unwrap_or(i64::MAX);
+        let delivery_id = verified.delivery_id;
+        match self
+            .store
+            .accept(&receipt, now_ms, now_ms.saturating_add(retention))
+            .await?
+        {
+            Accepted::New => {
+                counters.accepted.fetch_add(1, Ordering::Relaxed);
+                Ok(Received::New { delivery_id })
+            }
+            Accepted::Duplicate => {
+                counters.duplicates.fetch_add(1, Ordering::Relaxed);
+                Ok(Received::Duplicate { delivery_id })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(scheme: Scheme) -> EndpointConfig {
+        EndpointConfig {
+            scheme,
+            secrets: vec![Secret::new("s")],
+            secrets_env: None,
+            forward_to: None,
+            tolerance_secs: None,
+            max_body_bytes: None,
+            retention_hours: None,
+            entity_id: None,
+            entity_version: None,
+        }
+    }
+
+    #[test]
+    fn settings_are_validated_with_the_field_named() {
+        let ok = Endpoint::from_config("github", config(Scheme::Github)).unwrap();
+        assert_eq!(
+            (ok.max_body_bytes, ok.retention),
+            (1 << 20, Duration::from_secs(7 * 24 * 3600))
+        );
+        let field =
+            |name: &str, c: EndpointConfig| Endpoint::from_config(name, c).unwrap_err().field;
+        assert_eq!(field("bad name", config(Scheme::Github)), "name");
+        assert_eq!(
+            field(
+                "e",
+                EndpointConfig {
+                    secrets: vec![],
+                    ..config(Scheme::Github)
+                }
+            ),
+            "secrets"
+        );
+        assert_eq!(
+            field(
+                "e",
+                EndpointConfig {
+                    forward_to: Some("https://x/y".into()),
+                    ..config(Scheme::Github)
+                }
+            ),
+            "forward_to"
+        );
+        assert_eq!(
+            field(
+                "e",
+                EndpointConfig {
+                    forward_to: Some("not a url".into()),
+                    ..config(Scheme::Github)
+                }
+            ),
+            "forward_to"
+        );
+        assert_eq!(
+            field(
+                "e",
+                EndpointConfig {
+                    max_body_bytes: Some(0),
+                    ..config(Scheme::Github)
+                }
+            ),
+            "max_body_bytes"
+        );
+        assert_eq!(
+            field(
+                "e",
+                EndpointConfig {
+                    retention_hours: Some(0),
+                    ..config(Scheme::Github)
+                }
+            ),
+            "retention_hours"
+        );
+        assert_eq!(
+            field(
+                "e",
+                EndpointConfig {
+                    tolerance_secs: Some(0),
+                    ..config(Scheme::Stripe)
+                }
+            ),
+            "tolerance_secs"
+        );
+        assert_eq!(
+            field(
+                "e",
+                EndpointConfig {
+                    entity_id: Some("no-slash".into()),
+                    ..config(Scheme::Github)
+                }
+            ),
+            "entity_id"
+        );
+        assert_eq!(
+            field(
+                "e",
+                EndpointConfig {
+                    entity_version: Some("/v".into()),
+                    ..config(Scheme::Github)
+                }
+            ),
+            "entity_version"
+        );
+        assert_eq!(
+            field(
+                "e",
+                EndpointConfig {
+                    secrets_env: Some("IDEM_TEST_UNSET_VAR".into()),
+                    ..config(Scheme::Github)
+                }
+            ),
+            "secrets_env"
+        );
+        let err = Endpoint::from_config(
+            "e",
+            EndpointConfig {
+                forward_to: Some("https://x".into()),
+                ..config(Scheme::Github)
+            },
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string().starts_with("webhooks.e.forward_to: "),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn entity_and_version_pointers() {
+        let e = Endpoint::from_config(
+            "e",
+            EndpointConfig {
+                entity_id: Some("/data/id".into()),
+                entity_version: Some("/data/updated".into()),
+                ..config(Scheme::Github)
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            e.entity_of(br#"{"data":{"id":"o1","updated":7}}"#),
+            (Some("o1".into()), Some(7))
+        );
+        assert_eq!(
+            e.entity_of(br#"{"data":{"id":42,"updated":"12"}}"#),
+            (Some("42".into()), Some(12))
+        );
+        assert_eq!(
+            e.entity_of(br#"{"data":{"id":"o1","updated":"2026-12-02T10:00:00Z"}}"#),
+            (Some("o1".into()), Some(1_796_205_600_000))
+        );
+        assert_eq!(
+            e.entity_of(br#"{"data":{"id":"o1","updated":"whenever"}}"#),
+            (Some("o1".into()), None)
+        );
+        assert_eq!(
+            e.entity_of(br#"{"data":{"updated":3}}"#),
+            (None, None),
+            "no id, no version"
+        );
+        assert_eq!(e.entity_of(b"not json"), (None, None));
+    }
+}
