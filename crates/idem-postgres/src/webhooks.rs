@@ -44,12 +44,18 @@ impl WebhookStore for PgStore {
         now_ms: i64,
         expires_at_ms: i64,
     ) -> Result<Accepted, StoreError> {
-        let mut tx = self.begin().await?;
+        // One statement, hence one transaction and one round trip: the receipt
+        // and its inbox record commit together or not at all.
         let id: Option<i64> = sqlx::query_scalar(
-            "INSERT INTO idem_webhook_receipts (endpoint, delivery_id, event_type, headers, body,
-                 entity_id, entity_version, received_at_ms, available_at_ms, expires_at_ms)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8, $9)
-             ON CONFLICT (endpoint, delivery_id) DO NOTHING RETURNING id",
+            "WITH r AS (
+                 INSERT INTO idem_webhook_receipts (endpoint, delivery_id, event_type, headers, body,
+                     entity_id, entity_version, received_at_ms, available_at_ms, expires_at_ms)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8, $9)
+                 ON CONFLICT (endpoint, delivery_id) DO NOTHING RETURNING id),
+             i AS (
+                 INSERT INTO idem_inbox (subscriber_id, message_id, processed_at_ms, expires_at_ms)
+                 SELECT 'webhook:' || $1::text, $2, $8, $9 FROM r ON CONFLICT DO NOTHING)
+             SELECT id FROM r",
         )
         .bind(&r.endpoint)
         .bind(&r.delivery_id)
@@ -60,26 +66,14 @@ impl WebhookStore for PgStore {
         .bind(r.entity_version)
         .bind(now_ms)
         .bind(expires_at_ms)
-        .fetch_optional(&mut *tx)
+        .fetch_optional(self.pool())
         .await
         .map_err(map_err)?;
-        if id.is_none() {
-            self.rollback(tx).await?;
-            return Ok(Accepted::Duplicate);
-        }
-        sqlx::query(
-            "INSERT INTO idem_inbox (subscriber_id, message_id, processed_at_ms, expires_at_ms)
-             VALUES ('webhook:' || $1::text, $2, $3, $4) ON CONFLICT DO NOTHING",
-        )
-        .bind(&r.endpoint)
-        .bind(&r.delivery_id)
-        .bind(now_ms)
-        .bind(expires_at_ms)
-        .execute(&mut *tx)
-        .await
-        .map_err(map_err)?;
-        self.commit(tx).await?;
-        Ok(Accepted::New)
+        Ok(if id.is_some() {
+            Accepted::New
+        } else {
+            Accepted::Duplicate
+        })
     }
 
     async fn claim_receipts(

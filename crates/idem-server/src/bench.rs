@@ -14,8 +14,8 @@ use idem_core::{
     StoredResponse, Tenant,
 };
 
-type BoxFut = Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>>;
-type Op = Arc<dyn Fn(u64) -> BoxFut + Send + Sync>;
+pub type BoxFut = Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>>;
+pub type Op = Arc<dyn Fn(u64) -> BoxFut + Send + Sync>;
 
 /// One measured case.
 pub struct Stats {
@@ -237,7 +237,7 @@ macro_rules! http_ops {
     }};
 }
 
-type Client = hyper_util::client::legacy::Client<
+pub type Client = hyper_util::client::legacy::Client<
     hyper_util::client::legacy::connect::HttpConnector,
     http_body_util::Full<bytes::Bytes>,
 >;
@@ -311,8 +311,34 @@ pub async fn run(
         let ops = http_ops!(store, idem_postgres::PgStore, idem_postgres::PgTx, run_id);
         table("postgres", "http", ops, duration).await?;
     }
+    webhooks(sqlite_url, postgres_url, duration, run_id).await?;
     if let Some(url) = nats_url {
         messaging(sqlite_url, postgres_url, url, run_id).await?;
+    }
+    Ok(())
+}
+
+async fn webhooks(
+    sqlite_url: &str,
+    postgres_url: Option<&str>,
+    duration: Duration,
+    run_id: u64,
+) -> anyhow::Result<()> {
+    use crate::bench_webhooks as w;
+    println!();
+    w::header();
+    let store =
+        idem_sqlite::SqliteStore::connect(sqlite_url, idem_sqlite::SqliteConfig::default()).await?;
+    store.migrate().await?;
+    w::run("sqlite", store, duration, run_id).await?;
+    if let Some(url) = postgres_url {
+        let config = idem_postgres::PgConfig {
+            max_connections: 40,
+            ..Default::default()
+        };
+        let store = idem_postgres::PgStore::connect(url, config).await?;
+        store.migrate().await?;
+        w::run("postgres", store, duration, run_id).await?;
     }
     Ok(())
 }

@@ -7,6 +7,7 @@
 
 pub mod bench;
 pub mod bench_messaging;
+pub mod bench_webhooks;
 pub mod demo;
 pub mod messaging;
 pub mod webhooks;

@@ -1,7 +1,69 @@
 //! # Idem webhooks
 //!
 //! Inbound webhooks are messages from an untrusted edge: late, twice, out of
-//! order, sometimes forged.
+//! order, sometimes forged. This crate takes them in a fixed order:
+//!
+//! 1. **body limit** — the HTTP layer reads at most
+//!    [`Endpoint::max_body_bytes`] (413 above);
+//! 2. **verify** — [`Verifier`] checks the signature over the *raw* bytes, in
+//!    constant time, against every secret of the endpoint (rotation), with the
+//!    timestamp tolerance in both directions; an empty or truncated signature
+//!    never verifies (401, nothing stored);
+//! 3. **dedupe key** — `(endpoint, delivery id)`;
+//! 4. **persist** — [`Receiver::receive`] stores the receipt (raw headers minus
+//!    credentials, raw body) and its inbox record in one transaction;
+//! 5. **answer fast** — 202 for a new delivery, 200 for a duplicate.
+//!
+//! Then [`Processor`] workers claim receipts — one at a time per entity —,
+//! skip the stale ones, and run the endpoint's [`WebhookHandler`]: your Rust
+//! code, or [`Forward`], which POSTs the body to an upstream with
+//! `Idempotency-Key` set to [`idempotency_key`], so a service in any language
+//! (one on Idem's HTTP layer, say) applies each delivery once even when a
+//! worker forwards it twice. Failures retry with backoff and end `dead`; an
+//! operator can replay a failed or dead receipt; a processed one is never run
+//! again.
+//!
+//! ```
+//! use std::time::Duration;
+//! use http::{HeaderMap, HeaderValue};
+//! use idem_webhooks::{Scheme, Secret, Verifier, VerifyError};
+//!
+//! // GitHub's published example.
+//! let verifier = Verifier::new(
+//!     Scheme::Github,
+//!     &[Secret::new("It's a Secret to Everybody")],
+//!     Duration::from_secs(300),
+//! )?;
+//! let mut headers = HeaderMap::new();
+//! headers.insert("x-hub-signature-256", HeaderValue::from_static(
+//!     "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17"));
+//! headers.insert("x-github-delivery", HeaderValue::from_static("72d3162e"));
+//! let now = 1_700_000_000;
+//! assert_eq!(verifier.verify(&headers, b"Hello, World!", now)?.delivery_id, "72d3162e");
+//! assert_eq!(verifier.verify(&headers, b"Hello, World?", now), Err(VerifyError::NoMatch));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! ## Delivery ids
+//!
+//! | scheme | delivery id | fallback when absent |
+//! |---|---|---|
+//! | `github` | `X-GitHub-Hook-ID:X-GitHub-Delivery` | body SHA-256 |
+//! | `stripe` | the event's `id` in the body (`evt_…`) | `t` and body SHA-256 |
+//! | `standard` | `webhook-id` (signed, so always present) | — |
+//! | `shopify` | `X-Shopify-Webhook-Id` (or `X-Shopify-Event-Id`) | body SHA-256 |
+//! | `slack` | `event_id` in the body (Events API) | timestamp and body SHA-256 |
+//!
+//! A fallback id makes two byte-identical deliveries (signed at the same
+//! second, where the scheme has a timestamp) one delivery.
+//!
+//! ## Order awareness
+//!
+//! An endpoint may name an entity and its version with JSON pointers
+//! (`entity_id`, `entity_version`; versions are integers or RFC 3339
+//! timestamps). Receipts of one entity are processed one at a time in arrival
+//! order, and one whose version is older than the newest applied one is
+//! recorded `stale` and not applied.
 
 mod forward;
 mod processor;

@@ -17,6 +17,7 @@
 //! | `outbox` | `idem::outbox` | the `Dispatcher` relaying the transactional outbox |
 //! | `inbox` | `idem::inbox` | the `Inbox` and `Consumer`: effects once per subscriber |
 //! | `nats` | `idem::nats` | NATS JetStream `NatsPublisher` and `NatsSource` |
+//! | `webhooks` | `idem::webhooks` | signature schemes, `Receiver`, `Processor`, `Forward` |
 //!
 //! ```toml
 //! [dependencies]
@@ -68,3 +69,5 @@ pub use idem_outbox as outbox;
 pub use idem_postgres as postgres;
 #[cfg(feature = "sqlite")]
 pub use idem_sqlite as sqlite;
+#[cfg(feature = "webhooks")]
+pub use idem_webhooks as webhooks;

@@ -391,6 +391,40 @@ macro_rules! webhook_suite {
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn rust_handler_runs_once_per_delivery_and_rejects_go_dead() {
+                let (store, _db) = $store.await;
+                let rig = Rig::new(store.clone(), "").await;
+                /// Counts deliveries; a body with "reject" is refused.
+                struct Counting(Arc<std::sync::Mutex<Vec<String>>>);
+                impl idem_webhooks::WebhookHandler for Counting {
+                    fn handle<'a>(&'a self, r: &'a idem_core::Receipt)
+                        -> idem_core::BoxFuture<'a, Result<(), idem_webhooks::HandleError>> {
+                        Box::pin(async move {
+                            if r.receipt.body.windows(6).any(|w| w == b"reject") {
+                                return Err(idem_webhooks::HandleError::Reject("not for us".into()));
+                            }
+                            self.0.lock().unwrap().push(r.receipt.delivery_id.clone());
+                            Ok(())
+                        })
+                    }
+                }
+                let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+                let processor = idem_webhooks::Processor::new(store, Default::default())
+                    .handler("stripe", Counting(seen.clone()));
+                let now = now_s();
+                for (id, kind) in [("evt_1", "ok"), ("evt_2", "reject"), ("evt_1", "ok")] {
+                    let body = format!(r#"{{"id":"{id}","type":"{kind}"}}"#);
+                    deliver(rig.addr, "stripe", &sign::stripe("whsec_stripe", now, &body), &body).await;
+                }
+                let round = processor.run_once().await.unwrap();
+                assert_eq!((round.processed, round.dead), (1, 1));
+                assert_eq!(*seen.lock().unwrap(), ["evt_1"], "the duplicate evt_1 never reached the handler");
+                let dead = rig.store.get_receipt("stripe", "evt_2").await.unwrap().unwrap();
+                assert_eq!(dead.state, ReceiptState::Dead);
+                assert!(dead.last_error.unwrap().contains("not for us"));
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn oversized_body_is_413_and_unknown_endpoint_404() {
                 let (store, _db) = $store.await;
                 let rig = Rig::new(store, "").await;
