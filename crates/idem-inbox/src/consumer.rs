@@ -183,6 +183,11 @@ where
         &self.stats
     }
 
+    /// The message source.
+    pub fn source_mut(&mut self) -> &mut Src {
+        &mut self.source
+    }
+
     /// Fetches one batch and settles every message in order. Returns how many
     /// were fetched.
     ///

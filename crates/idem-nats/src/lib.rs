@@ -7,7 +7,9 @@
 //! - [`NatsSource`] implements [`idem_inbox::MessageSource`] over a durable
 //!   pull consumer with explicit acks: ack after commit, nak with a delay,
 //!   term after a dead-letter, which is published to a dead-letter subject with
-//!   the reason in `Idem-Dead-Reason`.
+//!   the reason in `Idem-Dead-Reason`. The broker's own delivery limit is off:
+//!   giving up is the consumer's decision, so a message is never dropped
+//!   without a dead letter.
 //! - [`ensure_stream`] creates or updates a stream with a duplicate window.
 //!
 //! Messages carry `Idem-Message-Id` (and `Idem-Message-Key`, the ordering
@@ -141,8 +143,6 @@ pub struct SourceConfig {
     pub filter_subject: String,
     /// Redelivery after this long without an ack.
     pub ack_wait: Duration,
-    /// Deliveries before the server gives up (match `ConsumerConfig::max_deliver`).
-    pub max_deliver: i64,
     /// Where dead letters go (a subject bound to a stream).
     pub dead_letter_subject: String,
 }
@@ -167,7 +167,12 @@ impl NatsSource {
                     ack_policy: AckPolicy::Explicit,
                     deliver_policy: DeliverPolicy::All,
                     ack_wait: config.ack_wait,
-                    max_deliver: config.max_deliver,
+                    // The server never gives up on a message: with a limit,
+                    // a consumer in a crash loop (each crash a delivery of the
+                    // whole fetched batch) would exhaust it and the message
+                    // would be dropped without anyone seeing it fail. The
+                    // consumer dead-letters by itself instead.
+                    max_deliver: -1,
                     filter_subject: config.filter_subject.clone(),
                     ..Default::default()
                 },

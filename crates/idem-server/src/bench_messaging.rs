@@ -161,7 +161,6 @@ where
                 durable: durable.into(),
                 filter_subject: format!("{prefix}.relay"),
                 ack_wait: Duration::from_secs(30),
-                max_deliver: 5,
                 dead_letter_subject: format!("{prefix}.dead"),
             },
         )

@@ -110,7 +110,6 @@ pub async fn consume<S, H>(
         durable: SUBSCRIBER.into(),
         filter_subject: String::new(),
         ack_wait: config.ack_wait,
-        max_deliver: i64::from(config.max_deliver),
         dead_letter_subject: DLQ_SUBJECT.into(),
     };
     let source = loop {

@@ -171,6 +171,44 @@ macro_rules! messaging_suite {
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_crash_looping_consumer_loses_nothing() {
+                let db = b::setup().await;
+                let s = Streams::create(&js().await).await;
+                let messages: Vec<_> = (0..3).map(|i| s.message(&format!("k{i}"), "ok")).collect();
+                b::write(&db.store, &messages).await;
+                dispatcher(db.store.clone(), s.js.clone(), fast())
+                    .run_once()
+                    .await
+                    .unwrap();
+                // Six crashes in a row: each fetches the batch (a delivery for
+                // every message in it) and dies before settling any of them.
+                let mut crashing = s
+                    .consumer(&db.store, b::Ledger, InboxMode::Pessimistic)
+                    .await;
+                for _ in 0..6 {
+                    use idem_inbox::MessageSource;
+                    let fetched = crashing
+                        .source_mut()
+                        .fetch(10, Duration::from_millis(500))
+                        .await
+                        .unwrap();
+                    assert_eq!(fetched.len(), 3, "redelivered after the ack wait");
+                    drop(fetched);
+                    tokio::time::sleep(Duration::from_millis(1100)).await;
+                }
+                let mut healthy = s
+                    .consumer(&db.store, b::Ledger, InboxMode::Pessimistic)
+                    .await;
+                drain(&mut healthy, 3).await;
+                assert_eq!(
+                    b::ledger(&db.store).await.len(),
+                    3,
+                    "every message applied once, none given up"
+                );
+                assert!(s.read_dead().await.is_empty(), "and none dead-lettered");
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn concurrent_duplicates_apply_once_in_both_modes() {
                 for mode in [InboxMode::Pessimistic, InboxMode::Optimistic] {
                     let db = b::setup().await;

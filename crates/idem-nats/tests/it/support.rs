@@ -169,7 +169,6 @@ impl Streams {
                 durable: "ledger".into(),
                 filter_subject: String::new(),
                 ack_wait: Duration::from_secs(1),
-                max_deliver: 3,
                 dead_letter_subject: self.dead_letter_subject.clone(),
             },
         )

@@ -228,10 +228,14 @@ pub async fn history(rig: Rig, span: Duration) {
     }
     let strays = effects.len().saturating_sub(done.len());
     let dead = rig.outbox()["dead"].as_u64().unwrap();
+    let dead_letters = match js.get_stream(idem_server::messaging::DLQ_STREAM).await {
+        Ok(s) => s.get_info().await.map_or(0, |i| i.state.messages),
+        Err(_) => 0,
+    };
     println!(
         "history: seed={seed} payments={payments} refunds={refunds} events={} kills={kills} \
          failpoints_armed={armed} aborted_at_failpoint={aborted} forced_duplicates={replayed} \
-         lost={lost} duplicated_effects={duplicated} misordered={misordered} dead={dead}",
+         lost={lost} duplicated_effects={duplicated} misordered={misordered} dead={dead} dead_letters={dead_letters}",
         done.len() + refunds
     );
     assert_eq!(
