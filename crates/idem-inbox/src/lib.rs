@@ -22,6 +22,40 @@
 //! dead-letter for a message that cannot be decoded or outlived its
 //! deliveries — never retried forever, never dropped silently.
 //!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use idem_core::{MessageId, Subscriber};
+//! use idem_inbox::{Begun, Committed, Inbox};
+//! use idem_sqlite::{SqliteConfig, SqliteStore};
+//!
+//! # let dir = std::env::temp_dir().join(format!("idem-inbox-doc-{}", std::process::id()));
+//! # std::fs::create_dir_all(&dir)?;
+//! # let url = format!("sqlite://{}", dir.join("doc.db").display());
+//! let store = SqliteStore::connect(&url, SqliteConfig::default()).await?;
+//! store.migrate().await?;
+//! sqlx::query("CREATE TABLE emails (message_id TEXT)").execute(store.pool()).await?;
+//! let inbox = Inbox::new(store.clone());
+//! let (mailer, id) = (Subscriber::new("mailer")?, MessageId::new("m-1")?);
+//!
+//! for delivery in 0..2 {
+//!     match inbox.begin(&mailer, &id).await? {
+//!         Begun::Fresh(mut claim) => {
+//!             // The effect, in the same transaction as the inbox record.
+//!             sqlx::query("INSERT INTO emails VALUES ($1)").bind(id.as_str())
+//!                 .execute(&mut *claim.tx).await?;
+//!             assert_eq!(inbox.commit(claim).await?, Committed::Applied);
+//!             // … now acknowledge the message …
+//!         }
+//!         Begun::Duplicate => assert_eq!(delivery, 1, "the redelivery is skipped"),
+//!     }
+//! }
+//! let sent: i64 = sqlx::query_scalar("SELECT count(*) FROM emails").fetch_one(store.pool()).await?;
+//! assert_eq!(sent, 1);
+//! # std::fs::remove_dir_all(&dir)?;
+//! # Ok(()) }
+//! ```
+//!
 //! ## Modes
 //! [`InboxMode::Pessimistic`] (the default) records first: a concurrent
 //! duplicate waits on the record until the first transaction ends, then skips.

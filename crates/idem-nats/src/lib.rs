@@ -14,6 +14,29 @@
 //!
 //! Messages carry `Idem-Message-Id` (and `Idem-Message-Key`, the ordering
 //! key); consumers read the id from it, falling back to `Nats-Msg-Id`.
+//!
+//! ```no_run
+//! # async fn wire(store: idem_postgres::PgStore) -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//! use idem_nats::{NatsPublisher, NatsSource, SourceConfig};
+//! use idem_outbox::{Dispatcher, DispatcherConfig};
+//!
+//! let js = idem_nats::connect("nats://127.0.0.1:4222", "orders", true).await?;
+//! idem_nats::ensure_stream(&js, "ORDERS", &["orders.>"], Duration::from_secs(300)).await?;
+//! // The relay: outbox → JetStream, waking on NOTIFY, polling as a fallback.
+//! let relay = Dispatcher::new(store.clone(), NatsPublisher::new(js.clone()), DispatcherConfig::default())?;
+//! let wake = store.outbox_listener().await;
+//! tokio::spawn(async move { relay.run(wake, std::future::pending()).await });
+//! // A consumer's source: a durable pull consumer; give it to `idem_inbox::Consumer`.
+//! let _source = NatsSource::new(js, SourceConfig {
+//!     stream: "ORDERS".into(),
+//!     durable: "billing".into(),
+//!     filter_subject: "orders.shipped".into(),
+//!     ack_wait: Duration::from_secs(30),
+//!     dead_letter_subject: "dlq.billing".into(),
+//! }).await?;
+//! # Ok(()) }
+//! ```
 
 use std::time::Duration;
 

@@ -18,6 +18,44 @@
 //!   bounded batches;
 //! - [`Dispatcher::stats`] gives the lag: pending, age of the oldest pending
 //!   message, dead, publish rate.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::sync::Mutex;
+//! use idem_core::{KeyStore, OutboxMessage, OutboxRecord, Topic};
+//! use idem_outbox::{Dispatcher, DispatcherConfig, PublishError, Published, Publisher};
+//! use idem_sqlite::{SqliteConfig, SqliteStore};
+//!
+//! /// A broker stand-in that keeps what it was given (use `idem_nats::NatsPublisher`).
+//! #[derive(Default)]
+//! struct Recorder(Mutex<Vec<String>>);
+//! impl Publisher for Recorder {
+//!     async fn publish(&self, r: &OutboxRecord) -> Result<Published, PublishError> {
+//!         self.0.lock().unwrap().push(format!("{} {}", r.topic, r.key));
+//!         Ok(Published::default())
+//!     }
+//! }
+//!
+//! # let dir = std::env::temp_dir().join(format!("idem-outbox-doc-{}", std::process::id()));
+//! # std::fs::create_dir_all(&dir)?;
+//! # let url = format!("sqlite://{}", dir.join("doc.db").display());
+//! let store = SqliteStore::connect(&url, SqliteConfig::default()).await?;
+//! store.migrate().await?;
+//!
+//! // In the business transaction: the event commits with the state change.
+//! let mut tx = store.begin().await?;
+//! // … sqlx::query("UPDATE orders …").execute(&mut *tx).await? …
+//! let event = OutboxMessage::new(Topic::new("orders.shipped")?, "order-7", br#"{"id":7}"#.to_vec())?;
+//! idem_sqlite::outbox::enqueue(&mut tx, &event, 0).await?;
+//! store.commit(tx).await?;
+//!
+//! let dispatcher = Dispatcher::new(store, Recorder::default(), DispatcherConfig::default())?;
+//! assert_eq!(dispatcher.run_once().await?.sent, 1);
+//! assert_eq!(dispatcher.run_once().await?.claimed, 0, "sent once, marked sent");
+//! # std::fs::remove_dir_all(&dir)?;
+//! # Ok(()) }
+//! ```
 
 mod dispatcher;
 
