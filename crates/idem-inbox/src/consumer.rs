@@ -149,7 +149,11 @@ pub struct Consumer<Src, S, H, C = idem_core::SystemClock> {
 
 enum Settle {
     Ack,
-    Retry(String),
+    /// Retry later; the delivery count sets the delay.
+    Retry {
+        error: String,
+        delivered: u64,
+    },
     Dead(String),
 }
 
@@ -257,15 +261,17 @@ where
                 message.delivered
             ))
         } else {
-            Settle::Retry(error)
+            Settle::Retry {
+                error,
+                delivered: message.delivered,
+            }
         }
     }
 
     async fn settle(&self, delivery: &Src::Delivery, settle: Settle) {
         let result = match settle {
             Settle::Ack => delivery.ack().await,
-            Settle::Retry(error) => {
-                let delivered = delivery.received().map(|m| m.delivered).unwrap_or(1);
+            Settle::Retry { error, delivered } => {
                 let delay = self.config.nak_backoff.delay(delivered.min(32) as u32, 1.0);
                 tracing::warn!(%error, ?delay, delivered, "message not applied; redelivery requested");
                 self.stats.retried.fetch_add(1, Ordering::Relaxed);

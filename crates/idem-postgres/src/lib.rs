@@ -398,24 +398,28 @@ impl KeyStore for PgStore {
     }
 }
 
+/// Reads one column of a stored row; a value of the wrong type is `Corrupt`.
+pub(crate) fn column<'r, T>(row: &'r PgRow, name: &str) -> Result<T, StoreError>
+where
+    T: sqlx::Decode<'r, <PgRow as Row>::Database> + sqlx::Type<<PgRow as Row>::Database>,
+{
+    row.try_get(name).map_err(|e| StoreError::Corrupt {
+        detail: format!("column {name}: {e}"),
+    })
+}
+
 fn decode(row: &PgRow) -> Result<StoredRecord, StoreError> {
-    let get = |e: sqlx::Error| StoreError::Corrupt {
-        detail: e.to_string(),
-    };
     RecordColumns {
-        request_hash: row.try_get("request_hash").map_err(get)?,
-        state: row.try_get("state").map_err(get)?,
-        status_code: row
-            .try_get::<Option<i32>, _>("status_code")
-            .map_err(get)?
-            .map(i64::from),
-        response_headers: row.try_get("response_headers").map_err(get)?,
-        response_body: row.try_get("response_body").map_err(get)?,
-        resource_type: row.try_get("resource_type").map_err(get)?,
-        resource_id: row.try_get("resource_id").map_err(get)?,
-        locked_until_ms: row.try_get("locked_until_ms").map_err(get)?,
-        created_at_ms: row.try_get("created_at_ms").map_err(get)?,
-        expires_at_ms: row.try_get("expires_at_ms").map_err(get)?,
+        request_hash: column(row, "request_hash")?,
+        state: column(row, "state")?,
+        status_code: column::<Option<i32>>(row, "status_code")?.map(i64::from),
+        response_headers: column(row, "response_headers")?,
+        response_body: column(row, "response_body")?,
+        resource_type: column(row, "resource_type")?,
+        resource_id: column(row, "resource_id")?,
+        locked_until_ms: column(row, "locked_until_ms")?,
+        created_at_ms: column(row, "created_at_ms")?,
+        expires_at_ms: column(row, "expires_at_ms")?,
     }
     .decode()
 }

@@ -10,29 +10,27 @@ use idem_core::{
 use sqlx::Row;
 use sqlx::postgres::PgRow;
 
+use crate::column;
 use crate::{PgStore, map_err};
 
 const COLUMNS: &str = "id, endpoint, delivery_id, event_type, headers, body, entity_id, \
     entity_version, state, attempts, last_error, received_at_ms, finished_at_ms";
 
 fn decode(row: &PgRow) -> Result<Receipt, StoreError> {
-    let get = |e: sqlx::Error| StoreError::Corrupt {
-        detail: e.to_string(),
-    };
     ReceiptColumns {
-        id: row.try_get("id").map_err(get)?,
-        endpoint: row.try_get("endpoint").map_err(get)?,
-        delivery_id: row.try_get("delivery_id").map_err(get)?,
-        event_type: row.try_get("event_type").map_err(get)?,
-        headers: row.try_get("headers").map_err(get)?,
-        body: row.try_get("body").map_err(get)?,
-        entity_id: row.try_get("entity_id").map_err(get)?,
-        entity_version: row.try_get("entity_version").map_err(get)?,
-        state: row.try_get("state").map_err(get)?,
-        attempts: i64::from(row.try_get::<i32, _>("attempts").map_err(get)?),
-        last_error: row.try_get("last_error").map_err(get)?,
-        received_at_ms: row.try_get("received_at_ms").map_err(get)?,
-        finished_at_ms: row.try_get("finished_at_ms").map_err(get)?,
+        id: column(row, "id")?,
+        endpoint: column(row, "endpoint")?,
+        delivery_id: column(row, "delivery_id")?,
+        event_type: column(row, "event_type")?,
+        headers: column(row, "headers")?,
+        body: column(row, "body")?,
+        entity_id: column(row, "entity_id")?,
+        entity_version: column(row, "entity_version")?,
+        state: column(row, "state")?,
+        attempts: i64::from(column::<i32>(row, "attempts")?),
+        last_error: column(row, "last_error")?,
+        received_at_ms: column(row, "received_at_ms")?,
+        finished_at_ms: column(row, "finished_at_ms")?,
     }
     .decode()
 }

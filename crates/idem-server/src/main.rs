@@ -623,7 +623,7 @@ async fn webhooks_command<S: idem_core::WebhookStore>(
         } => {
             let state = match state.as_deref() {
                 None => None,
-                Some(s) => Some(w::parse_state(s).with_context(|| {
+                Some(s) => Some(idem_core::ReceiptState::parse(s).with_context(|| {
                     format!("--state {s}: expected received, processed, failed, dead or stale")
                 })?),
             };

@@ -15,7 +15,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use axum::routing::{get, post};
 use http_body_util::{BodyExt, Limited};
-use idem_core::{Receipt, ReceiptState, Replay, StoreError, WebhookStore};
+use idem_core::{Receipt, ReceiptState, Replay, WebhookStore};
 use idem_webhooks::{
     Endpoint, EndpointConfig, Forward, Processor, ProcessorConfig, ReceiveError, Received, Receiver,
 };
@@ -271,23 +271,15 @@ fn bad_query(detail: &str) -> Response {
     )
 }
 
-/// Parses a `state` filter.
-pub fn parse_state(s: &str) -> Option<ReceiptState> {
-    ReceiptState::parse(s)
-}
-
 /// Admin routes: `GET /admin/webhooks`, `GET /admin/webhooks/receipt`,
 /// `POST /admin/webhooks/replay`, `GET /admin/webhooks/stats`.
 pub fn admin_router<S: WebhookStore>(store: S, receiver: Arc<Receiver<S>>) -> Router {
     type St<S> = (S, Arc<Receiver<S>>);
-    fn err(e: StoreError) -> Response {
-        db_error(e)
-    }
     async fn list<S: WebhookStore>(
         State((store, _)): State<St<S>>,
         Query(q): Query<ListQuery>,
     ) -> Response {
-        let state = match q.state.as_deref().map(parse_state) {
+        let state = match q.state.as_deref().map(ReceiptState::parse) {
             Some(None) => {
                 return bad_query("state must be received, processed, failed, dead or stale");
             }
@@ -305,7 +297,7 @@ pub fn admin_router<S: WebhookStore>(store: S, receiver: Arc<Receiver<S>>) -> Ro
                 None,
                 None,
             ),
-            Err(e) => err(e),
+            Err(e) => db_error(e),
         }
     }
     async fn show<S: WebhookStore>(
@@ -315,7 +307,7 @@ pub fn admin_router<S: WebhookStore>(store: S, receiver: Arc<Receiver<S>>) -> Ro
         match store.get_receipt(&q.endpoint, &q.delivery).await {
             Ok(Some(r)) => json_response(StatusCode::OK, &receipt_json(&r, true), None, None),
             Ok(None) => problem(StatusCode::NOT_FOUND, "not-found", "No such delivery", None),
-            Err(e) => err(e),
+            Err(e) => db_error(e),
         }
     }
     async fn replay<S: WebhookStore>(
@@ -328,7 +320,7 @@ pub fn admin_router<S: WebhookStore>(store: S, receiver: Arc<Receiver<S>>) -> Ro
                 let (status, body) = replay_json(&q.endpoint, &q.delivery, outcome);
                 json_response(status, &body, None, None)
             }
-            Err(e) => err(e),
+            Err(e) => db_error(e),
         }
     }
     async fn stats<S: WebhookStore>(State((_, receiver)): State<St<S>>) -> Response {

@@ -11,8 +11,9 @@ use idem_core::{
     OutboxColumns, OutboxMessage, OutboxRecord, OutboxStats, OutboxStore, StoreError,
     headers_to_json,
 };
-use sqlx::{Row, SqliteConnection};
+use sqlx::SqliteConnection;
 
+use crate::column;
 use crate::{SqliteStore, map_err};
 
 /// Writes `message` to the outbox on `conn`, normally the open transaction of
@@ -74,18 +75,15 @@ impl OutboxStore for SqliteStore {
         let mut records = rows
             .iter()
             .map(|row| {
-                let get = |e: sqlx::Error| StoreError::Corrupt {
-                    detail: e.to_string(),
-                };
                 OutboxColumns {
-                    id: row.try_get("id").map_err(get)?,
-                    message_id: row.try_get("message_id").map_err(get)?,
-                    topic: row.try_get("topic").map_err(get)?,
-                    message_key: row.try_get("message_key").map_err(get)?,
-                    payload: row.try_get("payload").map_err(get)?,
-                    headers: row.try_get("headers").map_err(get)?,
-                    attempts: row.try_get("attempts").map_err(get)?,
-                    created_at_ms: row.try_get("created_at_ms").map_err(get)?,
+                    id: column(row, "id")?,
+                    message_id: column(row, "message_id")?,
+                    topic: column(row, "topic")?,
+                    message_key: column(row, "message_key")?,
+                    payload: column(row, "payload")?,
+                    headers: column(row, "headers")?,
+                    attempts: column(row, "attempts")?,
+                    created_at_ms: column(row, "created_at_ms")?,
                 }
                 .decode()
             })

@@ -402,7 +402,7 @@ mod fixture {
 
     pub use idem_testkit::TempDir;
 
-    async fn serve(router: axum::Router) -> SocketAddr {
+    pub async fn serve(router: axum::Router) -> SocketAddr {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });

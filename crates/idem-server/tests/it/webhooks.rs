@@ -16,6 +16,7 @@ use idem_webhooks::Receiver;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use crate::fixture::serve;
 use crate::process::Server;
 use crate::{DemoConfig, Reply, payments_of};
 
@@ -178,13 +179,6 @@ pub fn config(upstream: &str, extra: &str) -> String {
 /// accepts, tagged so its effects can be counted.
 pub fn payment(customer: &str, extra: &str) -> String {
     format!(r#"{{"amount":500,"currency":"EUR","customer":"{customer}"{extra}}}"#)
-}
-
-async fn serve(router: axum::Router) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
-    addr
 }
 
 /// The upstream: the demo payments API on an SQLite file of its own.
