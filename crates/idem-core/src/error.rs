@@ -79,6 +79,28 @@ pub enum StoreError {
         /// What was wrong with it.
         detail: String,
     },
+    /// `COMMIT` was sent but its answer never arrived (the connection broke,
+    /// or the database did not answer within the store's deadline): the
+    /// transaction may or may not have committed. Retrying the same request
+    /// with the same key finds out — a replay if it committed, an execution
+    /// if it did not — so it is retryable, but nobody may claim that nothing
+    /// was written.
+    #[error("outcome unknown: the commit was sent but not acknowledged")]
+    OutcomeUnknown {
+        /// The backend's error.
+        #[source]
+        source: BoxError,
+    },
+    /// The database refused a value the caller supplied (on PostgreSQL a data
+    /// exception, SQLSTATE `22…`, such as a NUL character in text or a number
+    /// out of range, or a value too large for an index, `54000`). Nothing was
+    /// changed; the same input fails the same way again.
+    #[error("the database refused a value")]
+    InvalidValue {
+        /// The backend's error.
+        #[source]
+        source: BoxError,
+    },
     /// Any other database error (a constraint, a syntax error in a migration, …).
     #[error("key store error")]
     Database {
@@ -91,7 +113,10 @@ pub enum StoreError {
 impl StoreError {
     /// Whether retrying the same call later may succeed.
     pub fn retryable(&self) -> bool {
-        matches!(self, Self::Unavailable { .. } | Self::Busy { .. })
+        matches!(
+            self,
+            Self::Unavailable { .. } | Self::Busy { .. } | Self::OutcomeUnknown { .. }
+        )
     }
 }
 
@@ -110,7 +135,8 @@ pub enum Error<E = std::convert::Infallible> {
         /// When the caller should try again.
         retry_after: Duration,
     },
-    /// The key store failed; nothing was committed.
+    /// The key store failed. Nothing was committed, except for
+    /// [`StoreError::OutcomeUnknown`], where the commit may have happened.
     #[error(transparent)]
     Store(#[from] StoreError),
     /// The business operation returned an error; key and mutation were rolled back.

@@ -2,6 +2,7 @@
 //! limits and the replay allow-list.
 
 use std::collections::HashSet;
+use std::time::Duration;
 
 use http::{HeaderName, Method, header};
 use idem_core::{FingerprintSpec, Operation, Policy, Tenant};
@@ -44,14 +45,20 @@ impl TenantSource {
                 .get::<Tenant>()
                 .cloned()
                 .ok_or(Rejection::TenantUnresolved),
-            Self::TrustedHeader { name, default } => match parts.headers.get(name) {
-                Some(v) => v
-                    .to_str()
-                    .ok()
-                    .and_then(|s| Tenant::new(s).ok())
-                    .ok_or(Rejection::TenantUnresolved),
-                None => default.clone().ok_or(Rejection::TenantUnresolved),
-            },
+            Self::TrustedHeader { name, default } => {
+                let mut values = parts.headers.get_all(name).iter();
+                match (values.next(), values.next()) {
+                    // Two values: which one the trusted component set is
+                    // unknowable, so neither is used.
+                    (Some(_), Some(_)) => Err(Rejection::TenantSentTwice),
+                    (Some(v), None) => v
+                        .to_str()
+                        .ok()
+                        .and_then(|s| Tenant::new(s).ok())
+                        .ok_or(Rejection::TenantUnresolved),
+                    (None, _) => default.clone().ok_or(Rejection::TenantUnresolved),
+                }
+            }
         }
     }
 }
@@ -94,6 +101,11 @@ pub struct RouteConfig {
     pub store_client_errors: HashSet<u16>,
     /// Fingerprint settings (ignored JSON fields).
     pub fingerprint: FingerprintSpec,
+    /// How long the handler may take, its response body included. Past it
+    /// the layer rolls back and answers 503 `handler-timeout`, so a handler
+    /// stuck on a silent dependency never holds the key's transaction (and
+    /// its row lock) open indefinitely. Default 30 s.
+    pub handler_timeout: Duration,
 }
 
 /// A configuration error.
@@ -124,6 +136,7 @@ impl RouteConfig {
             ],
             store_client_errors: [402, 409, 410, 422].into_iter().collect(),
             fingerprint: FingerprintSpec::default(),
+            handler_timeout: Duration::from_secs(30),
         }
     }
 
@@ -216,6 +229,9 @@ mod tests {
         };
         assert_eq!(header.resolve(&req(Some("acme"))).unwrap().as_str(), "acme");
         assert_eq!(header.resolve(&req(None)), Err(Rejection::TenantUnresolved));
+        let mut twice = req(Some("acme"));
+        twice.headers.append("x-tenant-id", "evil".parse().unwrap());
+        assert_eq!(header.resolve(&twice), Err(Rejection::TenantSentTwice));
         assert_eq!(
             header.resolve(&req(Some("bad tenant"))),
             Err(Rejection::TenantUnresolved)

@@ -56,7 +56,18 @@
 //!
 //! Failures are `application/problem+json` ([`Rejection`]): missing key 400,
 //! malformed key 400, mismatch 422, in flight 409 + `Retry-After`, body too
-//! large 413, store unavailable 503 + `Retry-After`.
+//! large 413, store unavailable 503 + `Retry-After` (nothing was written),
+//! outcome unknown 503 + `Retry-After` (the commit was sent but not
+//! acknowledged: retry with the same key to learn the outcome), handler
+//! timeout 503 + `Retry-After` (rolled back). Every response the layer
+//! produces carries a [`RequestOutcome`] extension saying what it did.
+//!
+//! The key serialises requests with **one** key: two requests with
+//! different keys run concurrently, each in its own transaction. An invariant
+//! that spans keys — "refunds never exceed the payment" — is the handler's
+//! job, with the database's tools: a conditional update
+//! (`UPDATE … SET refunded = refunded + $1 WHERE id = $2 AND refunded + $1
+//! <= amount`, nothing moved → a business error) and a `CHECK` constraint.
 //!
 //! What is stored: 2xx and 3xx responses as completed; 4xx responses whose
 //! status is in [`RouteConfig::store_client_errors`] (default 402, 409, 410,
@@ -70,6 +81,7 @@
 //! answer cannot be replayed would break the contract for the retry.
 
 mod config;
+mod outcome;
 mod problem;
 mod service;
 mod tx;
@@ -77,6 +89,7 @@ mod tx;
 use http::HeaderName;
 
 pub use config::{ConfigError, Disposition, NEVER_REPLAYED, RouteConfig, TenantSource};
+pub use outcome::RequestOutcome;
 pub use problem::{Rejection, TYPE_BASE, problem};
 pub use service::{Idempotency, IdempotencyLayer, ResponseFuture, replay};
 pub use tx::{IdemTx, TxFinished};

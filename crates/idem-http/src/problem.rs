@@ -4,28 +4,43 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
+use idem_core::KeyError;
 
 /// Base of every problem `type` URI Idem emits.
 pub const TYPE_BASE: &str = "https://idem.dev/problems/";
 
 /// A client-facing failure of the idempotency layer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Rejection {
     /// The route requires a key and none was sent (400).
     MissingKey,
-    /// The key is empty, too long, not visible ASCII, or badly quoted (400).
-    MalformedKey,
+    /// The key is empty, too long, not visible ASCII, or badly quoted (400);
+    /// the detail says which.
+    MalformedKey(KeyError),
+    /// The key header was sent more than once (400, same type as a
+    /// malformed key).
+    KeySentTwice,
     /// The tenant could not be resolved (401).
     TenantUnresolved,
+    /// The trusted tenant header was sent more than once (401, same type as
+    /// an unresolved tenant): which one was meant is unknowable.
+    TenantSentTwice,
     /// The key was used with a different request (422).
     FingerprintMismatch,
     /// Another request with this key is running (409 + Retry-After).
     InFlight(Duration),
     /// The request body is over the limit (413).
     BodyTooLarge,
-    /// The store cannot be reached (503 + Retry-After).
+    /// The store cannot be reached; nothing was written (503 + Retry-After).
     StoreUnavailable(Duration),
+    /// `COMMIT` was sent but not acknowledged: the request may have taken
+    /// effect. A retry with the same key replays it if it did and executes
+    /// it if it did not (503 + Retry-After).
+    OutcomeUnknown(Duration),
+    /// The handler did not answer within the route's handler timeout; its
+    /// writes were rolled back (503 + Retry-After).
+    HandlerTimeout(Duration),
     /// The response is over the capture limit; everything was rolled back (500).
     ResponseTooLarge,
     /// An internal failure; details are logged, not sent (500).
@@ -41,12 +56,12 @@ impl Rejection {
                 "missing-idempotency-key",
                 "Idempotency-Key header is required",
             ),
-            Self::MalformedKey => (
+            Self::MalformedKey(_) | Self::KeySentTwice => (
                 StatusCode::BAD_REQUEST,
                 "malformed-idempotency-key",
                 "Idempotency-Key must be 1 to 255 visible ASCII characters",
             ),
-            Self::TenantUnresolved => (
+            Self::TenantUnresolved | Self::TenantSentTwice => (
                 StatusCode::UNAUTHORIZED,
                 "tenant-unresolved",
                 "The tenant could not be determined",
@@ -71,6 +86,16 @@ impl Rejection {
                 "store-unavailable",
                 "The idempotency store is unavailable",
             ),
+            Self::OutcomeUnknown(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "outcome-unknown",
+                "The outcome of the request is unknown",
+            ),
+            Self::HandlerTimeout(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "handler-timeout",
+                "The request did not finish in time",
+            ),
             Self::ResponseTooLarge => (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "response-too-large",
@@ -84,14 +109,47 @@ impl Rejection {
         }
     }
 
+    /// What the client should know beyond the title, if anything.
+    pub fn detail(&self) -> Option<String> {
+        Some(match self {
+            Self::MalformedKey(e) => e.to_string(),
+            Self::KeySentTwice => "Idempotency-Key was sent more than once".into(),
+            Self::TenantSentTwice => "the tenant header was sent more than once".into(),
+            Self::StoreUnavailable(_) => "nothing was written; retry later".into(),
+            Self::OutcomeUnknown(_) => "the commit was sent to the database but not acknowledged: \
+                the request may or may not have taken effect; retry with the same \
+                Idempotency-Key to get its outcome"
+                .into(),
+            Self::HandlerTimeout(d) => format!(
+                "the handler did not answer within {} s; its writes were rolled back; \
+                 retrying with the same Idempotency-Key is safe",
+                d.as_secs().max(1)
+            ),
+            _ => return None,
+        })
+    }
+
+    /// The `Retry-After` seconds this rejection carries, if any.
+    pub fn retry_after(&self) -> Option<u64> {
+        match self {
+            Self::InFlight(d) | Self::StoreUnavailable(d) | Self::OutcomeUnknown(d) => {
+                Some(d.as_secs().max(1))
+            }
+            Self::HandlerTimeout(_) => Some(1),
+            _ => None,
+        }
+    }
+
     /// Renders the problem response.
     pub fn into_response<B: From<Bytes>>(self) -> Response<B> {
         let (status, slug, title) = self.parts();
-        let retry = match self {
-            Self::InFlight(d) | Self::StoreUnavailable(d) => Some(d.as_secs().max(1)),
-            _ => None,
-        };
-        problem(status, slug, title, None, retry)
+        problem(
+            status,
+            slug,
+            title,
+            self.detail().as_deref(),
+            self.retry_after(),
+        )
     }
 }
 

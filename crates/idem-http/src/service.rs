@@ -18,6 +18,7 @@ use idem_core::{
 };
 
 use crate::config::RouteConfig;
+use crate::outcome::RequestOutcome;
 use crate::problem::{Rejection, problem};
 use crate::tx::IdemTx;
 use crate::{Disposition, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
@@ -126,13 +127,23 @@ where
     }
 }
 
+/// What the client is told when the store fails. The error and its sources
+/// are logged; the client gets only the problem type.
 fn store_rejection(e: &StoreError) -> Rejection {
-    if e.retryable() {
-        tracing::warn!(error = %e, "idempotency store unavailable");
-        Rejection::StoreUnavailable(Duration::from_secs(1))
-    } else {
-        tracing::error!(error = %e, "idempotency store failed");
-        Rejection::Internal
+    let error = e as &(dyn std::error::Error + 'static);
+    match e {
+        StoreError::OutcomeUnknown { .. } => {
+            tracing::warn!(error, "commit not acknowledged; outcome unknown");
+            Rejection::OutcomeUnknown(Duration::from_secs(1))
+        }
+        e if e.retryable() => {
+            tracing::warn!(error, "idempotency store unavailable");
+            Rejection::StoreUnavailable(Duration::from_secs(1))
+        }
+        _ => {
+            tracing::error!(error, "idempotency store failed");
+            Rejection::Internal
+        }
     }
 }
 
@@ -141,12 +152,18 @@ fn store_rejection(e: &StoreError) -> Rejection {
 fn key_of(headers: &HeaderMap) -> Result<Option<IdempotencyKey>, Rejection> {
     let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
     match (values.next(), values.next()) {
-        (Some(_), Some(_)) => Err(Rejection::MalformedKey),
+        (Some(_), Some(_)) => Err(Rejection::KeySentTwice),
         (Some(v), None) => IdempotencyKey::from_header(v.as_bytes())
             .map(Some)
-            .map_err(|_| Rejection::MalformedKey),
+            .map_err(Rejection::MalformedKey),
         (None, _) => Ok(None),
     }
+}
+
+/// A rejection as a response, marked with what the layer did.
+fn reject<B: From<Bytes>>(r: Rejection) -> Response<B> {
+    let outcome = RequestOutcome::of(&r);
+    outcome.mark(r.into_response())
 }
 
 /// Whether the body is fingerprinted as JSON (`application/json`, `…+json`).
@@ -180,28 +197,29 @@ where
 {
     let (mut parts, body) = req.into_parts();
     let key = match key_of(&parts.headers) {
-        Ok(None) if config.key_required => return Ok(Rejection::MissingKey.into_response()),
+        Ok(None) if config.key_required => return Ok(reject(Rejection::MissingKey)),
         Ok(key) => key,
-        Err(r) => return Ok(r.into_response()),
+        Err(r) => return Ok(reject(r)),
     };
     let tenant = match config.tenant.resolve(&parts) {
         Ok(t) => t,
-        Err(r) => return Ok(r.into_response()),
+        Err(r) => return Ok(reject(r)),
     };
     let body = match Limited::new(body, config.max_request_bytes).collect().await {
         Ok(b) => b.to_bytes(),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-            return Ok(Rejection::BodyTooLarge.into_response());
+            return Ok(reject(Rejection::BodyTooLarge));
         }
         Err(e) => {
             tracing::debug!(error = %e, "request body could not be read");
-            return Ok(problem(
+            let res = problem(
                 StatusCode::BAD_REQUEST,
                 "unreadable-body",
                 "The request body could not be read",
                 None,
                 None,
-            ));
+            );
+            return Ok(RequestOutcome::UnreadableBody.mark(res));
         }
     };
     let Some(key) = key else {
@@ -218,40 +236,35 @@ where
     let scope = Scope::new(tenant.clone(), config.operation.clone(), key);
     let Claimed { tx, scope } = match engine.begin(&scope, &fingerprint, &config.policy).await {
         Ok(Begun::Fresh(c)) => c,
-        Ok(Begun::Replay(record)) => return Ok(replay(&record)),
-        Err(Error::FingerprintMismatch) => {
-            return Ok(Rejection::FingerprintMismatch.into_response());
-        }
+        Ok(Begun::Replay(record)) => return Ok(RequestOutcome::Replayed.mark(replay(&record))),
+        Err(Error::FingerprintMismatch) => return Ok(reject(Rejection::FingerprintMismatch)),
         Err(Error::InFlight { retry_after }) => {
-            return Ok(Rejection::InFlight(retry_after).into_response());
+            return Ok(reject(Rejection::InFlight(retry_after)));
         }
-        Err(Error::Store(e)) => return Ok(store_rejection(&e).into_response()),
-        Err(_) => return Ok(Rejection::Internal.into_response()),
+        Err(Error::Store(e)) => return Ok(reject(store_rejection(&e))),
+        Err(_) => return Ok(reject(Rejection::Internal)),
     };
     let slot = IdemTx::new(tx);
     parts.extensions.insert(slot.clone());
     parts.extensions.insert(tenant);
     let req = Request::from_parts(parts, ReqB::from(body));
-    let res = call_in_tx(engine.store(), &slot, inner, req).await?;
-    let (mut rparts, rbody) = res.into_parts();
-    let bytes = match Limited::new(rbody, config.max_response_bytes)
-        .collect()
-        .await
-    {
-        Ok(b) => b.to_bytes(),
-        Err(e) => {
-            rollback(engine.store(), &slot).await;
-            tracing::error!(error = %e, operation = %config.operation, "response not captured; rolled back");
-            return Ok(Rejection::ResponseTooLarge.into_response());
-        }
+    let (mut rparts, bytes) = match run_handler(engine.store(), &config, &slot, inner, req).await? {
+        Ok(answer) => answer,
+        Err(r) => return Ok(reject(r)),
     };
     let status = rparts.status.as_u16();
     let Some(tx) = slot.take().await else {
-        return Ok(Rejection::Internal.into_response());
+        return Ok(reject(Rejection::Internal));
     };
     if !config.keeps(status, rparts.extensions.remove::<Disposition>()) {
-        let _ = engine.store().rollback(tx).await;
-        return Ok(Response::from_parts(rparts, ResB::from(bytes)));
+        if let Err(e) = engine.store().rollback(tx).await {
+            tracing::debug!(
+                error = &e as &dyn std::error::Error,
+                "rollback failed; the transaction is discarded with its connection"
+            );
+        }
+        let res = Response::from_parts(rparts, ResB::from(bytes));
+        return Ok(RequestOutcome::NotStored.mark(res));
     }
     let headers = rparts
         .headers
@@ -271,9 +284,52 @@ where
     };
     completion.resource = rparts.extensions.remove::<ResourceRef>();
     if let Err(e) = engine.finish(Claimed { tx, scope }, &completion).await {
-        return Ok(store_rejection(&e).into_response());
+        return Ok(reject(store_rejection(&e)));
     }
-    Ok(Response::from_parts(rparts, ResB::from(bytes)))
+    let res = Response::from_parts(rparts, ResB::from(bytes));
+    Ok(RequestOutcome::Executed.mark(res))
+}
+
+/// Runs the handler and captures its answer, within the route's handler
+/// timeout. `Ok(Err(rejection))` when the layer answers instead: the
+/// response is over the capture cap, or the handler took too long. Either
+/// way the transaction was rolled back first.
+async fn run_handler<S, I, ReqB, ResB>(
+    store: &S,
+    config: &RouteConfig,
+    slot: &IdemTx<S::Tx>,
+    inner: I,
+    req: Request<ReqB>,
+) -> Result<Result<(http::response::Parts, Bytes), Rejection>, I::Error>
+where
+    S: KeyStore,
+    I: tower::Service<Request<ReqB>, Response = Response<ResB>>,
+    ResB: Body,
+    ResB::Error: Into<BoxError>,
+{
+    let answer = async {
+        let res = call_in_tx(store, slot, inner, req).await?;
+        let (rparts, rbody) = res.into_parts();
+        let collected = Limited::new(rbody, config.max_response_bytes)
+            .collect()
+            .await;
+        Ok((rparts, collected))
+    };
+    match tokio::time::timeout(config.handler_timeout, answer).await {
+        Err(_) => {
+            rollback(store, slot).await;
+            tracing::warn!(operation = %config.operation, timeout = ?config.handler_timeout,
+                           "handler timed out; rolled back");
+            Ok(Err(Rejection::HandlerTimeout(config.handler_timeout)))
+        }
+        Ok(Err(e)) => Err(e),
+        Ok(Ok((rparts, Ok(collected)))) => Ok(Ok((rparts, collected.to_bytes()))),
+        Ok(Ok((_, Err(e)))) => {
+            rollback(store, slot).await;
+            tracing::error!(error = %e, operation = %config.operation, "response not captured; rolled back");
+            Ok(Err(Rejection::ResponseTooLarge))
+        }
+    }
 }
 
 /// Calls the handler with the transaction in its extensions. When the handler
@@ -327,12 +383,21 @@ where
 {
     let tx = match store.begin().await {
         Ok(tx) => tx,
-        Err(e) => return Ok(store_rejection(&e).into_response()),
+        Err(e) => return Ok(reject(store_rejection(&e))),
     };
     let slot = IdemTx::new(tx);
     parts.extensions.insert(slot.clone());
     let req = Request::from_parts(parts, ReqB::from(body));
-    let mut res = call_in_tx(store, &slot, inner, req).await?;
+    let mut res =
+        match tokio::time::timeout(config.handler_timeout, call_in_tx(store, &slot, inner, req))
+            .await
+        {
+            Ok(res) => res?,
+            Err(_) => {
+                rollback(store, &slot).await;
+                return Ok(reject(Rejection::HandlerTimeout(config.handler_timeout)));
+            }
+        };
     let keep = config.keeps(
         res.status().as_u16(),
         res.extensions_mut().remove::<Disposition>(),
@@ -344,16 +409,16 @@ where
             store.rollback(tx).await
         };
         if let Err(e) = result {
-            return Ok(store_rejection(&e).into_response());
+            return Ok(reject(store_rejection(&e)));
         }
     }
-    Ok(res)
+    Ok(RequestOutcome::Unkeyed.mark(res))
 }
 
 /// Rebuilds a stored response, marked as a replay.
 pub fn replay<B: From<Bytes>>(record: &StoredRecord) -> Response<B> {
     let Some(stored) = &record.response else {
-        return Rejection::Internal.into_response();
+        return reject(Rejection::Internal);
     };
     let mut res = Response::new(B::from(Bytes::from(stored.body.clone())));
     *res.status_mut() =
@@ -397,6 +462,6 @@ mod tests {
         m.append(IDEMPOTENCY_KEY, HeaderValue::from_static("a"));
         assert_eq!(key_of(&m).unwrap().unwrap().as_str(), "a");
         m.append(IDEMPOTENCY_KEY, HeaderValue::from_static("a"));
-        assert_eq!(key_of(&m), Err(Rejection::MalformedKey));
+        assert_eq!(key_of(&m), Err(Rejection::KeySentTwice));
     }
 }

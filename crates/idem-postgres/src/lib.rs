@@ -17,7 +17,25 @@
 //!   fails with [`StoreError::Busy`], which the engine turns into "in flight".
 //! - `fsync = on` and `synchronous_commit = on` (the defaults): a commit is
 //!   durable when `COMMIT` returns.
+//!
+//! ## Timeouts
+//! - Every store call is bounded on the client side by
+//!   [`PgConfig::statement_timeout`] plus one second (a claim by its policy's
+//!   wait if that is longer): a database that stops answering — a partition,
+//!   a proxy that stops forwarding — gives [`StoreError::Unavailable`] within
+//!   that time instead of a hang. sqlx does not expose TCP keepalive; this
+//!   deadline is what bounds a silent connection.
+//! - The same `statement_timeout` is set on every connection (a startup
+//!   parameter), and `idle_in_transaction_session_timeout`
+//!   ([`PgConfig::idle_in_transaction_timeout`]) makes the server end a
+//!   session whose client went silent inside a transaction, releasing its
+//!   row locks (the key it claimed) for the retry.
+//! - A `COMMIT` whose answer does not arrive — the connection broke after it
+//!   was sent, or the deadline passed — is [`StoreError::OutcomeUnknown`]:
+//!   it may have committed. Any failure before `COMMIT` was sent rolls back
+//!   and is `Unavailable`.
 
+use std::future::Future;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -89,6 +107,16 @@ pub struct PgConfig {
     /// Default `lock_timeout`, the bound on waiting for a concurrent claim.
     /// Default 5 s, matching [`Policy::DEFAULT_WAIT`].
     pub lock_timeout: Duration,
+    /// `statement_timeout` of every connection, and (plus one second) the
+    /// client-side deadline of every store call. Default 10 s; 1 s to 1 h, and
+    /// longer than `lock_timeout`.
+    pub statement_timeout: Duration,
+    /// `idle_in_transaction_session_timeout`: the server ends a session that
+    /// sits inside a transaction without sending anything for this long (its
+    /// client is gone or hung), so the keys it claimed are free again.
+    /// Longer than any handler may take between two statements. Default 60 s;
+    /// 1 s to 24 h.
+    pub idle_in_transaction_timeout: Duration,
 }
 
 impl Default for PgConfig {
@@ -97,7 +125,57 @@ impl Default for PgConfig {
             max_connections: 16,
             acquire_timeout: Duration::from_secs(5),
             lock_timeout: Policy::DEFAULT_WAIT,
+            statement_timeout: Duration::from_secs(10),
+            idle_in_transaction_timeout: Duration::from_secs(60),
         }
+    }
+}
+
+impl PgConfig {
+    /// Checks every bound; the error names the setting.
+    pub fn validate(&self) -> Result<(), String> {
+        let within = |name: &str, d: Duration, lo: Duration, hi: Duration| {
+            if d < lo || d > hi {
+                Err(format!(
+                    "{name} must be between {lo:?} and {hi:?}, got {d:?}"
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        let (second, hour) = (Duration::from_secs(1), Duration::from_secs(3600));
+        if self.max_connections == 0 || self.max_connections > 10_000 {
+            return Err(format!(
+                "max_connections must be between 1 and 10000, got {}",
+                self.max_connections
+            ));
+        }
+        within(
+            "acquire_timeout",
+            self.acquire_timeout,
+            Duration::from_millis(10),
+            hour,
+        )?;
+        within(
+            "lock_timeout",
+            self.lock_timeout,
+            Duration::from_millis(1),
+            Policy::MAX_WAIT,
+        )?;
+        within("statement_timeout", self.statement_timeout, second, hour)?;
+        within(
+            "idle_in_transaction_timeout",
+            self.idle_in_transaction_timeout,
+            second,
+            24 * hour,
+        )?;
+        if self.statement_timeout <= self.lock_timeout {
+            return Err(format!(
+                "statement_timeout ({:?}) must be longer than lock_timeout ({:?})",
+                self.statement_timeout, self.lock_timeout
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -106,17 +184,32 @@ impl Default for PgConfig {
 pub struct PgStore {
     pool: PgPool,
     lock_timeout: Duration,
+    statement_timeout: Duration,
+}
+
+/// What the client waits beyond `statement_timeout` for the server's answer.
+const NETWORK_MARGIN: Duration = Duration::from_secs(1);
+
+fn millis(d: Duration) -> String {
+    format!("{}ms", d.as_millis().max(1))
 }
 
 impl PgStore {
     /// Connects to `url` (`postgres://…`).
     pub async fn connect(url: &str, config: PgConfig) -> Result<Self, StoreError> {
+        config
+            .validate()
+            .map_err(|e| StoreError::Database { source: e.into() })?;
         let options = PgConnectOptions::from_str(url)
             .map_err(|e| StoreError::Database { source: e.into() })?
-            .options([(
-                "lock_timeout",
-                format!("{}ms", config.lock_timeout.as_millis()),
-            )]);
+            .options([
+                ("lock_timeout", millis(config.lock_timeout)),
+                ("statement_timeout", millis(config.statement_timeout)),
+                (
+                    "idle_in_transaction_session_timeout",
+                    millis(config.idle_in_transaction_timeout),
+                ),
+            ]);
         let pool = PgPoolOptions::new()
             .max_connections(config.max_connections.max(1))
             .acquire_timeout(config.acquire_timeout)
@@ -130,7 +223,58 @@ impl PgStore {
         Ok(Self {
             pool,
             lock_timeout: config.lock_timeout,
+            statement_timeout: config.statement_timeout,
         })
+    }
+
+    /// How long a store call may take before the client gives up on the
+    /// server: `statement_timeout` plus a network margin.
+    pub fn deadline(&self) -> Duration {
+        self.statement_timeout + NETWORK_MARGIN
+    }
+
+    /// Runs one store call under [`PgStore::deadline`]; past it the call is
+    /// abandoned — its transaction, if any, rolls back when the connection is
+    /// dropped — and reported as `Unavailable`. Not for `COMMIT`: see
+    /// [`PgStore::commit_tx`].
+    pub(crate) async fn bounded<T>(
+        &self,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        self.within(self.deadline(), call).await
+    }
+
+    async fn within<T>(
+        &self,
+        deadline: Duration,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(deadline, call).await {
+            Ok(result) => result,
+            Err(_) => Err(StoreError::Unavailable {
+                source: format!("PostgreSQL did not answer within {deadline:?}").into(),
+            }),
+        }
+    }
+
+    /// Commits under the deadline. Once `COMMIT` may have been sent, a broken
+    /// connection or a missing answer means the outcome is unknown; an error
+    /// the server answered with means it rolled back.
+    pub(crate) async fn commit_tx(
+        &self,
+        tx: Transaction<'static, Postgres>,
+    ) -> Result<(), StoreError> {
+        let deadline = self.deadline();
+        match tokio::time::timeout(deadline, tx.commit()).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) if connection_lost(&e) || matches!(e, sqlx::Error::Protocol(_)) => {
+                Err(StoreError::OutcomeUnknown { source: e.into() })
+            }
+            Ok(Err(e)) => Err(map_err(e)),
+            Err(_) => Err(StoreError::OutcomeUnknown {
+                source: format!("PostgreSQL did not answer COMMIT within {deadline:?}").into(),
+            }),
+        }
     }
 
     /// The pool, for reads outside a key's transaction.
@@ -155,12 +299,22 @@ impl PgStore {
         loop {
             let result = if wait == self.lock_timeout {
                 self.pool.begin().await
-            } else {
+            } else if wait < self.statement_timeout {
                 // One simple-query message: no extra round trip.
                 self.pool
                     .begin_with(format!(
-                        "BEGIN; SET LOCAL lock_timeout = '{}ms'",
-                        wait.as_millis().max(1)
+                        "BEGIN; SET LOCAL lock_timeout = '{}'",
+                        millis(wait)
+                    ))
+                    .await
+            } else {
+                // A wait as long as the statement timeout would be cut short
+                // by it (as "unavailable" instead of "in flight").
+                self.pool
+                    .begin_with(format!(
+                        "BEGIN; SET LOCAL lock_timeout = '{}'; SET LOCAL statement_timeout = '{}'",
+                        millis(wait),
+                        millis(wait + self.statement_timeout)
                     ))
                     .await
             };
@@ -183,6 +337,12 @@ pub async fn migrate_component(
 ) -> Result<(), StoreError> {
     for m in migrations {
         let mut tx = pool.begin().await.map_err(map_err)?;
+        // Schema changes may legitimately take longer than the pool's
+        // statement timeout, and wait for another runner's advisory lock.
+        sqlx::raw_sql("SET LOCAL statement_timeout = '15min'; SET LOCAL lock_timeout = '5min'")
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
         sqlx::query("SELECT pg_advisory_xact_lock(7226415001)")
             .execute(&mut *tx)
             .await
@@ -276,6 +436,110 @@ impl KeyStore for PgStore {
         policy: &Policy,
         now_ms: i64,
     ) -> Result<Claim<PgTx>, StoreError> {
+        // A wait past the statement timeout raises it for the claim's
+        // transaction (see `begin_waiting`); the deadline follows.
+        let deadline = if policy.wait < self.statement_timeout {
+            self.deadline()
+        } else {
+            policy.wait + self.deadline()
+        };
+        self.within(
+            deadline,
+            self.claim_in_tx(scope, fingerprint, policy, now_ms),
+        )
+        .await
+    }
+
+    async fn complete(
+        &self,
+        mut tx: PgTx,
+        scope: &Scope,
+        completion: &Completion,
+        now_ms: i64,
+    ) -> Result<(), StoreError> {
+        let (kind, id) = completion
+            .resource
+            .as_ref()
+            .map(|r| (Some(r.kind.as_str()), Some(r.id.as_str())))
+            .unwrap_or((None, None));
+        let update = sqlx::query(UPDATE_COMPLETE)
+            .bind(scope.tenant.as_str())
+            .bind(scope.operation.as_str())
+            .bind(scope.key.as_str())
+            .bind(completion.state.as_str())
+            .bind(i32::from(completion.response.status))
+            .bind(completion.response.headers_json())
+            .bind(&completion.response.body[..])
+            .bind(kind)
+            .bind(id)
+            .bind(now_ms)
+            .execute(&mut *tx.0);
+        let done = self
+            .bounded(async { update.await.map_err(map_err) })
+            .await?;
+        if done.rows_affected() != 1 {
+            return Err(StoreError::Corrupt {
+                detail: "the claimed record is no longer pending".into(),
+            });
+        }
+        self.commit_tx(tx.0).await
+    }
+
+    async fn begin(&self) -> Result<PgTx, StoreError> {
+        self.bounded(self.begin_waiting(self.lock_timeout))
+            .await
+            .map(PgTx)
+    }
+
+    async fn commit(&self, tx: PgTx) -> Result<(), StoreError> {
+        self.commit_tx(tx.0).await
+    }
+
+    async fn rollback(&self, tx: PgTx) -> Result<(), StoreError> {
+        self.bounded(async { tx.0.rollback().await.map_err(map_err) })
+            .await
+    }
+
+    async fn fetch(&self, scope: &Scope) -> Result<Option<StoredRecord>, StoreError> {
+        self.bounded(async {
+            let row = sqlx::query(SELECT_RECORD)
+                .bind(scope.tenant.as_str())
+                .bind(scope.operation.as_str())
+                .bind(scope.key.as_str())
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(map_err)?;
+            row.as_ref().map(decode).transpose()
+        })
+        .await
+    }
+
+    async fn purge_expired(&self, now_ms: i64, limit: u32) -> Result<u64, StoreError> {
+        self.bounded(async {
+            let done = sqlx::query(
+                "DELETE FROM idem_keys WHERE ctid = ANY(ARRAY(
+                     SELECT ctid FROM idem_keys WHERE expires_at_ms <= $1 LIMIT $2
+                     FOR UPDATE SKIP LOCKED))",
+            )
+            .bind(now_ms)
+            .bind(i64::from(limit))
+            .execute(&self.pool)
+            .await
+            .map_err(map_err)?;
+            Ok(done.rows_affected())
+        })
+        .await
+    }
+}
+
+impl PgStore {
+    async fn claim_in_tx(
+        &self,
+        scope: &Scope,
+        fingerprint: &Fingerprint,
+        policy: &Policy,
+        now_ms: i64,
+    ) -> Result<Claim<PgTx>, StoreError> {
         let mut tx = self.begin_waiting(policy.wait).await?;
         let claim = |sql: &'static str| {
             sqlx::query(sql)
@@ -325,77 +589,6 @@ impl KeyStore for PgStore {
             waited: policy.wait,
         })
     }
-
-    async fn complete(
-        &self,
-        mut tx: PgTx,
-        scope: &Scope,
-        completion: &Completion,
-        now_ms: i64,
-    ) -> Result<(), StoreError> {
-        let (kind, id) = completion
-            .resource
-            .as_ref()
-            .map(|r| (Some(r.kind.as_str()), Some(r.id.as_str())))
-            .unwrap_or((None, None));
-        let done = sqlx::query(UPDATE_COMPLETE)
-            .bind(scope.tenant.as_str())
-            .bind(scope.operation.as_str())
-            .bind(scope.key.as_str())
-            .bind(completion.state.as_str())
-            .bind(i32::from(completion.response.status))
-            .bind(completion.response.headers_json())
-            .bind(&completion.response.body[..])
-            .bind(kind)
-            .bind(id)
-            .bind(now_ms)
-            .execute(&mut *tx.0)
-            .await
-            .map_err(map_err)?;
-        if done.rows_affected() != 1 {
-            return Err(StoreError::Corrupt {
-                detail: "the claimed record is no longer pending".into(),
-            });
-        }
-        tx.0.commit().await.map_err(map_err)
-    }
-
-    async fn begin(&self) -> Result<PgTx, StoreError> {
-        self.begin_waiting(self.lock_timeout).await.map(PgTx)
-    }
-
-    async fn commit(&self, tx: PgTx) -> Result<(), StoreError> {
-        tx.0.commit().await.map_err(map_err)
-    }
-
-    async fn rollback(&self, tx: PgTx) -> Result<(), StoreError> {
-        tx.0.rollback().await.map_err(map_err)
-    }
-
-    async fn fetch(&self, scope: &Scope) -> Result<Option<StoredRecord>, StoreError> {
-        let row = sqlx::query(SELECT_RECORD)
-            .bind(scope.tenant.as_str())
-            .bind(scope.operation.as_str())
-            .bind(scope.key.as_str())
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(map_err)?;
-        row.as_ref().map(decode).transpose()
-    }
-
-    async fn purge_expired(&self, now_ms: i64, limit: u32) -> Result<u64, StoreError> {
-        let done = sqlx::query(
-            "DELETE FROM idem_keys WHERE ctid = ANY(ARRAY(
-                 SELECT ctid FROM idem_keys WHERE expires_at_ms <= $1 LIMIT $2
-                 FOR UPDATE SKIP LOCKED))",
-        )
-        .bind(now_ms)
-        .bind(i64::from(limit))
-        .execute(&self.pool)
-        .await
-        .map_err(map_err)?;
-        Ok(done.rows_affected())
-    }
 }
 
 /// Reads one column of a stored row; a value of the wrong type is `Corrupt`.
@@ -444,8 +637,12 @@ fn connection_lost(e: &sqlx::Error) -> bool {
 }
 
 /// Classifies a driver error by SQLSTATE: `55P03` lock_not_available is
-/// `Busy`; connection exceptions (`08…`), shutdowns (`57P0…`) and
-/// too-many-connections (`53300`) are `Unavailable`.
+/// `Busy`; connection exceptions (`08…`), shutdowns (`57P0…`),
+/// too-many-connections (`53300`), a statement cancelled by
+/// `statement_timeout` (`57014`) and a session ended by
+/// `idle_in_transaction_session_timeout` (`25P03`) are `Unavailable`; data
+/// exceptions (`22…`: a NUL in text, a number out of range, …) and values too
+/// large for an index (`54000`) are `InvalidValue`, the caller's input.
 pub fn map_err(e: sqlx::Error) -> StoreError {
     match &e {
         sqlx::Error::Database(db) => {
@@ -454,8 +651,13 @@ pub fn map_err(e: sqlx::Error) -> StoreError {
                 StoreError::Busy {
                     waited: Duration::ZERO,
                 }
-            } else if code.starts_with("08") || code.starts_with("57P0") || code == "53300" {
+            } else if code.starts_with("08")
+                || code.starts_with("57P0")
+                || ["53300", "57014", "25P03"].contains(&code.as_str())
+            {
                 StoreError::Unavailable { source: e.into() }
+            } else if code.starts_with("22") || code == "54000" {
+                StoreError::InvalidValue { source: e.into() }
             } else {
                 StoreError::Database { source: e.into() }
             }

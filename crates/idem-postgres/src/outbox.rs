@@ -109,57 +109,63 @@ impl OutboxStore for PgStore {
         lease: Duration,
         limit: u32,
     ) -> Result<Vec<OutboxRecord>, StoreError> {
-        let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
-        let rows = sqlx::query(
-            "UPDATE idem_outbox SET locked_until_ms = $1 + $2
-             WHERE id = ANY(ARRAY(
-                 SELECT o.id FROM idem_outbox o
-                 WHERE o.state = 'pending' AND o.available_at_ms <= $1
-                   AND (o.locked_until_ms IS NULL OR o.locked_until_ms <= $1)
-                   AND NOT EXISTS (SELECT 1 FROM idem_outbox e
-                                   WHERE e.state = 'pending' AND e.message_key = o.message_key
-                                     AND e.id < o.id)
-                 ORDER BY o.id LIMIT $3
-                 FOR UPDATE SKIP LOCKED))
-             RETURNING id, message_id, topic, message_key, payload, headers, attempts, created_at_ms",
-        )
-        .bind(now_ms)
-        .bind(lease_ms)
-        .bind(i64::from(limit))
-        .fetch_all(self.pool())
+        self.bounded(async {
+            let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
+            let rows = sqlx::query(
+                "UPDATE idem_outbox SET locked_until_ms = $1 + $2
+                 WHERE id = ANY(ARRAY(
+                     SELECT o.id FROM idem_outbox o
+                     WHERE o.state = 'pending' AND o.available_at_ms <= $1
+                       AND (o.locked_until_ms IS NULL OR o.locked_until_ms <= $1)
+                       AND NOT EXISTS (SELECT 1 FROM idem_outbox e
+                                       WHERE e.state = 'pending' AND e.message_key = o.message_key
+                                         AND e.id < o.id)
+                     ORDER BY o.id LIMIT $3
+                     FOR UPDATE SKIP LOCKED))
+                 RETURNING id, message_id, topic, message_key, payload, headers, attempts, created_at_ms",
+            )
+            .bind(now_ms)
+            .bind(lease_ms)
+            .bind(i64::from(limit))
+            .fetch_all(self.pool())
+            .await
+            .map_err(map_err)?;
+            let mut records = rows
+                .iter()
+                .map(|row| {
+                    OutboxColumns {
+                        id: column(row, "id")?,
+                        message_id: column(row, "message_id")?,
+                        topic: column(row, "topic")?,
+                        message_key: column(row, "message_key")?,
+                        payload: column(row, "payload")?,
+                        headers: column(row, "headers")?,
+                        attempts: i64::from(column::<i32>(row, "attempts")?),
+                        created_at_ms: column(row, "created_at_ms")?,
+                    }
+                    .decode()
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            records.sort_by_key(|r| r.id);
+            Ok(records)
+        })
         .await
-        .map_err(map_err)?;
-        let mut records = rows
-            .iter()
-            .map(|row| {
-                OutboxColumns {
-                    id: column(row, "id")?,
-                    message_id: column(row, "message_id")?,
-                    topic: column(row, "topic")?,
-                    message_key: column(row, "message_key")?,
-                    payload: column(row, "payload")?,
-                    headers: column(row, "headers")?,
-                    attempts: i64::from(column::<i32>(row, "attempts")?),
-                    created_at_ms: column(row, "created_at_ms")?,
-                }
-                .decode()
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        records.sort_by_key(|r| r.id);
-        Ok(records)
     }
 
     async fn mark_sent(&self, ids: &[i64], now_ms: i64) -> Result<u64, StoreError> {
-        let done = sqlx::query(
-            "UPDATE idem_outbox SET state = 'sent', sent_at_ms = $2, locked_until_ms = NULL
-             WHERE state = 'pending' AND id = ANY($1)",
-        )
-        .bind(ids)
-        .bind(now_ms)
-        .execute(self.pool())
+        self.bounded(async {
+            let done = sqlx::query(
+                "UPDATE idem_outbox SET state = 'sent', sent_at_ms = $2, locked_until_ms = NULL
+                 WHERE state = 'pending' AND id = ANY($1)",
+            )
+            .bind(ids)
+            .bind(now_ms)
+            .execute(self.pool())
+            .await
+            .map_err(map_err)?;
+            Ok(done.rows_affected())
+        })
         .await
-        .map_err(map_err)?;
-        Ok(done.rows_affected())
     }
 
     async fn mark_failed(
@@ -169,63 +175,75 @@ impl OutboxStore for PgStore {
         retry_at_ms: i64,
         dead: bool,
     ) -> Result<(), StoreError> {
-        sqlx::query(
-            "UPDATE idem_outbox SET attempts = attempts + 1, last_error = $2,
-                 available_at_ms = $3, locked_until_ms = NULL,
-                 state = CASE WHEN $4 THEN 'dead' ELSE 'pending' END
-             WHERE id = $1 AND state = 'pending'",
-        )
-        .bind(id)
-        .bind(error)
-        .bind(retry_at_ms)
-        .bind(dead)
-        .execute(self.pool())
+        self.bounded(async {
+            sqlx::query(
+                "UPDATE idem_outbox SET attempts = attempts + 1, last_error = $2,
+                     available_at_ms = $3, locked_until_ms = NULL,
+                     state = CASE WHEN $4 THEN 'dead' ELSE 'pending' END
+                 WHERE id = $1 AND state = 'pending'",
+            )
+            .bind(id)
+            .bind(error)
+            .bind(retry_at_ms)
+            .bind(dead)
+            .execute(self.pool())
+            .await
+            .map_err(map_err)?;
+            Ok(())
+        })
         .await
-        .map_err(map_err)?;
-        Ok(())
     }
 
     async fn release(&self, ids: &[i64], retry_at_ms: i64) -> Result<(), StoreError> {
-        sqlx::query(
-            "UPDATE idem_outbox SET locked_until_ms = NULL, available_at_ms = $2
-             WHERE state = 'pending' AND id = ANY($1)",
-        )
-        .bind(ids)
-        .bind(retry_at_ms)
-        .execute(self.pool())
+        self.bounded(async {
+            sqlx::query(
+                "UPDATE idem_outbox SET locked_until_ms = NULL, available_at_ms = $2
+                 WHERE state = 'pending' AND id = ANY($1)",
+            )
+            .bind(ids)
+            .bind(retry_at_ms)
+            .execute(self.pool())
+            .await
+            .map_err(map_err)?;
+            Ok(())
+        })
         .await
-        .map_err(map_err)?;
-        Ok(())
     }
 
     async fn purge_sent(&self, before_ms: i64, limit: u32) -> Result<u64, StoreError> {
-        let done = sqlx::query(
-            "DELETE FROM idem_outbox WHERE id = ANY(ARRAY(
-                 SELECT id FROM idem_outbox WHERE state = 'sent' AND sent_at_ms <= $1
-                 LIMIT $2 FOR UPDATE SKIP LOCKED))",
-        )
-        .bind(before_ms)
-        .bind(i64::from(limit))
-        .execute(self.pool())
+        self.bounded(async {
+            let done = sqlx::query(
+                "DELETE FROM idem_outbox WHERE id = ANY(ARRAY(
+                     SELECT id FROM idem_outbox WHERE state = 'sent' AND sent_at_ms <= $1
+                     LIMIT $2 FOR UPDATE SKIP LOCKED))",
+            )
+            .bind(before_ms)
+            .bind(i64::from(limit))
+            .execute(self.pool())
+            .await
+            .map_err(map_err)?;
+            Ok(done.rows_affected())
+        })
         .await
-        .map_err(map_err)?;
-        Ok(done.rows_affected())
     }
 
     async fn stats(&self) -> Result<OutboxStats, StoreError> {
-        let (pending, oldest, dead): (i64, Option<i64>, i64) = sqlx::query_as(
-            "SELECT count(*) FILTER (WHERE state = 'pending'),
-                    min(created_at_ms) FILTER (WHERE state = 'pending'),
-                    count(*) FILTER (WHERE state = 'dead')
-             FROM idem_outbox WHERE state <> 'sent'",
-        )
-        .fetch_one(self.pool())
-        .await
-        .map_err(map_err)?;
-        Ok(OutboxStats {
-            pending: pending.max(0) as u64,
-            oldest_pending_ms: oldest,
-            dead: dead.max(0) as u64,
+        self.bounded(async {
+            let (pending, oldest, dead): (i64, Option<i64>, i64) = sqlx::query_as(
+                "SELECT count(*) FILTER (WHERE state = 'pending'),
+                        min(created_at_ms) FILTER (WHERE state = 'pending'),
+                        count(*) FILTER (WHERE state = 'dead')
+                 FROM idem_outbox WHERE state <> 'sent'",
+            )
+            .fetch_one(self.pool())
+            .await
+            .map_err(map_err)?;
+            Ok(OutboxStats {
+                pending: pending.max(0) as u64,
+                oldest_pending_ms: oldest,
+                dead: dead.max(0) as u64,
+            })
         })
+        .await
     }
 }

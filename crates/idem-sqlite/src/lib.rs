@@ -165,6 +165,20 @@ impl SqliteStore {
             .map_err(|e| self.map(e))
     }
 
+    /// Commits. A commit that fails with an I/O error (the WAL's sync may or
+    /// may not have reached the disk) or whose worker thread died is
+    /// [`StoreError::OutcomeUnknown`]; a busy or full database did not commit.
+    pub(crate) async fn commit_tx(
+        &self,
+        tx: Transaction<'static, Sqlite>,
+    ) -> Result<(), StoreError> {
+        match tx.commit().await {
+            Ok(()) => Ok(()),
+            Err(e) if outcome_unknown(&e) => Err(StoreError::OutcomeUnknown { source: e.into() }),
+            Err(e) => Err(self.map(e)),
+        }
+    }
+
     /// The database write lock not being free within `busy_timeout` is not about
     /// this key (the per-key gate already let us in): it means the store is
     /// overloaded or locked by another process, so it is reported as
@@ -277,7 +291,7 @@ impl KeyStore for SqliteStore {
                 detail: "the claimed record is no longer pending".into(),
             });
         }
-        tx.tx.commit().await.map_err(|e| self.map(e))
+        self.commit_tx(tx.tx).await
     }
 
     async fn begin(&self) -> Result<SqliteTx, StoreError> {
@@ -288,7 +302,7 @@ impl KeyStore for SqliteStore {
     }
 
     async fn commit(&self, tx: SqliteTx) -> Result<(), StoreError> {
-        tx.tx.commit().await.map_err(|e| self.map(e))
+        self.commit_tx(tx.tx).await
     }
 
     async fn rollback(&self, tx: SqliteTx) -> Result<(), StoreError> {
@@ -344,6 +358,16 @@ fn decode(row: &SqliteRow) -> Result<StoredRecord, StoreError> {
         expires_at_ms: column(row, "expires_at_ms")?,
     }
     .decode()
+}
+
+fn outcome_unknown(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::WorkerCrashed | sqlx::Error::Io(_) => true,
+        sqlx::Error::Database(db) => {
+            db.code().and_then(|c| c.parse::<i64>().ok()).unwrap_or(0) & 0xff == 10
+        }
+        _ => false,
+    }
 }
 
 /// Classifies a driver error. SQLite result codes: 5 `BUSY`, 6 `LOCKED`,

@@ -208,19 +208,37 @@ mod proxy {
     use std::net::SocketAddr;
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
 
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::{TcpListener, TcpStream};
-    use tokio::sync::Mutex;
+    use tokio::sync::{Mutex, watch};
     use tokio::task::JoinSet;
 
+    /// A PostgreSQL simple-query `COMMIT` message, as sqlx sends it.
+    const COMMIT: &[u8] = b"Q\0\0\0\x0bCOMMIT\0";
+
+    #[derive(Debug)]
+    struct Flags {
+        /// New connections are refused.
+        down: AtomicBool,
+        /// The next `COMMIT` is delivered, its answer is not.
+        cut_after_commit: AtomicBool,
+        /// Server-to-client bytes are dropped (a commit's answer in flight).
+        swallow: AtomicBool,
+        /// Nothing moves in either direction, but sockets stay open.
+        frozen: watch::Sender<bool>,
+    }
+
     /// A TCP proxy in front of a real server (PostgreSQL, NATS) that can cut
-    /// every connection and refuse new ones: the server going away, as a client
-    /// sees it.
+    /// every connection and refuse new ones (the server going away, as a
+    /// client sees it), freeze traffic with the sockets open (a silent
+    /// network), or let one `COMMIT` through and lose its answer.
     #[derive(Debug)]
     pub struct Proxy {
         /// Where clients connect.
         pub addr: SocketAddr,
-        down: Arc<AtomicBool>,
+        flags: Arc<Flags>,
         links: Arc<Mutex<JoinSet<()>>>,
     }
 
@@ -229,35 +247,127 @@ mod proxy {
         pub async fn start(upstream: SocketAddr) -> Self {
             let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
             let addr = listener.local_addr().unwrap();
-            let down = Arc::new(AtomicBool::new(false));
+            let flags = Arc::new(Flags {
+                down: AtomicBool::new(false),
+                cut_after_commit: AtomicBool::new(false),
+                swallow: AtomicBool::new(false),
+                frozen: watch::Sender::new(false),
+            });
             let links = Arc::new(Mutex::new(JoinSet::new()));
-            let (d, l) = (down.clone(), links.clone());
+            let (f, l) = (flags.clone(), links.clone());
             tokio::spawn(async move {
-                while let Ok((mut client, _)) = listener.accept().await {
-                    if d.load(Ordering::SeqCst) {
+                while let Ok((client, _)) = listener.accept().await {
+                    if f.down.load(Ordering::SeqCst) {
                         drop(client);
                         continue;
                     }
+                    let (f2, l2) = (f.clone(), l.clone());
                     l.lock().await.spawn(async move {
-                        if let Ok(mut server) = TcpStream::connect(upstream).await {
-                            let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                        if let Ok(server) = TcpStream::connect(upstream).await {
+                            link(client, server, f2, l2).await;
                         }
                     });
                 }
             });
-            Self { addr, down, links }
+            Self { addr, flags, links }
         }
 
         /// The database is gone: open connections are closed, new ones dropped.
         pub async fn cut(&self) {
-            self.down.store(true, Ordering::SeqCst);
+            self.flags.down.store(true, Ordering::SeqCst);
             self.links.lock().await.abort_all();
         }
 
-        /// The database is back.
+        /// The database is back (and traffic flows again).
         pub fn restore(&self) {
-            self.down.store(false, Ordering::SeqCst);
+            self.flags.down.store(false, Ordering::SeqCst);
+            self.flags.frozen.send_replace(false);
         }
+
+        /// Stops forwarding in both directions, keeping every socket open:
+        /// the peer neither answers nor hangs up.
+        pub fn freeze(&self) {
+            self.flags.frozen.send_replace(true);
+        }
+
+        /// Forwards again what waited while frozen.
+        pub fn thaw(&self) {
+            self.flags.frozen.send_replace(false);
+        }
+
+        /// Arms a one-shot fault: the next `COMMIT` a client sends reaches the
+        /// server, the server's answer never reaches the client, and the
+        /// connections are then cut (the server has committed; the client
+        /// cannot know). New connections are accepted as before.
+        pub fn cut_after_next_commit(&self) {
+            self.flags.cut_after_commit.store(true, Ordering::SeqCst);
+        }
+    }
+
+    async fn link(
+        client: TcpStream,
+        server: TcpStream,
+        flags: Arc<Flags>,
+        links: Arc<Mutex<JoinSet<()>>>,
+    ) {
+        let (mut client_read, mut client_write) = client.into_split();
+        let (mut server_read, mut server_write) = server.into_split();
+        let up = {
+            let flags = flags.clone();
+            async move {
+                let mut buf = vec![0u8; 16 * 1024];
+                // The tail of the previous read, so a message split across
+                // two reads is still recognised.
+                let mut tail: Vec<u8> = Vec::new();
+                loop {
+                    let n = match client_read.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => n,
+                    };
+                    wait_thawed(&flags).await;
+                    let mut window = std::mem::take(&mut tail);
+                    window.extend_from_slice(&buf[..n]);
+                    let commit = window.windows(COMMIT.len()).any(|w| w == COMMIT);
+                    if commit && flags.cut_after_commit.swap(false, Ordering::SeqCst) {
+                        flags.swallow.store(true, Ordering::SeqCst);
+                        let _ = server_write.write_all(&buf[..n]).await;
+                        // Long enough for the server to commit; then every
+                        // connection goes, the answer with it.
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                        flags.swallow.store(false, Ordering::SeqCst);
+                        links.lock().await.abort_all();
+                        return;
+                    }
+                    if server_write.write_all(&buf[..n]).await.is_err() {
+                        return;
+                    }
+                    let keep = window.len().min(COMMIT.len() - 1);
+                    tail = window[window.len() - keep..].to_vec();
+                }
+            }
+        };
+        let down = async move {
+            let mut buf = vec![0u8; 16 * 1024];
+            loop {
+                let n = match server_read.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => n,
+                };
+                wait_thawed(&flags).await;
+                if flags.swallow.load(Ordering::SeqCst) {
+                    continue;
+                }
+                if client_write.write_all(&buf[..n]).await.is_err() {
+                    return;
+                }
+            }
+        };
+        tokio::select! { _ = up => {}, _ = down => {} }
+    }
+
+    async fn wait_thawed(flags: &Flags) {
+        let mut frozen = flags.frozen.subscribe();
+        let _ = frozen.wait_for(|f| !*f).await;
     }
 }
 

@@ -345,6 +345,87 @@ macro_rules! http_suite {
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn handler_over_its_timeout_is_503_rolled_back_and_the_retry_executes() {
+                let (app, db) = app_with(|c| {
+                    c.handler_timeout = std::time::Duration::from_millis(300);
+                })
+                .await;
+                // 888: the handler inserts, then works for 1.5 s.
+                let (s, h, b) = send(&app, Some("slow-1"), "t", r#"{"amount":888}"#).await;
+                assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
+                assert!(h.get("retry-after").is_some());
+                assert_eq!(
+                    problem_type(&b),
+                    "https://idem.dev/problems/handler-timeout"
+                );
+                assert_eq!(h.get("content-type").unwrap(), "application/problem+json");
+                assert_eq!((db.count().await, db.keys().await), (0, 0), "rolled back");
+                // The key was not used up: the retry runs the handler again
+                // (and, as slow as before, times out again) instead of
+                // replaying anything.
+                let (s, h, b) = send(&app, Some("slow-1"), "t", r#"{"amount":888}"#).await;
+                assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
+                assert_eq!(
+                    problem_type(&b),
+                    "https://idem.dev/problems/handler-timeout"
+                );
+                assert!(h.get("idempotent-replayed").is_none());
+                assert_eq!((db.count().await, db.keys().await), (0, 0));
+                // A quick request is untouched by the timeout.
+                let (s, _, _) = send(&app, Some("fast-1"), "t", r#"{"amount":10}"#).await;
+                assert_eq!(s, StatusCode::CREATED);
+                assert_eq!(db.count().await, 1);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn key_or_tenant_header_sent_twice_is_refused_with_a_detail() {
+                let (app, db) = app().await;
+                let twice = |name: &'static str, a: &'static str, b: &'static str| {
+                    let app = app.clone();
+                    async move {
+                        let mut req = Request::post("/payments")
+                            .header("content-type", "application/json")
+                            .header(name, a)
+                            .header(name, b);
+                        if name != "idempotency-key" {
+                            req = req.header("idempotency-key", "k-twice");
+                        }
+                        let res = app
+                            .oneshot(req.body(Body::from(r#"{"amount":1}"#)).unwrap())
+                            .await
+                            .unwrap();
+                        let status = res.status();
+                        let body = res.into_body().collect().await.unwrap().to_bytes();
+                        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                        (status, v)
+                    }
+                };
+                let (s, v) = twice("idempotency-key", "a", "b").await;
+                assert_eq!(s, StatusCode::BAD_REQUEST);
+                assert_eq!(
+                    v["type"],
+                    "https://idem.dev/problems/malformed-idempotency-key"
+                );
+                assert!(
+                    v["detail"].as_str().unwrap().contains("more than once"),
+                    "{v}"
+                );
+                let (s, v) = twice("x-tenant-id", "alpha", "beta").await;
+                assert_eq!(s, StatusCode::UNAUTHORIZED);
+                assert_eq!(v["type"], "https://idem.dev/problems/tenant-unresolved");
+                assert!(
+                    v["detail"].as_str().unwrap().contains("more than once"),
+                    "{v}"
+                );
+                // A malformed key says why.
+                let (s, _, b) = send(&app, Some(&"k".repeat(256)), "t", r#"{"amount":1}"#).await;
+                assert_eq!(s, StatusCode::BAD_REQUEST);
+                let v: serde_json::Value = serde_json::from_slice(&b).unwrap();
+                assert!(v["detail"].as_str().unwrap().contains("256"), "{v}");
+                assert_eq!((db.count().await, db.keys().await), (0, 0));
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn request_still_running_after_the_wait_is_409_with_retry_after() {
                 let (app, db) = app_with(|c| {
                     c.policy = c.policy.wait(std::time::Duration::from_millis(200));
@@ -811,4 +892,131 @@ async fn postgres_down_is_503_with_retry_after_and_nothing_half_written() {
     let res = app.oneshot(req("fast")).await.unwrap();
     assert_eq!(res.headers()["idempotent-replayed"], "true");
     assert_eq!(db.count().await, 1);
+}
+
+/// A PostgreSQL app behind a fault-injecting proxy: one insert per request,
+/// then 201.
+async fn pg_app_behind_proxy(
+    tune: impl FnOnce(&mut idem_postgres::PgConfig),
+) -> (axum::Router, pg_db::Db, idem_testkit::Proxy) {
+    use axum::Extension;
+    use idem_core::{Operation, Tenant};
+    use idem_http::{IdemTx, IdempotencyLayer, RouteConfig, TenantSource};
+    use idem_postgres::{PgConfig, PgStore, PgTx};
+    let db = pg_db::setup().await;
+    let proxy = idem_testkit::Proxy::start(idem_testkit::url_addr(&db.db.url)).await;
+    let mut config = PgConfig {
+        acquire_timeout: std::time::Duration::from_secs(1),
+        ..PgConfig::default()
+    };
+    tune(&mut config);
+    let store = PgStore::connect(&idem_testkit::url_via(&db.db.url, proxy.addr), config)
+        .await
+        .unwrap();
+    async fn create(Extension(tx): Extension<IdemTx<PgTx>>) -> StatusCode {
+        let mut tx = tx.lock().await.unwrap();
+        match sqlx::query("INSERT INTO payments (id, amount) VALUES (gen_random_uuid()::text, 1)")
+            .execute(&mut **tx)
+            .await
+        {
+            Ok(_) => StatusCode::CREATED,
+            Err(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+    let cfg = RouteConfig::required(
+        Operation::new("payments.create").unwrap(),
+        TenantSource::Static(Tenant::new("t").unwrap()),
+    );
+    let app = axum::Router::new().route(
+        "/payments",
+        axum::routing::post(create).layer(IdempotencyLayer::new(store, cfg)),
+    );
+    (app, db, proxy)
+}
+
+fn keyed(key: &str) -> Request<Body> {
+    Request::post("/payments")
+        .header("idempotency-key", key)
+        .body(Body::empty())
+        .unwrap()
+}
+
+async fn problem_of(res: Response) -> (StatusCode, Option<String>, serde_json::Value) {
+    let status = res.status();
+    let retry = res
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().to_owned());
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    (status, retry, serde_json::from_slice(&body).unwrap())
+}
+
+/// The COMMIT reaches PostgreSQL and commits, its answer is lost: the client
+/// is told the outcome is unknown — not that nothing was written — and the
+/// retry with the same key tells the truth (a replay of the committed write).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_commit_acknowledgement_is_outcome_unknown_and_the_retry_replays() {
+    let (app, db, proxy) = pg_app_behind_proxy(|_| {}).await;
+    proxy.cut_after_next_commit();
+    let (status, retry, problem) =
+        problem_of(app.clone().oneshot(keyed("k-lost")).await.unwrap()).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(retry.is_some(), "Retry-After is set");
+    assert_eq!(problem["type"], "https://idem.dev/problems/outcome-unknown");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("same Idempotency-Key")
+    );
+    assert_eq!((db.count().await, db.keys().await), (1, 1), "it did commit");
+    let res = app.clone().oneshot(keyed("k-lost")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    assert_eq!(res.headers()["idempotent-replayed"], "true");
+    assert_eq!(db.count().await, 1, "one effect");
+}
+
+/// The network goes silent (the proxy stops forwarding, sockets stay open):
+/// the request gets 503 within the store's deadline instead of hanging, and
+/// nothing is committed; once the network is back the retry executes once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_database_is_503_within_the_deadline_and_nothing_commits() {
+    let (app, db, proxy) = pg_app_behind_proxy(|c| {
+        c.lock_timeout = std::time::Duration::from_millis(500);
+        c.statement_timeout = std::time::Duration::from_secs(1);
+    })
+    .await;
+    // Warm the pool, so the freeze catches an open connection mid-use.
+    assert_eq!(
+        app.clone().oneshot(keyed("k-warm")).await.unwrap().status(),
+        StatusCode::CREATED
+    );
+    proxy.freeze();
+    let answer = tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        app.clone().oneshot(keyed("k-silent")),
+    )
+    .await
+    .expect("an answer, not a hang")
+    .unwrap();
+    let (status, retry, problem) = problem_of(answer).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(retry.is_some());
+    assert_eq!(
+        problem["type"],
+        "https://idem.dev/problems/store-unavailable"
+    );
+    proxy.thaw();
+    assert_eq!(
+        (db.count().await, db.keys().await),
+        (1, 1),
+        "only the warm-up committed"
+    );
+    let res = app.oneshot(keyed("k-silent")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    assert!(
+        res.headers().get("idempotent-replayed").is_none(),
+        "it executes now"
+    );
+    assert_eq!(db.count().await, 2);
 }

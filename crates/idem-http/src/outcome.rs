@@ -1,0 +1,100 @@
+//! What the layer did with a request, as a response extension for logs and
+//! metrics.
+
+use http::Response;
+
+use crate::problem::Rejection;
+
+/// What the idempotency layer did with a request. Every response the layer
+/// produces or passes back carries one in its extensions (methods the layer
+/// does not cover carry none), so a logging or metrics layer outside it can
+/// tell a replay from an execution without parsing headers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RequestOutcome {
+    /// The handler ran and its response was stored with the key.
+    Executed,
+    /// The handler ran and its response was not stored (a 5xx, a validation
+    /// 400, a `Disposition::Discard`): key and writes rolled back.
+    NotStored,
+    /// A stored response was replayed.
+    Replayed,
+    /// No key on a route where it is optional: run in a transaction, no record.
+    Unkeyed,
+    /// Same key, different request (422).
+    Mismatch,
+    /// Same key still running (409).
+    InFlight,
+    /// No key where one is required (400).
+    MissingKey,
+    /// A malformed key, or one sent twice (400).
+    MalformedKey,
+    /// No tenant (401).
+    TenantUnresolved,
+    /// Body over the limit (413).
+    TooLarge,
+    /// The body could not be read (400).
+    UnreadableBody,
+    /// The store failed before anything was written (503).
+    StoreUnavailable,
+    /// The commit was not acknowledged (503).
+    OutcomeUnknown,
+    /// The handler did not answer in time; rolled back (503).
+    HandlerTimeout,
+    /// The response was too large to store; rolled back (500).
+    ResponseTooLarge,
+    /// Anything else (500).
+    Internal,
+}
+
+impl RequestOutcome {
+    /// A stable lowercase name (`executed`, `replayed`, `in_flight`, …).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Executed => "executed",
+            Self::NotStored => "not_stored",
+            Self::Replayed => "replayed",
+            Self::Unkeyed => "unkeyed",
+            Self::Mismatch => "mismatch",
+            Self::InFlight => "in_flight",
+            Self::MissingKey => "missing_key",
+            Self::MalformedKey => "malformed_key",
+            Self::TenantUnresolved => "tenant_unresolved",
+            Self::TooLarge => "too_large",
+            Self::UnreadableBody => "unreadable_body",
+            Self::StoreUnavailable => "store_unavailable",
+            Self::OutcomeUnknown => "outcome_unknown",
+            Self::HandlerTimeout => "handler_timeout",
+            Self::ResponseTooLarge => "response_too_large",
+            Self::Internal => "internal",
+        }
+    }
+
+    /// The outcome a rejection stands for.
+    pub fn of(rejection: &Rejection) -> Self {
+        match rejection {
+            Rejection::MissingKey => Self::MissingKey,
+            Rejection::MalformedKey(_) | Rejection::KeySentTwice => Self::MalformedKey,
+            Rejection::TenantUnresolved | Rejection::TenantSentTwice => Self::TenantUnresolved,
+            Rejection::FingerprintMismatch => Self::Mismatch,
+            Rejection::InFlight(_) => Self::InFlight,
+            Rejection::BodyTooLarge => Self::TooLarge,
+            Rejection::StoreUnavailable(_) => Self::StoreUnavailable,
+            Rejection::OutcomeUnknown(_) => Self::OutcomeUnknown,
+            Rejection::HandlerTimeout(_) => Self::HandlerTimeout,
+            Rejection::ResponseTooLarge => Self::ResponseTooLarge,
+            Rejection::Internal => Self::Internal,
+        }
+    }
+
+    pub(crate) fn mark<B>(self, mut res: Response<B>) -> Response<B> {
+        res.extensions_mut().insert(self);
+        res
+    }
+}
+
+impl std::fmt::Display for RequestOutcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
