@@ -7,19 +7,42 @@ use bytes::Bytes;
 use idem_core::{Clock, Migration, ResourceRef, SystemClock};
 use serde_json::{Value, json};
 
-/// The demo's tables.
-pub const MIGRATIONS: &[Migration] = &[
+const DEMO_PAYMENTS: Migration = Migration {
+    version: 1,
+    name: "demo_payments",
+    sql: include_str!("../migrations/0001_demo.sql"),
+};
+const DEMO_EFFECTS: Migration = Migration {
+    version: 2,
+    name: "demo_effects",
+    sql: include_str!("../migrations/0002_demo_effects.sql"),
+};
+
+/// The demo's tables on SQLite.
+pub const SQLITE_MIGRATIONS: &[Migration] = &[
+    DEMO_PAYMENTS,
+    DEMO_EFFECTS,
     Migration {
-        version: 1,
-        name: "demo_payments",
-        sql: include_str!("../migrations/0001_demo.sql"),
-    },
-    Migration {
-        version: 2,
-        name: "demo_effects",
-        sql: include_str!("../migrations/0002_demo_effects.sql"),
+        version: 3,
+        name: "demo_refund_check",
+        sql: include_str!("../migrations/sqlite/0003_demo_refund_check.sql"),
     },
 ];
+
+/// The demo's tables on PostgreSQL.
+pub const POSTGRES_MIGRATIONS: &[Migration] = &[
+    DEMO_PAYMENTS,
+    DEMO_EFFECTS,
+    Migration {
+        version: 3,
+        name: "demo_refund_check",
+        sql: include_str!("../migrations/postgres/0003_demo_refund_check.sql"),
+    },
+];
+
+/// The largest amount (in minor units) a payment or refund may have, so that
+/// sums of amounts never overflow a 64-bit column on either backend.
+pub const MAX_AMOUNT: i64 = 1_000_000_000_000;
 
 /// Topic of the event written when a payment is created.
 pub const PAYMENT_CREATED: &str = "payments.created";
@@ -121,14 +144,27 @@ impl Default for DemoConfig {
     }
 }
 
-/// A database error on a read route: 503 + Retry-After when the database is
-/// unreachable (the client should retry), 500 otherwise.
+/// A database error in a demo handler: 503 + Retry-After when the database
+/// is unreachable (the client should retry; a handler's error rolls its
+/// transaction back, so nothing was written), 400 when the database refused
+/// a value the client sent, 500 otherwise. The error and its sources are
+/// logged, never sent.
 pub fn db_error(e: idem_core::StoreError) -> Response {
-    if e.retryable() {
-        tracing::warn!(error = %e, "database unavailable");
-        idem_http::Rejection::StoreUnavailable(std::time::Duration::from_secs(1)).into_response()
-    } else {
-        internal(e)
+    let error = &e as &(dyn std::error::Error + 'static);
+    match e {
+        idem_core::StoreError::InvalidValue { .. } => {
+            tracing::info!(error, "the database refused a value of the request");
+            invalid("a value is not acceptable")
+        }
+        ref e if e.retryable() => {
+            tracing::warn!(error, "database unavailable");
+            idem_http::Rejection::StoreUnavailable(std::time::Duration::from_secs(1))
+                .into_response()
+        }
+        _ => {
+            tracing::error!(error, "database failed");
+            internal_problem()
+        }
     }
 }
 
@@ -154,6 +190,10 @@ pub fn not_found() -> Response {
 
 pub fn internal(e: impl std::fmt::Display) -> Response {
     tracing::error!(error = %e, "demo handler failed");
+    internal_problem()
+}
+
+fn internal_problem() -> Response {
     idem_http::problem(
         StatusCode::INTERNAL_SERVER_ERROR,
         "internal",
@@ -161,6 +201,40 @@ pub fn internal(e: impl std::fmt::Display) -> Response {
         None,
         None,
     )
+}
+
+/// A text field the client sent: 1 to 255 bytes, no control characters (a
+/// NUL would be refused by PostgreSQL and stored by SQLite; both backends
+/// must answer the same, so it is refused here).
+pub fn text_field(name: &str, value: Option<&Value>) -> Result<String, Response> {
+    match value.and_then(Value::as_str) {
+        Some(s) if valid_text(s) => Ok(s.to_owned()),
+        _ => Err(invalid(&format!(
+            "{name} must be a string of 1 to 255 characters without control characters"
+        ))),
+    }
+}
+
+/// 1 to 255 bytes without control characters.
+pub fn valid_text(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 255 && !s.chars().any(char::is_control)
+}
+
+/// Whether a path segment can be an id the demo issued (`pay_…`, `re_…`).
+/// Anything else cannot exist, so it is a 404 without asking the database.
+pub fn valid_id(id: &str) -> bool {
+    (1..=64).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// A positive amount no larger than [`MAX_AMOUNT`].
+fn amount(v: Option<&Value>) -> Result<i64, Response> {
+    v.and_then(Value::as_i64)
+        .filter(|a| (1..=MAX_AMOUNT).contains(a))
+        .ok_or_else(|| {
+            invalid(&format!(
+                "amount must be an integer between 1 and {MAX_AMOUNT}"
+            ))
+        })
 }
 
 /// A validated create-payment request.
@@ -177,30 +251,21 @@ pub fn parse_payment(body: &Bytes) -> Result<NewPayment, Response> {
     let obj = v
         .as_object()
         .ok_or_else(|| invalid("body must be a JSON object"))?;
-    let amount = obj
-        .get("amount")
-        .and_then(Value::as_i64)
-        .filter(|a| *a > 0)
-        .ok_or_else(|| invalid("amount must be an integer greater than 0"))?;
+    let amount = amount(obj.get("amount"))?;
     let currency = obj
         .get("currency")
         .and_then(Value::as_str)
         .filter(|c| c.len() == 3 && c.bytes().all(|b| b.is_ascii_uppercase()))
         .ok_or_else(|| invalid("currency must be a 3-letter upper-case code such as EUR"))?;
-    let customer = obj
-        .get("customer")
-        .and_then(Value::as_str)
-        .filter(|c| !c.is_empty() && c.len() <= 255)
-        .ok_or_else(|| invalid("customer must be a string of 1 to 255 characters"))?;
+    let customer = text_field("customer", obj.get("customer"))?;
     let reference = match obj.get("reference") {
         None | Some(Value::Null) => None,
-        Some(Value::String(r)) if !r.is_empty() && r.len() <= 255 => Some(r.clone()),
-        Some(_) => return Err(invalid("reference must be a string of 1 to 255 characters")),
+        r => Some(text_field("reference", r)?),
     };
     Ok(NewPayment {
         amount,
         currency: currency.to_owned(),
-        customer: customer.to_owned(),
+        customer,
         reference,
     })
 }
@@ -208,10 +273,7 @@ pub fn parse_payment(body: &Bytes) -> Result<NewPayment, Response> {
 pub fn parse_refund(body: &Bytes) -> Result<i64, Response> {
     let v: Value = serde_json::from_slice(body)
         .map_err(|e| invalid(&format!("body is not valid JSON: {e}")))?;
-    v.get("amount")
-        .and_then(Value::as_i64)
-        .filter(|a| *a > 0)
-        .ok_or_else(|| invalid("amount must be an integer greater than 0"))
+    amount(v.get("amount"))
 }
 
 pub fn now_ms() -> i64 {
@@ -265,6 +327,25 @@ pub fn json_response(
 
 pub const SELECT_PAYMENT: &str = "SELECT id, amount, currency, customer, reference, amount_refunded, created_at_ms \
      FROM demo_payments WHERE tenant_id = $1 AND id = $2";
+
+/// The refund's guard against other keys: the key serialises requests with
+/// one key only, so two refunds with different keys run concurrently. The
+/// increment happens only if it keeps the total within the amount — checked
+/// by the database on the row's latest version, under its row lock — and the
+/// table's `CHECK` backs it up.
+pub const ADD_REFUND: &str = "UPDATE demo_payments SET amount_refunded = amount_refunded + $3 \
+     WHERE tenant_id = $1 AND id = $2 AND amount_refunded + $3 <= amount RETURNING amount_refunded";
+
+/// A refund row as `(id, payment_id, amount, created)`.
+pub type RefundRow = (String, String, i64, i64);
+
+pub fn refund_json(r: &RefundRow) -> Value {
+    json!({"id": r.0, "payment_id": r.1, "amount": r.2, "created_at": rfc3339(r.3)})
+}
+
+pub fn refund_location(r: &RefundRow) -> String {
+    format!("/v1/payments/{}/refunds/{}", r.1, r.0)
+}
 
 /// Generates the demo router for one backend.
 #[macro_export]
@@ -346,33 +427,55 @@ macro_rules! demo_app {
 
             async fn refund(State(app): State<App>, Extension(tx): Extension<IdemTx<$tx>>, Extension(tenant): Extension<Tenant>,
                             Path(payment_id): Path<String>, body: Bytes) -> Response {
+                if !valid_id(&payment_id) { return not_found(); }
                 let amount = match parse_refund(&body) { Ok(a) => a, Err(r) => return r };
                 let mut tx = match tx.lock().await { Ok(t) => t, Err(_) => return internal("transaction finished") };
-                let payment: Result<Option<PaymentRow>, _> = sqlx::query_as(SELECT_PAYMENT)
-                    .bind(tenant.as_str()).bind(&payment_id).fetch_optional(&mut **tx).await;
-                let payment = match payment { Ok(Some(p)) => p, Ok(None) => return not_found(), Err(e) => return db_error($map_err(e)) };
-                let remaining = payment.1 - payment.5;
-                if amount > remaining {
-                    return idem_http::problem(StatusCode::UNPROCESSABLE_ENTITY, "refund-exceeds-payment",
-                        "The refund is larger than what remains of the payment",
-                        Some(&format!("{remaining} remains refundable")), None);
+                // The conditional update first: when it moves no row, nothing
+                // was written and the 422 (which is stored) commits nothing.
+                let added: Result<Option<i64>, _> = sqlx::query_scalar(ADD_REFUND)
+                    .bind(tenant.as_str()).bind(&payment_id).bind(amount).fetch_optional(&mut **tx).await;
+                match added {
+                    Ok(Some(_)) => {}
+                    Ok(None) => {
+                        let payment: Result<Option<PaymentRow>, _> = sqlx::query_as(SELECT_PAYMENT)
+                            .bind(tenant.as_str()).bind(&payment_id).fetch_optional(&mut **tx).await;
+                        return match payment {
+                            Ok(Some(p)) => idem_http::problem(StatusCode::UNPROCESSABLE_ENTITY, "refund-exceeds-payment",
+                                "The refund is larger than what remains of the payment",
+                                Some(&format!("{} remains refundable", p.1 - p.5)), None),
+                            Ok(None) => not_found(),
+                            Err(e) => db_error($map_err(e)),
+                        };
+                    }
+                    Err(e) => return db_error($map_err(e)),
                 }
-                let id = new_id("re");
-                let now = now_ms();
-                let r1 = sqlx::query("INSERT INTO demo_refunds (tenant_id, id, payment_id, amount, created_at_ms) VALUES ($1, $2, $3, $4, $5)")
-                    .bind(tenant.as_str()).bind(&id).bind(&payment_id).bind(amount).bind(now)
+                let row: RefundRow = (new_id("re"), payment_id, amount, now_ms());
+                let inserted = sqlx::query("INSERT INTO demo_refunds (tenant_id, id, payment_id, amount, created_at_ms) VALUES ($1, $2, $3, $4, $5)")
+                    .bind(tenant.as_str()).bind(&row.0).bind(&row.1).bind(row.2).bind(row.3)
                     .execute(&mut **tx).await;
-                let r2 = sqlx::query("UPDATE demo_payments SET amount_refunded = amount_refunded + $3 WHERE tenant_id = $1 AND id = $2")
-                    .bind(tenant.as_str()).bind(&payment_id).bind(amount).execute(&mut **tx).await;
-                if let Err(e) = r1.and(r2) { return db_error($map_err(e)); }
-                let event = Event::Refunded { tenant: tenant.to_string(), payment_id: payment_id.clone(), amount };
-                if let Err(r) = emit(&app, &mut tx, event, now).await { return r; }
-                let body = json!({"id": id, "payment_id": payment_id, "amount": amount, "created_at": rfc3339(now)});
-                json_response(StatusCode::CREATED, &body, None, Some(ResourceRef { kind: "refund".into(), id }))
+                if let Err(e) = inserted { return db_error($map_err(e)); }
+                let event = Event::Refunded { tenant: tenant.to_string(), payment_id: row.1.clone(), amount };
+                if let Err(r) = emit(&app, &mut tx, event, row.3).await { return r; }
+                json_response(StatusCode::CREATED, &refund_json(&row), Some(refund_location(&row)),
+                    Some(ResourceRef { kind: "refund".into(), id: row.0.clone() }))
+            }
+
+            async fn show_refund(State(app): State<App>, headers: HeaderMap, Path((payment_id, id)): Path<(String, String)>) -> Response {
+                let tenant = match tenant_of(&app, &headers) { Ok(t) => t, Err(r) => return r };
+                if !valid_id(&payment_id) || !valid_id(&id) { return not_found(); }
+                let row: Result<Option<RefundRow>, _> = sqlx::query_as(
+                    "SELECT id, payment_id, amount, created_at_ms FROM demo_refunds WHERE tenant_id = $1 AND id = $2 AND payment_id = $3")
+                    .bind(tenant.as_str()).bind(&id).bind(&payment_id).fetch_optional(&app.pool).await;
+                match row {
+                    Ok(Some(r)) => json_response(StatusCode::OK, &refund_json(&r), None, None),
+                    Ok(None) => not_found(),
+                    Err(e) => db_error($map_err(e)),
+                }
             }
 
             async fn show(State(app): State<App>, headers: HeaderMap, Path(id): Path<String>) -> Response {
                 let tenant = match tenant_of(&app, &headers) { Ok(t) => t, Err(r) => return r };
+                if !valid_id(&id) { return not_found(); }
                 let row: Result<Option<PaymentRow>, _> = sqlx::query_as(SELECT_PAYMENT)
                     .bind(tenant.as_str()).bind(&id).fetch_optional(&app.pool).await;
                 match row {
@@ -386,6 +489,7 @@ macro_rules! demo_app {
                           Query(q): Query<std::collections::HashMap<String, String>>) -> Response {
                 let tenant = match tenant_of(&app, &headers) { Ok(t) => t, Err(r) => return r };
                 let Some(customer) = q.get("customer") else { return invalid("query parameter customer is required") };
+                if !valid_text(customer) { return invalid("customer must be 1 to 255 characters without control characters"); }
                 let rows: Result<Vec<PaymentRow>, _> = sqlx::query_as(
                     "SELECT id, amount, currency, customer, reference, amount_refunded, created_at_ms \
                      FROM demo_payments WHERE tenant_id = $1 AND customer = $2 ORDER BY created_at_ms, id LIMIT 1000")
@@ -399,6 +503,7 @@ macro_rules! demo_app {
 
             async fn effects(State(app): State<App>, headers: HeaderMap, Path(id): Path<String>) -> Response {
                 let tenant = match tenant_of(&app, &headers) { Ok(t) => t, Err(r) => return r };
+                if !valid_id(&id) { return not_found(); }
                 let counts: Result<(i64, i64), _> = sqlx::query_as(
                     "SELECT (SELECT count(*) FROM demo_ledger_entries WHERE tenant_id = $1 AND payment_id = $2), \
                             (SELECT count(*) FROM demo_notifications WHERE tenant_id = $1 AND payment_id = $2)")
@@ -465,6 +570,7 @@ macro_rules! demo_app {
                     .route("/v1/payments", post(create).layer(route("payments.create")).get(list))
                     .route("/v1/payments/{id}", get(show))
                     .route("/v1/payments/{id}/refunds", post(refund).layer(route("refunds.create")))
+                    .route("/v1/payments/{id}/refunds/{refund_id}", get(show_refund))
                     .route("/v1/payments/{id}/effects", get(effects))
                     .with_state(App { pool, tenant, events: config.events })
             }

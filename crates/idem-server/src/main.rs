@@ -240,7 +240,7 @@ async fn open(url: &str) -> anyhow::Result<Db> {
             .migrate()
             .await
             .context("failed to migrate the key store")?;
-        idem_sqlite::migrate_component(store.pool(), "demo", demo::MIGRATIONS)
+        idem_sqlite::migrate_component(store.pool(), "demo", demo::SQLITE_MIGRATIONS)
             .await
             .context("failed to migrate the demo tables")?;
         Db::Sqlite(store)
@@ -252,7 +252,7 @@ async fn open(url: &str) -> anyhow::Result<Db> {
             .migrate()
             .await
             .context("failed to migrate the key store")?;
-        idem_postgres::migrate_component(store.pool(), "demo", demo::MIGRATIONS)
+        idem_postgres::migrate_component(store.pool(), "demo", demo::POSTGRES_MIGRATIONS)
             .await
             .context("failed to migrate the demo tables")?;
         Db::Postgres(store)

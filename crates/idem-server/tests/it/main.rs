@@ -333,6 +333,82 @@ macro_rules! drills {
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn concurrent_refunds_with_different_keys_never_exceed_the_payment() {
+                let f = setup().await;
+                let id = create(f.addr, "c-race", PAY).await.json()["id"].as_str().unwrap().to_owned();
+                let path = format!("/v1/payments/{id}/refunds");
+                let mut tasks = Vec::new();
+                for i in 0..50 {
+                    let (addr, path) = (f.addr, path.clone());
+                    tasks.push(tokio::spawn(async move {
+                        // A correct client retries a 503 with the same key.
+                        loop {
+                            let r = call(addr, "POST", &path, Some(&format!("rr-{i}")), r#"{"amount":800}"#).await;
+                            if r.status != 503 {
+                                return r;
+                            }
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                    }));
+                }
+                let mut accepted = Vec::new();
+                for t in tasks {
+                    let r = t.await.unwrap();
+                    match r.status {
+                        201 => accepted.push(r),
+                        422 => assert_eq!(r.problem_type(), "https://idem.dev/problems/refund-exceeds-payment"),
+                        s => panic!("unexpected {s}: {}", String::from_utf8_lossy(&r.body)),
+                    }
+                }
+                assert_eq!(accepted.len(), 1, "one refund of 800 fits in a payment of 1000, whatever the keys");
+                let payment = call(f.addr, "GET", &format!("/v1/payments/{id}"), None, "").await;
+                assert_eq!(payment.json()["amount_refunded"], 800);
+                // The accepted refund is where its Location says.
+                let location = accepted[0].header("location").unwrap();
+                assert!(location.starts_with(&format!("/v1/payments/{id}/refunds/re_")), "{location}");
+                let shown = call(f.addr, "GET", &location, None, "").await;
+                assert_eq!(shown.status, 200);
+                assert_eq!(shown.json(), accepted[0].json());
+                // A retry of a refused refund replays the refusal, even after
+                // another refund freed nothing.
+                let again = call(f.addr, "POST", &path, Some("rr-0"), r#"{"amount":800}"#).await;
+                assert!(again.replayed());
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn hostile_inputs_are_client_errors_that_change_nothing() {
+                let f = setup().await;
+                let id = create(f.addr, "c-h", PAY).await.json()["id"].as_str().unwrap().to_owned();
+                let long = "x".repeat(3200);
+                let refunds = format!("/v1/payments/{id}/refunds");
+                let cases: Vec<(&str, String, Option<&str>, &str, u16, &str)> = vec![
+                    ("POST", "/v1/payments".into(), Some("h-1"), r#"{"amount":1,"currency":"EUR","customer":"a\u0000b"}"#, 400, "invalid-request"),
+                    ("POST", "/v1/payments".into(), Some("h-2"), r#"{"amount":1,"currency":"EUR","customer":"c","reference":"r\u0000"}"#, 400, "invalid-request"),
+                    ("POST", "/v1/payments".into(), Some("h-3"), r#"{"amount":1,"currency":"EUR","customer":"line\nbreak"}"#, 400, "invalid-request"),
+                    ("POST", "/v1/payments".into(), Some("h-4"), r#"{"amount":10000000000000,"currency":"EUR","customer":"c"}"#, 400, "invalid-request"),
+                    ("GET", "/v1/payments/pay%00x".into(), None, "", 404, "not-found"),
+                    ("GET", format!("/v1/payments/{long}"), None, "", 404, "not-found"),
+                    ("GET", "/v1/payments?customer=a%00b".into(), None, "", 400, "invalid-request"),
+                    ("GET", "/v1/payments/pay%00x/effects".into(), None, "", 404, "not-found"),
+                    ("POST", "/v1/payments/pay%00x/refunds".into(), Some("h-5"), r#"{"amount":1}"#, 404, "not-found"),
+                    ("POST", refunds.clone(), Some("h-6"), r#"{"amount":10000000000000}"#, 400, "invalid-request"),
+                    ("POST", refunds.clone(), Some("h-7"), r#"{"amount":9223372036854775807}"#, 400, "invalid-request"),
+                    ("GET", format!("{refunds}/re%00"), None, "", 404, "not-found"),
+                ];
+                for (method, path, key, body, status, problem) in &cases {
+                    let r = call(f.addr, method, path, *key, body).await;
+                    assert_eq!(r.status, *status, "{method} {path} {body}: {}", String::from_utf8_lossy(&r.body));
+                    assert_eq!(r.problem_type(), format!("https://idem.dev/problems/{problem}"), "{method} {path}");
+                }
+                // Nothing changed, and no key was used up.
+                assert_eq!(payments_of(f.addr, "cus_1").await.len(), 1);
+                let payment = call(f.addr, "GET", &format!("/v1/payments/{id}"), None, "").await;
+                assert_eq!(payment.json()["amount_refunded"], 0);
+                let ok = call(f.addr, "POST", &refunds, Some("h-6"), r#"{"amount":1}"#).await;
+                assert_eq!((ok.status, ok.replayed()), (201, false));
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn invalid_fields_are_400_and_store_nothing() {
                 let f = setup().await;
                 for bad in [
@@ -431,9 +507,13 @@ mod fixture {
                 .await
                 .unwrap();
             store.migrate().await.unwrap();
-            idem_sqlite::migrate_component(store.pool(), "demo", idem_server::demo::MIGRATIONS)
-                .await
-                .unwrap();
+            idem_sqlite::migrate_component(
+                store.pool(),
+                "demo",
+                idem_server::demo::SQLITE_MIGRATIONS,
+            )
+            .await
+            .unwrap();
             let router = idem_server::sqlite_demo::router_with_clock(
                 store.clone(),
                 store.pool().clone(),
@@ -444,9 +524,13 @@ mod fixture {
         } else {
             let store = PgStore::connect(url, PgConfig::default()).await.unwrap();
             store.migrate().await.unwrap();
-            idem_postgres::migrate_component(store.pool(), "demo", idem_server::demo::MIGRATIONS)
-                .await
-                .unwrap();
+            idem_postgres::migrate_component(
+                store.pool(),
+                "demo",
+                idem_server::demo::POSTGRES_MIGRATIONS,
+            )
+            .await
+            .unwrap();
             let router = idem_server::postgres_demo::router_with_clock(
                 store.clone(),
                 store.pool().clone(),
