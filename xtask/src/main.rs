@@ -8,14 +8,25 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
+const USAGE: &str = "\
+usage: cargo xtask <command>
+
+commands:
+  test [nextest args]      provision PostgreSQL 15 and NATS on loopback, run the whole suite, stop them
+  bench [idem bench args]  the same servers, then `idem bench` in release mode
+  help                     this text";
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("test") => test(&args[1..]),
         Some("bench") => bench(&args[1..]),
-        _ => Err(
-            "usage: cargo xtask test [nextest args] | cargo xtask bench [idem bench args]".into(),
-        ),
+        Some("help" | "--help" | "-h") => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Some(other) => Err(format!("unknown command {other:?}\n\n{USAGE}")),
+        None => Err(USAGE.into()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

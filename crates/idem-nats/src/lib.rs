@@ -83,6 +83,12 @@ pub async fn connect(url: &str, name: &str, retry: bool) -> Result<Context, Nats
     Ok(jetstream::new(client))
 }
 
+/// Whether the client behind `js` is connected to a server right now (a
+/// client from [`connect`] with `retry` keeps trying in the background).
+pub fn is_connected(js: &Context) -> bool {
+    js.client().connection_state() == async_nats::connection::State::Connected
+}
+
 /// Creates the stream, or updates its subjects and duplicate window. The
 /// window must be longer than the outbox lease, so a message republished after
 /// a dispatcher crash is dropped by the broker too.

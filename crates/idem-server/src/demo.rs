@@ -132,6 +132,9 @@ pub struct DemoConfig {
     /// Whether payments and refunds write their events to the outbox (on
     /// when a broker is configured; without a relay they would only pile up).
     pub events: bool,
+    /// How long a handler may run before it is rolled back with 503
+    /// `handler-timeout` (default 30 s).
+    pub handler_timeout: std::time::Duration,
 }
 
 impl Default for DemoConfig {
@@ -140,6 +143,7 @@ impl Default for DemoConfig {
             key_ttl: idem_core::Policy::DEFAULT_TTL,
             max_body_bytes: 1 << 20,
             events: false,
+            handler_timeout: std::time::Duration::from_secs(30),
         }
     }
 }
@@ -564,6 +568,7 @@ macro_rules! demo_app {
                     let mut cfg = RouteConfig::required(op, tenant.clone());
                     cfg.max_request_bytes = config.max_body_bytes;
                     cfg.policy = Policy::with_ttl(config.key_ttl);
+                    cfg.handler_timeout = config.handler_timeout;
                     IdempotencyLayer::new(store.clone(), cfg).with_clock(clock.clone())
                 };
                 Router::new()

@@ -5,11 +5,15 @@
 // once per rejected request, so its size does not matter.
 #![allow(clippy::result_large_err)]
 
+pub mod admin;
 pub mod bench;
 pub mod bench_messaging;
 pub mod bench_webhooks;
 pub mod demo;
+pub mod http_server;
+pub mod logging;
 pub mod messaging;
+pub mod routes;
 pub mod webhooks;
 
 demo_app!(
@@ -28,3 +32,44 @@ demo_app!(
     idem_postgres::map_err,
     idem_postgres::outbox::enqueue
 );
+
+/// A duration as an operator types it (`0s`, `250ms`, `90s`, `400days`),
+/// for error messages.
+pub fn duration_text(d: std::time::Duration) -> String {
+    let ms = d.as_millis();
+    if ms % 1000 != 0 {
+        return format!("{ms}ms");
+    }
+    let s = d.as_secs();
+    match s {
+        0 => "0s".into(),
+        s if s % 86_400 == 0 && s > 86_400 => format!("{}days", s / 86_400),
+        s if s % 3600 == 0 => format!("{}h", s / 3600),
+        s if s % 60 == 0 && s >= 60 => format!("{}min", s / 60),
+        s => format!("{s}s"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    #[test]
+    fn durations_read_as_typed() {
+        let t = |ms: u64| super::duration_text(Duration::from_millis(ms));
+        assert_eq!(t(0), "0s");
+        assert_eq!(t(250), "250ms");
+        assert_eq!(t(1500), "1500ms");
+        assert_eq!(t(90_000), "90s");
+        assert_eq!(t(120_000), "2min");
+        assert_eq!(t(3_600_000), "1h");
+        assert_eq!(t(86_400_000), "24h");
+        assert_eq!(t(400 * 86_400_000), "400days");
+        for ms in [250, 90_000, 120_000, 3_600_000, 400 * 86_400_000] {
+            assert_eq!(
+                humantime::parse_duration(&t(ms)).unwrap(),
+                Duration::from_millis(ms)
+            );
+        }
+    }
+}

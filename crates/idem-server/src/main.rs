@@ -8,6 +8,7 @@
 //! - `idem migrate`, `idem gc`, `idem stats`, `idem bench`.
 
 use std::net::SocketAddr;
+use std::process::ExitCode;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -21,7 +22,9 @@ use idem_core::{Engine, KeyStore, OutboxStore, Policy};
 use idem_nats::NatsPublisher;
 use idem_outbox::{Dispatcher, Polling};
 use idem_postgres::{PgConfig, PgStore};
+use idem_server::admin::AdminToken;
 use idem_server::demo::{self, DemoConfig};
+use idem_server::http_server;
 use idem_server::messaging::{self, ConsumeConfig};
 use idem_server::{postgres_demo, sqlite_demo};
 use idem_sqlite::{SqliteConfig, SqliteStore};
@@ -52,6 +55,64 @@ struct ConsumeArgs {
     max_deliver: u32,
 }
 
+/// The HTTP server's limits and the admin token.
+#[derive(clap::Args)]
+struct HttpArgs {
+    /// Bearer token for `/admin/…` (16 to 1024 visible ASCII characters).
+    /// Without it the admin routes answer 401; it is required when
+    /// --listen is not a loopback address.
+    #[arg(long, env = "IDEM_ADMIN_TOKEN", hide_env_values = true)]
+    admin_token: Option<String>,
+    /// How long a request head may take from its first byte (1s to 60s).
+    #[arg(long, env = "IDEM_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    header_read_timeout: Duration,
+    /// How long an idle keep-alive connection stays open (1s to 1h).
+    #[arg(long, env = "IDEM_IDLE_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
+    idle_timeout: Duration,
+    /// How long a request body may take after its head (1s to 1h); 408 after.
+    #[arg(long, env = "IDEM_BODY_READ_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    body_read_timeout: Duration,
+    /// Connections served at once (1 to 100000); 503 beyond.
+    #[arg(long, env = "IDEM_MAX_CONNECTIONS", default_value_t = 1024)]
+    max_connections: usize,
+    /// Request body bytes buffered at once over all requests; 503 beyond.
+    /// At least --max-body-bytes, at most 16 GiB.
+    #[arg(long, env = "IDEM_MAX_BUFFERED_BYTES", default_value_t = 64 << 20)]
+    max_buffered_bytes: usize,
+    /// How long a handler may run before it is rolled back with 503
+    /// handler-timeout (1s to 10min).
+    #[arg(long, env = "IDEM_HANDLER_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    handler_timeout: Duration,
+}
+
+impl HttpArgs {
+    fn limits(&self, max_body_bytes: usize) -> anyhow::Result<http_server::Limits> {
+        let limits = http_server::Limits {
+            header_read_timeout: self.header_read_timeout,
+            idle_timeout: self.idle_timeout,
+            body_read_timeout: self.body_read_timeout,
+            max_connections: self.max_connections,
+            max_buffered_bytes: self.max_buffered_bytes,
+        };
+        limits
+            .validate(max_body_bytes)
+            .map_err(anyhow::Error::msg)?;
+        Ok(limits)
+    }
+
+    /// The admin token, required off loopback.
+    fn admin_token(&self, listen: SocketAddr) -> anyhow::Result<Option<AdminToken>> {
+        match &self.admin_token {
+            Some(t) => Ok(Some(AdminToken::new(t).map_err(anyhow::Error::msg)?)),
+            None if !listen.ip().is_loopback() => bail!(
+                "--listen {listen} is not a loopback address: set --admin-token (or \
+                 IDEM_ADMIN_TOKEN) so the admin routes are not open to the network"
+            ),
+            None => Ok(None),
+        }
+    }
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Serve the demo payments API.
@@ -61,7 +122,9 @@ enum Command {
         /// Address to listen on.
         #[arg(long, env = "IDEM_LISTEN", default_value = "127.0.0.1:8080")]
         listen: SocketAddr,
-        /// How often expired key records are deleted.
+        #[command(flatten)]
+        http: HttpArgs,
+        /// How often expired key records are deleted (1s to 24h).
         #[arg(long, env = "IDEM_GC_INTERVAL", default_value = "60s", value_parser = humantime::parse_duration)]
         gc_interval: Duration,
         /// How long key records live: retries after it execute again (the
@@ -183,33 +246,58 @@ enum WebhookAction {
 /// The largest request body `--max-body-bytes` accepts.
 const MAX_BODY_BYTES_LIMIT: usize = 64 << 20;
 
+/// `value` within `lo..=hi`, or an error naming the flag, with durations
+/// written the way they are typed (`0s`, `400days`).
+fn within(flag: &str, value: Duration, lo: Duration, hi: Duration) -> anyhow::Result<Duration> {
+    if value < lo || value > hi {
+        bail!(
+            "{flag} must be between {} and {}, got {}",
+            idem_server::duration_text(lo),
+            idem_server::duration_text(hi),
+            idem_server::duration_text(value)
+        );
+    }
+    Ok(value)
+}
+
 fn demo_config(
     key_ttl: Duration,
     max_body_bytes: usize,
     events: bool,
+    handler_timeout: Duration,
 ) -> anyhow::Result<DemoConfig> {
-    if key_ttl < Duration::from_secs(1) || key_ttl > Policy::MAX_TTL {
-        bail!("--key-ttl must be between 1s and 400days, got {key_ttl:?}");
-    }
+    within(
+        "--key-ttl",
+        key_ttl,
+        Duration::from_secs(1),
+        Policy::MAX_TTL,
+    )?;
     if max_body_bytes == 0 || max_body_bytes > MAX_BODY_BYTES_LIMIT {
         bail!(
             "--max-body-bytes must be between 1 and {MAX_BODY_BYTES_LIMIT}, got {max_body_bytes}"
         );
     }
+    within(
+        "--handler-timeout",
+        handler_timeout,
+        Duration::from_secs(1),
+        Duration::from_secs(600),
+    )?;
     Ok(DemoConfig {
         key_ttl,
         max_body_bytes,
         events,
+        handler_timeout,
     })
 }
 
 fn consume_config(args: &ConsumeArgs) -> anyhow::Result<ConsumeConfig> {
-    if args.ack_wait < Duration::from_secs(1) || args.ack_wait > Duration::from_secs(12 * 3600) {
-        bail!(
-            "--ack-wait must be between 1s and 12h, got {:?}",
-            args.ack_wait
-        );
-    }
+    within(
+        "--ack-wait",
+        args.ack_wait,
+        Duration::from_secs(1),
+        Duration::from_secs(12 * 3600),
+    )?;
     if !(1..=100).contains(&args.max_deliver) {
         bail!(
             "--max-deliver must be between 1 and 100, got {}",
@@ -361,16 +449,36 @@ fn admin_router<S: OutboxStore>(store: S, relay: RelaySlot<S>) -> Router {
         .with_state((store, relay))
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::INFO)
-        .with_writer(std::io::stderr)
-        .init();
-    match Cli::parse().command {
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    idem_server::logging::init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: failed to start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli.command)) {
+        Ok(()) => ExitCode::SUCCESS,
+        // One line, whatever RUST_BACKTRACE says: these are the operator's
+        // errors (a bad flag, an unreachable database), not the program's.
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(command: Command) -> anyhow::Result<()> {
+    match command {
         Command::Serve {
             db,
             listen,
+            http,
             gc_interval,
             key_ttl,
             max_body_bytes,
@@ -391,7 +499,20 @@ async fn main() -> anyhow::Result<()> {
                 bail!("--consume needs --nats-url");
             }
             let consume_config = consume_config(&consumer)?;
-            let config = demo_config(key_ttl, max_body_bytes, events || nats_url.is_some())?;
+            let config = demo_config(
+                key_ttl,
+                max_body_bytes,
+                events || nats_url.is_some(),
+                http.handler_timeout,
+            )?;
+            within(
+                "--gc-interval",
+                gc_interval,
+                Duration::from_secs(1),
+                Duration::from_secs(24 * 3600),
+            )?;
+            let limits = http.limits(max_body_bytes)?;
+            let admin_token = http.admin_token(listen)?;
             let shutdown = shutdown_signal();
             let api = match open(&db.database_url).await? {
                 Db::Sqlite(store) => {
@@ -424,21 +545,20 @@ async fn main() -> anyhow::Result<()> {
                         .merge(start_webhooks(&store, hooks.as_ref(), &shutdown))
                 }
             };
-            let app = Router::new()
-                .route("/healthz", get(|| async { "ok" }))
-                .merge(api)
-                .layer(tower_http::catch_panic::CatchPanicLayer::new());
             let listener = tokio::net::TcpListener::bind(listen)
                 .await
                 .with_context(|| format!("failed to listen on {listen}"))?;
             let bound = listener
                 .local_addr()
                 .context("failed to read the bound address")?;
+            if admin_token.is_none() {
+                tracing::info!(
+                    "admin routes disabled: start with --admin-token (or IDEM_ADMIN_TOKEN) to use /admin"
+                );
+            }
+            let app = idem_server::routes::service(api, admin_token);
             tracing::info!(listen = %bound, "idem serving the demo payments API");
-            axum::serve(listener, app)
-                .with_graceful_shutdown(messaging::stopped(shutdown))
-                .await
-                .context("server failed")?;
+            http_server::serve(listener, app, limits, messaging::stopped(shutdown)).await;
         }
         Command::Relay {
             db,

@@ -32,30 +32,98 @@ pub async fn stopped(mut shutdown: watch::Receiver<bool>) {
 }
 
 /// Connects (retrying in the background while the server is down) and makes
-/// sure both streams exist, retrying until they do or `shutdown`.
+/// sure both streams exist, retrying until they do or `shutdown` — which
+/// ends the wait at once, whatever the broker is doing.
 pub async fn prepare(url: &str, name: &str, shutdown: watch::Receiver<bool>) -> Option<Context> {
-    let js = match idem_nats::connect(url, name, true).await {
-        Ok(js) => js,
-        Err(e) => {
-            tracing::error!(error = %e, "invalid NATS settings");
-            return None;
-        }
+    let connect = idem_nats::connect(url, name, true);
+    let js = tokio::select! {
+        _ = stopped(shutdown.clone()) => return None,
+        js = connect => match js {
+            Ok(js) => js,
+            Err(e) => {
+                tracing::error!(url, error = &e as &dyn std::error::Error, "invalid NATS settings");
+                return None;
+            }
+        },
     };
+    // The client connects in the background; until it has, a stream request
+    // would only wait for its own timeout. Say what is wrong meanwhile.
+    let mut waited = 0u32;
+    while !idem_nats::is_connected(&js) {
+        if waited % 25 == 0 {
+            let reach = probe(url).await;
+            tracing::warn!(url, reach, "NATS not reachable; retrying");
+        }
+        waited += 1;
+        tokio::select! {
+            _ = stopped(shutdown.clone()) => return None,
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+        }
+    }
+    if waited > 0 {
+        tracing::info!(url, "connected to NATS");
+    }
     let mut delay = Duration::from_millis(200);
+    let mut attempts = 0u32;
     loop {
         let ready = async {
             idem_nats::ensure_stream(&js, STREAM, SUBJECTS, DUPLICATE_WINDOW).await?;
             idem_nats::ensure_stream(&js, DLQ_STREAM, DLQ_SUBJECTS, DUPLICATE_WINDOW).await
         };
-        match ready.await {
-            Ok(()) => return Some(js),
-            Err(e) => tracing::warn!(error = %e, "NATS streams not ready; retrying"),
+        let result = tokio::select! {
+            _ = stopped(shutdown.clone()) => return None,
+            r = ready => r,
+        };
+        match result {
+            Ok(()) => {
+                if attempts > 0 {
+                    tracing::info!(url, "NATS reachable; streams ready");
+                }
+                return Some(js);
+            }
+            Err(e) => {
+                attempts += 1;
+                // The client reconnects in the background and only reports
+                // timeouts; say what is wrong with the address itself.
+                let reach = probe(url).await;
+                tracing::warn!(
+                    url,
+                    reach,
+                    attempts,
+                    error = &e as &dyn std::error::Error,
+                    "NATS streams not ready; retrying"
+                );
+            }
         }
         tokio::select! {
             _ = stopped(shutdown.clone()) => return None,
             _ = tokio::time::sleep(delay) => {}
         }
         delay = (delay * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// Whether the first server of a NATS URL accepts TCP connections, as a
+/// sentence for the log (`connection refused`, `reachable`, …).
+async fn probe(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let first = rest.split(',').next().unwrap_or(rest);
+    let host_port = first.rsplit_once('@').map_or(first, |(_, h)| h);
+    let host_port = host_port.split('/').next().unwrap_or(host_port);
+    let target = if host_port.contains(':') {
+        host_port.to_owned()
+    } else {
+        format!("{host_port}:4222")
+    };
+    match tokio::time::timeout(
+        Duration::from_secs(1),
+        tokio::net::TcpStream::connect(&target),
+    )
+    .await
+    {
+        Ok(Ok(_)) => format!("{target} accepts connections (is JetStream enabled, -js?)"),
+        Ok(Err(e)) => format!("cannot connect to {target}: {e}"),
+        Err(_) => format!("no answer from {target} within 1s"),
     }
 }
 
@@ -113,9 +181,16 @@ pub async fn consume<S, H>(
         dead_letter_subject: DLQ_SUBJECT.into(),
     };
     let source = loop {
-        match NatsSource::new(js.clone(), source_config.clone()).await {
+        let bound = tokio::select! {
+            _ = stopped(shutdown.clone()) => return,
+            s = NatsSource::new(js.clone(), source_config.clone()) => s,
+        };
+        match bound {
             Ok(s) => break s,
-            Err(e) => tracing::warn!(error = %e, "consumer not ready; retrying"),
+            Err(e) => tracing::warn!(
+                error = &e as &dyn std::error::Error,
+                "consumer not ready; retrying"
+            ),
         }
         tokio::select! {
             _ = stopped(shutdown.clone()) => return,

@@ -22,17 +22,41 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// An `idem` subcommand running as a child process; SIGKILLed on drop.
+/// An `idem` subcommand running as a child process; SIGKILLed on drop. Its
+/// log goes to a file, printed only when the test fails: a passing run shows
+/// the test's own summary lines, not hundreds of child log lines.
 pub struct Proc {
     child: Child,
     pub args: Vec<String>,
+    log: std::path::PathBuf,
+    _dir: TempDir,
+}
+
+/// The logs of processes that ended earlier in this test (a restarted
+/// server, a killed relay), kept for the failure report. Bounded.
+static RETIRED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+fn tail(path: &std::path::Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
 }
 
 impl Proc {
     /// Starts `idem ARGS` with `IDEM_FAILPOINTS` set to `failpoints` (if any).
     pub fn spawn(args: &[String], failpoints: Option<&str>) -> Self {
+        Self::spawn_with_env(args, failpoints, &[])
+    }
+
+    /// Starts `idem ARGS` with extra environment variables.
+    pub fn spawn_with_env(args: &[String], failpoints: Option<&str>, env: &[(&str, &str)]) -> Self {
+        let dir = TempDir::new("proc-log");
+        let log = dir.path().join("stderr.log");
         let mut cmd = idem();
-        cmd.args(args).stdout(Stdio::null());
+        cmd.args(args)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .envs(env.iter().copied());
         match failpoints {
             Some(f) => cmd.env(idem_core::failpoint::ENV, f),
             None => cmd.env_remove(idem_core::failpoint::ENV),
@@ -40,7 +64,19 @@ impl Proc {
         Self {
             child: cmd.spawn().unwrap(),
             args: args.to_vec(),
+            log,
+            _dir: dir,
         }
+    }
+
+    /// What it logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// Whether it is still running.
@@ -69,6 +105,23 @@ impl Proc {
 impl Drop for Proc {
     fn drop(&mut self) {
         self.kill9();
+        let report = format!(
+            "--- idem {} (last 200 lines of stderr) ---\n{}",
+            self.args.join(" "),
+            tail(&self.log, 200)
+        );
+        let mut retired = RETIRED.lock().unwrap_or_else(|e| e.into_inner());
+        if std::thread::panicking() {
+            for earlier in retired.drain(..) {
+                eprintln!("{earlier}");
+            }
+            eprintln!("{report}");
+        } else {
+            if retired.len() >= 8 {
+                retired.remove(0);
+            }
+            retired.push(report);
+        }
     }
 }
 
@@ -84,6 +137,16 @@ impl Server {
     }
 
     pub async fn start_with(database_url: &str, extra: &[&str], failpoints: Option<&str>) -> Self {
+        Self::start_env(database_url, extra, failpoints, &[]).await
+    }
+
+    /// With extra environment variables (`RUST_LOG`, …).
+    pub async fn start_env(
+        database_url: &str,
+        extra: &[&str],
+        failpoints: Option<&str>,
+        env: &[(&str, &str)],
+    ) -> Self {
         let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let mut args: Vec<String> = [
             "serve",
@@ -96,7 +159,7 @@ impl Server {
         .map(|s| s.to_string())
         .collect();
         args.extend(extra.iter().map(|s| s.to_string()));
-        let mut proc = Proc::spawn(&args, failpoints);
+        let mut proc = Proc::spawn_with_env(&args, failpoints, env);
         Self::wait_healthy(&mut proc, addr).await;
         Self { proc, addr }
     }
@@ -116,6 +179,11 @@ impl Server {
     /// SIGKILL: no shutdown hook, no flush, no graceful anything.
     pub fn kill9(mut self) {
         self.proc.kill9();
+    }
+
+    /// The server's process.
+    pub fn proc(&mut self) -> &mut Proc {
+        &mut self.proc
     }
 
     /// Kills it and starts the same command again on the same port.
@@ -356,6 +424,38 @@ fn bad_settings_are_clear_errors_and_nothing_starts() {
         (
             &["serve", "--database-url", &db, "--listen", "nowhere"],
             "invalid value 'nowhere'",
+        ),
+        (
+            &["serve", "--database-url", &db, "--gc-interval", "0s"],
+            "--gc-interval must be between 1s and 24h, got 0s",
+        ),
+        (
+            &[
+                "serve",
+                "--database-url",
+                &db,
+                "--header-read-timeout",
+                "5min",
+            ],
+            "--header-read-timeout must be between 1s and 1min, got 5min",
+        ),
+        (
+            &["serve", "--database-url", &db, "--max-connections", "0"],
+            "--max-connections must be between 1 and 100000",
+        ),
+        (
+            &[
+                "serve",
+                "--database-url",
+                &db,
+                "--max-buffered-bytes",
+                "1000",
+            ],
+            "--max-buffered-bytes must be between the largest body accepted (1048576)",
+        ),
+        (
+            &["serve", "--database-url", &db, "--handler-timeout", "0s"],
+            "--handler-timeout must be between 1s and 10min, got 0s",
         ),
     ];
     for (args, expected) in cases {

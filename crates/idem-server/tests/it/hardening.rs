@@ -1,0 +1,463 @@
+//! `idem serve` as a real process under hostile clients: slow headers, slow
+//! bodies, too many connections, too many bytes at once; admin routes
+//! without, with a wrong and with the right token, and from a foreign
+//! origin; what the logs and the error messages look like.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::fixture::TempDir;
+use crate::process::{Proc, Server};
+use crate::{PAY, Reply, call, create, try_call};
+
+const TOKEN: &str = "test-admin-token-0123456789";
+
+/// Sends raw bytes and reads until the server closes; the reply, if one came.
+async fn exchange(addr: SocketAddr, raw: &[u8]) -> Option<Reply> {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(raw).await.unwrap();
+    read_reply(&mut s).await
+}
+
+async fn read_reply(s: &mut TcpStream) -> Option<Reply> {
+    let mut raw = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(20), s.read_to_end(&mut raw)).await;
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = String::from_utf8_lossy(&raw[..split]).into_owned();
+    Some(Reply {
+        status: head.get(9..12)?.parse().ok()?,
+        head,
+        body: raw[split + 4..].to_vec(),
+    })
+}
+
+/// Waits until the server closes `s` (EOF or reset); how long it took.
+async fn closed_within(s: &mut TcpStream, max: Duration) -> Option<Duration> {
+    let started = Instant::now();
+    let mut buf = [0u8; 1024];
+    loop {
+        match tokio::time::timeout(max.saturating_sub(started.elapsed()), s.read(&mut buf)).await {
+            Err(_) => return None,
+            Ok(Ok(0)) | Ok(Err(_)) => return Some(started.elapsed()),
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+fn get_with(path: &str, headers: &[(&str, &str)]) -> Vec<u8> {
+    let extra: String = headers
+        .iter()
+        .map(|(n, v)| format!("{n}: {v}\r\n"))
+        .collect();
+    format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n{extra}\r\n").into_bytes()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_routes_need_the_token_and_refuse_foreign_origins() {
+    let dir = TempDir::new("admin");
+    let closed = Server::start(&dir.sqlite_url(), &[]).await;
+    let r = call(closed.addr, "GET", "/admin/outbox", None, "").await;
+    assert_eq!(r.status, 401);
+    assert_eq!(r.problem_type(), "https://idem.dev/problems/admin-disabled");
+    assert!(
+        r.json()["detail"]
+            .as_str()
+            .unwrap()
+            .contains("--admin-token")
+    );
+    // Unknown admin paths are guarded alike: nothing is revealed.
+    let r = call(closed.addr, "GET", "/admin/no-such-thing", None, "").await;
+    assert_eq!(r.status, 401);
+    assert_eq!(
+        call(closed.addr, "GET", "/healthz", None, "").await.status,
+        200
+    );
+    closed.kill9();
+
+    let dir = TempDir::new("admin-token");
+    let server = Server::start(&dir.sqlite_url(), &["--admin-token", TOKEN]).await;
+    let a = server.addr;
+    let r = exchange(a, &get_with("/admin/outbox", &[])).await.unwrap();
+    assert_eq!(r.status, 401);
+    assert_eq!(r.problem_type(), "https://idem.dev/problems/unauthorized");
+    assert!(r.header("www-authenticate").unwrap().starts_with("Bearer"));
+    let wrong = format!("Bearer {TOKEN}x");
+    let r = exchange(a, &get_with("/admin/outbox", &[("Authorization", &wrong)]))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 401);
+    let right = format!("Bearer {TOKEN}");
+    let r = exchange(a, &get_with("/admin/outbox", &[("Authorization", &right)]))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert!(r.json()["pending"].is_u64());
+    // A web page on another origin cannot use the token's routes, even if
+    // it somehow had the token (CSRF, DNS rebinding): refused on Origin.
+    let r = exchange(
+        a,
+        &get_with(
+            "/admin/outbox",
+            &[("Authorization", &right), ("Origin", "http://evil.example")],
+        ),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 403);
+    assert_eq!(r.problem_type(), "https://idem.dev/problems/foreign-origin");
+    let r = exchange(
+        a,
+        &get_with(
+            "/admin/outbox",
+            &[("Authorization", &right), ("Origin", "http://test")],
+        ),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 200, "the server's own origin is fine");
+    // The token never shows up in the logs.
+    let mut server = server;
+    assert!(!server.proc().log().contains(TOKEN));
+}
+
+#[test]
+fn off_loopback_without_a_token_or_with_a_weak_one_nothing_starts() {
+    let dir = TempDir::new("offloop");
+    let db = dir.sqlite_url();
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+            .args(args)
+            .env_remove("IDEM_ADMIN_TOKEN")
+            .output()
+            .unwrap()
+    };
+    let out = run(&["serve", "--database-url", &db, "--listen", "0.0.0.0:1"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("not a loopback address") && err.contains("--admin-token"),
+        "{err}"
+    );
+    let out = run(&["serve", "--database-url", &db, "--admin-token", "short"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("16 to 1024 characters"));
+    assert!(!dir.path().join("idem.db").exists(), "nothing was opened");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_that_never_finish_their_headers_are_closed() {
+    let dir = TempDir::new("slowloris");
+    let server = Server::start(&dir.sqlite_url(), &["--header-read-timeout", "1s"]).await;
+    let mut slow = Vec::new();
+    for i in 0..20 {
+        let mut s = TcpStream::connect(server.addr).await.unwrap();
+        if i % 2 == 0 {
+            // Half a head, then nothing.
+            s.write_all(b"POST /v1/payments HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+                .await
+                .unwrap();
+        }
+        slow.push(s);
+    }
+    // Served meanwhile.
+    assert_eq!(
+        call(server.addr, "GET", "/healthz", None, "").await.status,
+        200
+    );
+    for s in &mut slow {
+        assert!(
+            closed_within(s, Duration::from_secs(15)).await.is_some(),
+            "a connection without a complete head is closed"
+        );
+    }
+    // A keep-alive connection that finished a request is not cut by the
+    // header timeout while idle for less than the idle timeout.
+    let mut s = TcpStream::connect(server.addr).await.unwrap();
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = [0u8; 512];
+    let n = s.read(&mut buf).await.unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let r = read_reply(&mut s).await.unwrap();
+    assert_eq!(
+        r.status, 200,
+        "idle keep-alive survives a header timeout's worth of idling"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_keep_alive_connections_are_closed() {
+    let dir = TempDir::new("idle");
+    let server = Server::start(&dir.sqlite_url(), &["--idle-timeout", "1s"]).await;
+    let mut s = TcpStream::connect(server.addr).await.unwrap();
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = [0u8; 512];
+    let n = s.read(&mut buf).await.unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+    assert!(
+        closed_within(&mut s, Duration::from_secs(15))
+            .await
+            .is_some()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_the_connection_cap_the_answer_is_503_with_retry_after() {
+    let dir = TempDir::new("cap");
+    let server = Server::start(&dir.sqlite_url(), &["--max-connections", "4"]).await;
+    // Wait for the health probe's connection to be released.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(TcpStream::connect(server.addr).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let r = exchange(server.addr, &get_with("/healthz", &[]))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 503);
+    assert_eq!(r.problem_type(), "https://idem.dev/problems/server-busy");
+    assert_eq!(r.header("retry-after").as_deref(), Some("1"));
+    drop(held);
+    let mut ok = None;
+    for _ in 0..50 {
+        let r = exchange(server.addr, &get_with("/healthz", &[]))
+            .await
+            .unwrap();
+        if r.status == 200 {
+            ok = Some(r);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(ok.is_some(), "served again once connections are released");
+}
+
+fn post_head(key: &str, content_length: usize) -> Vec<u8> {
+    format!(
+        "POST /v1/payments HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Type: application/json\r\n\
+         Idempotency-Key: {key}\r\nContent-Length: {content_length}\r\n\r\n"
+    )
+    .into_bytes()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_does_not_arrive_in_time_is_408_and_uses_up_nothing() {
+    let dir = TempDir::new("slowbody");
+    let server = Server::start(&dir.sqlite_url(), &["--body-read-timeout", "1s"]).await;
+    let mut s = TcpStream::connect(server.addr).await.unwrap();
+    s.write_all(&post_head("slow-body", PAY.len()))
+        .await
+        .unwrap();
+    s.write_all(&PAY.as_bytes()[..10]).await.unwrap();
+    let r = read_reply(&mut s).await.unwrap();
+    assert_eq!(r.status, 408);
+    assert_eq!(
+        r.problem_type(),
+        "https://idem.dev/problems/request-timeout"
+    );
+    let ok = create(server.addr, "slow-body", PAY).await;
+    assert_eq!(
+        (ok.status, ok.replayed()),
+        (201, false),
+        "the key was not used up"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_over_the_buffered_bytes_budget_are_503_not_memory() {
+    let dir = TempDir::new("budget");
+    let server = Server::start(
+        &dir.sqlite_url(),
+        &[
+            "--max-body-bytes",
+            "600000",
+            "--max-buffered-bytes",
+            "1000000",
+            "--body-read-timeout",
+            "3s",
+        ],
+    )
+    .await;
+    // Three uploads of 600 kB, each stalled after 550 kB: the budget holds
+    // one of them whole, not three.
+    let mut uploads = Vec::new();
+    for i in 0..3 {
+        let mut s = TcpStream::connect(server.addr).await.unwrap();
+        s.write_all(&post_head(&format!("big-{i}"), 600_000))
+            .await
+            .unwrap();
+        let chunk = vec![b' '; 50_000];
+        for _ in 0..11 {
+            if s.write_all(&chunk).await.is_err() {
+                break;
+            }
+        }
+        uploads.push(s);
+    }
+    let mut statuses = Vec::new();
+    for s in &mut uploads {
+        let r = read_reply(s).await.unwrap();
+        match r.status {
+            503 => {
+                assert_eq!(r.problem_type(), "https://idem.dev/problems/server-busy");
+                assert!(r.header("retry-after").is_some());
+            }
+            408 => assert_eq!(
+                r.problem_type(),
+                "https://idem.dev/problems/request-timeout"
+            ),
+            s => panic!("unexpected {s}"),
+        }
+        statuses.push(r.status);
+    }
+    statuses.sort();
+    assert!(
+        statuses.contains(&503),
+        "the budget refused at least one: {statuses:?}"
+    );
+    assert!(
+        statuses.contains(&408),
+        "the one that fit timed out: {statuses:?}"
+    );
+    // The budget is released with the requests.
+    let ok = create(server.addr, "after-budget", PAY).await;
+    assert_eq!(ok.status, 201);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_error_is_problem_json_and_every_request_is_logged() {
+    let dir = TempDir::new("logs");
+    let mut server = Server::start(&dir.sqlite_url(), &[]).await;
+    let a = server.addr;
+    let r = call(a, "GET", "/nope", None, "").await;
+    assert_eq!(r.status, 404);
+    assert_eq!(
+        r.header("content-type").as_deref(),
+        Some("application/problem+json")
+    );
+    assert_eq!(r.problem_type(), "https://idem.dev/problems/not-found");
+    let r = call(a, "DELETE", "/v1/payments", None, "").await;
+    assert_eq!(r.status, 405);
+    assert_eq!(
+        r.problem_type(),
+        "https://idem.dev/problems/method-not-allowed"
+    );
+    assert!(create(a, "log-1", PAY).await.status == 201);
+    assert!(create(a, "log-1", PAY).await.replayed());
+    let mut log = String::new();
+    for _ in 0..50 {
+        log = server.proc().log();
+        if log.contains("outcome=replayed") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        log.contains("method=POST route=/v1/payments status=201 outcome=executed"),
+        "{log}"
+    );
+    assert!(log.contains("status=201 outcome=replayed"), "{log}");
+    assert!(log.contains("route=unmatched status=404"), "{log}");
+    assert!(!log.contains('\u{1b}'), "no colour codes in a file");
+    server.kill9();
+
+    // RUST_LOG is honoured.
+    let dir = TempDir::new("quiet");
+    let mut quiet = Server::start_env(&dir.sqlite_url(), &[], None, &[("RUST_LOG", "warn")]).await;
+    assert_eq!(create(quiet.addr, "q-1", PAY).await.status, 201);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !quiet.proc().log().contains("request"),
+        "{}",
+        quiet.proc().log()
+    );
+}
+
+#[test]
+fn bad_settings_are_one_line_even_with_backtraces_on() {
+    let dir = TempDir::new("oneline");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args([
+            "serve",
+            "--database-url",
+            &dir.sqlite_url(),
+            "--key-ttl",
+            "0s",
+        ])
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        err.trim_end(),
+        "error: --key-ttl must be between 1s and 400days, got 0s",
+        "one line, durations as typed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_with_its_broker_unreachable_stops_at_once_and_says_why() {
+    let dir = TempDir::new("relay-down");
+    let port = crate::process::free_port();
+    let url = format!("nats://127.0.0.1:{port}");
+    let args: Vec<String> = [
+        "relay",
+        "--database-url",
+        &dir.sqlite_url(),
+        "--nats-url",
+        &url,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut relay = Proc::spawn(&args, None);
+    // Let it try and log at least once.
+    let mut log = String::new();
+    for _ in 0..100 {
+        log = relay.log();
+        if log.contains("not reachable") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        log.contains(&format!("127.0.0.1:{port}")),
+        "names the address: {log}"
+    );
+    assert!(
+        log.to_lowercase().contains("refused"),
+        "says the connection is refused: {log}"
+    );
+    let kill = std::process::Command::new("kill")
+        .args(["-TERM", &relay.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    assert!(
+        relay.exited_within(Duration::from_secs(3)).await,
+        "SIGTERM ends it promptly while the broker is unreachable"
+    );
+}
+
+/// Health checks stay open when the admin routes are closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_is_unauthenticated_and_cheap() {
+    let dir = TempDir::new("health");
+    let server = Server::start(&dir.sqlite_url(), &["--admin-token", TOKEN]).await;
+    let r = try_call(server.addr, "GET", "/healthz", None, "")
+        .await
+        .unwrap();
+    assert_eq!((r.status, r.body.as_slice()), (200, b"ok".as_slice()));
+}
