@@ -9,6 +9,7 @@ pub mod admin;
 pub mod bench;
 pub mod bench_messaging;
 pub mod bench_webhooks;
+pub mod config_error;
 pub mod demo;
 pub mod http_server;
 pub mod logging;
