@@ -107,6 +107,11 @@ pub struct ConsumerConfig {
     pub max_deliver: u64,
     /// Redelivery delay after a retryable failure, by delivery count.
     pub nak_backoff: Backoff,
+    /// How long the handler may take. Past it its transaction is rolled
+    /// back and the message is redelivered later (a retryable failure), so a
+    /// handler stuck on a silent dependency does not stall the consumer.
+    /// Default 30 s; keep it below the broker's ack wait.
+    pub handler_timeout: Duration,
 }
 
 impl Default for ConsumerConfig {
@@ -119,6 +124,7 @@ impl Default for ConsumerConfig {
                 initial: Duration::from_secs(1),
                 max: Duration::from_secs(60),
             },
+            handler_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -228,7 +234,21 @@ where
             Err(e) => return self.retry_or_dead(&message, format!("inbox: {e}")),
         };
         let mut claim = claim;
-        match self.handler.handle(&mut claim.tx, &message).await {
+        let handled = tokio::time::timeout(
+            self.config.handler_timeout,
+            self.handler.handle(&mut claim.tx, &message),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            Err(HandlerError::Retry(
+                format!(
+                    "the handler did not finish within {:?}",
+                    self.config.handler_timeout
+                )
+                .into(),
+            ))
+        });
+        match handled {
             Ok(()) => {}
             Err(HandlerError::Reject(reason)) => {
                 let _ = self.inbox.rollback(claim).await;

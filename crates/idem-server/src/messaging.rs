@@ -206,6 +206,8 @@ pub async fn consume<S, H>(
     };
     let consumer_config = ConsumerConfig {
         max_deliver: u64::from(config.max_deliver),
+        // Given up before the broker redelivers it anyway.
+        handler_timeout: (config.ack_wait * 3 / 4).max(Duration::from_millis(500)),
         ..ConsumerConfig::default()
     };
     let mut consumer = Consumer::new(

@@ -171,6 +171,37 @@ macro_rules! messaging_suite {
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_handler_past_its_timeout_is_rolled_back_and_redelivered() {
+                let db = b::setup().await;
+                let s = Streams::create(&js().await).await;
+                b::write(&db.store, &[s.message("k", "slow")]).await;
+                dispatcher(db.store.clone(), s.js.clone(), fast())
+                    .run_once()
+                    .await
+                    .unwrap();
+                let mut consumer = s
+                    .consumer(&db.store, b::Ledger, InboxMode::Pessimistic)
+                    .await;
+                for _ in 0..100 {
+                    consumer.run_once().await.unwrap();
+                    if consumer.stats().applied.load(ORD) == 1 {
+                        break;
+                    }
+                }
+                assert_eq!(consumer.stats().applied.load(ORD), 1);
+                assert_eq!(
+                    consumer.stats().retried.load(ORD),
+                    1,
+                    "the hung attempt was given up"
+                );
+                assert_eq!(
+                    b::ledger(&db.store).await.len(),
+                    1,
+                    "the hung attempt's write was rolled back; the redelivery wrote once"
+                );
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn a_crash_looping_consumer_loses_nothing() {
                 let db = b::setup().await;
                 let s = Streams::create(&js().await).await;

@@ -187,6 +187,7 @@ impl Streams {
                     initial: Duration::from_millis(10),
                     max: Duration::from_millis(50),
                 },
+                handler_timeout: Duration::from_millis(500),
             },
         )
     }
@@ -286,7 +287,8 @@ macro_rules! backend {
             }
 
             /// Writes one ledger row per applied message; `reject` and `fail`
-            /// payloads make it refuse or fail.
+            /// payloads make it refuse or fail; `slow` makes its first
+            /// delivery write its row and then hang past the handler timeout.
             pub struct Ledger;
 
             impl Handler<$tx> for Ledger {
@@ -308,6 +310,9 @@ macro_rules! backend {
                             .execute(&mut **tx)
                             .await
                             .map_err(|e| HandlerError::Retry(e.into()))?;
+                        if m.payload.as_slice() == b"slow" && m.delivered == 1 {
+                            tokio::time::sleep(Duration::from_secs(3)).await;
+                        }
                         Ok(())
                     })
                 }
