@@ -308,3 +308,113 @@ async fn connection_killed_while_idle_is_replaced_without_an_error() {
         "the dead connection is replaced at BEGIN, invisibly to the caller"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_values_are_invalid_value_and_sessions_carry_the_timeouts() {
+    let db = db().await;
+    let map = |e: sqlx::Error| idem_postgres::map_err(e);
+    // A NUL in text (SQLSTATE 22021).
+    let e = sqlx::query("SELECT $1::text")
+        .bind("a\0b")
+        .execute(db.store.pool())
+        .await
+        .unwrap_err();
+    assert!(matches!(map(e), idem_core::StoreError::InvalidValue { .. }));
+    // A value too large for a btree index (54000).
+    sqlx::raw_sql("CREATE TABLE wide (v TEXT PRIMARY KEY)")
+        .execute(db.store.pool())
+        .await
+        .unwrap();
+    let e = sqlx::raw_sql(
+        "INSERT INTO wide SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 400)",
+    )
+    .execute(db.store.pool())
+    .await
+    .unwrap_err();
+    let mapped = map(e);
+    assert!(
+        matches!(mapped, idem_core::StoreError::InvalidValue { .. }),
+        "{mapped:?}"
+    );
+    assert!(!mapped.retryable());
+    let (statement, idle): (String, String) = sqlx::query_as(
+        "SELECT current_setting('statement_timeout'), \
+                current_setting('idle_in_transaction_session_timeout')",
+    )
+    .fetch_one(db.store.pool())
+    .await
+    .unwrap();
+    assert_eq!((statement.as_str(), idle.as_str()), ("10s", "1min"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_pool_settings_are_refused_before_connecting() {
+    let bad = |tune: fn(&mut PgConfig)| {
+        let mut c = PgConfig::default();
+        tune(&mut c);
+        c.validate().unwrap_err()
+    };
+    assert!(
+        bad(|c| c.statement_timeout = std::time::Duration::from_secs(2))
+            .contains("longer than lock_timeout")
+    );
+    assert!(bad(|c| c.statement_timeout = std::time::Duration::ZERO).contains("statement_timeout"));
+    assert!(bad(|c| c.max_connections = 0).contains("max_connections"));
+    assert!(
+        bad(|c| c.idle_in_transaction_timeout = std::time::Duration::ZERO)
+            .contains("idle_in_transaction_timeout")
+    );
+    assert!(PgConfig::default().validate().is_ok());
+    let config = PgConfig {
+        statement_timeout: std::time::Duration::from_secs(1),
+        ..PgConfig::default()
+    };
+    // Nothing listens on port 1: a validation error, not a connection error.
+    let e = PgStore::connect("postgres://nobody@127.0.0.1:1/x", config)
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("key store error"), "{e}");
+    let source = std::error::Error::source(&e).unwrap().to_string();
+    assert!(source.contains("statement_timeout"), "{source}");
+}
+
+/// A client that claims a key and then goes silent inside its transaction
+/// would hold the key's row lock forever; the server ends its session after
+/// `idle_in_transaction_session_timeout`, the key is free for the retry, and
+/// the silent client's late completion fails instead of committing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_silent_inside_its_transaction_frees_the_key() {
+    let db = db().await;
+    let store = PgStore::connect(
+        &db.db.url,
+        PgConfig {
+            idle_in_transaction_timeout: std::time::Duration::from_secs(1),
+            ..PgConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let engine = Engine::new(store);
+    let scope = c::scope("t1", "k-silent");
+    let fp = c::fingerprint("{}");
+    let idem_core::Begun::Fresh(first) =
+        engine.begin(&scope, &fp, &Policy::default()).await.unwrap()
+    else {
+        panic!("a fresh key");
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+    let second = engine.begin(&scope, &fp, &Policy::default()).await.unwrap();
+    assert!(
+        matches!(second, idem_core::Begun::Fresh(_)),
+        "the key is free again"
+    );
+    let late = engine
+        .finish(first, &Completion::completed(c::response(201, "{}")))
+        .await
+        .unwrap_err();
+    assert!(late.retryable(), "{late:?}");
+    assert!(
+        !matches!(late, idem_core::StoreError::OutcomeUnknown { .. }),
+        "the update failed before any COMMIT was sent: {late:?}"
+    );
+}
