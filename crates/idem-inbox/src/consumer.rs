@@ -306,7 +306,7 @@ where
                 // Never drop a message silently: if it cannot be parked, it
                 // is delivered again.
                 Err(e) => {
-                    tracing::error!(error = %e, %reason, "dead-letter failed; message will be redelivered");
+                    tracing::error!(error = &e as &dyn std::error::Error, %reason, "dead-letter failed; message will be redelivered");
                     delivery.nak(self.config.nak_backoff.max).await
                 }
             },
@@ -314,7 +314,10 @@ where
         if let Err(e) = result {
             // An ack that did not arrive means a redelivery, which the inbox
             // turns into a skip.
-            tracing::warn!(error = %e, "settling a message failed");
+            tracing::warn!(
+                error = &e as &dyn std::error::Error,
+                "settling a message failed"
+            );
         }
     }
 
@@ -330,7 +333,9 @@ where
                 match self.inbox.purge_expired(1000, 100).await {
                     Ok(0) => {}
                     Ok(n) => tracing::info!(deleted = n, "expired inbox records deleted"),
-                    Err(e) => tracing::warn!(error = %e, "inbox gc failed"),
+                    Err(e) => {
+                        tracing::warn!(error = &e as &dyn std::error::Error, "inbox gc failed")
+                    }
                 }
                 next_gc = tokio::time::Instant::now() + gc_every;
             }
@@ -341,7 +346,7 @@ where
                     Ok(_) => { failures = 0; None }
                     Err(e) => {
                         failures += 1;
-                        tracing::warn!(error = %e, rounds = failures, "message source unavailable");
+                        tracing::warn!(error = &e as &dyn std::error::Error, rounds = failures, "message source unavailable");
                         Some(self.config.nak_backoff.delay(failures, 1.0))
                     }
                 },

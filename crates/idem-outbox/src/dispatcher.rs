@@ -382,7 +382,11 @@ impl<S: OutboxStore, P: Publisher, C: Clock> Dispatcher<S, P, C> {
                 }
                 Err(e) => {
                     store_down += 1;
-                    tracing::warn!(error = %e, rounds = store_down, "outbox store unavailable");
+                    tracing::warn!(
+                        error = &e as &dyn std::error::Error,
+                        rounds = store_down,
+                        "outbox store unavailable"
+                    );
                     Some(self.config.backoff.delay(store_down, jitter()))
                 }
             };
@@ -390,7 +394,10 @@ impl<S: OutboxStore, P: Publisher, C: Clock> Dispatcher<S, P, C> {
                 match self.cleanup().await {
                     Ok(0) => {}
                     Ok(n) => tracing::info!(deleted = n, "sent outbox messages deleted"),
-                    Err(e) => tracing::warn!(error = %e, "outbox cleanup failed"),
+                    Err(e) => tracing::warn!(
+                        error = &e as &dyn std::error::Error,
+                        "outbox cleanup failed"
+                    ),
                 }
                 next_cleanup = Instant::now() + self.config.cleanup_interval;
             }

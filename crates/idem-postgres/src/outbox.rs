@@ -75,7 +75,10 @@ impl idem_core::Wake for OutboxListener {
             Ok(Err(e)) => {
                 // The connection broke; sqlx reconnects on the next call.
                 // Until then this is plain polling.
-                tracing::debug!(error = %e, "outbox listener lost its connection");
+                tracing::debug!(
+                    error = &e as &dyn std::error::Error,
+                    "outbox listener lost its connection"
+                );
                 tokio::time::sleep(max).await;
             }
         }
@@ -95,7 +98,10 @@ impl PgStore {
         match listener {
             Ok(l) => OutboxListener(Some(l)),
             Err(e) => {
-                tracing::warn!(error = %e, "outbox listener unavailable; polling only");
+                tracing::warn!(
+                    error = &e as &dyn std::error::Error,
+                    "outbox listener unavailable; polling only"
+                );
                 OutboxListener(None)
             }
         }

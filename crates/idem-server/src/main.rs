@@ -696,7 +696,7 @@ where
                 let _ = filled.set(d.clone());
                 messaging::relay(d, wake().await, shutdown).await
             }
-            Err(e) => tracing::error!(error = %e, "relay not started"),
+            Err(e) => tracing::error!(error = %format!("{e:#}"), "relay not started"),
         }
     });
     slot
