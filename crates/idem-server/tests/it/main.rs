@@ -377,6 +377,15 @@ macro_rules! drills {
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn the_table_itself_refuses_an_over_refund() {
+                let f = setup().await;
+                assert_eq!(create(f.addr, "c-check", PAY).await.status, 201);
+                let over = f.execute("UPDATE demo_payments SET amount_refunded = amount + 1").await;
+                assert!(over.unwrap_err().to_string().to_lowercase().contains("check"), "a CHECK constraint refuses it");
+                assert_eq!(f.execute("UPDATE demo_payments SET amount_refunded = amount").await.unwrap(), 1);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn hostile_inputs_are_client_errors_that_change_nothing() {
                 let f = setup().await;
                 let id = create(f.addr, "c-h", PAY).await.json()["id"].as_str().unwrap().to_owned();
@@ -473,8 +482,24 @@ mod fixture {
         pub addr: SocketAddr,
         pub clock: ManualClock,
         pub gc: Gc,
+        /// The database, for checks below the API.
+        pub url: String,
         _dir: Option<TempDir>,
         _db: Option<PgDatabase>,
+    }
+
+    impl Fixture {
+        /// Runs one SQL statement on the fixture's database, directly.
+        pub async fn execute(&self, sql: &str) -> Result<u64, sqlx::Error> {
+            use sqlx::Connection;
+            if self.url.starts_with("sqlite:") {
+                let mut c = sqlx::SqliteConnection::connect(&self.url).await?;
+                Ok(sqlx::query(sql).execute(&mut c).await?.rows_affected())
+            } else {
+                let mut c = sqlx::PgConnection::connect(&self.url).await?;
+                Ok(sqlx::query(sql).execute(&mut c).await?.rows_affected())
+            }
+        }
     }
 
     pub use idem_testkit::TempDir;
@@ -544,6 +569,7 @@ mod fixture {
             addr: serve(router).await,
             gc,
             clock,
+            url: url.to_owned(),
             _dir: None,
             _db: None,
         }
