@@ -241,6 +241,8 @@ async fn readme_tour_on_sqlite() {
     let path = format!("/v1/payments/{id}/refunds");
     let refund = call(a, "POST", &path, Some("r-1"), r#"{"amount":300}"#).await;
     assert_eq!(refund.status, 201);
+    let location = refund.header("location").unwrap();
+    assert!(location.starts_with(&format!("{path}/re_")), "{location}");
     let over = call(a, "POST", &path, Some("r-2"), r#"{"amount":800}"#).await;
     assert_eq!(over.status, 422);
     let over_again = call(a, "POST", &path, Some("r-2"), r#"{"amount":800}"#).await;
