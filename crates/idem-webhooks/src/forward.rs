@@ -11,7 +11,6 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use idem_core::{BoxFuture, IdempotencyKey, Receipt};
-use sha2::{Digest, Sha256};
 
 use crate::processor::{HandleError, WebhookHandler};
 
@@ -24,11 +23,10 @@ pub fn idempotency_key(endpoint: &str, delivery_id: &str) -> String {
     if IdempotencyKey::new(plain.as_str()).is_ok() {
         return plain;
     }
-    let digest: String = Sha256::digest(delivery_id.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    format!("{endpoint}:sha256:{digest}")
+    format!(
+        "{endpoint}:sha256:{}",
+        crate::receiver::sha256_hex(delivery_id.as_bytes())
+    )
 }
 
 /// Forwards each receipt to `url`.

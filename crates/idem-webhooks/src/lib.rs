@@ -57,6 +57,13 @@
 //! A fallback id makes two byte-identical deliveries (signed at the same
 //! second, where the scheme has a timestamp) one delivery.
 //!
+//! An id longer than [`MAX_DELIVERY_ID_BYTES`] (255) is stored as
+//! `sha256:<hex of the id>` ([`bounded_delivery_id`]); a repeat of it is still a
+//! duplicate, and operators may look it up by either form. An id or event
+//! type read from the body that is empty, longer than 255 bytes or holds a
+//! control character (a JSON `\u0000`, say) counts as absent, so the fallback
+//! applies; the same holds for the configured `entity_id`.
+//!
 //! ## Order awareness
 //!
 //! An endpoint may name an entity and its version with JSON pointers
@@ -73,7 +80,7 @@ mod scheme;
 pub use forward::{Forward, idempotency_key};
 pub use processor::{HandleError, Processor, ProcessorConfig, Round, WebhookHandler};
 pub use receiver::{
-    ConfigError, Counters, Endpoint, EndpointConfig, MAX_BODY_LIMIT, ReceiveError, Received,
-    Receiver,
+    ConfigError, Counters, Endpoint, EndpointConfig, MAX_BODY_LIMIT, MAX_DELIVERY_ID_BYTES,
+    ReceiveError, Received, Receiver, bounded_delivery_id,
 };
 pub use scheme::{Scheme, Secret, SecretError, Verified, Verifier, VerifyError};

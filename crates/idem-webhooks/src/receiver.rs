@@ -1,6 +1,7 @@
 //! Endpoints and the receiving side: body limit → verify → dedupe key →
 //! persist the receipt with its inbox record → answer.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -8,6 +9,7 @@ use std::time::Duration;
 use http::HeaderMap;
 use idem_core::{Accepted, Clock, NewReceipt, StoreError, SystemClock, WebhookStore};
 use serde::Deserialize;
+use sha2::{Digest, Sha256};
 
 use crate::scheme::{Scheme, Secret, Verifier, VerifyError};
 
@@ -68,6 +70,37 @@ pub struct Endpoint {
 
 /// The largest `max_body_bytes` accepted.
 pub const MAX_BODY_LIMIT: usize = 16 << 20;
+
+/// The longest delivery id stored as the provider sent it; a longer one is
+/// stored as `sha256:<hex of the id>` (see [`bounded_delivery_id`]).
+pub const MAX_DELIVERY_ID_BYTES: usize = 255;
+
+/// The lowercase hex SHA-256 of `bytes`.
+pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The dedupe key stored for a delivery id: the id itself when it is at most
+/// [`MAX_DELIVERY_ID_BYTES`] long, else `sha256:<hex of the id>`. The mapping
+/// is deterministic, so a repeat of a long id is still a duplicate, and
+/// operators may look a delivery up by the id the provider sent.
+pub fn bounded_delivery_id(id: &str) -> Cow<'_, str> {
+    if id.len() <= MAX_DELIVERY_ID_BYTES {
+        Cow::Borrowed(id)
+    } else {
+        Cow::Owned(format!("sha256:{}", sha256_hex(id.as_bytes())))
+    }
+}
+
+/// A short text field (event type, entity id) as stored: present only when it
+/// is 1 to 255 bytes without control characters. A NUL could not be stored as
+/// text on PostgreSQL, and no operator could type the others.
+fn short_text(s: &str) -> Option<String> {
+    (!s.is_empty() && s.len() <= 255 && !s.chars().any(char::is_control)).then(|| s.to_owned())
+}
 
 impl Endpoint {
     /// Validates one endpoint's settings.
@@ -161,9 +194,7 @@ impl Endpoint {
             return (None, None);
         };
         let id = match v.pointer(id_ptr) {
-            Some(serde_json::Value::String(s)) if !s.is_empty() && s.len() <= 255 => {
-                Some(s.clone())
-            }
+            Some(serde_json::Value::String(s)) => short_text(s),
             Some(serde_json::Value::Number(n)) => Some(n.to_string()),
             _ => None,
         };
@@ -312,10 +343,11 @@ impl<S: WebhookStore, C: Clock> Receiver<S, C> {
             }
         };
         let (entity_id, entity_version) = endpoint.entity_of(body);
+        let delivery_id = bounded_delivery_id(&verified.delivery_id).into_owned();
         let receipt = NewReceipt {
             endpoint: name.to_owned(),
-            delivery_id: verified.delivery_id.clone(),
-            event_type: verified.event_type,
+            delivery_id: delivery_id.clone(),
+            event_type: verified.event_type.as_deref().and_then(short_text),
             headers: headers
                 .iter()
                 .filter(|(n, _)| !CREDENTIALS.contains(&n.as_str()))
@@ -331,7 +363,6 @@ impl<S: WebhookStore, C: Clock> Receiver<S, C> {
             entity_version,
         };
         let retention = i64::try_from(endpoint.retention.as_millis()).unwrap_or(i64::MAX);
-        let delivery_id = verified.delivery_id;
         match self
             .store
             .accept(&receipt, now_ms, now_ms.saturating_add(retention))
@@ -514,5 +545,33 @@ mod tests {
             "no id, no version"
         );
         assert_eq!(e.entity_of(b"not json"), (None, None));
+        assert_eq!(
+            e.entity_of(br#"{"data":{"id":"o\u0000","updated":7}}"#),
+            (None, None),
+            "an id with a control character is absent"
+        );
+        let long = format!(r#"{{"data":{{"id":"{}","updated":7}}}}"#, "x".repeat(256));
+        assert_eq!(e.entity_of(long.as_bytes()), (None, None), "too long");
+    }
+
+    #[test]
+    fn delivery_ids_over_255_bytes_are_hashed_deterministically() {
+        let fits = "a".repeat(MAX_DELIVERY_ID_BYTES);
+        assert_eq!(bounded_delivery_id(&fits), fits.as_str());
+        let long = "a".repeat(MAX_DELIVERY_ID_BYTES + 1);
+        let hashed = bounded_delivery_id(&long);
+        assert_eq!(hashed, format!("sha256:{}", sha256_hex(long.as_bytes())));
+        assert_eq!(hashed.len(), 71);
+        assert_eq!(
+            hashed,
+            bounded_delivery_id(&long),
+            "the same id, the same key"
+        );
+        assert_eq!(
+            short_text("push\u{0}"),
+            None,
+            "event types with control characters are absent"
+        );
+        assert_eq!(short_text("push").as_deref(), Some("push"));
     }
 }

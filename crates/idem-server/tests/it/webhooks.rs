@@ -419,6 +419,67 @@ macro_rules! webhook_suite {
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn webhook_delivery_id_over_255_bytes_is_hashed_accepted_once() {
+                let (store, _db) = $store.await;
+                let rig = Rig::new(store, "").await;
+                // Incompressible, so PostgreSQL cannot shrink it under its btree row limit.
+                let long: String = (0..50u32)
+                    .map(|i| hex(&<sha2::Sha256 as sha2::Digest>::digest(i.to_be_bytes())))
+                    .collect();
+                assert_eq!(long.len(), 3200);
+                let body = payment("cus_long", "");
+                let first = deliver(rig.addr, "github", &sign::github("github-secret", &long, &body), &body).await;
+                assert_eq!(first.status, 202, "{}", String::from_utf8_lossy(&first.body));
+                let id = first.json()["delivery_id"].as_str().unwrap().to_owned();
+                let digest = hex(&<sha2::Sha256 as sha2::Digest>::digest(format!("4242:{long}").as_bytes()));
+                assert_eq!(id, format!("sha256:{digest}"), "the id the provider sent, hashed");
+                // The same long id with another body: a duplicate by its id.
+                let other = payment("cus_long_other", "");
+                let again = deliver(rig.addr, "github", &sign::github("github-secret", &long, &other), &other).await;
+                assert_eq!((again.status, again.json()["delivery_id"].as_str()), (200, Some(id.as_str())));
+                assert_eq!(rig.count().await, 1, "stored once");
+                assert_eq!(rig.processor.run_once().await.unwrap().processed, 1);
+                assert_eq!(payments_of(rig.upstream, "cus_long").await.len(), 1, "forwarded and applied");
+                assert_eq!(payments_of(rig.upstream, "cus_long_other").await.len(), 0);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn webhook_body_fields_with_nul_are_absent_and_stored_without_error() {
+                let (store, _db) = $store.await;
+                let rig = Rig::new(store, "").await;
+                let now = now_s();
+                // `\u0000` is JSON for NUL: the raw body is valid JSON, the
+                // decoded string holds a control character.
+                let stripe = r#"{"id":"evt_\u0000x","type":"charge.\u0000succeeded"}"#;
+                let r = deliver(rig.addr, "stripe", &sign::stripe("whsec_stripe", now, stripe), stripe).await;
+                assert_eq!(r.status, 202, "{}", String::from_utf8_lossy(&r.body));
+                let id = r.json()["delivery_id"].as_str().unwrap().to_owned();
+                assert!(id.starts_with(&format!("{now}:sha256:")), "the documented fallback: {id}");
+                let stored = rig.store.get_receipt("stripe", &id).await.unwrap().unwrap();
+                assert_eq!(stored.receipt.event_type, None, "a type with NUL is absent");
+                assert_eq!(stored.receipt.body, stripe.as_bytes(), "the body byte for byte");
+                let r = deliver(rig.addr, "stripe", &sign::stripe("whsec_stripe", now, stripe), stripe).await;
+                assert_eq!(r.status, 200, "a repeat is a duplicate");
+
+                let slack = r#"{"event_id":"Ev\u0000","event":{"type":"message\u0000"}}"#;
+                let r = deliver(rig.addr, "slack", &sign::slack("slack-secret", now, slack), slack).await;
+                assert_eq!(r.status, 202, "{}", String::from_utf8_lossy(&r.body));
+                let id = r.json()["delivery_id"].as_str().unwrap().to_owned();
+                assert!(id.starts_with(&format!("{now}:sha256:")), "the documented fallback: {id}");
+                let stored = rig.store.get_receipt("slack", &id).await.unwrap().unwrap();
+                assert_eq!(stored.receipt.event_type, None);
+
+                let order = r#"{"amount":100,"currency":"EUR","customer":"cus_nul","order":{"id":"o\u0000","version":1}}"#;
+                let r = deliver(rig.addr, "orders", &sign::github("github-secret", "nul-1", order), order).await;
+                assert_eq!(r.status, 202, "{}", String::from_utf8_lossy(&r.body));
+                let stored = rig.store.get_receipt("orders", "4242:nul-1").await.unwrap().unwrap();
+                assert_eq!((stored.receipt.entity_id, stored.receipt.entity_version), (None, None), "no entity");
+                assert_eq!(rig.processor.run_once().await.unwrap().claimed, 3, "all three handed to workers");
+                assert_eq!(rig.state("orders", "4242:nul-1").await, ReceiptState::Processed);
+                assert_eq!(payments_of(rig.upstream, "cus_nul").await.len(), 1);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn oversized_body_is_413_and_unknown_endpoint_404() {
                 let (store, _db) = $store.await;
                 let rig = Rig::new(store, "").await;
