@@ -225,6 +225,49 @@ pub struct Counters {
     pub too_large: AtomicU64,
 }
 
+/// How often the "signature rejected" line is logged per endpoint, at most.
+const REJECTION_LOG_EVERY_MS: i64 = 10_000;
+
+/// Rate limit of a log line: the first event is logged, then at most one line
+/// per interval, which says how many events were not logged since the last
+/// line. Forgeries cost the sender nothing, so an unthrottled line per forgery
+/// would let anyone fill the disk.
+#[derive(Debug)]
+struct LogLimiter {
+    every_ms: i64,
+    /// When the last line was logged, and how many events were not since.
+    state: std::sync::Mutex<(Option<i64>, u64)>,
+}
+
+impl LogLimiter {
+    fn new(every_ms: i64) -> Self {
+        Self {
+            every_ms,
+            state: std::sync::Mutex::new((None, 0)),
+        }
+    }
+
+    /// Whether an event at `now_ms` is logged: `Some(n)` with the `n` events
+    /// not logged since the previous line, or `None` (counted, not logged). A
+    /// clock that went backwards logs at once rather than staying silent.
+    fn admit(&self, now_ms: i64) -> Option<u64> {
+        let mut state = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match state.0 {
+            Some(last) if (0..self.every_ms).contains(&now_ms.saturating_sub(last)) => {
+                state.1 = state.1.saturating_add(1);
+                None
+            }
+            _ => {
+                state.0 = Some(now_ms);
+                Some(std::mem::take(&mut state.1))
+            }
+        }
+    }
+}
+
 /// How a delivery was taken.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Received {
@@ -253,7 +296,9 @@ pub enum ReceiveError {
         /// The limit.
         max: usize,
     },
-    /// The signature did not verify (401).
+    /// The signature did not verify (401). The reason is for the log: send
+    /// the sender a generic answer, since which check failed (or by how much a
+    /// timestamp missed) helps a forger.
     #[error("signature: {0}")]
     Signature(#[from] VerifyError),
     /// The store failed (503 when retryable).
@@ -269,7 +314,7 @@ const CREDENTIALS: &[&str] = &["authorization", "cookie", "proxy-authorization"]
 pub struct Receiver<S, C = SystemClock> {
     store: S,
     clock: C,
-    endpoints: BTreeMap<String, (Endpoint, Counters)>,
+    endpoints: BTreeMap<String, (Endpoint, Counters, LogLimiter)>,
 }
 
 impl<S: WebhookStore> Receiver<S> {
@@ -287,24 +332,27 @@ impl<S: WebhookStore, C: Clock> Receiver<S, C> {
             clock,
             endpoints: endpoints
                 .into_iter()
-                .map(|e| (e.name.clone(), (e, Counters::default())))
+                .map(|e| {
+                    let limiter = LogLimiter::new(REJECTION_LOG_EVERY_MS);
+                    (e.name.clone(), (e, Counters::default(), limiter))
+                })
                 .collect(),
         }
     }
 
     /// An endpoint by name.
     pub fn endpoint(&self, name: &str) -> Option<&Endpoint> {
-        self.endpoints.get(name).map(|(e, _)| e)
+        self.endpoints.get(name).map(|(e, _, _)| e)
     }
 
     /// The endpoints and their counters.
     pub fn counters(&self) -> impl Iterator<Item = (&str, &Counters)> {
-        self.endpoints.iter().map(|(n, (_, c))| (n.as_str(), c))
+        self.endpoints.iter().map(|(n, (_, c, _))| (n.as_str(), c))
     }
 
     /// Counts a body refused over the limit while it was being read.
     pub fn note_too_large(&self, name: &str) {
-        if let Some((_, c)) = self.endpoints.get(name) {
+        if let Some((_, c, _)) = self.endpoints.get(name) {
             c.too_large.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -320,7 +368,7 @@ impl<S: WebhookStore, C: Clock> Receiver<S, C> {
         headers: &HeaderMap,
         body: &[u8],
     ) -> Result<Received, ReceiveError> {
-        let (endpoint, counters) = self
+        let (endpoint, counters, rejections) = self
             .endpoints
             .get(name)
             .ok_or(ReceiveError::UnknownEndpoint)?;
@@ -338,7 +386,10 @@ impl<S: WebhookStore, C: Clock> Receiver<S, C> {
             Ok(v) => v,
             Err(e) => {
                 counters.rejected_signature.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(endpoint = name, reason = %e, "webhook signature rejected");
+                if let Some(suppressed) = rejections.admit(now_ms) {
+                    tracing::warn!(endpoint = name, reason = %e, suppressed,
+                                   "webhook signature rejected (suppressed: rejections not logged since the last line)");
+                }
                 return Err(e.into());
             }
         };
@@ -552,6 +603,33 @@ mod tests {
         );
         let long = format!(r#"{{"data":{{"id":"{}","updated":7}}}}"#, "x".repeat(256));
         assert_eq!(e.entity_of(long.as_bytes()), (None, None), "too long");
+    }
+
+    #[test]
+    fn a_burst_of_forgeries_logs_a_bounded_number_of_lines() {
+        let clock = idem_core::ManualClock::new(1_700_000_000_000);
+        let limiter = LogLimiter::new(REJECTION_LOG_EVERY_MS);
+        let mut lines = Vec::new();
+        // 10,000 forgeries over 25 s, one every 2.5 ms.
+        for i in 0..10_000 {
+            if i > 0 && i % 4 == 0 {
+                clock.advance(Duration::from_millis(10));
+            }
+            if let Some(suppressed) = limiter.admit(clock.now_ms()) {
+                lines.push((clock.now_ms(), suppressed));
+            }
+        }
+        let start = 1_700_000_000_000;
+        assert_eq!(
+            lines,
+            [(start, 0), (start + 10_000, 3999), (start + 20_000, 3999)],
+            "the first, then one line per 10 s saying how many were not logged"
+        );
+        // The 2,000 after the last line are reported with the next one.
+        clock.advance(Duration::from_secs(10));
+        assert_eq!(limiter.admit(clock.now_ms()), Some(1999));
+        // A clock that went backwards does not silence the log.
+        assert_eq!(limiter.admit(clock.now_ms() - 60_000), Some(0));
     }
 
     #[test]

@@ -340,6 +340,15 @@ macro_rules! webhook_suite {
                         let r = deliver(rig.addr, endpoint, headers, b).await;
                         assert_eq!(r.status, 401, "{endpoint}: {what}");
                         assert_eq!(r.problem_type(), "https://idem.dev/problems/invalid-signature", "{endpoint}: {what}");
+                        // One generic answer for every forgery: which check failed
+                        // (and by how many seconds a timestamp missed) helps a forger.
+                        let problem = r.json();
+                        assert_eq!(problem.get("detail"), None, "{endpoint}: {what}: no reason in {problem}");
+                        assert_eq!(
+                            problem.as_object().unwrap().keys().collect::<Vec<_>>(),
+                            ["status", "title", "type"],
+                            "{endpoint}: {what}"
+                        );
                     }
                     assert_eq!(rig.count().await, before, "{endpoint}: nothing stored for a forgery");
                     assert_eq!(rig.counter(endpoint).2, forgeries.len() as u64, "{endpoint}: counted");
