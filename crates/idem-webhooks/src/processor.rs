@@ -180,14 +180,20 @@ impl<S: WebhookStore, C: Clock> Processor<S, C> {
     /// # Cancel safety
     /// Receipts claimed by a cancelled round come back when their lease ends.
     pub async fn run_once(&self) -> Result<Round, StoreError> {
-        let batch = self
-            .store
-            .claim_receipts(
-                self.clock.now_ms(),
-                self.config.lease,
-                self.config.batch.max(1),
-            )
-            .await?;
+        // Claims are per endpoint; receipts of an endpoint without a handler
+        // here are left for a process that has one.
+        let mut batch = Vec::new();
+        for endpoint in self.handlers.keys() {
+            let limit = self.config.batch.max(1) - u32::try_from(batch.len()).unwrap_or(0);
+            if limit == 0 {
+                break;
+            }
+            batch.extend(
+                self.store
+                    .claim_receipts(endpoint, self.clock.now_ms(), self.config.lease, limit)
+                    .await?,
+            );
+        }
         let mut round = Round {
             claimed: batch.len(),
             ..Round::default()

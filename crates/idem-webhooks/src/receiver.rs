@@ -412,6 +412,7 @@ impl<S: WebhookStore, C: Clock> Receiver<S, C> {
             body: body.to_vec(),
             entity_id,
             entity_version,
+            content_sha256: None,
         };
         let retention = i64::try_from(endpoint.retention.as_millis()).unwrap_or(i64::MAX);
         match self
