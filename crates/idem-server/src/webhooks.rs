@@ -43,6 +43,8 @@ struct WorkerConfig {
     max_attempts: Option<u32>,
     /// Sleep between idle rounds (default 500 ms, 10 ms to 60 s).
     poll_interval_ms: Option<u64>,
+    /// Deliveries of one endpoint forwarded at once (default 16, 1 to 256).
+    concurrency: Option<u32>,
 }
 
 /// Validated webhook settings.
@@ -106,19 +108,40 @@ pub fn parse(text: &str) -> anyhow::Result<WebhookConfig> {
             }
             worker.poll_interval = Duration::from_millis(ms);
         }
+        if let Some(n) = w.concurrency {
+            if !(1..=256).contains(&n) {
+                bail!("worker.concurrency: 1 to 256");
+            }
+            worker.concurrency = n;
+        }
+    }
+    // A forward still running when its lease ends would be forwarded again by
+    // another worker at the same time.
+    for e in &endpoints {
+        if e.forward_timeout >= worker.lease {
+            bail!(
+                "webhooks.{}.forward_timeout_secs: must be shorter than worker.lease_secs ({} s)",
+                e.name,
+                worker.lease.as_secs()
+            );
+        }
     }
     Ok(WebhookConfig { endpoints, worker })
 }
 
-/// The workers: each endpoint's deliveries forwarded to its `forward_to`.
+/// The workers: each endpoint's deliveries forwarded to its `forward_to`,
+/// each endpoint independently of the others.
 pub fn processor<S: WebhookStore>(store: S, config: &WebhookConfig) -> Processor<S> {
-    config.endpoints.iter().fold(
-        Processor::new(store, config.worker.clone()),
-        |p, e| match &e.forward_to {
-            Some(url) => p.handler(&e.name, Forward::new(url.clone())),
-            None => p,
-        },
-    )
+    config
+        .endpoints
+        .iter()
+        .fold(
+            Processor::new(store, config.worker.clone()),
+            |p, e| match Forward::for_endpoint(e) {
+                Some(forward) => p.handler(&e.name, forward),
+                None => p,
+            },
+        )
 }
 
 fn problem(status: StatusCode, slug: &str, title: &str, detail: Option<&str>) -> Response {
@@ -364,6 +387,7 @@ mod tests {
             secrets = ["a", "b"]
             forward_to = "http://127.0.0.1:9000/hooks/github"
             entity_id = "/repository/id"
+            forward_timeout_secs = 4
             [worker]
             lease_secs = 5
             "#,
@@ -381,6 +405,24 @@ mod tests {
         );
         assert!(err("[webhooks.x]\nscheme = \"github\"\nsecret = \"a\"").contains("unknown field"));
         assert!(err("[worker]\nlease_secs = 0").contains("worker.lease_secs"));
+        assert!(err("[worker]\nconcurrency = 0").contains("worker.concurrency"));
+        let slow =
+            "[webhooks.x]\nscheme = \"github\"\nsecrets = [\"a\"]\nforward_to = \"http://h/\"\n";
+        assert!(
+            err(&format!("{slow}[worker]\nlease_secs = 10")).contains(
+                "webhooks.x.forward_timeout_secs: must be shorter than worker.lease_secs (10 s)"
+            ),
+            "the default 10 s forward timeout needs a longer lease"
+        );
+        assert_eq!(
+            parse(&format!(
+                "{slow}forward_timeout_secs = 9\n[worker]\nlease_secs = 10"
+            ))
+            .unwrap()
+            .endpoints[0]
+                .forward_timeout,
+            Duration::from_secs(9)
+        );
         assert!(
             err("[webhooks.x]\nscheme = \"github\"\nforward_to = \"http://h/\"")
                 .contains("webhooks.x.secrets")

@@ -27,6 +27,10 @@ pub struct EndpointConfig {
     pub secrets_env: Option<String>,
     /// Where processing forwards each delivery (`http://…`).
     pub forward_to: Option<String>,
+    /// How long one forward may take in seconds — connect, answer and the
+    /// body of an error answer (default 10, 1 to 300). Keep it shorter than
+    /// the workers' lease.
+    pub forward_timeout_secs: Option<u64>,
     /// Timestamp tolerance in seconds, both directions (default 300).
     pub tolerance_secs: Option<u64>,
     /// Largest body accepted (default 1 MiB, at most 16 MiB).
@@ -60,6 +64,8 @@ pub struct Endpoint {
     pub verifier: Verifier,
     /// Where processing forwards deliveries, if anywhere.
     pub forward_to: Option<http::Uri>,
+    /// The bound on one forward.
+    pub forward_timeout: Duration,
     /// Largest body accepted.
     pub max_body_bytes: usize,
     /// How long receipts are kept.
@@ -153,6 +159,10 @@ impl Endpoint {
                 Some(uri)
             }
         };
+        let forward_timeout_secs = c.forward_timeout_secs.unwrap_or(10);
+        if !(1..=300).contains(&forward_timeout_secs) {
+            return Err(err("forward_timeout_secs", "1 to 300".into()));
+        }
         let max_body_bytes = c.max_body_bytes.unwrap_or(1 << 20);
         if max_body_bytes == 0 || max_body_bytes > MAX_BODY_LIMIT {
             return Err(err("max_body_bytes", format!("1 to {MAX_BODY_LIMIT}")));
@@ -179,6 +189,7 @@ impl Endpoint {
             name: name.to_owned(),
             verifier,
             forward_to,
+            forward_timeout: Duration::from_secs(forward_timeout_secs),
             max_body_bytes,
             retention: Duration::from_secs(hours * 3600),
             entity,
@@ -442,6 +453,7 @@ mod tests {
             secrets: vec![Secret::new("s")],
             secrets_env: None,
             forward_to: None,
+            forward_timeout_secs: None,
             tolerance_secs: None,
             max_body_bytes: None,
             retention_hours: None,
@@ -454,8 +466,12 @@ mod tests {
     fn settings_are_validated_with_the_field_named() {
         let ok = Endpoint::from_config("github", config(Scheme::Github)).unwrap();
         assert_eq!(
-            (ok.max_body_bytes, ok.retention),
-            (1 << 20, Duration::from_secs(7 * 24 * 3600))
+            (ok.max_body_bytes, ok.retention, ok.forward_timeout),
+            (
+                1 << 20,
+                Duration::from_secs(7 * 24 * 3600),
+                Duration::from_secs(10)
+            )
         );
         let field =
             |name: &str, c: EndpointConfig| Endpoint::from_config(name, c).unwrap_err().field;
@@ -489,6 +505,26 @@ mod tests {
                 }
             ),
             "forward_to"
+        );
+        assert_eq!(
+            field(
+                "e",
+                EndpointConfig {
+                    forward_timeout_secs: Some(0),
+                    ..config(Scheme::Github)
+                }
+            ),
+            "forward_timeout_secs"
+        );
+        assert_eq!(
+            field(
+                "e",
+                EndpointConfig {
+                    forward_timeout_secs: Some(301),
+                    ..config(Scheme::Github)
+                }
+            ),
+            "forward_timeout_secs"
         );
         assert_eq!(
             field(

@@ -4,7 +4,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -131,10 +131,11 @@ pub async fn deliver(
 
 pub const STANDARD_KEY: &[u8] = b"standard-webhooks-test-key-32byte";
 
-/// A config whose endpoints forward to `upstream` (`http://…/path`).
+/// A config whose endpoints forward to `upstream` (`http://…/path`), each
+/// forward bounded by 4 s (shorter than the 5 s lease).
 pub fn config(upstream: &str, extra: &str) -> String {
     let whsec = format!("whsec_{}", B64.encode(STANDARD_KEY));
-    format!(
+    let text = format!(
         r#"
         [webhooks.github]
         scheme = "github"
@@ -168,10 +169,14 @@ pub fn config(upstream: &str, extra: &str) -> String {
         forward_to = "{upstream}"
         max_body_bytes = 256
         [worker]
-        lease_secs = 2
+        lease_secs = 5
         poll_interval_ms = 50
         {extra}
         "#
+    );
+    text.replace(
+        &format!("forward_to = \"{upstream}\""),
+        &format!("forward_to = \"{upstream}\"\n        forward_timeout_secs = 4"),
     )
 }
 
@@ -244,6 +249,80 @@ impl<S: WebhookStore> Rig<S> {
             .unwrap()
             .unwrap()
             .state
+    }
+}
+
+/// A raw TCP upstream: a request whose body contains `stall` gets
+/// `500` with `Content-Length: 100` and then no body, the socket held open
+/// until the client gives up; any other gets `200` at once.
+pub struct Stalling {
+    pub addr: SocketAddr,
+    /// Stalled answers sent (heads without a body).
+    pub heads: Arc<AtomicUsize>,
+    /// Stalled connections the client closed.
+    pub closed: Arc<AtomicUsize>,
+}
+
+impl Stalling {
+    pub async fn start() -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let heads = Arc::new(AtomicUsize::new(0));
+        let closed = Arc::new(AtomicUsize::new(0));
+        let (h, c) = (heads.clone(), closed.clone());
+        tokio::spawn(async move {
+            loop {
+                let (mut s, _) = listener.accept().await.unwrap();
+                let (heads, closed) = (h.clone(), c.clone());
+                tokio::spawn(async move {
+                    let mut raw = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    // The head, then as much body as it announces.
+                    let (split, len) = loop {
+                        let n = s.read(&mut buf).await.unwrap_or(0);
+                        if n == 0 {
+                            return;
+                        }
+                        raw.extend_from_slice(&buf[..n]);
+                        if let Some(split) = raw.windows(4).position(|w| w == b"\r\n\r\n") {
+                            let head = String::from_utf8_lossy(&raw[..split]).to_ascii_lowercase();
+                            let len = head
+                                .lines()
+                                .find_map(|l| l.strip_prefix("content-length:"))
+                                .map_or(0, |v| v.trim().parse::<usize>().unwrap());
+                            break (split + 4, len);
+                        }
+                    };
+                    while raw.len() < split + len {
+                        let n = s.read(&mut buf).await.unwrap_or(0);
+                        if n == 0 {
+                            return;
+                        }
+                        raw.extend_from_slice(&buf[..n]);
+                    }
+                    if raw[split..].windows(5).any(|w| w == b"stall") {
+                        s.write_all(
+                            b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 100\r\n\r\n",
+                        )
+                        .await
+                        .unwrap();
+                        heads.fetch_add(1, Ordering::SeqCst);
+                        // Never the body; hold the socket until the client leaves.
+                        while s.read(&mut buf).await.is_ok_and(|n| n > 0) {}
+                        closed.fetch_add(1, Ordering::SeqCst);
+                    } else {
+                        let _ = s
+                            .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                            .await;
+                    }
+                });
+            }
+        });
+        Self {
+            addr,
+            heads,
+            closed,
+        }
     }
 }
 
@@ -486,6 +565,144 @@ macro_rules! webhook_suite {
                 assert_eq!(rig.processor.run_once().await.unwrap().claimed, 3, "all three handed to workers");
                 assert_eq!(rig.state("orders", "4242:nul-1").await, ReceiptState::Processed);
                 assert_eq!(payments_of(rig.upstream, "cus_nul").await.len(), 1);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn webhook_stalled_upstream_blocks_neither_other_endpoints_nor_other_deliveries() {
+                let (store, _db) = $store.await;
+                let (upstream, _up) = upstream().await;
+                let stalling = Stalling::start().await;
+                // `stalled` forwards to the raw upstream (which stalls on bodies
+                // marked "stall" and answers others at once), `github` to the
+                // demo API; both in one processor, as `idem serve` runs them.
+                let text = format!(
+                    r#"
+                    [webhooks.github]
+                    scheme = "github"
+                    secrets = ["github-secret"]
+                    forward_to = "http://{upstream}/v1/payments"
+                    [webhooks.stalled]
+                    scheme = "github"
+                    secrets = ["github-secret"]
+                    forward_to = "http://{}/hook"
+                    forward_timeout_secs = 5
+                    [worker]
+                    lease_secs = 20
+                    poll_interval_ms = 50
+                    "#,
+                    stalling.addr
+                );
+                let mut config = webhooks::parse(&text).unwrap();
+                config.worker.backoff = idem_core::Backoff {
+                    initial: Duration::from_millis(200),
+                    max: Duration::from_millis(200),
+                };
+                let receiver = Arc::new(Receiver::new(store.clone(), config.endpoints.clone()));
+                let addr = serve(webhooks::router(receiver)).await;
+                let processor = webhooks::processor(store.clone(), &config);
+                let worker = tokio::spawn(async move {
+                    processor.run(Duration::from_secs(3600), std::future::pending()).await
+                });
+                let stall = r#"{"stall":true}"#;
+                assert_eq!(deliver(addr, "stalled", &sign::github("github-secret", "s-1", stall), stall).await.status, 202);
+                crate::messaging::eventually(Duration::from_secs(10), "the upstream sent its 500 head and stalled", || async {
+                    stalling.heads.load(Ordering::SeqCst) == 1
+                }).await;
+                // While that forward is outstanding: the other endpoint's
+                // deliveries, and the stalled endpoint's other deliveries.
+                for i in 0..3 {
+                    let body = payment(&format!("cus_free_{i}"), "");
+                    let h = sign::github("github-secret", &format!("free-{i}"), &body);
+                    assert_eq!(deliver(addr, "github", &h, &body).await.status, 202);
+                }
+                for i in 0..2 {
+                    let body = format!(r#"{{"quick":{i}}}"#);
+                    let h = sign::github("github-secret", &format!("quick-{i}"), &body);
+                    assert_eq!(deliver(addr, "stalled", &h, &body).await.status, 202);
+                }
+                crate::messaging::eventually(Duration::from_secs(15), "the other deliveries are processed", || async {
+                    let processed = store.list_receipts(None, Some(ReceiptState::Processed), 100).await.unwrap();
+                    processed.len() == 5
+                }).await;
+                let outstanding = store.get_receipt("stalled", "4242:s-1").await.unwrap().unwrap();
+                assert_eq!(
+                    (outstanding.state, outstanding.attempts, stalling.closed.load(Ordering::SeqCst)),
+                    (ReceiptState::Received, 0, 0),
+                    "processed while the stalled forward was still outstanding"
+                );
+                for i in 0..3 {
+                    assert_eq!(payments_of(upstream, &format!("cus_free_{i}")).await.len(), 1);
+                }
+                // The stalled forward ends with a timeout error and is retried.
+                crate::messaging::eventually(Duration::from_secs(20), "the stalled forward timed out", || async {
+                    let r = store.get_receipt("stalled", "4242:s-1").await.unwrap().unwrap();
+                    r.attempts >= 1
+                }).await;
+                let failed = store.get_receipt("stalled", "4242:s-1").await.unwrap().unwrap();
+                assert!(failed.last_error.as_deref().unwrap().contains("timed out"), "{:?}", failed.last_error);
+                assert!(stalling.closed.load(Ordering::SeqCst) >= 1, "the stalled connection was given up");
+                crate::messaging::eventually(Duration::from_secs(10), "the stalled delivery is forwarded again", || async {
+                    stalling.heads.load(Ordering::SeqCst) >= 2
+                }).await;
+                worker.abort();
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn webhook_run_outliving_its_lease_is_not_started_twice_and_a_panic_is_a_failed_run() {
+                let (store, _db) = $store.await;
+                let rig = Rig::new(store.clone(), "").await;
+                /// Holds "slow" deliveries until released; panics on "panic".
+                struct Slow {
+                    runs: Arc<AtomicUsize>,
+                    release: Arc<tokio::sync::Notify>,
+                }
+                impl idem_webhooks::WebhookHandler for Slow {
+                    fn handle<'a>(&'a self, r: &'a idem_core::Receipt)
+                        -> idem_core::BoxFuture<'a, Result<(), idem_webhooks::HandleError>> {
+                        Box::pin(async move {
+                            if r.receipt.body.windows(5).any(|w| w == b"panic") {
+                                panic!("a handler bug");
+                            }
+                            self.runs.fetch_add(1, Ordering::SeqCst);
+                            self.release.notified().await;
+                            Ok(())
+                        })
+                    }
+                }
+                let runs = Arc::new(AtomicUsize::new(0));
+                let release = Arc::new(tokio::sync::Notify::new());
+                let config = idem_webhooks::ProcessorConfig {
+                    lease: Duration::from_millis(300),
+                    poll_interval: Duration::from_millis(20),
+                    ..Default::default()
+                };
+                let processor = idem_webhooks::Processor::new(store.clone(), config)
+                    .handler("stripe", Slow { runs: runs.clone(), release: release.clone() });
+                let worker = tokio::spawn(async move {
+                    processor.run(Duration::from_secs(3600), std::future::pending()).await
+                });
+                let now = now_s();
+                for body in [r#"{"id":"evt_slow"}"#, r#"{"id":"evt_panic"}"#] {
+                    let r = deliver(rig.addr, "stripe", &sign::stripe("whsec_stripe", now, body), body).await;
+                    assert_eq!(r.status, 202);
+                }
+                crate::messaging::eventually(Duration::from_secs(10), "the slow run started", || async {
+                    runs.load(Ordering::SeqCst) == 1
+                }).await;
+                crate::messaging::eventually(Duration::from_secs(10), "the panic is recorded as a failed run", || async {
+                    let r = store.get_receipt("stripe", "evt_panic").await.unwrap().unwrap();
+                    r.state == ReceiptState::Failed && r.last_error.as_deref() == Some("the handler panicked")
+                }).await;
+                // Well past the lease: the loop claims the slow receipt again
+                // while it still runs, and must not start it a second time.
+                tokio::time::sleep(Duration::from_millis(1000)).await;
+                assert_eq!(runs.load(Ordering::SeqCst), 1, "one run at a time in this process");
+                release.notify_one();
+                crate::messaging::eventually(Duration::from_secs(10), "the slow run is recorded", || async {
+                    rig.state("stripe", "evt_slow").await == ReceiptState::Processed
+                }).await;
+                assert_eq!(runs.load(Ordering::SeqCst), 1);
+                worker.abort();
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
