@@ -235,7 +235,15 @@ pub fn receipt_json(r: &Receipt, body: bool) -> Value {
         "finished_at": r.finished_at_ms.map(crate::demo::rfc3339),
     });
     if body {
-        v["headers"] = json!(r.receipt.headers);
+        // Receipts stored before signatures were filtered out on receipt
+        // still hold them: never show them.
+        let headers: Vec<&(String, String)> = r
+            .receipt
+            .headers
+            .iter()
+            .filter(|(n, _)| !idem_webhooks::is_secret_header(n))
+            .collect();
+        v["headers"] = json!(headers);
         v["body"] = match std::str::from_utf8(&r.receipt.body) {
             Ok(s) => json!(s),
             Err(_) => json!(null),

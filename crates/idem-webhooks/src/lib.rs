@@ -9,9 +9,11 @@
 //!    constant time, against every secret of the endpoint (rotation), with the
 //!    timestamp tolerance in both directions; an empty or truncated signature
 //!    never verifies (401, nothing stored);
-//! 3. **dedupe key** — `(endpoint, delivery id)`;
+//! 3. **dedupe key** — `(endpoint, delivery id)`, and for GitHub and Shopify
+//!    also `(endpoint, body SHA-256)` (see *Content dedupe*);
 //! 4. **persist** — [`Receiver::receive`] stores the receipt (raw headers minus
-//!    credentials, raw body) and its inbox record in one transaction;
+//!    credentials and signatures, raw body) and its inbox record in one
+//!    transaction;
 //! 5. **answer fast** — 202 for a new delivery, 200 for a duplicate.
 //!
 //! Then [`Processor`] workers claim receipts — one at a time per entity —,
@@ -64,6 +66,26 @@
 //! control character (a JSON `\u0000`, say) counts as absent, so the fallback
 //! applies; the same holds for the configured `entity_id`.
 //!
+//! ## Content dedupe (GitHub, Shopify)
+//!
+//! GitHub's and Shopify's signatures cover the body only: the delivery id
+//! header is not signed and there is no signed timestamp, so whoever captured
+//! one delivery could resend it under any number of new ids, each looking new.
+//! For these two schemes a receipt is therefore also deduplicated on its
+//! content — `(endpoint, SHA-256 of the raw body)` — for as long as the first
+//! receipt is kept (`retention_hours`): a resend is answered `200` duplicate
+//! and has no effect, so holding one delivery cannot multiply its effect.
+//!
+//! The limit: two genuinely different deliveries with byte-identical bodies
+//! on one endpoint (the same event sent by a repository hook and by an
+//! organisation hook, say) are treated as one. Stripe, Standard Webhooks and
+//! Slack sign the id (or carry it in the signed body) together with a
+//! timestamp and are deduplicated on the id only.
+//!
+//! Signature headers (`x-hub-signature*`, `stripe-signature`,
+//! `webhook-signature`, `x-shopify-hmac-sha256`, `x-slack-signature`) and
+//! credentials are never stored with a receipt ([`is_secret_header`]).
+//!
 //! ## Order awareness
 //!
 //! An endpoint may name an entity and its version with JSON pointers
@@ -81,6 +103,6 @@ pub use forward::{Forward, idempotency_key};
 pub use processor::{HandleError, Processor, ProcessorConfig, Round, WebhookHandler};
 pub use receiver::{
     ConfigError, Counters, Endpoint, EndpointConfig, MAX_BODY_LIMIT, MAX_DELIVERY_ID_BYTES,
-    ReceiveError, Received, Receiver, bounded_delivery_id,
+    ReceiveError, Received, Receiver, bounded_delivery_id, is_secret_header,
 };
 pub use scheme::{Scheme, Secret, SecretError, Verified, Verifier, VerifyError};

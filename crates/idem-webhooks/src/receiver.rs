@@ -317,8 +317,43 @@ pub enum ReceiveError {
     Store(#[from] StoreError),
 }
 
-/// Request headers never stored with a receipt.
-const CREDENTIALS: &[&str] = &["authorization", "cookie", "proxy-authorization"];
+/// Request headers never stored with a receipt, nor shown: credentials, and
+/// the providers' signatures (with the body, a signature is a delivery anyone
+/// could send again).
+const SECRET_HEADERS: &[&str] = &[
+    "authorization",
+    "cookie",
+    "proxy-authorization",
+    "stripe-signature",
+    "webhook-signature",
+    "x-shopify-hmac-sha256",
+    "x-slack-signature",
+];
+
+/// Whether a request header is a credential or a signature: never stored
+/// with a receipt, and left out when showing receipts stored before this
+/// rule (`x-hub-signature*`, `stripe-signature`, `webhook-signature`,
+/// `x-shopify-hmac-sha256`, `x-slack-signature`, `authorization`, `cookie`,
+/// `proxy-authorization`).
+pub fn is_secret_header(name: &str) -> bool {
+    let prefix = "x-hub-signature";
+    name.get(..prefix.len())
+        .is_some_and(|p| p.eq_ignore_ascii_case(prefix))
+        || SECRET_HEADERS.iter().any(|h| h.eq_ignore_ascii_case(name))
+}
+
+/// Whether a scheme's deliveries are also deduplicated on their content:
+/// those whose delivery id is not covered by the signature and that have no
+/// signed timestamp, so a captured delivery could otherwise be resent under
+/// any number of new ids.
+fn dedupes_on_content(scheme: Scheme) -> bool {
+    match scheme {
+        Scheme::Github | Scheme::Shopify => true,
+        // The id is signed (Standard Webhooks' webhook-id; Stripe's and
+        // Slack's ids are in the signed body), and so is a timestamp.
+        Scheme::Stripe | Scheme::Standard | Scheme::Slack => false,
+    }
+}
 
 /// Takes deliveries for a set of endpoints.
 #[derive(Debug)]
@@ -412,7 +447,7 @@ impl<S: WebhookStore, C: Clock> Receiver<S, C> {
             event_type: verified.event_type.as_deref().and_then(short_text),
             headers: headers
                 .iter()
-                .filter(|(n, _)| !CREDENTIALS.contains(&n.as_str()))
+                .filter(|(n, _)| !is_secret_header(n.as_str()))
                 .map(|(n, v)| {
                     (
                         n.as_str().to_owned(),
@@ -423,7 +458,8 @@ impl<S: WebhookStore, C: Clock> Receiver<S, C> {
             body: body.to_vec(),
             entity_id,
             entity_version,
-            content_sha256: None,
+            content_sha256: dedupes_on_content(endpoint.verifier.scheme())
+                .then(|| Sha256::digest(body).into()),
         };
         let retention = i64::try_from(endpoint.retention.as_millis()).unwrap_or(i64::MAX);
         match self
@@ -667,6 +703,26 @@ mod tests {
         assert_eq!(limiter.admit(clock.now_ms()), Some(1999));
         // A clock that went backwards does not silence the log.
         assert_eq!(limiter.admit(clock.now_ms() - 60_000), Some(0));
+    }
+
+    #[test]
+    fn signature_and_credential_headers_are_secret() {
+        for h in [
+            "x-hub-signature",
+            "x-hub-signature-256",
+            "X-Hub-Signature-256",
+            "stripe-signature",
+            "webhook-signature",
+            "x-shopify-hmac-sha256",
+            "x-slack-signature",
+            "authorization",
+            "Cookie",
+        ] {
+            assert!(is_secret_header(h), "{h}");
+        }
+        for h in ["content-type", "x-github-delivery", "webhook-id", "x-hub"] {
+            assert!(!is_secret_header(h), "{h}");
+        }
     }
 
     #[test]
