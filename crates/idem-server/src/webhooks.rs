@@ -253,6 +253,59 @@ pub fn receipt_json(r: &Receipt, body: bool) -> Value {
     v
 }
 
+/// The stored delivery ids an operator may mean by `given`, in the order
+/// tried: as given, then without a leading `<endpoint>:` — the form the
+/// upstream sees in `Idempotency-Key` (`github:4242:72d3…`). Each is mapped as
+/// the receiver maps ids (over 255 bytes: `sha256:<hex>`). Input no stored
+/// receipt can match (an invalid endpoint name, a control character) gives
+/// none, so it never reaches the database.
+fn delivery_forms(endpoint: &str, given: &str) -> Vec<String> {
+    if !Endpoint::valid_name(endpoint) || given.is_empty() || given.chars().any(char::is_control) {
+        return Vec::new();
+    }
+    let mut forms = vec![idem_webhooks::bounded_delivery_id(given).into_owned()];
+    if let Some(rest) = given
+        .strip_prefix(endpoint)
+        .and_then(|r| r.strip_prefix(':'))
+        .filter(|r| !r.is_empty())
+    {
+        forms.push(idem_webhooks::bounded_delivery_id(rest).into_owned());
+    }
+    forms
+}
+
+/// One receipt, by its delivery id in any form [`delivery_forms`] accepts.
+pub async fn find_receipt<S: WebhookStore>(
+    store: &S,
+    endpoint: &str,
+    delivery: &str,
+) -> Result<Option<Receipt>, idem_core::StoreError> {
+    for id in delivery_forms(endpoint, delivery) {
+        if let Some(r) = store.get_receipt(endpoint, &id).await? {
+            return Ok(Some(r));
+        }
+    }
+    Ok(None)
+}
+
+/// An operator's replay of a delivery named in any form [`delivery_forms`]
+/// accepts; the stored delivery id (or `delivery` when none matched) and what
+/// the replay did.
+pub async fn replay_receipt<S: WebhookStore>(
+    store: &S,
+    endpoint: &str,
+    delivery: &str,
+    now_ms: i64,
+) -> Result<(String, Replay), idem_core::StoreError> {
+    for id in delivery_forms(endpoint, delivery) {
+        match store.replay_receipt(endpoint, &id, now_ms).await? {
+            Replay::NotFound => {}
+            outcome => return Ok((id, outcome)),
+        }
+    }
+    Ok((delivery.to_owned(), Replay::NotFound))
+}
+
 /// What a replay did, as JSON.
 pub fn replay_json(endpoint: &str, delivery: &str, outcome: Replay) -> (StatusCode, Value) {
     let (status, result, message) = match outcome {
@@ -320,6 +373,12 @@ pub fn admin_router<S: WebhookStore>(store: S, receiver: Arc<Receiver<S>>) -> Ro
             Some(s) => s,
             None => None,
         };
+        if q.endpoint
+            .as_deref()
+            .is_some_and(|e| !Endpoint::valid_name(e))
+        {
+            return bad_query("endpoint must be 1 to 64 characters of [A-Za-z0-9_-]");
+        }
         let limit = q.limit.unwrap_or(100).clamp(1, 1000);
         match store
             .list_receipts(q.endpoint.as_deref(), state, limit)
@@ -338,7 +397,7 @@ pub fn admin_router<S: WebhookStore>(store: S, receiver: Arc<Receiver<S>>) -> Ro
         State((store, _)): State<St<S>>,
         Query(q): Query<OneQuery>,
     ) -> Response {
-        match store.get_receipt(&q.endpoint, &q.delivery).await {
+        match find_receipt(&store, &q.endpoint, &q.delivery).await {
             Ok(Some(r)) => json_response(StatusCode::OK, &receipt_json(&r, true), None, None),
             Ok(None) => problem(StatusCode::NOT_FOUND, "not-found", "No such delivery", None),
             Err(e) => db_error(e),
@@ -349,9 +408,9 @@ pub fn admin_router<S: WebhookStore>(store: S, receiver: Arc<Receiver<S>>) -> Ro
         Query(q): Query<OneQuery>,
     ) -> Response {
         let now = idem_core::Clock::now_ms(&idem_core::SystemClock);
-        match store.replay_receipt(&q.endpoint, &q.delivery, now).await {
-            Ok(outcome) => {
-                let (status, body) = replay_json(&q.endpoint, &q.delivery, outcome);
+        match replay_receipt(&store, &q.endpoint, &q.delivery, now).await {
+            Ok((delivery, outcome)) => {
+                let (status, body) = replay_json(&q.endpoint, &delivery, outcome);
                 json_response(status, &body, None, None)
             }
             Err(e) => db_error(e),
@@ -385,6 +444,33 @@ pub fn admin_router<S: WebhookStore>(store: S, receiver: Arc<Receiver<S>>) -> Ro
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn delivery_forms_accept_the_idempotency_key_form() {
+        assert_eq!(delivery_forms("github", "4242:abc"), ["4242:abc"]);
+        assert_eq!(
+            delivery_forms("github", "github:4242:abc"),
+            ["github:4242:abc", "4242:abc"],
+            "as given first: an id may itself start with the endpoint's name"
+        );
+        assert_eq!(delivery_forms("github", "github:"), ["github:"]);
+        let long = "x".repeat(300);
+        let hashed = idem_webhooks::bounded_delivery_id(&long).into_owned();
+        assert_eq!(
+            delivery_forms("github", &long),
+            std::slice::from_ref(&hashed)
+        );
+        assert_eq!(
+            delivery_forms("github", &format!("github:{long}")),
+            [
+                idem_webhooks::bounded_delivery_id(&format!("github:{long}")).into_owned(),
+                hashed
+            ]
+        );
+        assert!(delivery_forms("github", "a\0b").is_empty());
+        assert!(delivery_forms("git\0hub", "a").is_empty());
+        assert!(delivery_forms("github", "").is_empty());
+    }
 
     #[test]
     fn configuration_errors_name_the_setting() {

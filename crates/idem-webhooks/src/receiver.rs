@@ -109,6 +109,16 @@ fn short_text(s: &str) -> Option<String> {
 }
 
 impl Endpoint {
+    /// Whether `name` may name an endpoint: 1 to 64 characters of
+    /// `[A-Za-z0-9_-]`.
+    pub fn valid_name(name: &str) -> bool {
+        !name.is_empty()
+            && name.len() <= 64
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    }
+
     /// Validates one endpoint's settings.
     pub fn from_config(name: &str, c: EndpointConfig) -> Result<Self, ConfigError> {
         let err = |field, detail: String| ConfigError {
@@ -116,12 +126,7 @@ impl Endpoint {
             field,
             detail,
         };
-        if name.is_empty()
-            || name.len() > 64
-            || !name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-        {
+        if !Self::valid_name(name) {
             return Err(err("name", "1 to 64 characters of [A-Za-z0-9_-]".into()));
         }
         let mut secrets = c.secrets;

@@ -840,21 +840,40 @@ macro_rules! webhook_suite {
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 let round = processor.run_once().await.unwrap();
                 assert_eq!(round.dead, 1, "the second failure is the last");
-                let replay = |path: &'static str| async move {
+                let replay = |delivery: &'static str| async move {
                     let mut s = TcpStream::connect(addr).await.unwrap();
-                    let req = format!("POST {path}?endpoint=github&delivery=4242%3Ar1 HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: 0\r\n\r\n");
+                    let req = format!("POST /admin/webhooks/replay?endpoint=github&delivery={delivery} HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: 0\r\n\r\n");
                     s.write_all(req.as_bytes()).await.unwrap();
                     let mut raw = String::new();
                     s.read_to_string(&mut raw).await.unwrap();
                     raw
                 };
+                let show = |delivery: &'static str| async move {
+                    let r = crate::call(addr, "GET", &format!("/admin/webhooks/receipt?endpoint=github&delivery={delivery}"), None, "").await;
+                    assert_eq!(r.status, 200, "{delivery}");
+                    let v = r.json();
+                    (v["state"].as_str().unwrap().to_owned(), v["attempts"].as_u64().unwrap(), v["finished_at"].is_string())
+                };
+                assert_eq!(show("4242%3Ar1").await, ("dead".into(), 2, true), "two runs; dead is finished");
                 up.store(true, Ordering::SeqCst);
-                let r = replay("/admin/webhooks/replay").await;
-                assert!(r.starts_with("HTTP/1.1 202") && r.contains("\"requeued\""), "{r}");
+                // The form the upstream saw in Idempotency-Key works too.
+                let r = replay("github%3A4242%3Ar1").await;
+                assert!(r.starts_with("HTTP/1.1 202") && r.contains("\"requeued\"") && r.contains("\"delivery_id\":\"4242:r1\""), "{r}");
+                assert_eq!(show("github%3A4242%3Ar1").await, ("received".into(), 0, false), "a replay starts afresh");
                 assert_eq!(processor.run_once().await.unwrap().processed, 1);
-                let r = replay("/admin/webhooks/replay").await;
+                assert_eq!(show("4242%3Ar1").await, ("processed".into(), 1, true), "the successful run counts");
+                let r = replay("4242%3Ar1").await;
                 assert!(r.starts_with("HTTP/1.1 200") && r.contains("\"no_op\"") && r.contains("processed"), "{r}");
                 assert_eq!(processor.run_once().await.unwrap().claimed, 0, "a processed delivery is not run again");
+                // Input no stored id can hold is "not found", never a database error.
+                let r = crate::call(addr, "GET", "/admin/webhooks/receipt?endpoint=github&delivery=a%00b", None, "").await;
+                assert_eq!(r.status, 404);
+                let r = replay("a%00b").await;
+                assert!(r.starts_with("HTTP/1.1 404"), "{r}");
+                let r = crate::call(addr, "GET", "/admin/webhooks/receipt?endpoint=git%00hub&delivery=x", None, "").await;
+                assert_eq!(r.status, 404);
+                let r = crate::call(addr, "GET", "/admin/webhooks?endpoint=git%00hub", None, "").await;
+                assert_eq!(r.status, 400);
             }
         }
     };
@@ -941,6 +960,12 @@ async fn worker_killed_between_forward_and_bookkeeping(db_url: &str) {
         1,
         "forwarded twice, applied once"
     );
+    let shown = show(db_url.to_owned());
+    assert_eq!(
+        (&shown["attempts"], shown["finished_at"].is_string()),
+        (&serde_json::json!(1), true),
+        "one recorded run (the aborted one was never recorded)"
+    );
     let listed = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
         .args([
             "webhooks",
@@ -953,18 +978,29 @@ async fn worker_killed_between_forward_and_bookkeeping(db_url: &str) {
         .output()
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&listed.stdout).lines().count(), 1);
-    let replay = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
-        .args([
-            "webhooks",
-            "replay",
-            "github",
-            "4242:k1",
-            "--database-url",
-            db_url,
-        ])
-        .output()
-        .unwrap();
-    assert!(String::from_utf8_lossy(&replay.stdout).contains("\"no_op\""));
+    // The delivery as the upstream saw it in Idempotency-Key: `github:4242:k1`.
+    for id in ["4242:k1", "github:4242:k1"] {
+        let replay = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+            .args(["webhooks", "replay", "github", id, "--database-url", db_url])
+            .output()
+            .unwrap();
+        let out = String::from_utf8_lossy(&replay.stdout);
+        assert!(
+            out.contains("\"no_op\"") && out.contains("\"delivery_id\":\"4242:k1\""),
+            "{id}: {out}"
+        );
+        let show = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+            .args(["webhooks", "show", "github", id, "--database-url", db_url])
+            .output()
+            .unwrap();
+        assert!(
+            show.status.success(),
+            "{id}: {}",
+            String::from_utf8_lossy(&show.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&show.stdout).unwrap();
+        assert_eq!(v["delivery_id"], "4242:k1");
+    }
     println!(
         "webhook worker drill: forwarded, aborted before bookkeeping, forwarded again after restart; upstream payments=1"
     );
@@ -988,4 +1024,41 @@ async fn kill9_webhook_worker_after_forward_on_sqlite() {
 async fn kill9_webhook_worker_after_forward_on_postgres() {
     let db = idem_testkit::PgDatabase::create("idem_whk").await;
     worker_killed_between_forward_and_bookkeeping(&db.url).await;
+}
+
+/// A configuration file without endpoints starts, and says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhook_config_without_endpoints_warns() {
+    for (name, text) in [
+        ("empty", ""),
+        ("worker-only", "[worker]\nlease_secs = 30\n"),
+    ] {
+        let dir = idem_testkit::TempDir::new("whempty");
+        let file = dir.path().join("idem.toml");
+        std::fs::write(&file, text).unwrap();
+        let log = dir.path().join("stderr.log");
+        let addr: SocketAddr = format!("127.0.0.1:{}", crate::process::free_port())
+            .parse()
+            .unwrap();
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+            .args(["serve", "--listen", &addr.to_string(), "--database-url"])
+            .arg(dir.sqlite_url())
+            .arg("--config")
+            .arg(&file)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        crate::messaging::eventually(Duration::from_secs(30), "idem serve is up", || async {
+            try_health(addr).await == Some(200)
+        })
+        .await;
+        let _ = child.kill();
+        let _ = child.wait();
+        let stderr = std::fs::read_to_string(&log).unwrap();
+        assert!(
+            stderr.contains("WARN") && stderr.contains("no webhook endpoints are configured"),
+            "{name}: {stderr}"
+        );
+    }
 }
