@@ -437,9 +437,12 @@ impl<S: WebhookStore, C: Clock> Receiver<S, C> {
             Ok(v) => v,
             Err(e) => {
                 counters.rejected_signature.fetch_add(1, Ordering::Relaxed);
-                if let Some(suppressed) = rejections.admit(now_ms) {
-                    tracing::warn!(endpoint = name, reason = %e, suppressed,
-                                   "webhook signature rejected (suppressed: rejections not logged since the last line)");
+                // At most one line per 10 s per endpoint; the count of the
+                // rejections not logged since the previous line rides along.
+                if let Some(not_logged) = rejections.admit(now_ms) {
+                    tracing::warn!(endpoint = name, reason = %e,
+                                   suppressed_since_last_line = not_logged,
+                                   "webhook signature rejected");
                 }
                 return Err(e.into());
             }
