@@ -8,7 +8,9 @@
 //! 2. **verify** — [`Verifier`] checks the signature over the *raw* bytes, in
 //!    constant time, against every secret of the endpoint (rotation), with the
 //!    timestamp tolerance in both directions; an empty or truncated signature
-//!    never verifies (401, nothing stored);
+//!    never verifies (401, nothing stored). Tell the sender only that it
+//!    failed: [`ReceiveError::Signature`] holds the reason for your log, and
+//!    the receiver logs it at most once per endpoint every 10 s;
 //! 3. **dedupe key** — `(endpoint, delivery id)`, and for GitHub and Shopify
 //!    also `(endpoint, body SHA-256)` (see *Content dedupe*);
 //! 4. **persist** — [`Receiver::receive`] stores the receipt (raw headers minus
@@ -16,14 +18,23 @@
 //!    transaction;
 //! 5. **answer fast** — 202 for a new delivery, 200 for a duplicate.
 //!
-//! Then [`Processor`] workers claim receipts — one at a time per entity —,
-//! skip the stale ones, and run the endpoint's [`WebhookHandler`]: your Rust
-//! code, or [`Forward`], which POSTs the body to an upstream with
+//! Then a [`Processor`] claims receipts — one claim loop per endpoint, up to
+//! [`ProcessorConfig::concurrency`] receipts of an endpoint in flight and
+//! the next claimed as soon as one finishes, one at a time per entity —,
+//! skips the stale ones, and runs the endpoint's [`WebhookHandler`]: your
+//! Rust code, or [`Forward`], which POSTs the body to an upstream with
 //! `Idempotency-Key` set to [`idempotency_key`], so a service in any language
 //! (one on Idem's HTTP layer, say) applies each delivery once even when a
-//! worker forwards it twice. Failures retry with backoff and end `dead`; an
-//! operator can replay a failed or dead receipt; a processed one is never run
-//! again.
+//! worker forwards it twice. A forward — connect, answer, error body — is
+//! bounded by the endpoint's `forward_timeout_secs`, so a stalled upstream
+//! holds its own endpoint's slots and never another endpoint's. Failures
+//! retry with backoff and end `dead`; an operator can replay a failed or dead
+//! receipt; a processed one is never run again. A receipt's `attempts`
+//! counts handler runs (the successful one included) and `finished_at` is set
+//! once it is processed, stale or dead; a replay resets both. A processor
+//! claims only the endpoints it has a handler for: other endpoints' receipts
+//! wait, `received`, for a process that has one (or for their retention to
+//! end).
 //!
 //! ```
 //! use std::time::Duration;
