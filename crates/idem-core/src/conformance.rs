@@ -724,6 +724,7 @@ fn receipt(endpoint: &str, delivery: &str, entity: Option<(&str, i64)>) -> NewRe
         body: format!(r#"{{"delivery":"{delivery}"}}"#).into_bytes(),
         entity_id: entity.map(|(e, _)| e.to_owned()),
         entity_version: entity.map(|(_, v)| v),
+        content_sha256: None,
     }
 }
 
@@ -784,18 +785,21 @@ pub async fn webhook_claims_keep_entity_order<S: WebhookStore>(store: S) {
             .map(|r| format!("{}/{}", r.receipt.endpoint, r.receipt.delivery_id))
             .collect::<Vec<_>>()
     };
-    let first = store.claim_receipts(NOW, LEASE, 10).await.unwrap();
+    let first = store.claim_receipts("gh", NOW, LEASE, 10).await.unwrap();
     assert_eq!(
         ids(&first),
-        ["gh/a-v2", "gh/b-v1", "gh/plain", "other/a-v1"]
+        ["gh/a-v2", "gh/b-v1", "gh/plain"],
+        "one endpoint's receipts only"
     );
-    assert!(
-        store
-            .claim_receipts(NOW, LEASE, 10)
-            .await
-            .unwrap()
-            .is_empty(),
+    assert_eq!(
+        ids(&store.claim_receipts("gh", NOW, LEASE, 10).await.unwrap()),
+        Vec::<String>::new(),
         "leased"
+    );
+    assert_eq!(
+        ids(&store.claim_receipts("other", NOW, LEASE, 10).await.unwrap()),
+        ["other/a-v1"],
+        "endpoints are claimed separately; the same entity id elsewhere is another entity"
     );
     assert_eq!(store.newest_version("gh", "A").await.unwrap(), None);
     store
@@ -808,7 +812,7 @@ pub async fn webhook_claims_keep_entity_order<S: WebhookStore>(store: S) {
         None,
         "per endpoint"
     );
-    let next = store.claim_receipts(NOW, LEASE, 10).await.unwrap();
+    let next = store.claim_receipts("gh", NOW, LEASE, 10).await.unwrap();
     assert_eq!(
         ids(&next),
         ["gh/a-v1"],
@@ -825,15 +829,30 @@ pub async fn webhook_claims_keep_entity_order<S: WebhookStore>(store: S) {
     );
     let stale = store.get_receipt("gh", "a-v1").await.unwrap().unwrap();
     assert_eq!(
-        (stale.state, stale.finished_at_ms),
-        (ReceiptState::Stale, Some(NOW + 2))
+        (stale.state, stale.finished_at_ms, stale.attempts),
+        (ReceiptState::Stale, Some(NOW + 2), 0),
+        "a stale receipt is finished without a handler run"
+    );
+    let processed = store.get_receipt("gh", "a-v2").await.unwrap().unwrap();
+    assert_eq!(
+        (
+            processed.state,
+            processed.finished_at_ms,
+            processed.attempts
+        ),
+        (ReceiptState::Processed, Some(NOW + 1), 1),
+        "the successful run counts"
     );
     let end = NOW + LEASE.as_millis() as i64;
-    let back = store.claim_receipts(end, LEASE, 10).await.unwrap();
+    let back = store.claim_receipts("gh", end, LEASE, 10).await.unwrap();
     assert_eq!(
         ids(&back),
-        ["gh/b-v1", "gh/plain", "other/a-v1"],
+        ["gh/b-v1", "gh/plain"],
         "expired leases come back"
+    );
+    assert_eq!(
+        ids(&store.claim_receipts("other", end, LEASE, 1).await.unwrap()),
+        ["other/a-v1"]
     );
 }
 
@@ -845,7 +864,7 @@ pub async fn webhook_failures_replay_and_gc<S: WebhookStore>(store: S) {
         .await
         .unwrap();
     let r = store
-        .claim_receipts(NOW, LEASE, 10)
+        .claim_receipts("gh", NOW, LEASE, 10)
         .await
         .unwrap()
         .remove(0);
@@ -856,13 +875,19 @@ pub async fn webhook_failures_replay_and_gc<S: WebhookStore>(store: S) {
     store.finish(r.id, &retry, NOW).await.unwrap();
     assert!(
         store
-            .claim_receipts(NOW + 999, LEASE, 10)
+            .claim_receipts("gh", NOW + 999, LEASE, 10)
             .await
             .unwrap()
             .is_empty()
     );
+    let failed = store.get_receipt("gh", "r").await.unwrap().unwrap();
+    assert_eq!(
+        (failed.attempts, failed.finished_at_ms),
+        (1, None),
+        "a retry is not finished"
+    );
     let again = store
-        .claim_receipts(NOW + 1_000, LEASE, 10)
+        .claim_receipts("gh", NOW + 1_000, LEASE, 10)
         .await
         .unwrap()
         .remove(0);
@@ -874,12 +899,16 @@ pub async fn webhook_failures_replay_and_gc<S: WebhookStore>(store: S) {
             &Finish::Dead {
                 error: "upstream 400".into(),
             },
-            NOW,
+            NOW + 1_001,
         )
         .await
         .unwrap();
     let dead = store.get_receipt("gh", "r").await.unwrap().unwrap();
-    assert_eq!((dead.state, dead.attempts), (ReceiptState::Dead, 2));
+    assert_eq!(
+        (dead.state, dead.attempts, dead.finished_at_ms),
+        (ReceiptState::Dead, 2, Some(NOW + 1_001)),
+        "a dead receipt is finished"
+    );
     assert_eq!(
         store
             .list_receipts(Some("gh"), Some(ReceiptState::Dead), 10)
@@ -890,7 +919,7 @@ pub async fn webhook_failures_replay_and_gc<S: WebhookStore>(store: S) {
     );
     assert!(
         store
-            .claim_receipts(NOW + 5_000, LEASE, 10)
+            .claim_receipts("gh", NOW + 5_000, LEASE, 10)
             .await
             .unwrap()
             .is_empty(),
@@ -905,13 +934,14 @@ pub async fn webhook_failures_replay_and_gc<S: WebhookStore>(store: S) {
         Replay::AlreadyQueued
     );
     let requeued = store
-        .claim_receipts(NOW + 5_000, LEASE, 10)
+        .claim_receipts("gh", NOW + 5_000, LEASE, 10)
         .await
         .unwrap()
         .remove(0);
     assert_eq!(
-        (requeued.state, requeued.attempts),
-        (ReceiptState::Received, 0)
+        (requeued.state, requeued.attempts, requeued.finished_at_ms),
+        (ReceiptState::Received, 0, None),
+        "a replay starts afresh"
     );
     store
         .finish(requeued.id, &Finish::Processed, NOW + 5_001)
@@ -948,4 +978,104 @@ pub async fn webhook_failures_replay_and_gc<S: WebhookStore>(store: S) {
     );
     assert!(store.get_receipt("gh", "r").await.unwrap().is_none());
     assert!(store.get_receipt("gh", "young").await.unwrap().is_some());
+}
+
+fn sha256(body: &[u8]) -> [u8; 32] {
+    use sha2::Digest;
+    sha2::Sha256::digest(body).into()
+}
+
+/// A receipt with a content hash is a duplicate of a stored receipt with the
+/// same endpoint and hash, whatever its delivery id (a captured delivery
+/// resent under a new id): nothing stored, no inbox record. Concurrent resends
+/// store one. Another endpoint, or a receipt without a hash, is not affected;
+/// once the first receipt is purged the content is new again.
+pub async fn webhook_content_dedupe<S: WebhookStore + InboxStore>(store: S) {
+    let body = br#"{"action":"opened","number":7}"#;
+    let hashed = |endpoint: &str, delivery: &str| NewReceipt {
+        body: body.to_vec(),
+        content_sha256: Some(sha256(body)),
+        ..receipt(endpoint, delivery, None)
+    };
+    assert_eq!(
+        store
+            .accept(&hashed("gh", "d-1"), NOW, NOW + 1_000)
+            .await
+            .unwrap(),
+        Accepted::New
+    );
+    assert_eq!(
+        store
+            .accept(&hashed("gh", "d-2"), NOW + 1, NOW + 1_001)
+            .await
+            .unwrap(),
+        Accepted::Duplicate,
+        "the same content under a new delivery id"
+    );
+    assert!(store.get_receipt("gh", "d-2").await.unwrap().is_none());
+    let inbox = Subscriber::new("webhook:gh").unwrap();
+    assert!(
+        !store
+            .seen(&inbox, &MessageId::new("d-2").unwrap())
+            .await
+            .unwrap(),
+        "no inbox record for the resend"
+    );
+    let stored = store.get_receipt("gh", "d-1").await.unwrap().unwrap();
+    assert_eq!(stored.receipt, hashed("gh", "d-1"), "the hash is stored");
+    assert_eq!(
+        store
+            .accept(&hashed("other", "d-2"), NOW, NOW + 1_000)
+            .await
+            .unwrap(),
+        Accepted::New,
+        "per endpoint"
+    );
+    for delivery in ["plain-1", "plain-2"] {
+        let plain = NewReceipt {
+            body: body.to_vec(),
+            ..receipt("gh", delivery, None)
+        };
+        assert_eq!(
+            store.accept(&plain, NOW, NOW + 1_000).await.unwrap(),
+            Accepted::New,
+            "without a hash, identical bodies are distinct deliveries"
+        );
+    }
+    // Resends racing each other: exactly one is stored.
+    let race_body = br#"{"action":"closed","number":8}"#;
+    let tasks: Vec<_> = (0..8)
+        .map(|i| {
+            let store = store.clone();
+            let r = NewReceipt {
+                body: race_body.to_vec(),
+                content_sha256: Some(sha256(race_body)),
+                ..receipt("gh", &format!("race-{i}"), None)
+            };
+            tokio::spawn(async move { store.accept(&r, NOW, NOW + 1_000).await.unwrap() })
+        })
+        .collect();
+    let mut new = 0;
+    for t in tasks {
+        if t.await.unwrap() == Accepted::New {
+            new += 1;
+        }
+    }
+    assert_eq!(new, 1, "concurrent resends: one stored");
+    assert_eq!(
+        store
+            .purge_expired_receipts(NOW + 1_000, 100)
+            .await
+            .unwrap(),
+        5,
+        "d-1, other/d-2, two plain ones and the race's winner"
+    );
+    assert_eq!(
+        store
+            .accept(&hashed("gh", "d-3"), NOW + 2_000, NOW + 3_000)
+            .await
+            .unwrap(),
+        Accepted::New,
+        "after the retention the content is new again"
+    );
 }

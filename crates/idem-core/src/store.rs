@@ -182,14 +182,18 @@ pub trait Wake: Send {
 /// endpoint — in one transaction before the receiver answers, and processed
 /// by workers afterwards.
 ///
-/// Implementations must make `(endpoint, delivery_id)` unique, lease claimed
-/// receipts so a crashed worker's come back, and never hand out a receipt
-/// while an earlier unfinished receipt of the same `(endpoint, entity_id)`
-/// exists, so one entity's deliveries are processed one at a time, in
-/// arrival order.
+/// Implementations must make `(endpoint, delivery_id)` unique, and
+/// `(endpoint, content_sha256)` among receipts that have a content hash,
+/// both enforced by the one insert of [`WebhookStore::accept`] (never a read
+/// before the write); lease claimed receipts so a crashed worker's come back;
+/// and never hand out a receipt while an earlier unfinished receipt of the
+/// same `(endpoint, entity_id)` exists, so one entity's deliveries are
+/// processed one at a time, in arrival order.
 pub trait WebhookStore: Clone + Send + Sync + 'static {
     /// Stores the receipt and its inbox record (subscriber `webhook:<endpoint>`)
-    /// in one transaction, unless the delivery was stored before.
+    /// in one transaction, unless the delivery was stored before: the same
+    /// delivery id, or — when the receipt has a content hash — the same
+    /// content, on the same endpoint.
     fn accept(
         &self,
         receipt: &NewReceipt,
@@ -197,10 +201,13 @@ pub trait WebhookStore: Clone + Send + Sync + 'static {
         expires_at_ms: i64,
     ) -> impl Future<Output = Result<Accepted, StoreError>> + Send;
 
-    /// Leases up to `limit` receipts that are due (received, or failed and
-    /// past their retry time), first of their entity, in arrival order.
+    /// Leases up to `limit` receipts of `endpoint` that are due (received, or
+    /// failed and past their retry time), first of their entity, in arrival
+    /// order. Endpoints are claimed separately so that one endpoint's backlog
+    /// or slow handler never holds up another's.
     fn claim_receipts(
         &self,
+        endpoint: &str,
         now_ms: i64,
         lease: std::time::Duration,
         limit: u32,
@@ -214,7 +221,9 @@ pub trait WebhookStore: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<Option<i64>, StoreError>> + Send;
 
     /// Records how a run ended (for `Processed`, moving the entity's newest
-    /// applied version up in the same transaction).
+    /// applied version up in the same transaction). `Processed`, `Retry` and
+    /// `Dead` count a handler run in `attempts`; `Processed`, `Stale` and
+    /// `Dead` set `finished_at_ms`.
     fn finish(
         &self,
         id: i64,
@@ -237,7 +246,8 @@ pub trait WebhookStore: Clone + Send + Sync + 'static {
         delivery_id: &str,
     ) -> impl Future<Output = Result<Option<Receipt>, StoreError>> + Send;
 
-    /// An operator's replay: a failed or dead receipt runs again; a finished
+    /// An operator's replay: a failed or dead receipt runs again, with
+    /// `attempts` back at 0 and no `finished_at_ms`; a processed or stale
     /// one is left alone.
     fn replay_receipt(
         &self,

@@ -66,6 +66,11 @@ pub struct NewReceipt {
     pub entity_id: Option<String>,
     /// Its version (a number, or a timestamp in unix ms).
     pub entity_version: Option<i64>,
+    /// The SHA-256 of the body, when the delivery is also deduplicated on its
+    /// content: for schemes whose delivery id is not covered by the signature
+    /// (GitHub, Shopify), a stored receipt with the same endpoint and content
+    /// hash makes this one a duplicate whatever its delivery id.
+    pub content_sha256: Option<[u8; 32]>,
 }
 
 /// A stored receipt.
@@ -77,13 +82,15 @@ pub struct Receipt {
     pub receipt: NewReceipt,
     /// Where it is.
     pub state: ReceiptState,
-    /// Failed handler runs so far.
+    /// Handler runs so far, the successful one included (a stale receipt
+    /// is not run). An operator's replay starts again from 0.
     pub attempts: u32,
     /// The last failure.
     pub last_error: Option<String>,
     /// When it arrived (unix ms).
     pub received_at_ms: i64,
-    /// When it was processed or found stale (unix ms).
+    /// When it was processed, found stale or became dead (unix ms); `None`
+    /// while it waits or retries, and again after an operator's replay.
     pub finished_at_ms: Option<i64>,
 }
 
@@ -150,6 +157,8 @@ pub struct ReceiptColumns {
     pub entity_id: Option<String>,
     /// `entity_version`.
     pub entity_version: Option<i64>,
+    /// `content_sha256`.
+    pub content_sha256: Option<Vec<u8>>,
     /// `state`.
     pub state: String,
     /// `attempts`.
@@ -181,6 +190,13 @@ impl ReceiptColumns {
                 body: self.body,
                 entity_id: self.entity_id,
                 entity_version: self.entity_version,
+                content_sha256: match self.content_sha256 {
+                    None => None,
+                    Some(h) => Some(
+                        <[u8; 32]>::try_from(h)
+                            .map_err(|_| corrupt("content_sha256 is not 32 bytes"))?,
+                    ),
+                },
             },
             last_error: self.last_error,
             received_at_ms: self.received_at_ms,
@@ -220,8 +236,26 @@ mod tests {
         assert!(bad.decode().unwrap_err().to_string().contains("state"));
         let bad = ReceiptColumns {
             attempts: -1,
-            ..good
+            ..good.clone()
         };
         assert!(bad.decode().unwrap_err().to_string().contains("attempts"));
+        let bad = ReceiptColumns {
+            content_sha256: Some(vec![1; 31]),
+            ..good.clone()
+        };
+        assert!(
+            bad.decode()
+                .unwrap_err()
+                .to_string()
+                .contains("content_sha256")
+        );
+        let hashed = ReceiptColumns {
+            content_sha256: Some(vec![7; 32]),
+            ..good
+        };
+        assert_eq!(
+            hashed.decode().unwrap().receipt.content_sha256,
+            Some([7; 32])
+        );
     }
 }

@@ -68,6 +68,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "idem_webhooks",
         sql: include_str!("../migrations/0004_idem_webhooks.sql"),
     },
+    Migration {
+        version: 5,
+        name: "idem_webhooks_hardening",
+        sql: include_str!("../migrations/0005_idem_webhooks_hardening.sql"),
+    },
 ];
 
 mod inbox;

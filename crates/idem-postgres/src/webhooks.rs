@@ -14,7 +14,7 @@ use crate::column;
 use crate::{PgStore, map_err};
 
 const COLUMNS: &str = "id, endpoint, delivery_id, event_type, headers, body, entity_id, \
-    entity_version, state, attempts, last_error, received_at_ms, finished_at_ms";
+    entity_version, content_sha256, state, attempts, last_error, received_at_ms, finished_at_ms";
 
 fn decode(row: &PgRow) -> Result<Receipt, StoreError> {
     ReceiptColumns {
@@ -26,6 +26,7 @@ fn decode(row: &PgRow) -> Result<Receipt, StoreError> {
         body: column(row, "body")?,
         entity_id: column(row, "entity_id")?,
         entity_version: column(row, "entity_version")?,
+        content_sha256: column(row, "content_sha256")?,
         state: column(row, "state")?,
         attempts: i64::from(column::<i32>(row, "attempts")?),
         last_error: column(row, "last_error")?,
@@ -47,9 +48,10 @@ impl WebhookStore for PgStore {
         let id: Option<i64> = sqlx::query_scalar(
             "WITH r AS (
                  INSERT INTO idem_webhook_receipts (endpoint, delivery_id, event_type, headers, body,
-                     entity_id, entity_version, received_at_ms, available_at_ms, expires_at_ms)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8, $9)
-                 ON CONFLICT (endpoint, delivery_id) DO NOTHING RETURNING id),
+                     entity_id, entity_version, received_at_ms, available_at_ms, expires_at_ms,
+                     content_sha256)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8, $9, $10)
+                 ON CONFLICT DO NOTHING RETURNING id),
              i AS (
                  INSERT INTO idem_inbox (subscriber_id, message_id, processed_at_ms, expires_at_ms)
                  SELECT 'webhook:' || $1::text, $2, $8, $9 FROM r ON CONFLICT DO NOTHING)
@@ -64,6 +66,7 @@ impl WebhookStore for PgStore {
         .bind(r.entity_version)
         .bind(now_ms)
         .bind(expires_at_ms)
+        .bind(r.content_sha256.as_ref().map(|h| &h[..]))
         .fetch_optional(self.pool())
         .await
         .map_err(map_err)?;
@@ -76,6 +79,7 @@ impl WebhookStore for PgStore {
 
     async fn claim_receipts(
         &self,
+        endpoint: &str,
         now_ms: i64,
         lease: Duration,
         limit: u32,
@@ -85,7 +89,8 @@ impl WebhookStore for PgStore {
             "UPDATE idem_webhook_receipts SET locked_until_ms = $1 + $2
              WHERE id = ANY(ARRAY(
                  SELECT r.id FROM idem_webhook_receipts r
-                 WHERE r.state IN ('received', 'failed') AND r.available_at_ms <= $1
+                 WHERE r.endpoint = $4 AND r.state IN ('received', 'failed')
+                   AND r.available_at_ms <= $1
                    AND (r.locked_until_ms IS NULL OR r.locked_until_ms <= $1)
                    AND NOT EXISTS (SELECT 1 FROM idem_webhook_receipts e
                                    WHERE e.state IN ('received', 'failed')
@@ -98,6 +103,7 @@ impl WebhookStore for PgStore {
         .bind(now_ms)
         .bind(lease_ms)
         .bind(i64::from(limit))
+        .bind(endpoint)
         .fetch_all(self.pool())
         .await
         .map_err(map_err)?;
@@ -124,8 +130,10 @@ impl WebhookStore for PgStore {
     async fn finish(&self, id: i64, outcome: &Finish, now_ms: i64) -> Result<(), StoreError> {
         let mut tx = self.begin().await?;
         let q = match outcome {
+            // A stale receipt was not handed to the handler: no attempt.
             Finish::Processed | Finish::Stale => sqlx::query(
                 "UPDATE idem_webhook_receipts SET state = $2, finished_at_ms = $3,
+                     attempts = attempts + CASE WHEN $2::text = 'processed' THEN 1 ELSE 0 END,
                      locked_until_ms = NULL, last_error = NULL
                  WHERE id = $1 AND state IN ('received', 'failed')
                  RETURNING endpoint, entity_id, entity_version, expires_at_ms",
@@ -144,12 +152,13 @@ impl WebhookStore for PgStore {
             .bind(at_ms),
             Finish::Dead { error } => sqlx::query(
                 "UPDATE idem_webhook_receipts SET state = 'dead', attempts = attempts + 1,
-                     last_error = $2, locked_until_ms = NULL
+                     last_error = $2, locked_until_ms = NULL, finished_at_ms = $3
                  WHERE id = $1 AND state IN ('received', 'failed')
                  RETURNING endpoint, NULL::text AS entity_id, NULL::bigint AS entity_version, expires_at_ms",
             )
             .bind(id)
-            .bind(error),
+            .bind(error)
+            .bind(now_ms),
         };
         let row = q.fetch_optional(&mut *tx).await.map_err(map_err)?;
         if let (Finish::Processed, Some(row)) = (outcome, row) {
@@ -221,7 +230,7 @@ impl WebhookStore for PgStore {
     ) -> Result<Replay, StoreError> {
         let requeued: Option<i64> = sqlx::query_scalar(
             "UPDATE idem_webhook_receipts SET state = 'received', attempts = 0,
-                 available_at_ms = $3, locked_until_ms = NULL
+                 available_at_ms = $3, locked_until_ms = NULL, finished_at_ms = NULL
              WHERE endpoint = $1 AND delivery_id = $2 AND state IN ('failed', 'dead')
              RETURNING id",
         )

@@ -710,9 +710,15 @@ fn start_webhooks<S: idem_core::WebhookStore>(
     shutdown: &watch::Receiver<bool>,
 ) -> Router {
     use idem_server::webhooks as w;
-    let Some(config) = config.filter(|c| !c.endpoints.is_empty()) else {
+    let Some(config) = config else {
         return Router::new();
     };
+    if config.endpoints.is_empty() {
+        tracing::warn!(
+            "--config: no webhook endpoints are configured (no [webhooks.<name>] table); no webhooks are received"
+        );
+        return Router::new();
+    }
     let receiver = Arc::new(idem_webhooks::Receiver::new(
         store.clone(),
         config.endpoints.clone(),
@@ -761,7 +767,7 @@ async fn webhooks_command<S: idem_core::WebhookStore>(
             endpoint,
             delivery_id,
             ..
-        } => match store.get_receipt(&endpoint, &delivery_id).await? {
+        } => match w::find_receipt(store, &endpoint, &delivery_id).await? {
             Some(r) => println!("{}", w::receipt_json(&r, true)),
             None => bail!("no delivery {delivery_id} on endpoint {endpoint}"),
         },
@@ -771,7 +777,8 @@ async fn webhooks_command<S: idem_core::WebhookStore>(
             ..
         } => {
             let now = idem_core::Clock::now_ms(&idem_core::SystemClock);
-            let outcome = store.replay_receipt(&endpoint, &delivery_id, now).await?;
+            let (delivery_id, outcome) =
+                w::replay_receipt(store, &endpoint, &delivery_id, now).await?;
             let (_, v) = w::replay_json(&endpoint, &delivery_id, outcome);
             println!("{v}");
             if outcome == idem_core::Replay::NotFound {

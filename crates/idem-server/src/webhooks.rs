@@ -43,6 +43,8 @@ struct WorkerConfig {
     max_attempts: Option<u32>,
     /// Sleep between idle rounds (default 500 ms, 10 ms to 60 s).
     poll_interval_ms: Option<u64>,
+    /// Deliveries of one endpoint forwarded at once (default 16, 1 to 256).
+    concurrency: Option<u32>,
 }
 
 /// Validated webhook settings.
@@ -106,19 +108,40 @@ pub fn parse(text: &str) -> anyhow::Result<WebhookConfig> {
             }
             worker.poll_interval = Duration::from_millis(ms);
         }
+        if let Some(n) = w.concurrency {
+            if !(1..=256).contains(&n) {
+                bail!("worker.concurrency: 1 to 256");
+            }
+            worker.concurrency = n;
+        }
+    }
+    // A forward still running when its lease ends would be forwarded again by
+    // another worker at the same time.
+    for e in &endpoints {
+        if e.forward_timeout >= worker.lease {
+            bail!(
+                "webhooks.{}.forward_timeout_secs: must be shorter than worker.lease_secs ({} s)",
+                e.name,
+                worker.lease.as_secs()
+            );
+        }
     }
     Ok(WebhookConfig { endpoints, worker })
 }
 
-/// The workers: each endpoint's deliveries forwarded to its `forward_to`.
+/// The workers: each endpoint's deliveries forwarded to its `forward_to`,
+/// each endpoint independently of the others.
 pub fn processor<S: WebhookStore>(store: S, config: &WebhookConfig) -> Processor<S> {
-    config.endpoints.iter().fold(
-        Processor::new(store, config.worker.clone()),
-        |p, e| match &e.forward_to {
-            Some(url) => p.handler(&e.name, Forward::new(url.clone())),
-            None => p,
-        },
-    )
+    config
+        .endpoints
+        .iter()
+        .fold(
+            Processor::new(store, config.worker.clone()),
+            |p, e| match Forward::for_endpoint(e) {
+                Some(forward) => p.handler(&e.name, forward),
+                None => p,
+            },
+        )
 }
 
 fn problem(status: StatusCode, slug: &str, title: &str, detail: Option<&str>) -> Response {
@@ -170,11 +193,14 @@ pub fn router<S: WebhookStore>(receiver: Arc<Receiver<S>>) -> Router {
                 None,
                 None,
             ),
-            Err(ReceiveError::Signature(e)) => problem(
+            // One answer for every forgery: which check failed, or by how
+            // much a timestamp missed, would help a forger. The receiver logs
+            // the reason (rate-limited).
+            Err(ReceiveError::Signature(_)) => problem(
                 StatusCode::UNAUTHORIZED,
                 "invalid-signature",
                 "The webhook signature did not verify",
-                Some(&e.to_string()),
+                None,
             ),
             Err(ReceiveError::TooLarge { .. }) => {
                 idem_http::Rejection::BodyTooLarge.into_response()
@@ -209,7 +235,15 @@ pub fn receipt_json(r: &Receipt, body: bool) -> Value {
         "finished_at": r.finished_at_ms.map(crate::demo::rfc3339),
     });
     if body {
-        v["headers"] = json!(r.receipt.headers);
+        // Receipts stored before signatures were filtered out on receipt
+        // still hold them: never show them.
+        let headers: Vec<&(String, String)> = r
+            .receipt
+            .headers
+            .iter()
+            .filter(|(n, _)| !idem_webhooks::is_secret_header(n))
+            .collect();
+        v["headers"] = json!(headers);
         v["body"] = match std::str::from_utf8(&r.receipt.body) {
             Ok(s) => json!(s),
             Err(_) => json!(null),
@@ -217,6 +251,59 @@ pub fn receipt_json(r: &Receipt, body: bool) -> Value {
         v["body_bytes"] = json!(r.receipt.body.len());
     }
     v
+}
+
+/// The stored delivery ids an operator may mean by `given`, in the order
+/// tried: as given, then without a leading `<endpoint>:` — the form the
+/// upstream sees in `Idempotency-Key` (`github:4242:72d3…`). Each is mapped as
+/// the receiver maps ids (over 255 bytes: `sha256:<hex>`). Input no stored
+/// receipt can match (an invalid endpoint name, a control character) gives
+/// none, so it never reaches the database.
+fn delivery_forms(endpoint: &str, given: &str) -> Vec<String> {
+    if !Endpoint::valid_name(endpoint) || given.is_empty() || given.chars().any(char::is_control) {
+        return Vec::new();
+    }
+    let mut forms = vec![idem_webhooks::bounded_delivery_id(given).into_owned()];
+    if let Some(rest) = given
+        .strip_prefix(endpoint)
+        .and_then(|r| r.strip_prefix(':'))
+        .filter(|r| !r.is_empty())
+    {
+        forms.push(idem_webhooks::bounded_delivery_id(rest).into_owned());
+    }
+    forms
+}
+
+/// One receipt, by its delivery id in any form [`delivery_forms`] accepts.
+pub async fn find_receipt<S: WebhookStore>(
+    store: &S,
+    endpoint: &str,
+    delivery: &str,
+) -> Result<Option<Receipt>, idem_core::StoreError> {
+    for id in delivery_forms(endpoint, delivery) {
+        if let Some(r) = store.get_receipt(endpoint, &id).await? {
+            return Ok(Some(r));
+        }
+    }
+    Ok(None)
+}
+
+/// An operator's replay of a delivery named in any form [`delivery_forms`]
+/// accepts; the stored delivery id (or `delivery` when none matched) and what
+/// the replay did.
+pub async fn replay_receipt<S: WebhookStore>(
+    store: &S,
+    endpoint: &str,
+    delivery: &str,
+    now_ms: i64,
+) -> Result<(String, Replay), idem_core::StoreError> {
+    for id in delivery_forms(endpoint, delivery) {
+        match store.replay_receipt(endpoint, &id, now_ms).await? {
+            Replay::NotFound => {}
+            outcome => return Ok((id, outcome)),
+        }
+    }
+    Ok((delivery.to_owned(), Replay::NotFound))
 }
 
 /// What a replay did, as JSON.
@@ -286,6 +373,12 @@ pub fn admin_router<S: WebhookStore>(store: S, receiver: Arc<Receiver<S>>) -> Ro
             Some(s) => s,
             None => None,
         };
+        if q.endpoint
+            .as_deref()
+            .is_some_and(|e| !Endpoint::valid_name(e))
+        {
+            return bad_query("endpoint must be 1 to 64 characters of [A-Za-z0-9_-]");
+        }
         let limit = q.limit.unwrap_or(100).clamp(1, 1000);
         match store
             .list_receipts(q.endpoint.as_deref(), state, limit)
@@ -304,7 +397,7 @@ pub fn admin_router<S: WebhookStore>(store: S, receiver: Arc<Receiver<S>>) -> Ro
         State((store, _)): State<St<S>>,
         Query(q): Query<OneQuery>,
     ) -> Response {
-        match store.get_receipt(&q.endpoint, &q.delivery).await {
+        match find_receipt(&store, &q.endpoint, &q.delivery).await {
             Ok(Some(r)) => json_response(StatusCode::OK, &receipt_json(&r, true), None, None),
             Ok(None) => problem(StatusCode::NOT_FOUND, "not-found", "No such delivery", None),
             Err(e) => db_error(e),
@@ -315,9 +408,9 @@ pub fn admin_router<S: WebhookStore>(store: S, receiver: Arc<Receiver<S>>) -> Ro
         Query(q): Query<OneQuery>,
     ) -> Response {
         let now = idem_core::Clock::now_ms(&idem_core::SystemClock);
-        match store.replay_receipt(&q.endpoint, &q.delivery, now).await {
-            Ok(outcome) => {
-                let (status, body) = replay_json(&q.endpoint, &q.delivery, outcome);
+        match replay_receipt(&store, &q.endpoint, &q.delivery, now).await {
+            Ok((delivery, outcome)) => {
+                let (status, body) = replay_json(&q.endpoint, &delivery, outcome);
                 json_response(status, &body, None, None)
             }
             Err(e) => db_error(e),
@@ -353,6 +446,33 @@ mod tests {
     use super::*;
 
     #[test]
+    fn delivery_forms_accept_the_idempotency_key_form() {
+        assert_eq!(delivery_forms("github", "4242:abc"), ["4242:abc"]);
+        assert_eq!(
+            delivery_forms("github", "github:4242:abc"),
+            ["github:4242:abc", "4242:abc"],
+            "as given first: an id may itself start with the endpoint's name"
+        );
+        assert_eq!(delivery_forms("github", "github:"), ["github:"]);
+        let long = "x".repeat(300);
+        let hashed = idem_webhooks::bounded_delivery_id(&long).into_owned();
+        assert_eq!(
+            delivery_forms("github", &long),
+            std::slice::from_ref(&hashed)
+        );
+        assert_eq!(
+            delivery_forms("github", &format!("github:{long}")),
+            [
+                idem_webhooks::bounded_delivery_id(&format!("github:{long}")).into_owned(),
+                hashed
+            ]
+        );
+        assert!(delivery_forms("github", "a\0b").is_empty());
+        assert!(delivery_forms("git\0hub", "a").is_empty());
+        assert!(delivery_forms("github", "").is_empty());
+    }
+
+    #[test]
     fn configuration_errors_name_the_setting() {
         let ok = parse(
             r#"
@@ -361,6 +481,7 @@ mod tests {
             secrets = ["a", "b"]
             forward_to = "http://127.0.0.1:9000/hooks/github"
             entity_id = "/repository/id"
+            forward_timeout_secs = 4
             [worker]
             lease_secs = 5
             "#,
@@ -378,6 +499,24 @@ mod tests {
         );
         assert!(err("[webhooks.x]\nscheme = \"github\"\nsecret = \"a\"").contains("unknown field"));
         assert!(err("[worker]\nlease_secs = 0").contains("worker.lease_secs"));
+        assert!(err("[worker]\nconcurrency = 0").contains("worker.concurrency"));
+        let slow =
+            "[webhooks.x]\nscheme = \"github\"\nsecrets = [\"a\"]\nforward_to = \"http://h/\"\n";
+        assert!(
+            err(&format!("{slow}[worker]\nlease_secs = 10")).contains(
+                "webhooks.x.forward_timeout_secs: must be shorter than worker.lease_secs (10 s)"
+            ),
+            "the default 10 s forward timeout needs a longer lease"
+        );
+        assert_eq!(
+            parse(&format!(
+                "{slow}forward_timeout_secs = 9\n[worker]\nlease_secs = 10"
+            ))
+            .unwrap()
+            .endpoints[0]
+                .forward_timeout,
+            Duration::from_secs(9)
+        );
         assert!(
             err("[webhooks.x]\nscheme = \"github\"\nforward_to = \"http://h/\"")
                 .contains("webhooks.x.secrets")

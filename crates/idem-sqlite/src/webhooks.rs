@@ -13,7 +13,7 @@ use crate::SqliteStore;
 use crate::column;
 
 const COLUMNS: &str = "id, endpoint, delivery_id, event_type, headers, body, entity_id, \
-    entity_version, state, attempts, last_error, received_at_ms, finished_at_ms";
+    entity_version, content_sha256, state, attempts, last_error, received_at_ms, finished_at_ms";
 
 fn decode(row: &SqliteRow) -> Result<Receipt, StoreError> {
     ReceiptColumns {
@@ -25,6 +25,7 @@ fn decode(row: &SqliteRow) -> Result<Receipt, StoreError> {
         body: column(row, "body")?,
         entity_id: column(row, "entity_id")?,
         entity_version: column(row, "entity_version")?,
+        content_sha256: column(row, "content_sha256")?,
         state: column(row, "state")?,
         attempts: column(row, "attempts")?,
         last_error: column(row, "last_error")?,
@@ -44,9 +45,10 @@ impl WebhookStore for SqliteStore {
         let mut tx = self.begin().await?;
         let id: Option<i64> = sqlx::query_scalar(
             "INSERT INTO idem_webhook_receipts (endpoint, delivery_id, event_type, headers, body,
-                 entity_id, entity_version, received_at_ms, available_at_ms, expires_at_ms)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8, $9)
-             ON CONFLICT (endpoint, delivery_id) DO NOTHING RETURNING id",
+                 entity_id, entity_version, received_at_ms, available_at_ms, expires_at_ms,
+                 content_sha256)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8, $9, $10)
+             ON CONFLICT DO NOTHING RETURNING id",
         )
         .bind(&r.endpoint)
         .bind(&r.delivery_id)
@@ -57,6 +59,7 @@ impl WebhookStore for SqliteStore {
         .bind(r.entity_version)
         .bind(now_ms)
         .bind(expires_at_ms)
+        .bind(r.content_sha256.as_ref().map(|h| &h[..]))
         .fetch_optional(&mut *tx)
         .await
         .map_err(|e| self.map(e))?;
@@ -81,6 +84,7 @@ impl WebhookStore for SqliteStore {
 
     async fn claim_receipts(
         &self,
+        endpoint: &str,
         now_ms: i64,
         lease: Duration,
         limit: u32,
@@ -90,7 +94,8 @@ impl WebhookStore for SqliteStore {
             "UPDATE idem_webhook_receipts SET locked_until_ms = $1 + $2
              WHERE id IN (
                  SELECT r.id FROM idem_webhook_receipts r
-                 WHERE r.state IN ('received', 'failed') AND r.available_at_ms <= $1
+                 WHERE r.endpoint = $4 AND r.state IN ('received', 'failed')
+                   AND r.available_at_ms <= $1
                    AND (r.locked_until_ms IS NULL OR r.locked_until_ms <= $1)
                    AND NOT EXISTS (SELECT 1 FROM idem_webhook_receipts e
                                    WHERE e.state IN ('received', 'failed')
@@ -102,6 +107,7 @@ impl WebhookStore for SqliteStore {
         .bind(now_ms)
         .bind(lease_ms)
         .bind(i64::from(limit))
+        .bind(endpoint)
         .fetch_all(self.pool())
         .await
         .map_err(|e| self.map(e))?;
@@ -128,8 +134,10 @@ impl WebhookStore for SqliteStore {
     async fn finish(&self, id: i64, outcome: &Finish, now_ms: i64) -> Result<(), StoreError> {
         let mut tx = self.begin().await?;
         let q = match outcome {
+            // A stale receipt was not handed to the handler: no attempt.
             Finish::Processed | Finish::Stale => sqlx::query(
                 "UPDATE idem_webhook_receipts SET state = $2, finished_at_ms = $3,
+                     attempts = attempts + CASE WHEN $2 = 'processed' THEN 1 ELSE 0 END,
                      locked_until_ms = NULL, last_error = NULL
                  WHERE id = $1 AND state IN ('received', 'failed')
                  RETURNING endpoint, entity_id, entity_version, expires_at_ms",
@@ -152,12 +160,13 @@ impl WebhookStore for SqliteStore {
             .bind(at_ms),
             Finish::Dead { error } => sqlx::query(
                 "UPDATE idem_webhook_receipts SET state = 'dead', attempts = attempts + 1,
-                     last_error = $2, locked_until_ms = NULL
+                     last_error = $2, locked_until_ms = NULL, finished_at_ms = $3
                  WHERE id = $1 AND state IN ('received', 'failed')
                  RETURNING endpoint, NULL AS entity_id, NULL AS entity_version, expires_at_ms",
             )
             .bind(id)
-            .bind(error),
+            .bind(error)
+            .bind(now_ms),
         };
         let row = q.fetch_optional(&mut *tx).await.map_err(|e| self.map(e))?;
         if let (Finish::Processed, Some(row)) = (outcome, row) {
@@ -229,7 +238,7 @@ impl WebhookStore for SqliteStore {
     ) -> Result<Replay, StoreError> {
         let requeued: Option<i64> = sqlx::query_scalar(
             "UPDATE idem_webhook_receipts SET state = 'received', attempts = 0,
-                 available_at_ms = $3, locked_until_ms = NULL
+                 available_at_ms = $3, locked_until_ms = NULL, finished_at_ms = NULL
              WHERE endpoint = $1 AND delivery_id = $2 AND state IN ('failed', 'dead')
              RETURNING id",
         )

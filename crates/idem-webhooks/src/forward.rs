@@ -5,15 +5,15 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Request, StatusCode, Uri};
-use http_body_util::{BodyExt, Full, Limited};
+use http::{HeaderValue, Request, StatusCode, Uri};
+use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use idem_core::{BoxFuture, IdempotencyKey, Receipt};
-use sha2::{Digest, Sha256};
 
 use crate::processor::{HandleError, WebhookHandler};
+use crate::receiver::Endpoint;
 
 /// The `Idempotency-Key` for a delivery: `<endpoint>:<delivery id>`, or, when
 /// that is not a valid key (too long, not visible ASCII),
@@ -24,14 +24,15 @@ pub fn idempotency_key(endpoint: &str, delivery_id: &str) -> String {
     if IdempotencyKey::new(plain.as_str()).is_ok() {
         return plain;
     }
-    let digest: String = Sha256::digest(delivery_id.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    format!("{endpoint}:sha256:{digest}")
+    format!(
+        "{endpoint}:sha256:{}",
+        crate::receiver::sha256_hex(delivery_id.as_bytes())
+    )
 }
 
-/// Forwards each receipt to `url`.
+/// Forwards each receipt to `url`. The whole exchange — connect, request,
+/// response head and (for an error) the first 4 KiB of its body — is bounded
+/// by one timeout; a forward that does not complete in time is retried.
 #[derive(Debug, Clone)]
 pub struct Forward {
     url: Uri,
@@ -43,54 +44,105 @@ pub struct Forward {
 const ERROR_BODY_BYTES: usize = 4096;
 
 impl Forward {
-    /// Forwards to `url` (`http://…`), each call bounded by 10 s.
+    /// The timeout of [`Forward::new`].
+    pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+
+    /// Forwards to `url` (`http://…`), each forward bounded by
+    /// [`Forward::DEFAULT_TIMEOUT`].
     pub fn new(url: Uri) -> Self {
         Self {
             url,
             client: Client::builder(TokioExecutor::new()).build_http(),
-            timeout: Duration::from_secs(10),
+            timeout: Self::DEFAULT_TIMEOUT,
         }
+    }
+
+    /// The endpoint's `forward_to` with its `forward_timeout`, if it forwards.
+    pub fn for_endpoint(endpoint: &Endpoint) -> Option<Self> {
+        let url = endpoint.forward_to.clone()?;
+        Some(Self::new(url).with_timeout(endpoint.forward_timeout))
+    }
+
+    /// Bounds each forward by `timeout` instead; keep it shorter than the
+    /// processor's lease, or another worker may forward the same receipt
+    /// while this one still waits.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The bound on each forward.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
     }
 
     async fn forward(&self, r: &Receipt) -> Result<(), HandleError> {
         let key = idempotency_key(&r.receipt.endpoint, &r.receipt.delivery_id);
+        // Stored header values and event types come from the sender: one that
+        // is not a valid header value is left out rather than failing the
+        // forward for good.
         let content_type = r
             .receipt
             .headers
             .iter()
             .find(|(n, _)| n.eq_ignore_ascii_case("content-type"))
-            .map_or("application/octet-stream", |(_, v)| v.as_str());
+            .and_then(|(_, v)| HeaderValue::from_str(v).ok())
+            .unwrap_or(HeaderValue::from_static("application/octet-stream"));
         let mut req = Request::post(self.url.clone())
             .header("content-type", content_type)
             .header("idempotency-key", &key)
             .header("x-idem-webhook-endpoint", &r.receipt.endpoint)
             .header("x-idem-webhook-delivery", &key);
-        if let Some(t) = &r.receipt.event_type {
+        if let Some(t) = r
+            .receipt
+            .event_type
+            .as_deref()
+            .and_then(|t| HeaderValue::from_str(t).ok())
+        {
             req = req.header("x-idem-webhook-event", t);
         }
         let req = req
             .body(Full::new(Bytes::from(r.receipt.body.clone())))
             .map_err(|e| HandleError::Reject(format!("cannot build the request: {e}")))?;
-        let res = match tokio::time::timeout(self.timeout, self.client.request(req)).await {
-            Err(_) => {
-                return Err(HandleError::Retry(format!(
-                    "upstream did not answer in {:?}",
-                    self.timeout
-                )));
-            }
-            Ok(Err(e)) => return Err(HandleError::Retry(format!("upstream unreachable: {e}"))),
-            Ok(Ok(res)) => res,
-        };
+        match tokio::time::timeout(self.timeout, self.exchange(req)).await {
+            Ok(result) => result,
+            Err(_) => Err(HandleError::Retry(format!(
+                "upstream timed out: no complete answer within {:?}",
+                self.timeout
+            ))),
+        }
+    }
+
+    /// Sends the request and reads the answer; the caller bounds it.
+    async fn exchange(&self, req: Request<Full<Bytes>>) -> Result<(), HandleError> {
+        let res = self
+            .client
+            .request(req)
+            .await
+            .map_err(|e| HandleError::Retry(format!("upstream unreachable: {e}")))?;
         let status = res.status();
         if status.is_success() {
             return Ok(());
         }
-        let body = Limited::new(res.into_body(), ERROR_BODY_BYTES)
-            .collect()
-            .await
-            .map(|b| String::from_utf8_lossy(&b.to_bytes()).into_owned())
-            .unwrap_or_default();
-        let message = format!("upstream answered {status}: {body}");
+        // The start of the body, for the message; a body that breaks off is
+        // reported as far as it came.
+        let mut body = res.into_body();
+        let mut text = Vec::new();
+        while text.len() < ERROR_BODY_BYTES {
+            match body.frame().await {
+                Some(Ok(frame)) => {
+                    if let Some(data) = frame.data_ref() {
+                        let room = ERROR_BODY_BYTES - text.len();
+                        text.extend_from_slice(&data[..data.len().min(room)]);
+                    }
+                }
+                Some(Err(_)) | None => break,
+            }
+        }
+        let message = format!(
+            "upstream answered {status}: {}",
+            String::from_utf8_lossy(&text)
+        );
         let retryable = status.is_server_error()
             || [
                 StatusCode::REQUEST_TIMEOUT,

@@ -8,20 +8,33 @@
 //! 2. **verify** — [`Verifier`] checks the signature over the *raw* bytes, in
 //!    constant time, against every secret of the endpoint (rotation), with the
 //!    timestamp tolerance in both directions; an empty or truncated signature
-//!    never verifies (401, nothing stored);
-//! 3. **dedupe key** — `(endpoint, delivery id)`;
+//!    never verifies (401, nothing stored). Tell the sender only that it
+//!    failed: [`ReceiveError::Signature`] holds the reason for your log, and
+//!    the receiver logs it at most once per endpoint every 10 s;
+//! 3. **dedupe key** — `(endpoint, delivery id)`, and for GitHub and Shopify
+//!    also `(endpoint, body SHA-256)` (see *Content dedupe*);
 //! 4. **persist** — [`Receiver::receive`] stores the receipt (raw headers minus
-//!    credentials, raw body) and its inbox record in one transaction;
+//!    credentials and signatures, raw body) and its inbox record in one
+//!    transaction;
 //! 5. **answer fast** — 202 for a new delivery, 200 for a duplicate.
 //!
-//! Then [`Processor`] workers claim receipts — one at a time per entity —,
-//! skip the stale ones, and run the endpoint's [`WebhookHandler`]: your Rust
-//! code, or [`Forward`], which POSTs the body to an upstream with
+//! Then a [`Processor`] claims receipts — one claim loop per endpoint, up to
+//! [`ProcessorConfig::concurrency`] receipts of an endpoint in flight and
+//! the next claimed as soon as one finishes, one at a time per entity —,
+//! skips the stale ones, and runs the endpoint's [`WebhookHandler`]: your
+//! Rust code, or [`Forward`], which POSTs the body to an upstream with
 //! `Idempotency-Key` set to [`idempotency_key`], so a service in any language
 //! (one on Idem's HTTP layer, say) applies each delivery once even when a
-//! worker forwards it twice. Failures retry with backoff and end `dead`; an
-//! operator can replay a failed or dead receipt; a processed one is never run
-//! again.
+//! worker forwards it twice. A forward — connect, answer, error body — is
+//! bounded by the endpoint's `forward_timeout_secs`, so a stalled upstream
+//! holds its own endpoint's slots and never another endpoint's. Failures
+//! retry with backoff and end `dead`; an operator can replay a failed or dead
+//! receipt; a processed one is never run again. A receipt's `attempts`
+//! counts handler runs (the successful one included) and `finished_at` is set
+//! once it is processed, stale or dead; a replay resets both. A processor
+//! claims only the endpoints it has a handler for: other endpoints' receipts
+//! wait, `received`, for a process that has one (or for their retention to
+//! end).
 //!
 //! ```
 //! use std::time::Duration;
@@ -57,6 +70,33 @@
 //! A fallback id makes two byte-identical deliveries (signed at the same
 //! second, where the scheme has a timestamp) one delivery.
 //!
+//! An id longer than [`MAX_DELIVERY_ID_BYTES`] (255) is stored as
+//! `sha256:<hex of the id>` ([`bounded_delivery_id`]); a repeat of it is still a
+//! duplicate, and operators may look it up by either form. An id or event
+//! type read from the body that is empty, longer than 255 bytes or holds a
+//! control character (a JSON `\u0000`, say) counts as absent, so the fallback
+//! applies; the same holds for the configured `entity_id`.
+//!
+//! ## Content dedupe (GitHub, Shopify)
+//!
+//! GitHub's and Shopify's signatures cover the body only: the delivery id
+//! header is not signed and there is no signed timestamp, so whoever captured
+//! one delivery could resend it under any number of new ids, each looking new.
+//! For these two schemes a receipt is therefore also deduplicated on its
+//! content — `(endpoint, SHA-256 of the raw body)` — for as long as the first
+//! receipt is kept (`retention_hours`): a resend is answered `200` duplicate
+//! and has no effect, so holding one delivery cannot multiply its effect.
+//!
+//! The limit: two genuinely different deliveries with byte-identical bodies
+//! on one endpoint (the same event sent by a repository hook and by an
+//! organisation hook, say) are treated as one. Stripe, Standard Webhooks and
+//! Slack sign the id (or carry it in the signed body) together with a
+//! timestamp and are deduplicated on the id only.
+//!
+//! Signature headers (`x-hub-signature*`, `stripe-signature`,
+//! `webhook-signature`, `x-shopify-hmac-sha256`, `x-slack-signature`) and
+//! credentials are never stored with a receipt ([`is_secret_header`]).
+//!
 //! ## Order awareness
 //!
 //! An endpoint may name an entity and its version with JSON pointers
@@ -73,7 +113,7 @@ mod scheme;
 pub use forward::{Forward, idempotency_key};
 pub use processor::{HandleError, Processor, ProcessorConfig, Round, WebhookHandler};
 pub use receiver::{
-    ConfigError, Counters, Endpoint, EndpointConfig, MAX_BODY_LIMIT, ReceiveError, Received,
-    Receiver,
+    ConfigError, Counters, Endpoint, EndpointConfig, MAX_BODY_LIMIT, MAX_DELIVERY_ID_BYTES,
+    ReceiveError, Received, Receiver, bounded_delivery_id, is_secret_header,
 };
 pub use scheme::{Scheme, Secret, SecretError, Verified, Verifier, VerifyError};

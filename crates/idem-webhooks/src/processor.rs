@@ -1,12 +1,21 @@
 //! Workers: claim stored receipts, skip stale ones, run the endpoint's handler
 //! with retries and backoff, and record the outcome.
+//!
+//! Each endpoint has a claim loop of its own, and within an endpoint up to
+//! [`ProcessorConfig::concurrency`] receipts run at once, a new one claimed as
+//! soon as a slot frees up. So a slow or stalled upstream holds its own
+//! endpoint's slots and nothing else: other endpoints, and the other receipts
+//! of its endpoint, keep moving.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashSet};
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use futures_util::future::join_all;
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use idem_core::{
     Backoff, BoxFuture, Clock, Finish, Receipt, StoreError, SystemClock, WebhookStore, failpoint,
 };
@@ -29,21 +38,26 @@ pub trait WebhookHandler: Send + Sync + 'static {
     /// Handles a receipt. Called at least once per receipt: a worker that dies
     /// after the handler and before recording the outcome runs it again, so a
     /// handler with external effects passes
-    /// [`idempotency_key`](crate::idempotency_key) downstream.
+    /// [`idempotency_key`](crate::idempotency_key) downstream. A run should
+    /// end well within [`ProcessorConfig::lease`] (bound it with a timeout, as
+    /// [`Forward`](crate::Forward) does); a panic counts as a retryable
+    /// failure.
     fn handle<'a>(&'a self, receipt: &'a Receipt) -> BoxFuture<'a, Result<(), HandleError>>;
 }
 
 /// Worker settings.
 #[derive(Debug, Clone)]
 pub struct ProcessorConfig {
-    /// Receipts claimed (and handled concurrently) per round. Default 16.
-    pub batch: u32,
+    /// Receipts of one endpoint handled at once, at most (each endpoint has
+    /// its own). Default 16.
+    pub concurrency: u32,
     /// How long a claimed receipt is hidden from other workers; longer than a
-    /// handler run. Default 60 s.
+    /// handler run (a [`Forward`](crate::Forward)'s timeout). Default 60 s.
     pub lease: Duration,
-    /// Sleep between rounds when idle. Default 500 ms.
+    /// Sleep before looking for new receipts when an endpoint is idle.
+    /// Default 500 ms.
     pub poll_interval: Duration,
-    /// Failed runs before a receipt is dead. Default 8.
+    /// Handler runs before a failing receipt is dead. Default 8.
     pub max_attempts: u32,
     /// Delay before the next run after a failure.
     pub backoff: Backoff,
@@ -52,7 +66,7 @@ pub struct ProcessorConfig {
 impl Default for ProcessorConfig {
     fn default() -> Self {
         Self {
-            batch: 16,
+            concurrency: 16,
             lease: Duration::from_secs(60),
             poll_interval: Duration::from_millis(500),
             max_attempts: 8,
@@ -79,6 +93,24 @@ pub struct Round {
     pub dead: usize,
 }
 
+impl Round {
+    fn count(&mut self, outcome: &Outcome) {
+        match outcome {
+            Outcome::Processed => self.processed += 1,
+            Outcome::Stale => self.stale += 1,
+            Outcome::Retried => self.retried += 1,
+            Outcome::Dead => self.dead += 1,
+        }
+    }
+}
+
+/// What an endpoint loop woke up for.
+enum Event<T> {
+    Claimed(Result<Vec<Receipt>, StoreError>),
+    Finished(T),
+    Tick,
+}
+
 enum Outcome {
     Processed,
     Stale,
@@ -86,12 +118,36 @@ enum Outcome {
     Dead,
 }
 
+/// The longest failure message stored with a receipt.
+const MAX_ERROR_BYTES: usize = 8192;
+
+/// A failure message as stored and logged: at most [`MAX_ERROR_BYTES`], with
+/// control characters (a NUL from an upstream's body, terminal escapes)
+/// replaced by spaces. A NUL cannot be stored as text on PostgreSQL, and the
+/// outcome of a run must never fail to be recorded because of what an
+/// upstream said.
+fn clean_error(error: String) -> String {
+    let mut end = error.len().min(MAX_ERROR_BYTES);
+    while !error.is_char_boundary(end) {
+        end -= 1;
+    }
+    error[..end]
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect()
+}
+
 /// Processes stored receipts with the handlers of their endpoints.
+///
+/// Only endpoints with a registered handler are claimed. Receipts of any
+/// other endpoint are left as they are (`received`) for a process that has a
+/// handler for it — several services may share one database, each handling
+/// its own endpoints — until their retention ends; they are not marked dead.
 pub struct Processor<S, C = SystemClock> {
     store: S,
     clock: C,
     config: ProcessorConfig,
-    handlers: HashMap<String, Arc<dyn WebhookHandler>>,
+    handlers: BTreeMap<String, Arc<dyn WebhookHandler>>,
 }
 
 impl<S, C> std::fmt::Debug for Processor<S, C> {
@@ -117,7 +173,7 @@ impl<S: WebhookStore, C: Clock> Processor<S, C> {
             store,
             clock,
             config,
-            handlers: HashMap::new(),
+            handlers: BTreeMap::new(),
         }
     }
 
@@ -127,7 +183,22 @@ impl<S: WebhookStore, C: Clock> Processor<S, C> {
         self
     }
 
-    async fn one(&self, r: &Receipt) -> Result<Outcome, StoreError> {
+    /// The endpoints this processor claims receipts of.
+    pub fn endpoints(&self) -> impl Iterator<Item = &str> {
+        self.handlers.keys().map(String::as_str)
+    }
+
+    fn concurrency(&self) -> u32 {
+        self.config.concurrency.max(1)
+    }
+
+    async fn claim(&self, endpoint: &str, limit: u32) -> Result<Vec<Receipt>, StoreError> {
+        self.store
+            .claim_receipts(endpoint, self.clock.now_ms(), self.config.lease, limit)
+            .await
+    }
+
+    async fn one(&self, r: &Receipt, handler: &dyn WebhookHandler) -> Result<Outcome, StoreError> {
         let now = self.clock.now_ms();
         if let (Some(entity), Some(version)) = (&r.receipt.entity_id, r.receipt.entity_version) {
             let newest = self
@@ -141,20 +212,25 @@ impl<S: WebhookStore, C: Clock> Processor<S, C> {
                 return Ok(Outcome::Stale);
             }
         }
-        let result = match self.handlers.get(&r.receipt.endpoint) {
-            Some(h) => h.handle(r).await,
-            None => Err(HandleError::Reject(format!(
-                "no handler for endpoint {}",
-                r.receipt.endpoint
-            ))),
-        };
+        // A panicking handler must not take the other receipts (and the other
+        // endpoints, which share this task) down with it.
+        let result = AssertUnwindSafe(handler.handle(r))
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|_| Err(HandleError::Retry("the handler panicked".into())));
         failpoint::hit("webhook.after_handle");
         let now = self.clock.now_ms();
+        let attempt = r.attempts.saturating_add(1);
         let (finish, outcome) = match result {
             Ok(()) => (Finish::Processed, Outcome::Processed),
-            Err(HandleError::Reject(error)) => (Finish::Dead { error }, Outcome::Dead),
+            Err(HandleError::Reject(error)) => (
+                Finish::Dead {
+                    error: clean_error(error),
+                },
+                Outcome::Dead,
+            ),
             Err(HandleError::Retry(error)) => {
-                let attempt = r.attempts.saturating_add(1);
+                let error = clean_error(error);
                 if attempt >= self.config.max_attempts {
                     let error = format!("gave up after {attempt} attempts: {error}");
                     (Finish::Dead { error }, Outcome::Dead)
@@ -168,75 +244,176 @@ impl<S: WebhookStore, C: Clock> Processor<S, C> {
         };
         if let Finish::Dead { error } | Finish::Retry { error, .. } = &finish {
             tracing::warn!(endpoint = %r.receipt.endpoint, delivery = %r.receipt.delivery_id,
-                           attempts = r.attempts + 1, %error, "webhook handler failed");
+                           attempts = attempt, %error, "webhook handler failed");
         }
         self.store.finish(r.id, &finish, now).await?;
         Ok(outcome)
     }
 
-    /// Claims one batch and handles it (one receipt per entity, so
-    /// concurrently).
+    /// One round: claims up to [`ProcessorConfig::concurrency`] due receipts
+    /// of every endpoint that has a handler, handles them all concurrently and
+    /// returns when every one has been handled. For tests and one-shot tools;
+    /// [`Processor::run`] does not wait for rounds.
     ///
     /// # Cancel safety
     /// Receipts claimed by a cancelled round come back when their lease ends.
     pub async fn run_once(&self) -> Result<Round, StoreError> {
-        let batch = self
-            .store
-            .claim_receipts(
-                self.clock.now_ms(),
-                self.config.lease,
-                self.config.batch.max(1),
-            )
-            .await?;
-        let mut round = Round {
-            claimed: batch.len(),
-            ..Round::default()
-        };
-        for outcome in join_all(batch.iter().map(|r| self.one(r))).await {
-            match outcome? {
-                Outcome::Processed => round.processed += 1,
-                Outcome::Stale => round.stale += 1,
-                Outcome::Retried => round.retried += 1,
-                Outcome::Dead => round.dead += 1,
+        let rounds = join_all(self.handlers.iter().map(|(endpoint, handler)| async move {
+            let batch = self.claim(endpoint, self.concurrency()).await?;
+            let mut round = Round {
+                claimed: batch.len(),
+                ..Round::default()
+            };
+            for outcome in join_all(batch.iter().map(|r| self.one(r, handler.as_ref()))).await {
+                round.count(&outcome?);
             }
+            Ok::<_, StoreError>(round)
+        }))
+        .await;
+        let mut total = Round::default();
+        for round in rounds {
+            let round = round?;
+            total.claimed += round.claimed;
+            total.processed += round.processed;
+            total.stale += round.stale;
+            total.retried += round.retried;
+            total.dead += round.dead;
         }
-        Ok(round)
+        Ok(total)
     }
 
-    /// Runs rounds until `shutdown`: at once while batches come back full, else
-    /// after the poll interval; backing off while the store is unreachable;
-    /// deleting expired receipts every `gc_every`.
-    pub async fn run(&self, gc_every: Duration, shutdown: impl Future<Output = ()>) {
-        let mut shutdown = std::pin::pin!(shutdown);
+    /// One endpoint's loop: keeps up to `concurrency` receipts running,
+    /// claiming as slots free up — at once while claims come back full or a
+    /// finished receipt may have unblocked the next of its entity, else after
+    /// the poll interval; backing off while the store is unreachable. Never
+    /// returns.
+    async fn endpoint_loop(&self, endpoint: &str, handler: &dyn WebhookHandler) {
+        let limit = self.concurrency() as usize;
+        let mut running = FuturesUnordered::new();
+        // Receipts running here. A run that outlives its lease is claimed
+        // again by this very loop; it must not run twice at once.
+        let mut in_flight = HashSet::new();
+        // The claim under way, and how many receipts it asked for.
+        let mut claiming: Option<BoxFuture<'_, Result<Vec<Receipt>, StoreError>>> = None;
+        let mut requested = 0;
+        let mut next_claim = tokio::time::Instant::now();
         let mut failures = 0u32;
-        let mut next_gc = tokio::time::Instant::now();
         loop {
-            if tokio::time::Instant::now() >= next_gc {
+            let free = limit.saturating_sub(running.len());
+            if claiming.is_none() && free > 0 && tokio::time::Instant::now() >= next_claim {
+                requested = free;
+                let n = u32::try_from(free).unwrap_or(u32::MAX);
+                claiming = Some(Box::pin(self.claim(endpoint, n)));
+            }
+            let idle = claiming.is_none() && free > 0;
+            let claim_done = async {
+                match claiming.as_mut() {
+                    Some(claim) => claim.await,
+                    None => std::future::pending().await,
+                }
+            };
+            let event = tokio::select! {
+                claimed = claim_done => Event::Claimed(claimed),
+                Some(done) = running.next(), if !running.is_empty() => Event::Finished(done),
+                () = tokio::time::sleep_until(next_claim), if idle => Event::Tick,
+            };
+            match event {
+                Event::Claimed(claimed) => {
+                    claiming = None;
+                    let now = tokio::time::Instant::now();
+                    match claimed {
+                        Ok(batch) => {
+                            failures = 0;
+                            next_claim = if batch.len() >= requested {
+                                now
+                            } else {
+                                now + self.config.poll_interval
+                            };
+                            for r in batch {
+                                if in_flight.insert(r.id) {
+                                    running.push(async move {
+                                        let result = self.one(&r, handler).await;
+                                        (r, result)
+                                    });
+                                }
+                            }
+                        }
+                        Err(e) => {
+                            failures = failures.saturating_add(1);
+                            tracing::warn!(endpoint, error = %e, rounds = failures,
+                                           "webhook store unavailable");
+                            next_claim = now + self.config.backoff.delay(failures, 1.0);
+                        }
+                    }
+                }
+                Event::Finished((r, result)) => {
+                    in_flight.remove(&r.id);
+                    if let Err(e) = result {
+                        // The receipt comes back when its lease ends.
+                        tracing::warn!(endpoint, delivery = %r.receipt.delivery_id, error = %e,
+                                       "webhook outcome not recorded");
+                    }
+                    if r.receipt.entity_id.is_some() {
+                        next_claim = tokio::time::Instant::now();
+                    }
+                }
+                Event::Tick => {}
+            }
+        }
+    }
+
+    /// Runs every endpoint's loop until `shutdown`, and deletes expired
+    /// receipts every `gc_every`. One endpoint's slow or stalled handler
+    /// never delays another endpoint.
+    ///
+    /// # Cancel safety
+    /// Receipts being handled when `shutdown` resolves (or the future is
+    /// dropped) come back when their lease ends and run again — handlers run
+    /// at least once per receipt anyway.
+    pub async fn run(&self, gc_every: Duration, shutdown: impl Future<Output = ()>) {
+        let endpoints = async {
+            join_all(
+                self.handlers
+                    .iter()
+                    .map(|(endpoint, handler)| self.endpoint_loop(endpoint, handler.as_ref())),
+            )
+            .await;
+            // No endpoint has a handler: GC still runs.
+            std::future::pending::<()>().await;
+        };
+        let gc = async {
+            loop {
                 let now = self.clock.now_ms();
                 match self.store.purge_expired_receipts(now, 1000).await {
                     Ok(0) => {}
                     Ok(n) => tracing::info!(deleted = n, "expired webhook receipts deleted"),
                     Err(e) => tracing::warn!(error = %e, "webhook gc failed"),
                 }
-                next_gc = tokio::time::Instant::now() + gc_every;
+                tokio::time::sleep(gc_every).await;
             }
-            let pause = match self.run_once().await {
-                Ok(r) if r.claimed >= self.config.batch as usize => Duration::ZERO,
-                Ok(_) => {
-                    failures = 0;
-                    self.config.poll_interval
-                }
-                Err(e) => {
-                    failures += 1;
-                    tracing::warn!(error = %e, rounds = failures, "webhook store unavailable");
-                    self.config.backoff.delay(failures, 1.0)
-                }
-            };
-            tokio::select! {
-                biased;
-                _ = &mut shutdown => return,
-                _ = tokio::time::sleep(pause) => {}
-            }
+        };
+        tokio::select! {
+            biased;
+            () = shutdown => {}
+            () = endpoints => {}
+            () = gc => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failure_messages_are_bounded_and_storable() {
+        assert_eq!(
+            clean_error("upstream said \0 \x1b[31m".into()),
+            "upstream said    [31m"
+        );
+        let long = "é".repeat(MAX_ERROR_BYTES);
+        let cut = clean_error(long);
+        assert!(cut.len() <= MAX_ERROR_BYTES && cut.chars().all(|c| c == 'é'));
+        assert_eq!(clean_error("fine\n".into()), "fine ");
     }
 }

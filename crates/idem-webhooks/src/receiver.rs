@@ -1,6 +1,7 @@
 //! Endpoints and the receiving side: body limit → verify → dedupe key →
 //! persist the receipt with its inbox record → answer.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -8,6 +9,7 @@ use std::time::Duration;
 use http::HeaderMap;
 use idem_core::{Accepted, Clock, NewReceipt, StoreError, SystemClock, WebhookStore};
 use serde::Deserialize;
+use sha2::{Digest, Sha256};
 
 use crate::scheme::{Scheme, Secret, Verifier, VerifyError};
 
@@ -25,6 +27,10 @@ pub struct EndpointConfig {
     pub secrets_env: Option<String>,
     /// Where processing forwards each delivery (`http://…`).
     pub forward_to: Option<String>,
+    /// How long one forward may take in seconds — connect, answer and the
+    /// body of an error answer (default 10, 1 to 300). Keep it shorter than
+    /// the workers' lease.
+    pub forward_timeout_secs: Option<u64>,
     /// Timestamp tolerance in seconds, both directions (default 300).
     pub tolerance_secs: Option<u64>,
     /// Largest body accepted (default 1 MiB, at most 16 MiB).
@@ -58,6 +64,8 @@ pub struct Endpoint {
     pub verifier: Verifier,
     /// Where processing forwards deliveries, if anywhere.
     pub forward_to: Option<http::Uri>,
+    /// The bound on one forward.
+    pub forward_timeout: Duration,
     /// Largest body accepted.
     pub max_body_bytes: usize,
     /// How long receipts are kept.
@@ -69,7 +77,48 @@ pub struct Endpoint {
 /// The largest `max_body_bytes` accepted.
 pub const MAX_BODY_LIMIT: usize = 16 << 20;
 
+/// The longest delivery id stored as the provider sent it; a longer one is
+/// stored as `sha256:<hex of the id>` (see [`bounded_delivery_id`]).
+pub const MAX_DELIVERY_ID_BYTES: usize = 255;
+
+/// The lowercase hex SHA-256 of `bytes`.
+pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The dedupe key stored for a delivery id: the id itself when it is at most
+/// [`MAX_DELIVERY_ID_BYTES`] long, else `sha256:<hex of the id>`. The mapping
+/// is deterministic, so a repeat of a long id is still a duplicate, and
+/// operators may look a delivery up by the id the provider sent.
+pub fn bounded_delivery_id(id: &str) -> Cow<'_, str> {
+    if id.len() <= MAX_DELIVERY_ID_BYTES {
+        Cow::Borrowed(id)
+    } else {
+        Cow::Owned(format!("sha256:{}", sha256_hex(id.as_bytes())))
+    }
+}
+
+/// A short text field (event type, entity id) as stored: present only when it
+/// is 1 to 255 bytes without control characters. A NUL could not be stored as
+/// text on PostgreSQL, and no operator could type the others.
+fn short_text(s: &str) -> Option<String> {
+    (!s.is_empty() && s.len() <= 255 && !s.chars().any(char::is_control)).then(|| s.to_owned())
+}
+
 impl Endpoint {
+    /// Whether `name` may name an endpoint: 1 to 64 characters of
+    /// `[A-Za-z0-9_-]`.
+    pub fn valid_name(name: &str) -> bool {
+        !name.is_empty()
+            && name.len() <= 64
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    }
+
     /// Validates one endpoint's settings.
     pub fn from_config(name: &str, c: EndpointConfig) -> Result<Self, ConfigError> {
         let err = |field, detail: String| ConfigError {
@@ -77,12 +126,7 @@ impl Endpoint {
             field,
             detail,
         };
-        if name.is_empty()
-            || name.len() > 64
-            || !name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-        {
+        if !Self::valid_name(name) {
             return Err(err("name", "1 to 64 characters of [A-Za-z0-9_-]".into()));
         }
         let mut secrets = c.secrets;
@@ -120,6 +164,10 @@ impl Endpoint {
                 Some(uri)
             }
         };
+        let forward_timeout_secs = c.forward_timeout_secs.unwrap_or(10);
+        if !(1..=300).contains(&forward_timeout_secs) {
+            return Err(err("forward_timeout_secs", "1 to 300".into()));
+        }
         let max_body_bytes = c.max_body_bytes.unwrap_or(1 << 20);
         if max_body_bytes == 0 || max_body_bytes > MAX_BODY_LIMIT {
             return Err(err("max_body_bytes", format!("1 to {MAX_BODY_LIMIT}")));
@@ -146,6 +194,7 @@ impl Endpoint {
             name: name.to_owned(),
             verifier,
             forward_to,
+            forward_timeout: Duration::from_secs(forward_timeout_secs),
             max_body_bytes,
             retention: Duration::from_secs(hours * 3600),
             entity,
@@ -161,9 +210,7 @@ impl Endpoint {
             return (None, None);
         };
         let id = match v.pointer(id_ptr) {
-            Some(serde_json::Value::String(s)) if !s.is_empty() && s.len() <= 255 => {
-                Some(s.clone())
-            }
+            Some(serde_json::Value::String(s)) => short_text(s),
             Some(serde_json::Value::Number(n)) => Some(n.to_string()),
             _ => None,
         };
@@ -194,6 +241,49 @@ pub struct Counters {
     pub too_large: AtomicU64,
 }
 
+/// How often the "signature rejected" line is logged per endpoint, at most.
+const REJECTION_LOG_EVERY_MS: i64 = 10_000;
+
+/// Rate limit of a log line: the first event is logged, then at most one line
+/// per interval, which says how many events were not logged since the last
+/// line. Forgeries cost the sender nothing, so an unthrottled line per forgery
+/// would let anyone fill the disk.
+#[derive(Debug)]
+struct LogLimiter {
+    every_ms: i64,
+    /// When the last line was logged, and how many events were not since.
+    state: std::sync::Mutex<(Option<i64>, u64)>,
+}
+
+impl LogLimiter {
+    fn new(every_ms: i64) -> Self {
+        Self {
+            every_ms,
+            state: std::sync::Mutex::new((None, 0)),
+        }
+    }
+
+    /// Whether an event at `now_ms` is logged: `Some(n)` with the `n` events
+    /// not logged since the previous line, or `None` (counted, not logged). A
+    /// clock that went backwards logs at once rather than staying silent.
+    fn admit(&self, now_ms: i64) -> Option<u64> {
+        let mut state = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match state.0 {
+            Some(last) if (0..self.every_ms).contains(&now_ms.saturating_sub(last)) => {
+                state.1 = state.1.saturating_add(1);
+                None
+            }
+            _ => {
+                state.0 = Some(now_ms);
+                Some(std::mem::take(&mut state.1))
+            }
+        }
+    }
+}
+
 /// How a delivery was taken.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Received {
@@ -222,7 +312,9 @@ pub enum ReceiveError {
         /// The limit.
         max: usize,
     },
-    /// The signature did not verify (401).
+    /// The signature did not verify (401). The reason is for the log: send
+    /// the sender a generic answer, since which check failed (or by how much a
+    /// timestamp missed) helps a forger.
     #[error("signature: {0}")]
     Signature(#[from] VerifyError),
     /// The store failed (503 when retryable).
@@ -230,15 +322,50 @@ pub enum ReceiveError {
     Store(#[from] StoreError),
 }
 
-/// Request headers never stored with a receipt.
-const CREDENTIALS: &[&str] = &["authorization", "cookie", "proxy-authorization"];
+/// Request headers never stored with a receipt, nor shown: credentials, and
+/// the providers' signatures (with the body, a signature is a delivery anyone
+/// could send again).
+const SECRET_HEADERS: &[&str] = &[
+    "authorization",
+    "cookie",
+    "proxy-authorization",
+    "stripe-signature",
+    "webhook-signature",
+    "x-shopify-hmac-sha256",
+    "x-slack-signature",
+];
+
+/// Whether a request header is a credential or a signature: never stored
+/// with a receipt, and left out when showing receipts stored before this
+/// rule (`x-hub-signature*`, `stripe-signature`, `webhook-signature`,
+/// `x-shopify-hmac-sha256`, `x-slack-signature`, `authorization`, `cookie`,
+/// `proxy-authorization`).
+pub fn is_secret_header(name: &str) -> bool {
+    let prefix = "x-hub-signature";
+    name.get(..prefix.len())
+        .is_some_and(|p| p.eq_ignore_ascii_case(prefix))
+        || SECRET_HEADERS.iter().any(|h| h.eq_ignore_ascii_case(name))
+}
+
+/// Whether a scheme's deliveries are also deduplicated on their content:
+/// those whose delivery id is not covered by the signature and that have no
+/// signed timestamp, so a captured delivery could otherwise be resent under
+/// any number of new ids.
+fn dedupes_on_content(scheme: Scheme) -> bool {
+    match scheme {
+        Scheme::Github | Scheme::Shopify => true,
+        // The id is signed (Standard Webhooks' webhook-id; Stripe's and
+        // Slack's ids are in the signed body), and so is a timestamp.
+        Scheme::Stripe | Scheme::Standard | Scheme::Slack => false,
+    }
+}
 
 /// Takes deliveries for a set of endpoints.
 #[derive(Debug)]
 pub struct Receiver<S, C = SystemClock> {
     store: S,
     clock: C,
-    endpoints: BTreeMap<String, (Endpoint, Counters)>,
+    endpoints: BTreeMap<String, (Endpoint, Counters, LogLimiter)>,
 }
 
 impl<S: WebhookStore> Receiver<S> {
@@ -256,24 +383,27 @@ impl<S: WebhookStore, C: Clock> Receiver<S, C> {
             clock,
             endpoints: endpoints
                 .into_iter()
-                .map(|e| (e.name.clone(), (e, Counters::default())))
+                .map(|e| {
+                    let limiter = LogLimiter::new(REJECTION_LOG_EVERY_MS);
+                    (e.name.clone(), (e, Counters::default(), limiter))
+                })
                 .collect(),
         }
     }
 
     /// An endpoint by name.
     pub fn endpoint(&self, name: &str) -> Option<&Endpoint> {
-        self.endpoints.get(name).map(|(e, _)| e)
+        self.endpoints.get(name).map(|(e, _, _)| e)
     }
 
     /// The endpoints and their counters.
     pub fn counters(&self) -> impl Iterator<Item = (&str, &Counters)> {
-        self.endpoints.iter().map(|(n, (_, c))| (n.as_str(), c))
+        self.endpoints.iter().map(|(n, (_, c, _))| (n.as_str(), c))
     }
 
     /// Counts a body refused over the limit while it was being read.
     pub fn note_too_large(&self, name: &str) {
-        if let Some((_, c)) = self.endpoints.get(name) {
+        if let Some((_, c, _)) = self.endpoints.get(name) {
             c.too_large.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -289,7 +419,7 @@ impl<S: WebhookStore, C: Clock> Receiver<S, C> {
         headers: &HeaderMap,
         body: &[u8],
     ) -> Result<Received, ReceiveError> {
-        let (endpoint, counters) = self
+        let (endpoint, counters, rejections) = self
             .endpoints
             .get(name)
             .ok_or(ReceiveError::UnknownEndpoint)?;
@@ -307,18 +437,25 @@ impl<S: WebhookStore, C: Clock> Receiver<S, C> {
             Ok(v) => v,
             Err(e) => {
                 counters.rejected_signature.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(endpoint = name, reason = %e, "webhook signature rejected");
+                // At most one line per 10 s per endpoint; the count of the
+                // rejections not logged since the previous line rides along.
+                if let Some(not_logged) = rejections.admit(now_ms) {
+                    tracing::warn!(endpoint = name, reason = %e,
+                                   suppressed_since_last_line = not_logged,
+                                   "webhook signature rejected");
+                }
                 return Err(e.into());
             }
         };
         let (entity_id, entity_version) = endpoint.entity_of(body);
+        let delivery_id = bounded_delivery_id(&verified.delivery_id).into_owned();
         let receipt = NewReceipt {
             endpoint: name.to_owned(),
-            delivery_id: verified.delivery_id.clone(),
-            event_type: verified.event_type,
+            delivery_id: delivery_id.clone(),
+            event_type: verified.event_type.as_deref().and_then(short_text),
             headers: headers
                 .iter()
-                .filter(|(n, _)| !CREDENTIALS.contains(&n.as_str()))
+                .filter(|(n, _)| !is_secret_header(n.as_str()))
                 .map(|(n, v)| {
                     (
                         n.as_str().to_owned(),
@@ -329,9 +466,10 @@ impl<S: WebhookStore, C: Clock> Receiver<S, C> {
             body: body.to_vec(),
             entity_id,
             entity_version,
+            content_sha256: dedupes_on_content(endpoint.verifier.scheme())
+                .then(|| Sha256::digest(body).into()),
         };
         let retention = i64::try_from(endpoint.retention.as_millis()).unwrap_or(i64::MAX);
-        let delivery_id = verified.delivery_id;
         match self
             .store
             .accept(&receipt, now_ms, now_ms.saturating_add(retention))
@@ -359,6 +497,7 @@ mod tests {
             secrets: vec![Secret::new("s")],
             secrets_env: None,
             forward_to: None,
+            forward_timeout_secs: None,
             tolerance_secs: None,
             max_body_bytes: None,
             retention_hours: None,
@@ -371,8 +510,12 @@ mod tests {
     fn settings_are_validated_with_the_field_named() {
         let ok = Endpoint::from_config("github", config(Scheme::Github)).unwrap();
         assert_eq!(
-            (ok.max_body_bytes, ok.retention),
-            (1 << 20, Duration::from_secs(7 * 24 * 3600))
+            (ok.max_body_bytes, ok.retention, ok.forward_timeout),
+            (
+                1 << 20,
+                Duration::from_secs(7 * 24 * 3600),
+                Duration::from_secs(10)
+            )
         );
         let field =
             |name: &str, c: EndpointConfig| Endpoint::from_config(name, c).unwrap_err().field;
@@ -406,6 +549,26 @@ mod tests {
                 }
             ),
             "forward_to"
+        );
+        assert_eq!(
+            field(
+                "e",
+                EndpointConfig {
+                    forward_timeout_secs: Some(0),
+                    ..config(Scheme::Github)
+                }
+            ),
+            "forward_timeout_secs"
+        );
+        assert_eq!(
+            field(
+                "e",
+                EndpointConfig {
+                    forward_timeout_secs: Some(301),
+                    ..config(Scheme::Github)
+                }
+            ),
+            "forward_timeout_secs"
         );
         assert_eq!(
             field(
@@ -514,5 +677,80 @@ mod tests {
             "no id, no version"
         );
         assert_eq!(e.entity_of(b"not json"), (None, None));
+        assert_eq!(
+            e.entity_of(br#"{"data":{"id":"o\u0000","updated":7}}"#),
+            (None, None),
+            "an id with a control character is absent"
+        );
+        let long = format!(r#"{{"data":{{"id":"{}","updated":7}}}}"#, "x".repeat(256));
+        assert_eq!(e.entity_of(long.as_bytes()), (None, None), "too long");
+    }
+
+    #[test]
+    fn a_burst_of_forgeries_logs_a_bounded_number_of_lines() {
+        let clock = idem_core::ManualClock::new(1_700_000_000_000);
+        let limiter = LogLimiter::new(REJECTION_LOG_EVERY_MS);
+        let mut lines = Vec::new();
+        // 10,000 forgeries over 25 s, one every 2.5 ms.
+        for i in 0..10_000 {
+            if i > 0 && i % 4 == 0 {
+                clock.advance(Duration::from_millis(10));
+            }
+            if let Some(suppressed) = limiter.admit(clock.now_ms()) {
+                lines.push((clock.now_ms(), suppressed));
+            }
+        }
+        let start = 1_700_000_000_000;
+        assert_eq!(
+            lines,
+            [(start, 0), (start + 10_000, 3999), (start + 20_000, 3999)],
+            "the first, then one line per 10 s saying how many were not logged"
+        );
+        // The 2,000 after the last line are reported with the next one.
+        clock.advance(Duration::from_secs(10));
+        assert_eq!(limiter.admit(clock.now_ms()), Some(1999));
+        // A clock that went backwards does not silence the log.
+        assert_eq!(limiter.admit(clock.now_ms() - 60_000), Some(0));
+    }
+
+    #[test]
+    fn signature_and_credential_headers_are_secret() {
+        for h in [
+            "x-hub-signature",
+            "x-hub-signature-256",
+            "X-Hub-Signature-256",
+            "stripe-signature",
+            "webhook-signature",
+            "x-shopify-hmac-sha256",
+            "x-slack-signature",
+            "authorization",
+            "Cookie",
+        ] {
+            assert!(is_secret_header(h), "{h}");
+        }
+        for h in ["content-type", "x-github-delivery", "webhook-id", "x-hub"] {
+            assert!(!is_secret_header(h), "{h}");
+        }
+    }
+
+    #[test]
+    fn delivery_ids_over_255_bytes_are_hashed_deterministically() {
+        let fits = "a".repeat(MAX_DELIVERY_ID_BYTES);
+        assert_eq!(bounded_delivery_id(&fits), fits.as_str());
+        let long = "a".repeat(MAX_DELIVERY_ID_BYTES + 1);
+        let hashed = bounded_delivery_id(&long);
+        assert_eq!(hashed, format!("sha256:{}", sha256_hex(long.as_bytes())));
+        assert_eq!(hashed.len(), 71);
+        assert_eq!(
+            hashed,
+            bounded_delivery_id(&long),
+            "the same id, the same key"
+        );
+        assert_eq!(
+            short_text("push\u{0}"),
+            None,
+            "event types with control characters are absent"
+        );
+        assert_eq!(short_text("push").as_deref(), Some("push"));
     }
 }

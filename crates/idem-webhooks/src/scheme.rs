@@ -121,7 +121,8 @@ pub enum VerifyError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Verified {
     /// The provider's delivery id, the dedupe key within an endpoint (see the
-    /// crate docs for each scheme and the fallback).
+    /// crate docs for each scheme and the fallback). The receiver stores
+    /// [`bounded_delivery_id`](crate::bounded_delivery_id) of it.
     pub delivery_id: String,
     /// The event type, when the provider says.
     pub event_type: Option<String>,
@@ -176,8 +177,10 @@ fn json_str(body: &[u8], path: &[&str]) -> Option<String> {
     for p in path {
         cur = cur.get(p)?;
     }
+    // A string a column could not hold as text (NUL), or that no operator
+    // could type, is treated as absent: the documented fallback applies.
     cur.as_str()
-        .filter(|s| !s.is_empty() && s.len() <= 255)
+        .filter(|s| !s.is_empty() && s.len() <= 255 && !s.chars().any(char::is_control))
         .map(str::to_owned)
 }
 

@@ -87,6 +87,7 @@ conformance! {
     webhook_receipts_are_stored_once;
     webhook_claims_keep_entity_order;
     webhook_failures_replay_and_gc;
+    webhook_content_dedupe;
 }
 
 #[tokio::test]

@@ -4,7 +4,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -131,10 +131,11 @@ pub async fn deliver(
 
 pub const STANDARD_KEY: &[u8] = b"standard-webhooks-test-key-32byte";
 
-/// A config whose endpoints forward to `upstream` (`http://…/path`).
+/// A config whose endpoints forward to `upstream` (`http://…/path`), each
+/// forward bounded by 4 s (shorter than the 5 s lease).
 pub fn config(upstream: &str, extra: &str) -> String {
     let whsec = format!("whsec_{}", B64.encode(STANDARD_KEY));
-    format!(
+    let text = format!(
         r#"
         [webhooks.github]
         scheme = "github"
@@ -168,10 +169,14 @@ pub fn config(upstream: &str, extra: &str) -> String {
         forward_to = "{upstream}"
         max_body_bytes = 256
         [worker]
-        lease_secs = 2
+        lease_secs = 5
         poll_interval_ms = 50
         {extra}
         "#
+    );
+    text.replace(
+        &format!("forward_to = \"{upstream}\""),
+        &format!("forward_to = \"{upstream}\"\n        forward_timeout_secs = 4"),
     )
 }
 
@@ -244,6 +249,80 @@ impl<S: WebhookStore> Rig<S> {
             .unwrap()
             .unwrap()
             .state
+    }
+}
+
+/// A raw TCP upstream: a request whose body contains `stall` gets
+/// `500` with `Content-Length: 100` and then no body, the socket held open
+/// until the client gives up; any other gets `200` at once.
+pub struct Stalling {
+    pub addr: SocketAddr,
+    /// Stalled answers sent (heads without a body).
+    pub heads: Arc<AtomicUsize>,
+    /// Stalled connections the client closed.
+    pub closed: Arc<AtomicUsize>,
+}
+
+impl Stalling {
+    pub async fn start() -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let heads = Arc::new(AtomicUsize::new(0));
+        let closed = Arc::new(AtomicUsize::new(0));
+        let (h, c) = (heads.clone(), closed.clone());
+        tokio::spawn(async move {
+            loop {
+                let (mut s, _) = listener.accept().await.unwrap();
+                let (heads, closed) = (h.clone(), c.clone());
+                tokio::spawn(async move {
+                    let mut raw = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    // The head, then as much body as it announces.
+                    let (split, len) = loop {
+                        let n = s.read(&mut buf).await.unwrap_or(0);
+                        if n == 0 {
+                            return;
+                        }
+                        raw.extend_from_slice(&buf[..n]);
+                        if let Some(split) = raw.windows(4).position(|w| w == b"\r\n\r\n") {
+                            let head = String::from_utf8_lossy(&raw[..split]).to_ascii_lowercase();
+                            let len = head
+                                .lines()
+                                .find_map(|l| l.strip_prefix("content-length:"))
+                                .map_or(0, |v| v.trim().parse::<usize>().unwrap());
+                            break (split + 4, len);
+                        }
+                    };
+                    while raw.len() < split + len {
+                        let n = s.read(&mut buf).await.unwrap_or(0);
+                        if n == 0 {
+                            return;
+                        }
+                        raw.extend_from_slice(&buf[..n]);
+                    }
+                    if raw[split..].windows(5).any(|w| w == b"stall") {
+                        s.write_all(
+                            b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 100\r\n\r\n",
+                        )
+                        .await
+                        .unwrap();
+                        heads.fetch_add(1, Ordering::SeqCst);
+                        // Never the body; hold the socket until the client leaves.
+                        while s.read(&mut buf).await.is_ok_and(|n| n > 0) {}
+                        closed.fetch_add(1, Ordering::SeqCst);
+                    } else {
+                        let _ = s
+                            .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                            .await;
+                    }
+                });
+            }
+        });
+        Self {
+            addr,
+            heads,
+            closed,
+        }
     }
 }
 
@@ -340,6 +419,15 @@ macro_rules! webhook_suite {
                         let r = deliver(rig.addr, endpoint, headers, b).await;
                         assert_eq!(r.status, 401, "{endpoint}: {what}");
                         assert_eq!(r.problem_type(), "https://idem.dev/problems/invalid-signature", "{endpoint}: {what}");
+                        // One generic answer for every forgery: which check failed
+                        // (and by how many seconds a timestamp missed) helps a forger.
+                        let problem = r.json();
+                        assert_eq!(problem.get("detail"), None, "{endpoint}: {what}: no reason in {problem}");
+                        assert_eq!(
+                            problem.as_object().unwrap().keys().collect::<Vec<_>>(),
+                            ["status", "title", "type"],
+                            "{endpoint}: {what}"
+                        );
                     }
                     assert_eq!(rig.count().await, before, "{endpoint}: nothing stored for a forgery");
                     assert_eq!(rig.counter(endpoint).2, forgeries.len() as u64, "{endpoint}: counted");
@@ -419,6 +507,294 @@ macro_rules! webhook_suite {
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn webhook_delivery_id_over_255_bytes_is_hashed_accepted_once() {
+                let (store, _db) = $store.await;
+                let rig = Rig::new(store, "").await;
+                // Incompressible, so PostgreSQL cannot shrink it under its btree row limit.
+                let long: String = (0..50u32)
+                    .map(|i| hex(&<sha2::Sha256 as sha2::Digest>::digest(i.to_be_bytes())))
+                    .collect();
+                assert_eq!(long.len(), 3200);
+                let body = payment("cus_long", "");
+                let first = deliver(rig.addr, "github", &sign::github("github-secret", &long, &body), &body).await;
+                assert_eq!(first.status, 202, "{}", String::from_utf8_lossy(&first.body));
+                let id = first.json()["delivery_id"].as_str().unwrap().to_owned();
+                let digest = hex(&<sha2::Sha256 as sha2::Digest>::digest(format!("4242:{long}").as_bytes()));
+                assert_eq!(id, format!("sha256:{digest}"), "the id the provider sent, hashed");
+                // The same long id with another body: a duplicate by its id.
+                let other = payment("cus_long_other", "");
+                let again = deliver(rig.addr, "github", &sign::github("github-secret", &long, &other), &other).await;
+                assert_eq!((again.status, again.json()["delivery_id"].as_str()), (200, Some(id.as_str())));
+                assert_eq!(rig.count().await, 1, "stored once");
+                assert_eq!(rig.processor.run_once().await.unwrap().processed, 1);
+                assert_eq!(payments_of(rig.upstream, "cus_long").await.len(), 1, "forwarded and applied");
+                assert_eq!(payments_of(rig.upstream, "cus_long_other").await.len(), 0);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn webhook_body_fields_with_nul_are_absent_and_stored_without_error() {
+                let (store, _db) = $store.await;
+                let rig = Rig::new(store, "").await;
+                let now = now_s();
+                // `\u0000` is JSON for NUL: the raw body is valid JSON, the
+                // decoded string holds a control character.
+                let stripe = r#"{"id":"evt_\u0000x","type":"charge.\u0000succeeded"}"#;
+                let r = deliver(rig.addr, "stripe", &sign::stripe("whsec_stripe", now, stripe), stripe).await;
+                assert_eq!(r.status, 202, "{}", String::from_utf8_lossy(&r.body));
+                let id = r.json()["delivery_id"].as_str().unwrap().to_owned();
+                assert!(id.starts_with(&format!("{now}:sha256:")), "the documented fallback: {id}");
+                let stored = rig.store.get_receipt("stripe", &id).await.unwrap().unwrap();
+                assert_eq!(stored.receipt.event_type, None, "a type with NUL is absent");
+                assert_eq!(stored.receipt.body, stripe.as_bytes(), "the body byte for byte");
+                let r = deliver(rig.addr, "stripe", &sign::stripe("whsec_stripe", now, stripe), stripe).await;
+                assert_eq!(r.status, 200, "a repeat is a duplicate");
+
+                let slack = r#"{"event_id":"Ev\u0000","event":{"type":"message\u0000"}}"#;
+                let r = deliver(rig.addr, "slack", &sign::slack("slack-secret", now, slack), slack).await;
+                assert_eq!(r.status, 202, "{}", String::from_utf8_lossy(&r.body));
+                let id = r.json()["delivery_id"].as_str().unwrap().to_owned();
+                assert!(id.starts_with(&format!("{now}:sha256:")), "the documented fallback: {id}");
+                let stored = rig.store.get_receipt("slack", &id).await.unwrap().unwrap();
+                assert_eq!(stored.receipt.event_type, None);
+
+                let order = r#"{"amount":100,"currency":"EUR","customer":"cus_nul","order":{"id":"o\u0000","version":1}}"#;
+                let r = deliver(rig.addr, "orders", &sign::github("github-secret", "nul-1", order), order).await;
+                assert_eq!(r.status, 202, "{}", String::from_utf8_lossy(&r.body));
+                let stored = rig.store.get_receipt("orders", "4242:nul-1").await.unwrap().unwrap();
+                assert_eq!((stored.receipt.entity_id, stored.receipt.entity_version), (None, None), "no entity");
+                assert_eq!(rig.processor.run_once().await.unwrap().claimed, 3, "all three handed to workers");
+                assert_eq!(rig.state("orders", "4242:nul-1").await, ReceiptState::Processed);
+                assert_eq!(payments_of(rig.upstream, "cus_nul").await.len(), 1);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn webhook_stalled_upstream_blocks_neither_other_endpoints_nor_other_deliveries() {
+                let (store, _db) = $store.await;
+                let (upstream, _up) = upstream().await;
+                let stalling = Stalling::start().await;
+                // `stalled` forwards to the raw upstream (which stalls on bodies
+                // marked "stall" and answers others at once), `github` to the
+                // demo API; both in one processor, as `idem serve` runs them.
+                let text = format!(
+                    r#"
+                    [webhooks.github]
+                    scheme = "github"
+                    secrets = ["github-secret"]
+                    forward_to = "http://{upstream}/v1/payments"
+                    [webhooks.stalled]
+                    scheme = "github"
+                    secrets = ["github-secret"]
+                    forward_to = "http://{}/hook"
+                    forward_timeout_secs = 5
+                    [worker]
+                    lease_secs = 20
+                    poll_interval_ms = 50
+                    "#,
+                    stalling.addr
+                );
+                let mut config = webhooks::parse(&text).unwrap();
+                config.worker.backoff = idem_core::Backoff {
+                    initial: Duration::from_millis(200),
+                    max: Duration::from_millis(200),
+                };
+                let receiver = Arc::new(Receiver::new(store.clone(), config.endpoints.clone()));
+                let addr = serve(webhooks::router(receiver)).await;
+                let processor = webhooks::processor(store.clone(), &config);
+                let worker = tokio::spawn(async move {
+                    processor.run(Duration::from_secs(3600), std::future::pending()).await
+                });
+                let stall = r#"{"stall":true}"#;
+                assert_eq!(deliver(addr, "stalled", &sign::github("github-secret", "s-1", stall), stall).await.status, 202);
+                crate::messaging::eventually(Duration::from_secs(10), "the upstream sent its 500 head and stalled", || async {
+                    stalling.heads.load(Ordering::SeqCst) == 1
+                }).await;
+                // While that forward is outstanding: the other endpoint's
+                // deliveries, and the stalled endpoint's other deliveries.
+                for i in 0..3 {
+                    let body = payment(&format!("cus_free_{i}"), "");
+                    let h = sign::github("github-secret", &format!("free-{i}"), &body);
+                    assert_eq!(deliver(addr, "github", &h, &body).await.status, 202);
+                }
+                for i in 0..2 {
+                    let body = format!(r#"{{"quick":{i}}}"#);
+                    let h = sign::github("github-secret", &format!("quick-{i}"), &body);
+                    assert_eq!(deliver(addr, "stalled", &h, &body).await.status, 202);
+                }
+                crate::messaging::eventually(Duration::from_secs(15), "the other deliveries are processed", || async {
+                    let processed = store.list_receipts(None, Some(ReceiptState::Processed), 100).await.unwrap();
+                    processed.len() == 5
+                }).await;
+                let outstanding = store.get_receipt("stalled", "4242:s-1").await.unwrap().unwrap();
+                assert_eq!(
+                    (outstanding.state, outstanding.attempts, stalling.closed.load(Ordering::SeqCst)),
+                    (ReceiptState::Received, 0, 0),
+                    "processed while the stalled forward was still outstanding"
+                );
+                for i in 0..3 {
+                    assert_eq!(payments_of(upstream, &format!("cus_free_{i}")).await.len(), 1);
+                }
+                // The stalled forward ends with a timeout error and is retried.
+                crate::messaging::eventually(Duration::from_secs(20), "the stalled forward timed out", || async {
+                    let r = store.get_receipt("stalled", "4242:s-1").await.unwrap().unwrap();
+                    r.attempts >= 1
+                }).await;
+                let failed = store.get_receipt("stalled", "4242:s-1").await.unwrap().unwrap();
+                assert!(failed.last_error.as_deref().unwrap().contains("timed out"), "{:?}", failed.last_error);
+                assert!(stalling.closed.load(Ordering::SeqCst) >= 1, "the stalled connection was given up");
+                crate::messaging::eventually(Duration::from_secs(10), "the stalled delivery is forwarded again", || async {
+                    stalling.heads.load(Ordering::SeqCst) >= 2
+                }).await;
+                worker.abort();
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn webhook_run_outliving_its_lease_is_not_started_twice_and_a_panic_is_a_failed_run() {
+                let (store, _db) = $store.await;
+                let rig = Rig::new(store.clone(), "").await;
+                /// Holds "slow" deliveries until released; panics on "panic".
+                struct Slow {
+                    runs: Arc<AtomicUsize>,
+                    release: Arc<tokio::sync::Notify>,
+                }
+                impl idem_webhooks::WebhookHandler for Slow {
+                    fn handle<'a>(&'a self, r: &'a idem_core::Receipt)
+                        -> idem_core::BoxFuture<'a, Result<(), idem_webhooks::HandleError>> {
+                        Box::pin(async move {
+                            if r.receipt.body.windows(5).any(|w| w == b"panic") {
+                                panic!("a handler bug");
+                            }
+                            self.runs.fetch_add(1, Ordering::SeqCst);
+                            self.release.notified().await;
+                            Ok(())
+                        })
+                    }
+                }
+                let runs = Arc::new(AtomicUsize::new(0));
+                let release = Arc::new(tokio::sync::Notify::new());
+                let config = idem_webhooks::ProcessorConfig {
+                    lease: Duration::from_millis(300),
+                    poll_interval: Duration::from_millis(20),
+                    ..Default::default()
+                };
+                let processor = idem_webhooks::Processor::new(store.clone(), config)
+                    .handler("stripe", Slow { runs: runs.clone(), release: release.clone() });
+                let worker = tokio::spawn(async move {
+                    processor.run(Duration::from_secs(3600), std::future::pending()).await
+                });
+                let now = now_s();
+                for body in [r#"{"id":"evt_slow"}"#, r#"{"id":"evt_panic"}"#] {
+                    let r = deliver(rig.addr, "stripe", &sign::stripe("whsec_stripe", now, body), body).await;
+                    assert_eq!(r.status, 202);
+                }
+                crate::messaging::eventually(Duration::from_secs(10), "the slow run started", || async {
+                    runs.load(Ordering::SeqCst) == 1
+                }).await;
+                crate::messaging::eventually(Duration::from_secs(10), "the panic is recorded as a failed run", || async {
+                    let r = store.get_receipt("stripe", "evt_panic").await.unwrap().unwrap();
+                    r.state == ReceiptState::Failed && r.last_error.as_deref() == Some("the handler panicked")
+                }).await;
+                // Well past the lease: the loop claims the slow receipt again
+                // while it still runs, and must not start it a second time.
+                tokio::time::sleep(Duration::from_millis(1000)).await;
+                assert_eq!(runs.load(Ordering::SeqCst), 1, "one run at a time in this process");
+                release.notify_one();
+                crate::messaging::eventually(Duration::from_secs(10), "the slow run is recorded", || async {
+                    rig.state("stripe", "evt_slow").await == ReceiptState::Processed
+                }).await;
+                assert_eq!(runs.load(Ordering::SeqCst), 1);
+                worker.abort();
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn webhook_captured_delivery_resent_under_new_ids_is_forwarded_once() {
+                let (store, _db) = $store.await;
+                let rig = Rig::new(store, "").await;
+                // GitHub and Shopify do not sign the delivery id, and have no
+                // signed timestamp: whoever captured one delivery can resend it
+                // under any id.
+                let gh = payment("cus_resend_gh", "");
+                let shop = payment("cus_resend_shop", "");
+                assert_eq!(deliver(rig.addr, "github", &sign::github("github-secret", "orig", &gh), &gh).await.status, 202);
+                assert_eq!(deliver(rig.addr, "shopify", &sign::shopify("shopify-secret", "orig", &shop), &shop).await.status, 202);
+                for i in 0..5 {
+                    let id = format!("resent-{i}");
+                    let r = deliver(rig.addr, "github", &sign::github("github-secret", &id, &gh), &gh).await;
+                    assert_eq!((r.status, r.json()["status"].as_str()), (200, Some("duplicate")), "github resend {i}");
+                    let r = deliver(rig.addr, "shopify", &sign::shopify("shopify-secret", &id, &shop), &shop).await;
+                    assert_eq!((r.status, r.json()["status"].as_str()), (200, Some("duplicate")), "shopify resend {i}");
+                }
+                assert_eq!(rig.count().await, 2, "one receipt each");
+                assert_eq!(rig.counter("github"), (1, 5, 0, 0));
+                assert_eq!(rig.processor.run_once().await.unwrap().processed, 2);
+                assert_eq!(rig.processor.run_once().await.unwrap().claimed, 0);
+                assert_eq!(payments_of(rig.upstream, "cus_resend_gh").await.len(), 1, "one forward, one effect");
+                assert_eq!(payments_of(rig.upstream, "cus_resend_shop").await.len(), 1);
+                // Stripe signs the event id (in the body) with a timestamp: two
+                // events may share a body only if they share an id, so no content dedupe.
+                let now = now_s();
+                let a = r#"{"id":"evt_same_body","type":"t"}"#;
+                assert_eq!(deliver(rig.addr, "stripe", &sign::stripe("whsec_stripe", now, a), a).await.status, 202);
+                assert_eq!(deliver(rig.addr, "stripe", &sign::stripe("whsec_stripe", now - 1, a), a).await.status, 200);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn webhook_signature_headers_are_neither_stored_nor_shown() {
+                let (store, _db) = $store.await;
+                let rig = Rig::new(store.clone(), "").await;
+                let now = now_s();
+                let body = payment("cus_sig_hdr", "");
+                let mut github = sign::github("github-secret", "h1", &body);
+                github.push(("X-Hub-Signature".into(), "sha1=0123456789abcdef0123456789abcdef01234567".into()));
+                let deliveries: Vec<(&str, Vec<(String, String)>)> = vec![
+                    ("github", github),
+                    ("stripe", sign::stripe("whsec_stripe", now, &body)),
+                    ("standard", sign::standard(STANDARD_KEY, "msg_h1", now, &body)),
+                    ("shopify", sign::shopify("shopify-secret", "h1", &body)),
+                    ("slack", sign::slack("slack-secret", now, &body)),
+                ];
+                let signature_headers = ["x-hub-signature", "x-hub-signature-256", "stripe-signature",
+                    "webhook-signature", "x-shopify-hmac-sha256", "x-slack-signature"];
+                for (endpoint, headers) in &deliveries {
+                    let mut headers = headers.clone();
+                    headers.push(("Authorization".into(), "Bearer t".into()));
+                    assert_eq!(deliver(rig.addr, endpoint, &headers, &body).await.status, 202, "{endpoint}");
+                }
+                let stored = store.list_receipts(None, None, 100).await.unwrap();
+                assert_eq!(stored.len(), 5);
+                for r in &stored {
+                    let names: Vec<&str> = r.receipt.headers.iter().map(|(n, _)| n.as_str()).collect();
+                    assert!(names.contains(&"content-type"), "{names:?}");
+                    for h in signature_headers.iter().chain(&["authorization"]) {
+                        assert!(!names.contains(h), "{}: {h} stored", r.receipt.endpoint);
+                    }
+                }
+                // A receipt stored before signatures were filtered out: the
+                // admin view and `idem webhooks show` leave them out on output.
+                let old = idem_core::NewReceipt {
+                    endpoint: "github".into(),
+                    delivery_id: "4242:old".into(),
+                    event_type: Some("push".into()),
+                    headers: vec![
+                        ("content-type".into(), "application/json".into()),
+                        ("x-hub-signature-256".into(), "sha256=00".into()),
+                        ("X-Hub-Signature".into(), "sha1=00".into()),
+                        ("stripe-signature".into(), "t=1,v1=00".into()),
+                    ],
+                    body: b"{}".to_vec(),
+                    entity_id: None,
+                    entity_version: None,
+                    content_sha256: None,
+                };
+                store.accept(&old, now * 1000, now * 1000 + 60_000).await.unwrap();
+                let shown = crate::call(rig.addr, "GET", "/admin/webhooks/receipt?endpoint=github&delivery=4242%3Aold", None, "").await;
+                assert_eq!(shown.status, 200);
+                assert_eq!(shown.json()["headers"], serde_json::json!([["content-type", "application/json"]]));
+                let shown = crate::call(rig.addr, "GET", "/admin/webhooks/receipt?endpoint=github&delivery=4242%3Ah1", None, "").await;
+                let text = String::from_utf8_lossy(&shown.body).to_ascii_lowercase();
+                assert!(!text.contains("signature"), "{text}");
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn oversized_body_is_413_and_unknown_endpoint_404() {
                 let (store, _db) = $store.await;
                 let rig = Rig::new(store, "").await;
@@ -464,21 +840,40 @@ macro_rules! webhook_suite {
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 let round = processor.run_once().await.unwrap();
                 assert_eq!(round.dead, 1, "the second failure is the last");
-                let replay = |path: &'static str| async move {
+                let replay = |delivery: &'static str| async move {
                     let mut s = TcpStream::connect(addr).await.unwrap();
-                    let req = format!("POST {path}?endpoint=github&delivery=4242%3Ar1 HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: 0\r\n\r\n");
+                    let req = format!("POST /admin/webhooks/replay?endpoint=github&delivery={delivery} HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: 0\r\n\r\n");
                     s.write_all(req.as_bytes()).await.unwrap();
                     let mut raw = String::new();
                     s.read_to_string(&mut raw).await.unwrap();
                     raw
                 };
+                let show = |delivery: &'static str| async move {
+                    let r = crate::call(addr, "GET", &format!("/admin/webhooks/receipt?endpoint=github&delivery={delivery}"), None, "").await;
+                    assert_eq!(r.status, 200, "{delivery}");
+                    let v = r.json();
+                    (v["state"].as_str().unwrap().to_owned(), v["attempts"].as_u64().unwrap(), v["finished_at"].is_string())
+                };
+                assert_eq!(show("4242%3Ar1").await, ("dead".into(), 2, true), "two runs; dead is finished");
                 up.store(true, Ordering::SeqCst);
-                let r = replay("/admin/webhooks/replay").await;
-                assert!(r.starts_with("HTTP/1.1 202") && r.contains("\"requeued\""), "{r}");
+                // The form the upstream saw in Idempotency-Key works too.
+                let r = replay("github%3A4242%3Ar1").await;
+                assert!(r.starts_with("HTTP/1.1 202") && r.contains("\"requeued\"") && r.contains("\"delivery_id\":\"4242:r1\""), "{r}");
+                assert_eq!(show("github%3A4242%3Ar1").await, ("received".into(), 0, false), "a replay starts afresh");
                 assert_eq!(processor.run_once().await.unwrap().processed, 1);
-                let r = replay("/admin/webhooks/replay").await;
+                assert_eq!(show("4242%3Ar1").await, ("processed".into(), 1, true), "the successful run counts");
+                let r = replay("4242%3Ar1").await;
                 assert!(r.starts_with("HTTP/1.1 200") && r.contains("\"no_op\"") && r.contains("processed"), "{r}");
                 assert_eq!(processor.run_once().await.unwrap().claimed, 0, "a processed delivery is not run again");
+                // Input no stored id can hold is "not found", never a database error.
+                let r = crate::call(addr, "GET", "/admin/webhooks/receipt?endpoint=github&delivery=a%00b", None, "").await;
+                assert_eq!(r.status, 404);
+                let r = replay("a%00b").await;
+                assert!(r.starts_with("HTTP/1.1 404"), "{r}");
+                let r = crate::call(addr, "GET", "/admin/webhooks/receipt?endpoint=git%00hub&delivery=x", None, "").await;
+                assert_eq!(r.status, 404);
+                let r = crate::call(addr, "GET", "/admin/webhooks?endpoint=git%00hub", None, "").await;
+                assert_eq!(r.status, 400);
             }
         }
     };
@@ -565,6 +960,12 @@ async fn worker_killed_between_forward_and_bookkeeping(db_url: &str) {
         1,
         "forwarded twice, applied once"
     );
+    let shown = show(db_url.to_owned());
+    assert_eq!(
+        (&shown["attempts"], shown["finished_at"].is_string()),
+        (&serde_json::json!(1), true),
+        "one recorded run (the aborted one was never recorded)"
+    );
     let listed = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
         .args([
             "webhooks",
@@ -577,18 +978,29 @@ async fn worker_killed_between_forward_and_bookkeeping(db_url: &str) {
         .output()
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&listed.stdout).lines().count(), 1);
-    let replay = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
-        .args([
-            "webhooks",
-            "replay",
-            "github",
-            "4242:k1",
-            "--database-url",
-            db_url,
-        ])
-        .output()
-        .unwrap();
-    assert!(String::from_utf8_lossy(&replay.stdout).contains("\"no_op\""));
+    // The delivery as the upstream saw it in Idempotency-Key: `github:4242:k1`.
+    for id in ["4242:k1", "github:4242:k1"] {
+        let replay = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+            .args(["webhooks", "replay", "github", id, "--database-url", db_url])
+            .output()
+            .unwrap();
+        let out = String::from_utf8_lossy(&replay.stdout);
+        assert!(
+            out.contains("\"no_op\"") && out.contains("\"delivery_id\":\"4242:k1\""),
+            "{id}: {out}"
+        );
+        let show = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+            .args(["webhooks", "show", "github", id, "--database-url", db_url])
+            .output()
+            .unwrap();
+        assert!(
+            show.status.success(),
+            "{id}: {}",
+            String::from_utf8_lossy(&show.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&show.stdout).unwrap();
+        assert_eq!(v["delivery_id"], "4242:k1");
+    }
     println!(
         "webhook worker drill: forwarded, aborted before bookkeeping, forwarded again after restart; upstream payments=1"
     );
@@ -612,4 +1024,41 @@ async fn kill9_webhook_worker_after_forward_on_sqlite() {
 async fn kill9_webhook_worker_after_forward_on_postgres() {
     let db = idem_testkit::PgDatabase::create("idem_whk").await;
     worker_killed_between_forward_and_bookkeeping(&db.url).await;
+}
+
+/// A configuration file without endpoints starts, and says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhook_config_without_endpoints_warns() {
+    for (name, text) in [
+        ("empty", ""),
+        ("worker-only", "[worker]\nlease_secs = 30\n"),
+    ] {
+        let dir = idem_testkit::TempDir::new("whempty");
+        let file = dir.path().join("idem.toml");
+        std::fs::write(&file, text).unwrap();
+        let log = dir.path().join("stderr.log");
+        let addr: SocketAddr = format!("127.0.0.1:{}", crate::process::free_port())
+            .parse()
+            .unwrap();
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+            .args(["serve", "--listen", &addr.to_string(), "--database-url"])
+            .arg(dir.sqlite_url())
+            .arg("--config")
+            .arg(&file)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        crate::messaging::eventually(Duration::from_secs(30), "idem serve is up", || async {
+            try_health(addr).await == Some(200)
+        })
+        .await;
+        let _ = child.kill();
+        let _ = child.wait();
+        let stderr = std::fs::read_to_string(&log).unwrap();
+        assert!(
+            stderr.contains("WARN") && stderr.contains("no webhook endpoints are configured"),
+            "{name}: {stderr}"
+        );
+    }
 }
