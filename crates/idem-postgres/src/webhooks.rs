@@ -43,38 +43,41 @@ impl WebhookStore for PgStore {
         now_ms: i64,
         expires_at_ms: i64,
     ) -> Result<Accepted, StoreError> {
-        // One statement, hence one transaction and one round trip: the receipt
-        // and its inbox record commit together or not at all.
-        let id: Option<i64> = sqlx::query_scalar(
-            "WITH r AS (
-                 INSERT INTO idem_webhook_receipts (endpoint, delivery_id, event_type, headers, body,
-                     entity_id, entity_version, received_at_ms, available_at_ms, expires_at_ms,
-                     content_sha256)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8, $9, $10)
-                 ON CONFLICT DO NOTHING RETURNING id),
-             i AS (
-                 INSERT INTO idem_inbox (subscriber_id, message_id, processed_at_ms, expires_at_ms)
-                 SELECT 'webhook:' || $1::text, $2, $8, $9 FROM r ON CONFLICT DO NOTHING)
-             SELECT id FROM r",
-        )
-        .bind(&r.endpoint)
-        .bind(&r.delivery_id)
-        .bind(&r.event_type)
-        .bind(headers_to_json(&r.headers))
-        .bind(&r.body[..])
-        .bind(&r.entity_id)
-        .bind(r.entity_version)
-        .bind(now_ms)
-        .bind(expires_at_ms)
-        .bind(r.content_sha256.as_ref().map(|h| &h[..]))
-        .fetch_optional(self.pool())
-        .await
-        .map_err(map_err)?;
-        Ok(if id.is_some() {
-            Accepted::New
-        } else {
-            Accepted::Duplicate
+        self.bounded(async {
+            // One statement, hence one transaction and one round trip: the receipt
+            // and its inbox record commit together or not at all.
+            let id: Option<i64> = sqlx::query_scalar(
+                "WITH r AS (
+                     INSERT INTO idem_webhook_receipts (endpoint, delivery_id, event_type, headers, body,
+                         entity_id, entity_version, received_at_ms, available_at_ms, expires_at_ms,
+                         content_sha256)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8, $9, $10)
+                     ON CONFLICT DO NOTHING RETURNING id),
+                 i AS (
+                     INSERT INTO idem_inbox (subscriber_id, message_id, processed_at_ms, expires_at_ms)
+                     SELECT 'webhook:' || $1::text, $2, $8, $9 FROM r ON CONFLICT DO NOTHING)
+                 SELECT id FROM r",
+            )
+            .bind(&r.endpoint)
+            .bind(&r.delivery_id)
+            .bind(&r.event_type)
+            .bind(headers_to_json(&r.headers))
+            .bind(&r.body[..])
+            .bind(&r.entity_id)
+            .bind(r.entity_version)
+            .bind(now_ms)
+            .bind(expires_at_ms)
+            .bind(r.content_sha256.as_ref().map(|h| &h[..]))
+            .fetch_optional(self.pool())
+            .await
+            .map_err(map_err)?;
+            Ok(if id.is_some() {
+                Accepted::New
+            } else {
+                Accepted::Duplicate
+            })
         })
+        .await
     }
 
     async fn claim_receipts(
@@ -84,32 +87,35 @@ impl WebhookStore for PgStore {
         lease: Duration,
         limit: u32,
     ) -> Result<Vec<Receipt>, StoreError> {
-        let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
-        let rows = sqlx::query(&format!(
-            "UPDATE idem_webhook_receipts SET locked_until_ms = $1 + $2
-             WHERE id = ANY(ARRAY(
-                 SELECT r.id FROM idem_webhook_receipts r
-                 WHERE r.endpoint = $4 AND r.state IN ('received', 'failed')
-                   AND r.available_at_ms <= $1
-                   AND (r.locked_until_ms IS NULL OR r.locked_until_ms <= $1)
-                   AND NOT EXISTS (SELECT 1 FROM idem_webhook_receipts e
-                                   WHERE e.state IN ('received', 'failed')
-                                     AND e.endpoint = r.endpoint AND e.entity_id = r.entity_id
-                                     AND e.id < r.id)
-                 ORDER BY r.id LIMIT $3
-                 FOR UPDATE SKIP LOCKED))
-             RETURNING {COLUMNS}"
-        ))
-        .bind(now_ms)
-        .bind(lease_ms)
-        .bind(i64::from(limit))
-        .bind(endpoint)
-        .fetch_all(self.pool())
+        self.bounded(async {
+            let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
+            let rows = sqlx::query(&format!(
+                "UPDATE idem_webhook_receipts SET locked_until_ms = $1 + $2
+                 WHERE id = ANY(ARRAY(
+                     SELECT r.id FROM idem_webhook_receipts r
+                     WHERE r.endpoint = $4 AND r.state IN ('received', 'failed')
+                       AND r.available_at_ms <= $1
+                       AND (r.locked_until_ms IS NULL OR r.locked_until_ms <= $1)
+                       AND NOT EXISTS (SELECT 1 FROM idem_webhook_receipts e
+                                       WHERE e.state IN ('received', 'failed')
+                                         AND e.endpoint = r.endpoint AND e.entity_id = r.entity_id
+                                         AND e.id < r.id)
+                     ORDER BY r.id LIMIT $3
+                     FOR UPDATE SKIP LOCKED))
+                 RETURNING {COLUMNS}"
+            ))
+            .bind(now_ms)
+            .bind(lease_ms)
+            .bind(i64::from(limit))
+            .bind(endpoint)
+            .fetch_all(self.pool())
+            .await
+            .map_err(map_err)?;
+            let mut receipts = rows.iter().map(decode).collect::<Result<Vec<_>, _>>()?;
+            receipts.sort_by_key(|r| r.id);
+            Ok(receipts)
+        })
         .await
-        .map_err(map_err)?;
-        let mut receipts = rows.iter().map(decode).collect::<Result<Vec<_>, _>>()?;
-        receipts.sort_by_key(|r| r.id);
-        Ok(receipts)
     }
 
     async fn newest_version(
@@ -117,18 +123,23 @@ impl WebhookStore for PgStore {
         endpoint: &str,
         entity_id: &str,
     ) -> Result<Option<i64>, StoreError> {
-        sqlx::query_scalar(
-            "SELECT version FROM idem_webhook_entities WHERE endpoint = $1 AND entity_id = $2",
-        )
-        .bind(endpoint)
-        .bind(entity_id)
-        .fetch_optional(self.pool())
+        self.bounded(async {
+            sqlx::query_scalar(
+                "SELECT version FROM idem_webhook_entities WHERE endpoint = $1 AND entity_id = $2",
+            )
+            .bind(endpoint)
+            .bind(entity_id)
+            .fetch_optional(self.pool())
+            .await
+            .map_err(map_err)
+        })
         .await
-        .map_err(map_err)
     }
 
     async fn finish(&self, id: i64, outcome: &Finish, now_ms: i64) -> Result<(), StoreError> {
         let mut tx = self.begin().await?;
+        // The statements under the deadline; the commit under its own rule.
+        self.bounded(async {
         let q = match outcome {
             // A stale receipt was not handed to the handler: no attempt.
             Finish::Processed | Finish::Stale => sqlx::query(
@@ -183,6 +194,9 @@ impl WebhookStore for PgStore {
                 .map_err(map_err)?;
             }
         }
+        Ok(())
+        })
+        .await?;
         self.commit(tx).await
     }
 
@@ -192,18 +206,21 @@ impl WebhookStore for PgStore {
         state: Option<ReceiptState>,
         limit: u32,
     ) -> Result<Vec<Receipt>, StoreError> {
-        let rows = sqlx::query(&format!(
-            "SELECT {COLUMNS} FROM idem_webhook_receipts
-             WHERE ($1::text IS NULL OR endpoint = $1) AND ($2::text IS NULL OR state = $2)
-             ORDER BY id DESC LIMIT $3"
-        ))
-        .bind(endpoint)
-        .bind(state.map(ReceiptState::as_str))
-        .bind(i64::from(limit))
-        .fetch_all(self.pool())
+        self.bounded(async {
+            let rows = sqlx::query(&format!(
+                "SELECT {COLUMNS} FROM idem_webhook_receipts
+                 WHERE ($1::text IS NULL OR endpoint = $1) AND ($2::text IS NULL OR state = $2)
+                 ORDER BY id DESC LIMIT $3"
+            ))
+            .bind(endpoint)
+            .bind(state.map(ReceiptState::as_str))
+            .bind(i64::from(limit))
+            .fetch_all(self.pool())
+            .await
+            .map_err(map_err)?;
+            rows.iter().map(decode).collect()
+        })
         .await
-        .map_err(map_err)?;
-        rows.iter().map(decode).collect()
     }
 
     async fn get_receipt(
@@ -211,15 +228,18 @@ impl WebhookStore for PgStore {
         endpoint: &str,
         delivery_id: &str,
     ) -> Result<Option<Receipt>, StoreError> {
-        let row = sqlx::query(&format!(
-            "SELECT {COLUMNS} FROM idem_webhook_receipts WHERE endpoint = $1 AND delivery_id = $2"
-        ))
-        .bind(endpoint)
-        .bind(delivery_id)
-        .fetch_optional(self.pool())
+        self.bounded(async {
+            let row = sqlx::query(&format!(
+                "SELECT {COLUMNS} FROM idem_webhook_receipts WHERE endpoint = $1 AND delivery_id = $2"
+            ))
+            .bind(endpoint)
+            .bind(delivery_id)
+            .fetch_optional(self.pool())
+            .await
+            .map_err(map_err)?;
+            row.as_ref().map(decode).transpose()
+        })
         .await
-        .map_err(map_err)?;
-        row.as_ref().map(decode).transpose()
     }
 
     async fn replay_receipt(
@@ -228,54 +248,60 @@ impl WebhookStore for PgStore {
         delivery_id: &str,
         now_ms: i64,
     ) -> Result<Replay, StoreError> {
-        let requeued: Option<i64> = sqlx::query_scalar(
-            "UPDATE idem_webhook_receipts SET state = 'received', attempts = 0,
-                 available_at_ms = $3, locked_until_ms = NULL, finished_at_ms = NULL
-             WHERE endpoint = $1 AND delivery_id = $2 AND state IN ('failed', 'dead')
-             RETURNING id",
-        )
-        .bind(endpoint)
-        .bind(delivery_id)
-        .bind(now_ms)
-        .fetch_optional(self.pool())
-        .await
-        .map_err(map_err)?;
-        if requeued.is_some() {
-            return Ok(Replay::Requeued);
-        }
-        Ok(match self.get_receipt(endpoint, delivery_id).await? {
-            None => Replay::NotFound,
-            Some(r) if r.state == ReceiptState::Received => Replay::AlreadyQueued,
-            Some(r) => Replay::AlreadyFinished(r.state),
+        self.bounded(async {
+            let requeued: Option<i64> = sqlx::query_scalar(
+                "UPDATE idem_webhook_receipts SET state = 'received', attempts = 0,
+                     available_at_ms = $3, locked_until_ms = NULL, finished_at_ms = NULL
+                 WHERE endpoint = $1 AND delivery_id = $2 AND state IN ('failed', 'dead')
+                 RETURNING id",
+            )
+            .bind(endpoint)
+            .bind(delivery_id)
+            .bind(now_ms)
+            .fetch_optional(self.pool())
+            .await
+            .map_err(map_err)?;
+            if requeued.is_some() {
+                return Ok(Replay::Requeued);
+            }
+            Ok(match self.get_receipt(endpoint, delivery_id).await? {
+                None => Replay::NotFound,
+                Some(r) if r.state == ReceiptState::Received => Replay::AlreadyQueued,
+                Some(r) => Replay::AlreadyFinished(r.state),
+            })
         })
+        .await
     }
 
     async fn purge_expired_receipts(&self, now_ms: i64, limit: u32) -> Result<u64, StoreError> {
-        let done = sqlx::query(
-            "DELETE FROM idem_webhook_receipts WHERE id = ANY(ARRAY(
-                 SELECT id FROM idem_webhook_receipts WHERE expires_at_ms <= $1
-                 LIMIT $2 FOR UPDATE SKIP LOCKED))",
-        )
-        .bind(now_ms)
-        .bind(i64::from(limit))
-        .execute(self.pool())
+        self.bounded(async {
+            let done = sqlx::query(
+                "DELETE FROM idem_webhook_receipts WHERE id = ANY(ARRAY(
+                     SELECT id FROM idem_webhook_receipts WHERE expires_at_ms <= $1
+                     LIMIT $2 FOR UPDATE SKIP LOCKED))",
+            )
+            .bind(now_ms)
+            .bind(i64::from(limit))
+            .execute(self.pool())
+            .await
+            .map_err(map_err)?;
+            for sql in [
+                "DELETE FROM idem_webhook_entities WHERE ctid = ANY(ARRAY(
+                     SELECT ctid FROM idem_webhook_entities WHERE expires_at_ms <= $1
+                     LIMIT $2 FOR UPDATE SKIP LOCKED))",
+                "DELETE FROM idem_inbox WHERE ctid = ANY(ARRAY(
+                     SELECT ctid FROM idem_inbox WHERE subscriber_id LIKE 'webhook:%'
+                       AND expires_at_ms <= $1 LIMIT $2 FOR UPDATE SKIP LOCKED))",
+            ] {
+                sqlx::query(sql)
+                    .bind(now_ms)
+                    .bind(i64::from(limit))
+                    .execute(self.pool())
+                    .await
+                    .map_err(map_err)?;
+            }
+            Ok(done.rows_affected())
+        })
         .await
-        .map_err(map_err)?;
-        for sql in [
-            "DELETE FROM idem_webhook_entities WHERE ctid = ANY(ARRAY(
-                 SELECT ctid FROM idem_webhook_entities WHERE expires_at_ms <= $1
-                 LIMIT $2 FOR UPDATE SKIP LOCKED))",
-            "DELETE FROM idem_inbox WHERE ctid = ANY(ARRAY(
-                 SELECT ctid FROM idem_inbox WHERE subscriber_id LIKE 'webhook:%'
-                   AND expires_at_ms <= $1 LIMIT $2 FOR UPDATE SKIP LOCKED))",
-        ] {
-            sqlx::query(sql)
-                .bind(now_ms)
-                .bind(i64::from(limit))
-                .execute(self.pool())
-                .await
-                .map_err(map_err)?;
-        }
-        Ok(done.rows_affected())
     }
 }

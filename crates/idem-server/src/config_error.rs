@@ -34,7 +34,17 @@ pub fn redacted(text: &str, error: &toml::de::Error) -> String {
     }
     let mut message = error.message().trim().to_owned();
     for secret in secret_strings(text) {
-        message = message.replace(&secret, "[redacted]");
+        // Quoted, as serde and toml quote values; bare too when it is long
+        // enough not to be an ordinary word ("a" would eat every a).
+        for (open, close) in [("`", "`"), ("\"", "\""), ("'", "'")] {
+            message = message.replace(
+                &format!("{open}{secret}{close}"),
+                &format!("{open}[redacted]{close}"),
+            );
+        }
+        if secret.chars().count() >= 8 {
+            message = message.replace(&secret, "[redacted]");
+        }
     }
     format!("{place}{message}")
 }
@@ -177,6 +187,9 @@ mod tests {
         let e = error_of("[webhooks.g]\nscheme = 5\nsecrets = [\"s3cr3t-value\"]\n");
         assert!(e.contains("invalid type: integer `5`"), "{e}");
         assert!(!e.contains("s3cr3t"), "{e}");
+        // A short secret does not eat the letters of the message.
+        let e = error_of("[webhooks.g]\nscheme = \"github\"\nsecrets = [\"a\"]\nforwrd = \"a\"\n");
+        assert!(e.contains("unknown field `forwrd`, expected"), "{e}");
     }
 
     #[test]

@@ -65,7 +65,7 @@ pub async fn request_line(req: Request, next: Next) -> Response {
         %route,
         status = res.status().as_u16(),
         %outcome,
-        duration_ms = started.elapsed().as_secs_f64() * 1000.0,
+        duration_ms = %format_args!("{:.1}", started.elapsed().as_secs_f64() * 1000.0),
         "request"
     );
     res

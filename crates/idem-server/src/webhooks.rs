@@ -77,7 +77,8 @@ pub fn load(path: &std::path::Path) -> anyhow::Result<WebhookConfig> {
 
 /// Validates a configuration given as TOML text.
 pub fn parse(text: &str) -> anyhow::Result<WebhookConfig> {
-    let file: FileConfig = toml::from_str(text)?;
+    let file: FileConfig = toml::from_str(text)
+        .map_err(|e| anyhow::anyhow!(crate::config_error::redacted(text, &e)))?;
     let mut endpoints = Vec::new();
     for (name, config) in file.webhooks {
         let endpoint = Endpoint::from_config(&name, config)?;

@@ -461,3 +461,31 @@ async fn health_is_unauthenticated_and_cheap() {
         .unwrap();
     assert_eq!((r.status, r.body.as_slice()), (200, b"ok".as_slice()));
 }
+
+#[test]
+fn a_configuration_error_never_prints_a_secret() {
+    let dir = TempDir::new("cfg-secret");
+    let path = dir.path().join("idem.toml");
+    for text in [
+        "[webhooks.github]\nscheme = \"github\"\nsecrets = [\"s3cr3t-value-1\", 4242424242]\nforward_to = \"http://127.0.0.1:9/\"\n",
+        "[webhooks.github]\nscheme = \"github\"\nsecrets = [\"s3cr3t-value-1\"]\nforward_to = \"http://127.0.0.1:9/\"\nforward_too = \"s3cr3t-value-1\"\n",
+    ] {
+        std::fs::write(&path, text).unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+            .args(["serve", "--database-url", &dir.sqlite_url(), "--config"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("invalid configuration in") && err.contains("line "),
+            "{err}"
+        );
+        assert!(
+            !err.contains("s3cr3t") && !err.contains("4242424242"),
+            "{err}"
+        );
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    }
+}
