@@ -182,3 +182,6 @@ fn frame(h: &mut Sha256, bytes: &[u8]) {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod proptests;
