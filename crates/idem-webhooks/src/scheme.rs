@@ -313,12 +313,14 @@ impl Verifier {
 
     fn check_time(&self, name: &'static str, value: &str, now_s: i64) -> Result<(), VerifyError> {
         let ts = parse_timestamp(value).ok_or(VerifyError::Malformed(name))?;
+        // Saturating both ways: a clock near i64::MIN must not overflow `-skew`.
         let skew = now_s.saturating_sub(ts);
+        let ahead = skew.saturating_neg();
         let tolerance = i64::try_from(self.tolerance.as_secs()).unwrap_or(i64::MAX);
         if skew > tolerance {
             Err(VerifyError::TooOld(skew))
-        } else if -skew > tolerance {
-            Err(VerifyError::InFuture(-skew))
+        } else if ahead > tolerance {
+            Err(VerifyError::InFuture(ahead))
         } else {
             Ok(())
         }

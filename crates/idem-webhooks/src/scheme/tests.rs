@@ -526,3 +526,32 @@ fn signed_timestamps_are_digits_only() {
         );
     }
 }
+
+#[test]
+fn extreme_clocks_are_out_of_tolerance_not_a_panic() {
+    let v = verifier(Scheme::Slack, &["sl"]);
+    let body = b"{}";
+    for (ts, now) in [
+        ("0", i64::MIN),
+        ("0", i64::MAX),
+        ("999999999999999999", i64::MIN),
+        ("999999999999999999", i64::MAX),
+    ] {
+        let sig = format!(
+            "v0={}",
+            hmac_hex(b"sl", &[b"v0:", ts.as_bytes(), b":", body])
+        );
+        let h = headers(&[
+            ("x-slack-signature", sig),
+            ("x-slack-request-timestamp", ts.into()),
+        ]);
+        let result = v.verify(&h, body, now);
+        assert!(
+            matches!(
+                result,
+                Err(VerifyError::TooOld(_) | VerifyError::InFuture(_))
+            ),
+            "{ts} at {now}: {result:?}"
+        );
+    }
+}
