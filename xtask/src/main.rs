@@ -426,6 +426,12 @@ fn fuzz_targets(targets: &[&str], secs: u64) -> Result<()> {
             failed.push(*target);
         }
     }
+    // A closing line in the form test-result readers know.
+    eprintln!(
+        "fuzz: {} passed, {} failed",
+        targets.len() - failed.len(),
+        failed.len()
+    );
     if failed.is_empty() {
         Ok(())
     } else {
