@@ -75,7 +75,9 @@ pub struct FingerprintSpec {
 impl FingerprintSpec {
     /// Leaves a JSON field out of the fingerprint, named by an RFC 6901 JSON
     /// pointer such as `/metadata/trace_id`. Fields that vary between retries of
-    /// one intent (client timestamps, trace ids) belong here.
+    /// one intent (client timestamps, trace ids) belong here. Array steps are
+    /// indices as RFC 6901 writes them: `/items/0/ts`, while `/items/01/ts`
+    /// names no array element.
     ///
     /// Returns `None` if `pointer` is not a JSON pointer (it must start with `/`).
     pub fn ignore_field(mut self, pointer: &str) -> Option<Self> {
