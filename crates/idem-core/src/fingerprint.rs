@@ -1,8 +1,9 @@
 //! Request fingerprints: what makes two requests "the same intent".
 
+mod json;
+
 use std::fmt;
 
-use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::scope::Operation;
@@ -12,6 +13,12 @@ use crate::scope::Operation;
 /// JSON bodies are canonicalised first (object keys sorted, insignificant
 /// whitespace dropped, configured fields removed), so key order and formatting do
 /// not change the fingerprint. Any other body is hashed as raw bytes.
+///
+/// **Invariant:** two JSON bodies get one fingerprint exactly when they are the
+/// same JSON value (after the ignored fields are removed): numbers are compared
+/// by exact decimal value, never through `f64`, strings after their escapes are
+/// decoded, objects as maps in which the last of duplicated keys wins. See
+/// [`FingerprintSpec::canonical_body`] for the canonical form.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Fingerprint([u8; 32]);
 
@@ -68,7 +75,9 @@ pub struct FingerprintSpec {
 impl FingerprintSpec {
     /// Leaves a JSON field out of the fingerprint, named by an RFC 6901 JSON
     /// pointer such as `/metadata/trace_id`. Fields that vary between retries of
-    /// one intent (client timestamps, trace ids) belong here.
+    /// one intent (client timestamps, trace ids) belong here. Array steps are
+    /// indices as RFC 6901 writes them: `/items/0/ts`, while `/items/01/ts`
+    /// names no array element.
     ///
     /// Returns `None` if `pointer` is not a JSON pointer (it must start with `/`).
     pub fn ignore_field(mut self, pointer: &str) -> Option<Self> {
@@ -82,24 +91,24 @@ impl FingerprintSpec {
     }
 
     /// Computes the fingerprint of a request.
+    ///
+    /// A body marked as JSON is hashed in its canonical form
+    /// ([`canonical_body`](Self::canonical_body)); any other body, and a JSON
+    /// body the canonical reader refuses, is hashed as its raw bytes under a
+    /// different tag, so the two kinds never collide.
     pub fn fingerprint(&self, parts: &RequestParts<'_>) -> Fingerprint {
         let mut h = Sha256::new();
-        h.update(b"idem-fingerprint-v1\0");
+        h.update(PREFIX);
         frame(&mut h, parts.method.as_bytes());
         frame(&mut h, parts.operation.as_str().as_bytes());
         frame(&mut h, parts.target.as_bytes());
-        let parsed = if parts.json {
-            serde_json::from_slice::<Value>(parts.body).ok()
+        let canonical = if parts.json {
+            self.canonical_body(parts.body)
         } else {
             None
         };
-        match parsed {
-            Some(mut value) => {
-                for path in &self.ignored {
-                    remove_path(&mut value, path);
-                }
-                let mut canonical = Vec::with_capacity(parts.body.len());
-                write_canonical(&value, &mut canonical);
+        match canonical {
+            Some(canonical) => {
                 h.update(b"J");
                 frame(&mut h, &canonical);
             }
@@ -110,196 +119,71 @@ impl FingerprintSpec {
         }
         Fingerprint(h.finalize().into())
     }
+
+    /// The canonical form of a JSON body, as [`fingerprint`](Self::fingerprint)
+    /// hashes it, with the ignored fields removed; `None` when the body is
+    /// hashed as raw bytes instead.
+    ///
+    /// The body is read strictly by RFC 8259: UTF-8, escapes decoded (surrogate
+    /// pairs joined), any value at the top. The canonical form has no
+    /// whitespace, object keys in UTF-8 byte order with the last of duplicated
+    /// keys kept (what serde-based servers see), strings escaped minimally
+    /// (`"`, `\` and control characters only), and each number in one spelling
+    /// of its exact decimal value: `1`, `1.0` and `10e-1` are all `1`, while
+    /// `18446744073709551616` and `18446744073709551617`, or
+    /// `0.30000000000000001` and `0.3`, stay apart. Integers of up to 21 digits
+    /// are written in full, other numbers positionally (`12.34`, `0.00001`) or
+    /// in scientific notation (`1e-6`, `1.5e+300`); `-0` is `0`.
+    ///
+    /// `None` — the raw-bytes fallback — for a body that is not exactly JSON,
+    /// nests arrays and objects deeper than 128, or has a number whose exponent
+    /// (as written or normalised) is beyond ±999 999 999. The fallback is
+    /// deterministic and never merges two different bodies; it only stops
+    /// equivalent spellings of such a body from matching.
+    ///
+    /// ```
+    /// use idem_core::FingerprintSpec;
+    /// let spec = FingerprintSpec::default();
+    /// let canonical = spec.canonical_body(br#"{ "b": 1.50, "a": "\u0041" }"#);
+    /// assert_eq!(canonical.as_deref(), Some(&br#"{"a":"A","b":1.5}"#[..]));
+    /// assert_eq!(spec.canonical_body(b"{not json"), None);
+    /// ```
+    pub fn canonical_body(&self, body: &[u8]) -> Option<Vec<u8>> {
+        let mut value = json::parse(body)?;
+        for path in &self.ignored {
+            json::remove_path(&mut value, path);
+        }
+        let mut canonical = Vec::with_capacity(body.len());
+        json::write(&value, &mut canonical);
+        Some(canonical)
+    }
 }
+
+/// Domain separation for the digest.
+///
+/// Still `v1` after numbers stopped going through `f64`: for ordinary bodies —
+/// objects, arrays, strings, booleans, null, integers within `i64`/`u64`
+/// written as integers, and non-integers of at most 15 significant digits and
+/// 22 decimals such as `12.34` or `1.5` (which `serde_json` read exactly) —
+/// the canonical bytes are what they were, so records stored before an
+/// upgrade keep replaying a retry that arrives after it; `v2` would turn every
+/// such retry within the TTL into a 422. The bytes differ only for numbers the
+/// old form rounded (beyond `u64`, more significant digits), integers written
+/// with a fraction or an exponent (`1.0` and `1e3` were `1.0` and `1000.0`,
+/// now `1` and `1000`), `-0`, and numbers beyond `f64`'s range (then hashed
+/// raw): a retry of such a body across the upgrade gets a 422 and nothing runs
+/// twice. Every spelling, old or new, is a JSON number denoting its value, so
+/// a new request matches an old record only when its value is the number the
+/// old form wrote — for an ordinary body, that record's own value.
+const PREFIX: &[u8] = b"idem-fingerprint-v1\0";
 
 fn frame(h: &mut Sha256, bytes: &[u8]) {
     h.update((bytes.len() as u64).to_be_bytes());
     h.update(bytes);
 }
 
-fn remove_path(value: &mut Value, path: &[String]) {
-    let Some((last, parents)) = path.split_last() else {
-        return;
-    };
-    let mut cur = value;
-    for seg in parents {
-        cur = match cur {
-            Value::Object(map) => match map.get_mut(seg) {
-                Some(v) => v,
-                None => return,
-            },
-            Value::Array(items) => match seg.parse::<usize>().ok().and_then(|i| items.get_mut(i)) {
-                Some(v) => v,
-                None => return,
-            },
-            _ => return,
-        };
-    }
-    if let Value::Object(map) = cur {
-        map.remove(last);
-    }
-}
-
-/// Writes JSON with object keys sorted by their UTF-8 bytes and no whitespace,
-/// independently of how `serde_json` orders its maps.
-fn write_canonical(value: &Value, out: &mut Vec<u8>) {
-    match value {
-        Value::Object(map) => {
-            let mut entries: Vec<_> = map.iter().collect();
-            entries.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
-            out.push(b'{');
-            for (i, (k, v)) in entries.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write_string(k, out);
-                out.push(b':');
-                write_canonical(v, out);
-            }
-            out.push(b'}');
-        }
-        Value::Array(items) => {
-            out.push(b'[');
-            for (i, v) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write_canonical(v, out);
-            }
-            out.push(b']');
-        }
-        Value::String(s) => write_string(s, out),
-        // Scalars: serde_json's own rendering is already minimal and stable.
-        other => out.extend_from_slice(other.to_string().as_bytes()),
-    }
-}
-
-fn write_string(s: &str, out: &mut Vec<u8>) {
-    out.extend_from_slice(Value::String(s.to_owned()).to_string().as_bytes());
-}
+#[cfg(test)]
+mod tests;
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn fp(spec: &FingerprintSpec, json: bool, body: &str) -> Fingerprint {
-        let op = Operation::new("payments.create").unwrap();
-        spec.fingerprint(&RequestParts {
-            method: "POST",
-            operation: &op,
-            target: "/v1/payments",
-            json,
-            body: body.as_bytes(),
-        })
-    }
-
-    #[test]
-    fn key_order_and_whitespace_do_not_matter_for_json() {
-        let s = FingerprintSpec::default();
-        let a = fp(
-            &s,
-            true,
-            r#"{"amount":100,"currency":"EUR","meta":{"x":1,"y":[1,2]}}"#,
-        );
-        let b = fp(
-            &s,
-            true,
-            "{ \"meta\": {\"y\": [1, 2], \"x\": 1},\n \"currency\": \"EUR\", \"amount\": 100 }",
-        );
-        assert_eq!(a, b);
-    }
-
-    #[test]
-    fn values_and_array_order_do_matter() {
-        let s = FingerprintSpec::default();
-        assert_ne!(
-            fp(&s, true, r#"{"amount":100}"#),
-            fp(&s, true, r#"{"amount":101}"#)
-        );
-        assert_ne!(
-            fp(&s, true, r#"{"a":[1,2]}"#),
-            fp(&s, true, r#"{"a":[2,1]}"#)
-        );
-        assert_ne!(fp(&s, true, r#"{"a":"1"}"#), fp(&s, true, r#"{"a":1}"#));
-    }
-
-    #[test]
-    fn raw_bodies_are_hashed_byte_for_byte() {
-        let s = FingerprintSpec::default();
-        assert_ne!(fp(&s, false, r#"{"a":1}"#), fp(&s, false, r#"{ "a": 1 }"#));
-        // Invalid JSON under a JSON content type falls back to raw bytes.
-        assert_eq!(fp(&s, true, "{not json"), fp(&s, false, "{not json"));
-    }
-
-    #[test]
-    fn method_operation_and_target_are_covered() {
-        let s = FingerprintSpec::default();
-        let op = Operation::new("refunds.create").unwrap();
-        let other = Operation::new("refunds.other").unwrap();
-        let base = RequestParts {
-            method: "POST",
-            operation: &op,
-            target: "/v1/payments/a/refunds",
-            json: true,
-            body: b"{}",
-        };
-        let f = s.fingerprint(&base);
-        assert_ne!(
-            f,
-            s.fingerprint(&RequestParts {
-                method: "PATCH",
-                ..base
-            })
-        );
-        assert_ne!(
-            f,
-            s.fingerprint(&RequestParts {
-                operation: &other,
-                ..base
-            })
-        );
-        assert_ne!(
-            f,
-            s.fingerprint(&RequestParts {
-                target: "/v1/payments/b/refunds",
-                ..base
-            })
-        );
-    }
-
-    #[test]
-    fn ignored_fields_are_left_out() {
-        let s = FingerprintSpec::default()
-            .ignore_field("/client_ts")
-            .unwrap()
-            .ignore_field("/meta/trace~1id")
-            .unwrap();
-        let a = fp(
-            &s,
-            true,
-            r#"{"amount":1,"client_ts":"x","meta":{"trace/id":"a","k":1}}"#,
-        );
-        let b = fp(
-            &s,
-            true,
-            r#"{"amount":1,"client_ts":"y","meta":{"trace/id":"b","k":1}}"#,
-        );
-        let c = fp(&s, true, r#"{"amount":1,"meta":{"k":1}}"#);
-        assert_eq!(a, b);
-        assert_eq!(a, c);
-        assert_ne!(a, fp(&s, true, r#"{"amount":1,"meta":{"k":2}}"#));
-        assert!(
-            FingerprintSpec::default()
-                .ignore_field("no-slash")
-                .is_none()
-        );
-    }
-
-    #[test]
-    fn hex_roundtrip() {
-        let f = fp(&FingerprintSpec::default(), true, "{}");
-        assert_eq!(f.to_hex().len(), 64);
-        assert_eq!(Fingerprint::from_slice(f.as_bytes()), Some(f));
-        assert_eq!(Fingerprint::from_slice(&[0u8; 31]), None);
-    }
-}
+mod proptests;

@@ -6,7 +6,9 @@
 //! - [`IdempotencyKey`], [`Tenant`], [`Operation`] and [`Scope`]: who a key
 //!   belongs to; each can only be built valid.
 //! - [`Fingerprint`] and [`FingerprintSpec`]: what makes two requests the same
-//!   intent (SHA-256 over method, operation, target and canonical body).
+//!   intent (SHA-256 over method, operation, target and canonical body; JSON
+//!   numbers compared by exact value, so a different JSON value is always a
+//!   different fingerprint).
 //! - [`RecordState`], [`StoredRecord`], [`Completion`] and [`decide`]: the record
 //!   state machine and the replay / mismatch / in-flight decision.
 //! - [`Policy`]: per-operation TTL and bounded wait.

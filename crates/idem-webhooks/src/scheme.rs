@@ -137,14 +137,46 @@ pub struct Verifier {
     tolerance: Duration,
 }
 
+/// Strict hex: pairs of `[0-9a-fA-F]` only. (`u8::from_str_radix` would also
+/// take `+f`, so one signature would have several spellings.)
 fn hex_decode(s: &str) -> Option<Vec<u8>> {
+    fn nibble(b: u8) -> Option<u8> {
+        match b {
+            b'0'..=b'9' => Some(b - b'0'),
+            b'a'..=b'f' => Some(b - b'a' + 10),
+            b'A'..=b'F' => Some(b - b'A' + 10),
+            _ => None,
+        }
+    }
+    let s = s.as_bytes();
     if s.len() % 2 != 0 {
         return None;
     }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+    s.chunks_exact(2)
+        .map(|pair| Some(nibble(pair[0])? << 4 | nibble(pair[1])?))
         .collect()
+}
+
+/// The longest signed timestamp read, in digits: unix seconds have 10 until
+/// the year 2286, and 18 digits always fit an `i64`.
+const TIMESTAMP_DIGITS_MAX: usize = 18;
+
+/// A signed unix timestamp: ASCII digits only, no sign, no leading zero, no
+/// inner whitespace, at most [`TIMESTAMP_DIGITS_MAX`] digits (`str::parse`
+/// would also take `+1700000000` and `01700000000`).
+fn parse_timestamp(value: &str) -> Option<i64> {
+    let bytes = value.as_bytes();
+    let canonical = (1..=TIMESTAMP_DIGITS_MAX).contains(&bytes.len())
+        && bytes.iter().all(u8::is_ascii_digit)
+        && (bytes[0] != b'0' || bytes.len() == 1);
+    if !canonical {
+        return None;
+    }
+    Some(
+        bytes
+            .iter()
+            .fold(0i64, |acc, &d| acc * 10 + i64::from(d - b'0')),
+    )
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -283,13 +315,15 @@ impl Verifier {
     }
 
     fn check_time(&self, name: &'static str, value: &str, now_s: i64) -> Result<(), VerifyError> {
-        let ts: i64 = value.parse().map_err(|_| VerifyError::Malformed(name))?;
+        let ts = parse_timestamp(value).ok_or(VerifyError::Malformed(name))?;
+        // Saturating both ways: a clock near i64::MIN must not overflow `-skew`.
         let skew = now_s.saturating_sub(ts);
+        let ahead = skew.saturating_neg();
         let tolerance = i64::try_from(self.tolerance.as_secs()).unwrap_or(i64::MAX);
         if skew > tolerance {
             Err(VerifyError::TooOld(skew))
-        } else if -skew > tolerance {
-            Err(VerifyError::InFuture(-skew))
+        } else if ahead > tolerance {
+            Err(VerifyError::InFuture(ahead))
         } else {
             Ok(())
         }

@@ -399,3 +399,159 @@ fn secrets_never_show_in_debug() {
         SecretError::Empty { index: 0 }
     );
 }
+
+#[test]
+fn hex_signatures_are_strict() {
+    assert_eq!(hex_decode("00ff0A"), Some(vec![0, 0xff, 0x0a]));
+    for bad in ["+f", "0+f0", "-f", " f", "f ", "0x", "g0", "é0", "0"] {
+        assert_eq!(hex_decode(bad), None, "{bad:?}");
+    }
+    // Real signatures whose first byte is below 0x10, spelled with `+`
+    // instead of their leading `0`: the same bytes to a lenient decoder.
+    let body = br#"{"id":"evt_1"}"#;
+    let t = NOW.to_string();
+    let sign = |scheme: Scheme, secret: &str| {
+        (0..)
+            .map(|i| format!("{}{i}", secret))
+            .map(|secret| {
+                let key = secret.as_bytes();
+                let sig = match scheme {
+                    Scheme::Stripe => hmac_hex(key, &[t.as_bytes(), b".", body]),
+                    Scheme::Slack => hmac_hex(key, &[b"v0:", t.as_bytes(), b":", body]),
+                    _ => hmac_hex(key, &[body]),
+                };
+                (verifier(scheme, &[&secret]), sig)
+            })
+            .find(|(_, sig)| sig.starts_with('0'))
+            .unwrap()
+    };
+    let (github, sig) = sign(Scheme::Github, "gh");
+    let h = |sig: &str| headers(&[("x-hub-signature-256", format!("sha256={sig}"))]);
+    assert!(github.verify(&h(&sig), body, NOW).is_ok());
+    assert!(github.verify(&h(&sig.to_uppercase()), body, NOW).is_ok());
+    assert_eq!(
+        github.verify(&h(&format!("+{}", &sig[1..])), body, NOW),
+        Err(VerifyError::Malformed("x-hub-signature-256"))
+    );
+    let (slack, sig) = sign(Scheme::Slack, "sl");
+    let h = |sig: &str| {
+        headers(&[
+            ("x-slack-signature", format!("v0={sig}")),
+            ("x-slack-request-timestamp", t.clone()),
+        ])
+    };
+    assert!(slack.verify(&h(&sig), body, NOW).is_ok());
+    assert_eq!(
+        slack.verify(&h(&format!("+{}", &sig[1..])), body, NOW),
+        Err(VerifyError::Malformed("x-slack-signature"))
+    );
+    // Stripe skips v1 entries it cannot read, so it is no match at all.
+    let (stripe, sig) = sign(Scheme::Stripe, "st");
+    let h = |v1: &str| headers(&[("stripe-signature", format!("t={t},v1={v1}"))]);
+    assert!(stripe.verify(&h(&sig), body, NOW).is_ok());
+    assert_eq!(
+        stripe.verify(&h(&format!("+{}", &sig[1..])), body, NOW),
+        Err(VerifyError::NoMatch)
+    );
+}
+
+#[test]
+fn signed_timestamps_are_digits_only() {
+    assert_eq!(parse_timestamp("1700000000"), Some(NOW));
+    assert_eq!(parse_timestamp("0"), Some(0));
+    assert_eq!(
+        parse_timestamp("999999999999999999"),
+        Some(999_999_999_999_999_999)
+    );
+    for bad in [
+        "+1700000000",
+        "-1700000000",
+        "01700000000",
+        "00",
+        "",
+        " 1700000000",
+        "1700000000 ",
+        "17000 00000",
+        "1_700_000_000",
+        "1700000000.0",
+        "1e9",
+        "１７００００００００",
+        "1000000000000000000",
+    ] {
+        assert_eq!(parse_timestamp(bad), None, "{bad:?}");
+    }
+    let body = br#"{"id":"evt_1","type":"x"}"#;
+    // Each scheme with a timestamp, correctly signed over a lenient spelling
+    // of `NOW`: refused as malformed, not verified.
+    for ts in ["+1700000000", "01700000000"] {
+        let stripe = headers(&[(
+            "stripe-signature",
+            format!(
+                "t={ts},v1={}",
+                hmac_hex(b"st", &[ts.as_bytes(), b".", body])
+            ),
+        )]);
+        assert_eq!(
+            verifier(Scheme::Stripe, &["st"]).verify(&stripe, body, NOW),
+            Err(VerifyError::Malformed("stripe-signature")),
+            "{ts}"
+        );
+        let key = b"0123456789abcdef0123456789abcdef";
+        let v1 = hmac_b64(key, &[b"msg_1.", ts.as_bytes(), b".", body]);
+        let standard = headers(&[
+            ("webhook-id", "msg_1".into()),
+            ("webhook-timestamp", ts.into()),
+            ("webhook-signature", format!("v1,{v1}")),
+        ]);
+        let secret = format!("whsec_{}", B64.encode(key));
+        assert_eq!(
+            verifier(Scheme::Standard, &[&secret]).verify(&standard, body, NOW),
+            Err(VerifyError::Malformed("webhook-timestamp")),
+            "{ts}"
+        );
+        let slack = headers(&[
+            (
+                "x-slack-signature",
+                format!(
+                    "v0={}",
+                    hmac_hex(b"sl", &[b"v0:", ts.as_bytes(), b":", body])
+                ),
+            ),
+            ("x-slack-request-timestamp", ts.into()),
+        ]);
+        assert_eq!(
+            verifier(Scheme::Slack, &["sl"]).verify(&slack, body, NOW),
+            Err(VerifyError::Malformed("x-slack-request-timestamp")),
+            "{ts}"
+        );
+    }
+}
+
+#[test]
+fn extreme_clocks_are_out_of_tolerance_not_a_panic() {
+    let v = verifier(Scheme::Slack, &["sl"]);
+    let body = b"{}";
+    for (ts, now) in [
+        ("0", i64::MIN),
+        ("0", i64::MAX),
+        ("999999999999999999", i64::MIN),
+        ("999999999999999999", i64::MAX),
+    ] {
+        let sig = format!(
+            "v0={}",
+            hmac_hex(b"sl", &[b"v0:", ts.as_bytes(), b":", body])
+        );
+        let h = headers(&[
+            ("x-slack-signature", sig),
+            ("x-slack-request-timestamp", ts.into()),
+        ]);
+        let result = v.verify(&h, body, now);
+        assert!(
+            matches!(
+                result,
+                Err(VerifyError::TooOld(_) | VerifyError::InFuture(_))
+            ),
+            "{ts} at {now}: {result:?}"
+        );
+    }
+}
