@@ -14,7 +14,9 @@ const USAGE: &str = "\
 usage: cargo xtask <command>
 
 commands:
-  test [nextest args]      provision PostgreSQL 15 and NATS on loopback, run the whole suite, stop them
+  test [nextest args]      provision PostgreSQL 15 and NATS on loopback, run the whole suite (tests,
+                           doc tests, 20 s per fuzz target), stop them; with nextest args (a filter),
+                           only those tests
   bench [idem bench args]  the same servers, then `idem bench` in release mode
   fuzz [TARGET] [--secs N] run the fuzz targets of fuzz/ (every target, 180 s each, by default)
   help                     this text";
@@ -269,6 +271,14 @@ fn test(extra: &[String]) -> Result<()> {
         .env("IDEM_TEST_NATS_URL", nats.url())
         .env("IDEM_TEST_NATS_SERVER", &nats_bin);
     let result = run(&mut cmd);
+    if !extra.is_empty() {
+        // A filtered run is a developer's loop: the doc tests and the fuzz
+        // targets belong to the whole suite.
+        eprintln!("xtask: filtered run; doc tests and fuzzing skipped");
+        drop(nats);
+        drop(pg);
+        return result;
+    }
     // Doc tests are not run by nextest.
     let docs = if have_nextest {
         run(Command::new("cargo").args(["test", "--workspace", "--doc"]))

@@ -377,6 +377,25 @@ macro_rules! drills {
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn numbers_that_differ_only_beyond_a_double_are_different_requests() {
+                let f = setup().await;
+                for (key, first, second) in [
+                    ("n-big", "18446744073709551616", "18446744073709551617"),
+                    ("n-dec", "0.30000000000000001", "0.3"),
+                ] {
+                    let body = |n: &str| format!(r#"{{"amount":1000,"currency":"EUR","customer":"cus_n","meta":{n}}}"#);
+                    assert_eq!(create(f.addr, key, &body(first)).await.status, 201);
+                    let other = create(f.addr, key, &body(second)).await;
+                    assert_eq!(other.status, 422, "{first} and {second} are different requests");
+                    assert_eq!(other.problem_type(), "https://idem.dev/problems/idempotency-key-reused");
+                    // The same number spelled differently is the same request.
+                    let spelled = body(first).replace(first, &format!("{first}e0"));
+                    assert!(create(f.addr, key, &spelled).await.replayed());
+                }
+                assert_eq!(payments_of(f.addr, "cus_n").await.len(), 2);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn the_table_itself_refuses_an_over_refund() {
                 let f = setup().await;
                 assert_eq!(create(f.addr, "c-check", PAY).await.status, 201);
