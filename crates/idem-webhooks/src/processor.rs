@@ -340,8 +340,12 @@ impl<S: WebhookStore, C: Clock> Processor<S, C> {
                         }
                         Err(e) => {
                             failures = failures.saturating_add(1);
-                            tracing::warn!(endpoint, error = %e, rounds = failures,
-                                           "webhook store unavailable");
+                            tracing::warn!(
+                                endpoint,
+                                error = &e as &dyn std::error::Error,
+                                rounds = failures,
+                                "webhook store unavailable"
+                            );
                             next_claim = now + self.config.backoff.delay(failures, 1.0);
                         }
                     }
@@ -350,7 +354,7 @@ impl<S: WebhookStore, C: Clock> Processor<S, C> {
                     in_flight.remove(&r.id);
                     if let Err(e) = result {
                         // The receipt comes back when its lease ends.
-                        tracing::warn!(endpoint, delivery = %r.receipt.delivery_id, error = %e,
+                        tracing::warn!(endpoint, delivery = %r.receipt.delivery_id, error = &e as &dyn std::error::Error,
                                        "webhook outcome not recorded");
                     }
                     if r.receipt.entity_id.is_some() {
@@ -387,7 +391,9 @@ impl<S: WebhookStore, C: Clock> Processor<S, C> {
                 match self.store.purge_expired_receipts(now, 1000).await {
                     Ok(0) => {}
                     Ok(n) => tracing::info!(deleted = n, "expired webhook receipts deleted"),
-                    Err(e) => tracing::warn!(error = %e, "webhook gc failed"),
+                    Err(e) => {
+                        tracing::warn!(error = &e as &dyn std::error::Error, "webhook gc failed")
+                    }
                 }
                 tokio::time::sleep(gc_every).await;
             }
