@@ -413,6 +413,10 @@ struct BodyGuard {
 /// handler made of the unreadable body (it never got a complete one, so it
 /// could not have acted on it).
 async fn guard_body(State(guard): State<BodyGuard>, req: Request, next: Next) -> Response {
+    if http_body::Body::is_end_stream(req.body()) {
+        // No body (a GET, `Content-Length: 0`): nothing to bound.
+        return next.run(req).await;
+    }
     let cut = Arc::new(OnceLock::new());
     // Bytes read stay counted until the answer is ready: the handler holds
     // them until then, whatever happened to the body object.
