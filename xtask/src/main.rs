@@ -8,6 +8,7 @@
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 const USAGE: &str = "\
@@ -53,14 +54,88 @@ fn is_root() -> bool {
         .unwrap_or(false)
 }
 
+/// Set by Ctrl-C or SIGTERM: the command running is asked to stop, and the
+/// servers are stopped on the way out.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+/// Catches Ctrl-C and SIGTERM so the throwaway servers are stopped (the
+/// `Drop`s run) instead of outliving xtask. The terminal's Ctrl-C reaches the
+/// child commands too; a SIGTERM to xtask alone is passed on to them.
+fn catch_interrupts() {
+    if let Err(e) = ctrlc::set_handler(|| INTERRUPTED.store(true, Ordering::SeqCst)) {
+        eprintln!("xtask: cannot catch Ctrl-C ({e}); an interrupted run may leave its servers");
+    }
+}
+
 fn run(cmd: &mut Command) -> Result<()> {
-    let status = cmd
-        .status()
+    if INTERRUPTED.load(Ordering::SeqCst) {
+        return Err("interrupted".into());
+    }
+    let mut child = cmd
+        .spawn()
         .map_err(|e| format!("failed to start {cmd:?}: {e}"))?;
-    if status.success() {
+    let mut forwarded = false;
+    let status = loop {
+        if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
+            break status;
+        }
+        if INTERRUPTED.load(Ordering::SeqCst) && !forwarded {
+            forwarded = true;
+            let _ = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    if INTERRUPTED.load(Ordering::SeqCst) {
+        Err("interrupted; servers stopped".into())
+    } else if status.success() {
         Ok(())
     } else {
         Err(format!("{cmd:?} exited with {status}"))
+    }
+}
+
+/// Removes what runs killed without a chance to clean up left in `root`: a
+/// `pg-<pid>` or `nats-<pid>` directory whose xtask is gone, stopping its
+/// server first.
+fn sweep(root: &Path) {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix("pg-")
+            .or_else(|| name.strip_prefix("nats-"))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        let dir = entry.path();
+        if name.starts_with("pg-") && dir.join("data/postmaster.pid").exists() {
+            eprintln!("xtask: stopping a PostgreSQL left by an interrupted run ({name})");
+            if let Ok(bindir) = postgres_bindir() {
+                let pg = Postgres {
+                    bindir,
+                    dir: dir.clone(),
+                    as_postgres_user: is_root(),
+                    port: 0,
+                };
+                drop(pg);
+            }
+        }
+        if let Ok(pid) = std::fs::read_to_string(dir.join("nats.pid")) {
+            let pid = pid.trim();
+            if Path::new(&format!("/proc/{pid}")).exists() {
+                eprintln!("xtask: stopping a nats-server left by an interrupted run ({name})");
+                let _ = Command::new("kill").args(["-KILL", pid]).status();
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
 
@@ -222,6 +297,7 @@ impl Nats {
             .stderr(Stdio::null())
             .spawn()
             .map_err(|e| format!("failed to start {binary:?}: {e}"))?;
+        let _ = std::fs::write(dir.join("nats.pid"), child.id().to_string());
         let nats = Self { child, dir, port };
         let deadline = Instant::now() + Duration::from_secs(30);
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
@@ -247,7 +323,17 @@ impl Drop for Nats {
 }
 
 fn test(extra: &[String]) -> Result<()> {
+    if extra.iter().any(|a| a == "--help" || a == "-h") {
+        println!(
+            "{USAGE}\n\nOther arguments go to `cargo nextest run` (e.g. -E 'test(/webhook/)')."
+        );
+        return Ok(());
+    }
+    // Checked before the suite, not after six minutes of it.
+    let fuzz_secs = fuzz_secs_in_test()?;
+    catch_interrupts();
     let root = std::env::temp_dir().join("idem-xtask");
+    sweep(&root);
     let pg = Postgres::start(&root)?;
     eprintln!("xtask: PostgreSQL 15 on 127.0.0.1:{}", pg.port);
     let nats_bin = nats_binary()?;
@@ -271,10 +357,12 @@ fn test(extra: &[String]) -> Result<()> {
         .env("IDEM_TEST_NATS_URL", nats.url())
         .env("IDEM_TEST_NATS_SERVER", &nats_bin);
     let result = run(&mut cmd);
-    if !extra.is_empty() {
+    if !extra.is_empty() || INTERRUPTED.load(Ordering::SeqCst) {
         // A filtered run is a developer's loop: the doc tests and the fuzz
-        // targets belong to the whole suite.
-        eprintln!("xtask: filtered run; doc tests and fuzzing skipped");
+        // targets belong to the whole suite. An interrupted one stops here.
+        if !INTERRUPTED.load(Ordering::SeqCst) {
+            eprintln!("xtask: filtered run; doc tests and fuzzing skipped");
+        }
         drop(nats);
         drop(pg);
         return result;
@@ -287,7 +375,7 @@ fn test(extra: &[String]) -> Result<()> {
     };
     drop(nats);
     drop(pg);
-    let fuzzing = match fuzz_secs_in_test()? {
+    let fuzzing = match fuzz_secs {
         0 => Ok(()),
         secs => fuzz_targets(FUZZ_TARGETS, secs),
     };
@@ -297,7 +385,9 @@ fn test(extra: &[String]) -> Result<()> {
 /// Runs `idem bench` (release build) on SQLite, a throwaway PostgreSQL and a
 /// throwaway NATS server.
 fn bench(extra: &[String]) -> Result<()> {
+    catch_interrupts();
     let root = std::env::temp_dir().join("idem-xtask");
+    sweep(&root);
     let pg = Postgres::start(&root)?;
     let nats = Nats::start(&root, &nats_binary()?)?;
     let sqlite = root.join(format!("bench-{}.db", std::process::id()));
@@ -362,6 +452,14 @@ fn fuzz(args: &[String]) -> Result<()> {
                     .and_then(|s| s.parse().ok())
                     .filter(|s| (1..=FUZZ_SECS_MAX).contains(s))
                     .ok_or_else(|| format!("--secs takes 1 to {FUZZ_SECS_MAX}"))?;
+            }
+            "--help" | "-h" => {
+                println!(
+                    "usage: cargo xtask fuzz [TARGET] [--secs N]\n\ntargets: {}\n\
+                     default: every target, {FUZZ_SECS_DEFAULT} s each",
+                    FUZZ_TARGETS.join(", ")
+                );
+                return Ok(());
             }
             t if target.is_none() && FUZZ_TARGETS.contains(&t) => target = Some(t),
             other => {
