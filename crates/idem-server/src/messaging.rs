@@ -50,7 +50,9 @@ pub async fn prepare(url: &str, name: &str, shutdown: watch::Receiver<bool>) -> 
     // would only wait for its own timeout. Say what is wrong meanwhile.
     let mut waited = 0u32;
     while !idem_nats::is_connected(&js) {
-        if waited % 25 == 0 {
+        // After a second (a healthy server is connected by then), then
+        // every five.
+        if waited % 25 == 5 {
             let reach = probe(url).await;
             tracing::warn!(url, reach, "NATS not reachable; retrying");
         }
@@ -79,6 +81,7 @@ pub async fn prepare(url: &str, name: &str, shutdown: watch::Receiver<bool>) -> 
                 if attempts > 0 {
                     tracing::info!(url, "NATS reachable; streams ready");
                 }
+                tokio::spawn(watch_connection(url.to_owned(), js.clone(), shutdown));
                 return Some(js);
             }
             Err(e) => {
@@ -100,6 +103,45 @@ pub async fn prepare(url: &str, name: &str, shutdown: watch::Receiver<bool>) -> 
             _ = tokio::time::sleep(delay) => {}
         }
         delay = (delay * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// Says when the connection to NATS is lost (with what the address answers)
+/// and when it is back, until `shutdown`. The client reconnects by itself;
+/// meanwhile events wait in the outbox and deliveries in the stream.
+async fn watch_connection(url: String, js: Context, shutdown: watch::Receiver<bool>) {
+    let mut connected = true;
+    let mut down_for = 0u32;
+    loop {
+        tokio::select! {
+            _ = stopped(shutdown.clone()) => return,
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+        match (connected, idem_nats::is_connected(&js)) {
+            (true, false) => {
+                connected = false;
+                down_for = 0;
+                let reach = probe(&url).await;
+                tracing::warn!(url, reach, "lost the connection to NATS; reconnecting");
+            }
+            (false, false) => {
+                down_for += 1;
+                if down_for % 30 == 0 {
+                    let reach = probe(&url).await;
+                    tracing::warn!(
+                        url,
+                        reach,
+                        seconds = down_for,
+                        "still not connected to NATS"
+                    );
+                }
+            }
+            (false, true) => {
+                connected = true;
+                tracing::info!(url, "connected to NATS again");
+            }
+            (true, true) => {}
+        }
     }
 }
 

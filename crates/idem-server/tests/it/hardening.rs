@@ -489,3 +489,55 @@ fn a_configuration_error_never_prints_a_secret() {
         assert_eq!(err.trim_end().lines().count(), 1, "{err}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_says_when_nats_goes_away_and_when_it_is_back() {
+    let dir = TempDir::new("relay-watch");
+    let mut nats = idem_testkit::NatsServer::start();
+    let db = dir.sqlite_url();
+    let migrated = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["migrate", "--database-url", &db])
+        .output()
+        .unwrap();
+    assert!(migrated.status.success());
+    let args: Vec<String> = ["relay", "--database-url", &db, "--nats-url", &nats.url()]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let relay = Proc::spawn(&args, None);
+    let wait_for = |needle: &'static str| {
+        let relay = &relay;
+        async move {
+            for _ in 0..200 {
+                if relay.log().contains(needle) {
+                    return true;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            false
+        }
+    };
+    assert!(
+        wait_for("relay publishing the outbox").await,
+        "{}",
+        relay.log()
+    );
+    assert!(
+        !relay.log().contains("not reachable"),
+        "no false alarm on a healthy start: {}",
+        relay.log()
+    );
+    nats.kill();
+    assert!(
+        wait_for("lost the connection to NATS").await,
+        "{}",
+        relay.log()
+    );
+    assert!(
+        relay.log().to_lowercase().contains("refused"),
+        "{}",
+        relay.log()
+    );
+    nats.restart();
+    assert!(wait_for("connected to NATS again").await, "{}", relay.log());
+}
