@@ -319,6 +319,21 @@ enum Db {
     Postgres(PgStore),
 }
 
+/// Opens a database that must exist already: an operator command pointed at
+/// the wrong file must not report an empty, brand-new one as "all clear".
+async fn open_existing(url: &str) -> anyhow::Result<Db> {
+    if let Some(path) = idem_sqlite::file_path(url) {
+        if !path.is_empty() && !std::path::Path::new(path).exists() {
+            bail!(
+                "no SQLite database at {path}: pass --database-url (or IDEM_DATABASE_URL), \
+                 or create it with idem serve or idem migrate"
+            );
+        }
+    }
+    open(url).await
+}
+
+/// Opens the database, creating an SQLite file if missing, and migrates it.
 async fn open(url: &str) -> anyhow::Result<Db> {
     let db = if url.starts_with("sqlite:") {
         let store = SqliteStore::connect(url, SqliteConfig::default())
@@ -570,7 +585,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 bail!("--lease must be at least 1s and shorter than the 5 min duplicate window");
             }
             let shutdown = shutdown_signal();
-            match open(&db.database_url).await? {
+            match open_existing(&db.database_url).await? {
                 Db::Sqlite(store) => {
                     let poll = Duration::from_millis(200);
                     run_relay(store, &nats_url, Polling, poll, lease, shutdown).await?
@@ -594,7 +609,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             else {
                 return Ok(());
             };
-            match open(&db.database_url).await? {
+            match open_existing(&db.database_url).await? {
                 Db::Sqlite(store) => {
                     messaging::consume(store, js, sqlite_demo::Ledger, config, shutdown).await
                 }
@@ -622,7 +637,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             println!("migrations applied");
         }
         Command::Gc { db } => {
-            let n = match open(&db.database_url).await? {
+            let n = match open_existing(&db.database_url).await? {
                 Db::Sqlite(s) => gc_once(&s).await?,
                 Db::Postgres(s) => gc_once(&s).await?,
             };
@@ -632,13 +647,13 @@ async fn run(command: Command) -> anyhow::Result<()> {
             let (WebhookAction::List { db, .. }
             | WebhookAction::Show { db, .. }
             | WebhookAction::Replay { db, .. }) = &action;
-            match open(&db.database_url).await? {
+            match open_existing(&db.database_url).await? {
                 Db::Sqlite(s) => webhooks_command(&s, action).await?,
                 Db::Postgres(s) => webhooks_command(&s, action).await?,
             }
         }
         Command::Stats { db } => {
-            let v = match open(&db.database_url).await? {
+            let v = match open_existing(&db.database_url).await? {
                 Db::Sqlite(s) => store_stats_json(&s).await?,
                 Db::Postgres(s) => store_stats_json(&s).await?,
             };

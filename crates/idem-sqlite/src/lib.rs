@@ -120,6 +120,13 @@ impl SqliteStore {
                 source: "an in-memory SQLite database is not durable; use a file".into(),
             });
         }
+        if file_path(url).is_some_and(str::is_empty) {
+            return Err(StoreError::Database {
+                source: "an empty SQLite path is a temporary database, not durable; name a file \
+                         (sqlite://idem.db)"
+                    .into(),
+            });
+        }
         let options = SqliteConnectOptions::from_str(url)
             .map_err(|e| StoreError::Database { source: e.into() })?
             .create_if_missing(true)
@@ -191,6 +198,15 @@ impl SqliteStore {
             other => other,
         }
     }
+}
+
+/// The file an `sqlite:` URL names (`sqlite://PATH?…` or `sqlite:PATH`), or
+/// `None` for another scheme.
+pub fn file_path(url: &str) -> Option<&str> {
+    let rest = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))?;
+    Some(rest.split('?').next().unwrap_or(rest))
 }
 
 const INSERT_CLAIM: &str = "\

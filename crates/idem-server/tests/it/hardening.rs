@@ -385,6 +385,32 @@ async fn every_error_is_problem_json_and_every_request_is_logged() {
 }
 
 #[test]
+fn operator_commands_refuse_a_database_that_does_not_exist() {
+    let dir = TempDir::new("nodb");
+    let url = dir.sqlite_url();
+    for args in [
+        vec!["stats", "--database-url", &url],
+        vec!["gc", "--database-url", &url],
+        vec!["webhooks", "list", "--database-url", &url],
+        vec!["relay", "--database-url", &url, "--nats-url", "nats://127.0.0.1:1"],
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("no SQLite database at"), "{args:?}: {err}");
+    }
+    assert!(!dir.path().join("idem.db").exists(), "nothing was created");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["serve", "--database-url", "sqlite://"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("empty SQLite path"));
+}
+
+#[test]
 fn bad_settings_are_one_line_even_with_backtraces_on() {
     let dir = TempDir::new("oneline");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
@@ -410,6 +436,11 @@ fn bad_settings_are_one_line_even_with_backtraces_on() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relay_with_its_broker_unreachable_stops_at_once_and_says_why() {
     let dir = TempDir::new("relay-down");
+    let migrated = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["migrate", "--database-url", &dir.sqlite_url()])
+        .output()
+        .unwrap();
+    assert!(migrated.status.success());
     let port = crate::process::free_port();
     let url = format!("nats://127.0.0.1:{port}");
     let args: Vec<String> = [
