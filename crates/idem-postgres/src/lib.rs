@@ -222,9 +222,25 @@ impl PgStore {
             // A connection that died while idle fails at `BEGIN`, before
             // anything happened, and `begin_waiting` retries on a fresh one.
             .test_before_acquire(false)
-            .connect_with(options)
-            .await
-            .map_err(map_err)?;
+            .connect_with(options.clone())
+            .await;
+        let pool = match pool {
+            Ok(pool) => pool,
+            // The pool retried until its timeout and kept only "timed out";
+            // one direct attempt says why (refused, unknown database, …).
+            Err(sqlx::Error::PoolTimedOut) => {
+                use sqlx::ConnectOptions;
+                let cause = match tokio::time::timeout(config.acquire_timeout, options.connect()).await {
+                    Ok(Err(e)) => e.to_string(),
+                    Ok(Ok(_)) => "the server accepted a connection only after the pool gave up".into(),
+                    Err(_) => format!("no answer within {:?}", config.acquire_timeout),
+                };
+                return Err(StoreError::Unavailable {
+                    source: format!("cannot connect to PostgreSQL: {cause}").into(),
+                });
+            }
+            Err(e) => return Err(map_err(e)),
+        };
         Ok(Self {
             pool,
             lock_timeout: config.lock_timeout,

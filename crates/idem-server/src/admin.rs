@@ -93,10 +93,7 @@ async fn guard(State(token): State<Arc<Option<AdminToken>>>, req: Request, next:
              Authorization: Bearer <token>",
         );
     };
-    let presented = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
+    let presented = bearer(req.headers());
     match presented {
         Some(candidate) if token.matches(candidate) => next.run(req).await,
         _ => unauthorized(
@@ -105,6 +102,21 @@ async fn guard(State(token): State<Arc<Option<AdminToken>>>, req: Request, next:
             "send Authorization: Bearer <the token given to --admin-token>",
         ),
     }
+}
+
+/// The credentials of `Authorization: Bearer <token>` (the scheme is
+/// case-insensitive, RFC 9110). Sent twice, it is refused: which one counts
+/// would be a guess.
+fn bearer(headers: &HeaderMap) -> Option<&[u8]> {
+    let mut values = headers.get_all(header::AUTHORIZATION).iter();
+    let (Some(value), None) = (values.next(), values.next()) else {
+        return None;
+    };
+    let value = value.as_bytes();
+    let (scheme, rest) = value.split_at(value.iter().position(|&b| b == b' ')?);
+    scheme
+        .eq_ignore_ascii_case(b"bearer")
+        .then(|| rest.trim_ascii())
 }
 
 fn unauthorized(slug: &str, title: &str, detail: &str) -> Response {
@@ -151,6 +163,24 @@ mod tests {
         assert!(!t.matches(b"0123456789abcdefg"));
         assert!(!t.matches(b""));
         assert_eq!(format!("{t:?}"), "AdminToken([redacted])");
+    }
+
+    #[test]
+    fn bearer_credentials() {
+        let h = |values: &[&str]| {
+            let mut m = HeaderMap::new();
+            for v in values {
+                m.append(header::AUTHORIZATION, v.parse().unwrap());
+            }
+            bearer(&m).map(|b| String::from_utf8_lossy(b).into_owned())
+        };
+        assert_eq!(h(&["Bearer abc"]).as_deref(), Some("abc"));
+        assert_eq!(h(&["bearer abc"]).as_deref(), Some("abc"));
+        assert_eq!(h(&["BEARER   abc "]).as_deref(), Some("abc"));
+        assert_eq!(h(&["Basic abc"]), None);
+        assert_eq!(h(&["Bearerabc"]), None);
+        assert_eq!(h(&["Bearer abc", "Bearer abc"]), None, "sent twice");
+        assert_eq!(h(&[]), None);
     }
 
     #[test]

@@ -335,6 +335,16 @@ async fn open_existing(url: &str) -> anyhow::Result<Db> {
 
 /// Opens the database, creating an SQLite file if missing, and migrates it.
 async fn open(url: &str) -> anyhow::Result<Db> {
+    if let Some(dir) = idem_sqlite::file_path(url)
+        .map(std::path::Path::new)
+        .and_then(std::path::Path::parent)
+        .filter(|d| !d.as_os_str().is_empty() && !d.exists())
+    {
+        bail!(
+            "the directory {} does not exist: create it, or point --database-url elsewhere",
+            dir.display()
+        );
+    }
     let db = if url.starts_with("sqlite:") {
         let store = SqliteStore::connect(url, SqliteConfig::default())
             .await
@@ -482,10 +492,27 @@ fn main() -> ExitCode {
         // One line, whatever RUST_BACKTRACE says: these are the operator's
         // errors (a bad flag, an unreachable database), not the program's.
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", one_line(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes on one line, each cause once: drivers often
+/// repeat their source's text in their own message.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if text.is_empty() || line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
 }
 
 async fn run(command: Command) -> anyhow::Result<()> {
@@ -725,14 +752,18 @@ fn start_webhooks<S: idem_core::WebhookStore>(
     shutdown: &watch::Receiver<bool>,
 ) -> Router {
     use idem_server::webhooks as w;
+    // The admin view of stored receipts works without endpoints too (an
+    // endpoint taken out of the file still has receipts to look at).
+    let stored_only =
+        || w::admin_router(store.clone(), Arc::new(idem_webhooks::Receiver::new(store.clone(), vec![])));
     let Some(config) = config else {
-        return Router::new();
+        return stored_only();
     };
     if config.endpoints.is_empty() {
         tracing::warn!(
             "--config: no webhook endpoints are configured (no [webhooks.<name>] table); no webhooks are received"
         );
-        return Router::new();
+        return stored_only();
     }
     let receiver = Arc::new(idem_webhooks::Receiver::new(
         store.clone(),

@@ -3,9 +3,14 @@
 //! log line per request.
 
 use axum::Router;
-use axum::http::StatusCode;
-use axum::response::Response;
+use axum::body::Body;
+use axum::extract::Request;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use http_body_util::BodyExt;
+use idem_http::RequestOutcome;
 
 use crate::admin::{self, AdminToken};
 
@@ -18,6 +23,7 @@ pub fn service(api: Router, admin_token: Option<AdminToken>) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed);
     admin::guarded(app, admin_token)
+        .layer(axum::middleware::from_fn(problem_errors))
         .layer(axum::middleware::from_fn(crate::logging::request_line))
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(
             |_: Box<dyn std::any::Any + Send>| panicked(),
@@ -53,4 +59,77 @@ fn panicked() -> Response {
         None,
         None,
     )
+}
+
+/// The longest plain-text error body rewritten as a problem's detail.
+const PLAIN_ERROR_MAX: usize = 4096;
+
+/// Every error is problem+json: an error answer that is not one — axum's own
+/// rejections of a query string or a path segment it cannot parse are plain
+/// text — is rewritten as a problem of the same status, the text becoming its
+/// detail (these texts describe the request, never the server).
+async fn problem_errors(req: Request, next: Next) -> Response {
+    let res = next.run(req).await;
+    let status = res.status();
+    let is_problem = res
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|ct| ct.as_bytes().starts_with(b"application/problem+json"));
+    // A handler's own answer that the idempotency layer stored or replays
+    // goes out byte for byte.
+    let handler_answer = matches!(
+        res.extensions().get::<RequestOutcome>(),
+        Some(
+            RequestOutcome::Executed
+                | RequestOutcome::Replayed
+                | RequestOutcome::NotStored
+                | RequestOutcome::Unkeyed
+        )
+    );
+    if !(status.is_client_error() || status.is_server_error()) || is_problem || handler_answer {
+        return res;
+    }
+    let small = http_body::Body::size_hint(res.body())
+        .upper()
+        .is_some_and(|n| n <= PLAIN_ERROR_MAX as u64);
+    let (parts, body) = res.into_parts();
+    let text = if small {
+        body.collect()
+            .await
+            .map(|b| String::from_utf8_lossy(&b.to_bytes()).into_owned())
+            .unwrap_or_default()
+    } else {
+        String::new()
+    };
+    let detail: String = text
+        .chars()
+        .take(500)
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    let slug = match status.as_u16() {
+        400 | 422 => "invalid-request",
+        404 => "not-found",
+        405 => "method-not-allowed",
+        408 => "request-timeout",
+        413 => "body-too-large",
+        414 => "uri-too-long",
+        415 => "unsupported-media-type",
+        431 => "headers-too-large",
+        s if s >= 500 => "internal",
+        _ => "client-error",
+    };
+    let title = status.canonical_reason().unwrap_or("Error");
+    let detail = (!detail.trim().is_empty()).then_some(detail.trim());
+    let mut problem = idem_http::problem::<Body>(status, slug, title, detail, None).into_response();
+    // Keep what the original said beyond its body (Allow on a 405, …).
+    for (name, value) in &parts.headers {
+        if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
+            problem.headers_mut().append(name.clone(), value.clone());
+        }
+    }
+    problem.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    problem
 }

@@ -380,7 +380,10 @@ pub fn admin_router<S: WebhookStore>(store: S, receiver: Arc<Receiver<S>>) -> Ro
         {
             return bad_query("endpoint must be 1 to 64 characters of [A-Za-z0-9_-]");
         }
-        let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+        let limit = q.limit.unwrap_or(100);
+        if !(1..=1000).contains(&limit) {
+            return bad_query("limit must be between 1 and 1000");
+        }
         match store
             .list_receipts(q.endpoint.as_deref(), state, limit)
             .await

@@ -572,3 +572,21 @@ async fn the_relay_says_when_nats_goes_away_and_when_it_is_back() {
     nats.restart();
     assert!(wait_for("connected to NATS again").await, "{}", relay.log());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_axum_cannot_parse_get_problems_too() {
+    let dir = TempDir::new("rejections");
+    let server = Server::start(&dir.sqlite_url(), &["--admin-token", TOKEN]).await;
+    let auth = format!("Bearer {TOKEN}");
+    for (path, status) in [
+        ("/admin/webhooks?limit=abc", 400),
+        ("/admin/webhooks?limit=5000", 400),
+        ("/admin/webhooks/receipt", 400),
+        ("/v1/payments/%FF", 400),
+    ] {
+        let r = exchange(server.addr, &get_with(path, &[("Authorization", &auth)])).await.unwrap();
+        assert_eq!(r.status, status, "{path}: {}", String::from_utf8_lossy(&r.body));
+        assert_eq!(r.header("content-type").as_deref(), Some("application/problem+json"), "{path}");
+        assert_eq!(r.problem_type(), "https://idem.dev/problems/invalid-request", "{path}");
+    }
+}
