@@ -230,11 +230,14 @@ impl PgStore {
             // one direct attempt says why (refused, unknown database, …).
             Err(sqlx::Error::PoolTimedOut) => {
                 use sqlx::ConnectOptions;
-                let cause = match tokio::time::timeout(config.acquire_timeout, options.connect()).await {
-                    Ok(Err(e)) => e.to_string(),
-                    Ok(Ok(_)) => "the server accepted a connection only after the pool gave up".into(),
-                    Err(_) => format!("no answer within {:?}", config.acquire_timeout),
-                };
+                let cause =
+                    match tokio::time::timeout(config.acquire_timeout, options.connect()).await {
+                        Ok(Err(e)) => e.to_string(),
+                        Ok(Ok(_)) => {
+                            "the server accepted a connection only after the pool gave up".into()
+                        }
+                        Err(_) => format!("no answer within {:?}", config.acquire_timeout),
+                    };
                 return Err(StoreError::Unavailable {
                     source: format!("cannot connect to PostgreSQL: {cause}").into(),
                 });
@@ -318,34 +321,54 @@ impl PgStore {
         // effect, so one more try on another connection is safe.
         let mut retried = false;
         loop {
-            let result = if wait == self.lock_timeout {
-                self.pool.begin().await
+            let statement = if wait == self.lock_timeout {
+                None
             } else if wait < self.statement_timeout {
                 // One simple-query message: no extra round trip.
-                self.pool
-                    .begin_with(format!(
-                        "BEGIN; SET LOCAL lock_timeout = '{}'",
-                        millis(wait)
-                    ))
-                    .await
+                Some(format!(
+                    "BEGIN; SET LOCAL lock_timeout = '{}'",
+                    millis(wait)
+                ))
             } else {
                 // A wait as long as the statement timeout would be cut short
                 // by it (as "unavailable" instead of "in flight").
-                self.pool
-                    .begin_with(format!(
-                        "BEGIN; SET LOCAL lock_timeout = '{}'; SET LOCAL statement_timeout = '{}'",
-                        millis(wait),
-                        millis(wait + self.statement_timeout)
-                    ))
-                    .await
+                Some(format!(
+                    "BEGIN; SET LOCAL lock_timeout = '{}'; SET LOCAL statement_timeout = '{}'",
+                    millis(wait),
+                    millis(wait + self.statement_timeout)
+                ))
             };
-            match result {
+            match begin_detached(&self.pool, statement).await {
                 Ok(tx) => return Ok(tx),
                 Err(e) if !retried && connection_lost(&e) => retried = true,
                 Err(e) => return Err(map_err_waited(e, wait)),
             }
         }
     }
+}
+
+/// Opens a transaction in a task of its own.
+///
+/// sqlx 0.8's `begin` is not cancel safe: a caller dropped while `BEGIN` is
+/// in flight — a client hanging up, a deadline — leaves the pooled connection
+/// inside a transaction sqlx does not know about, and that transaction then
+/// swallows the next user's autocommit writes (acknowledged, never
+/// committed). Run in a task, the begin always completes; when nobody awaits
+/// it any more, its `Transaction` is dropped there and rolled back the way
+/// sqlx expects.
+async fn begin_detached(
+    pool: &PgPool,
+    statement: Option<String>,
+) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
+    let pool = pool.clone();
+    let task = tokio::spawn(async move {
+        match statement {
+            None => pool.begin().await,
+            Some(statement) => pool.begin_with(statement).await,
+        }
+    });
+    task.await
+        .unwrap_or_else(|e| Err(sqlx::Error::Protocol(format!("the BEGIN task failed: {e}"))))
 }
 
 /// Applies `migrations` of `component` not yet recorded in

@@ -754,8 +754,12 @@ fn start_webhooks<S: idem_core::WebhookStore>(
     use idem_server::webhooks as w;
     // The admin view of stored receipts works without endpoints too (an
     // endpoint taken out of the file still has receipts to look at).
-    let stored_only =
-        || w::admin_router(store.clone(), Arc::new(idem_webhooks::Receiver::new(store.clone(), vec![])));
+    let stored_only = || {
+        w::admin_router(
+            store.clone(),
+            Arc::new(idem_webhooks::Receiver::new(store.clone(), vec![])),
+        )
+    };
     let Some(config) = config else {
         return stored_only();
     };

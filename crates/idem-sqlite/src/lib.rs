@@ -165,11 +165,22 @@ impl SqliteStore {
         migrate_component(&self.pool, "idem", MIGRATIONS).await
     }
 
+    /// `BEGIN IMMEDIATE`, in a task of its own: sqlx 0.8's `begin_with` is not
+    /// cancel safe, and a caller dropped between the worker's `BEGIN` and the
+    /// `Transaction` being built (a client hanging up, a timeout) would hand
+    /// the connection back to the pool still holding the database's write
+    /// lock — every later write would then wait for it in vain. In a task,
+    /// the begin always completes; unawaited, its transaction is dropped
+    /// there and rolled back.
     async fn begin_immediate(&self) -> Result<Transaction<'static, Sqlite>, StoreError> {
-        self.pool
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(|e| self.map(e))
+        let pool = self.pool.clone();
+        let task = tokio::spawn(async move { pool.begin_with("BEGIN IMMEDIATE").await });
+        match task.await {
+            Ok(begun) => begun.map_err(|e| self.map(e)),
+            Err(e) => Err(StoreError::Unavailable {
+                source: format!("the BEGIN task failed: {e}").into(),
+            }),
+        }
     }
 
     /// Commits. A commit that fails with an I/O error (the WAL's sync may or

@@ -392,7 +392,13 @@ fn operator_commands_refuse_a_database_that_does_not_exist() {
         vec!["stats", "--database-url", &url],
         vec!["gc", "--database-url", &url],
         vec!["webhooks", "list", "--database-url", &url],
-        vec!["relay", "--database-url", &url, "--nats-url", "nats://127.0.0.1:1"],
+        vec![
+            "relay",
+            "--database-url",
+            &url,
+            "--nats-url",
+            "nats://127.0.0.1:1",
+        ],
     ] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
             .args(&args)
@@ -584,9 +590,24 @@ async fn requests_axum_cannot_parse_get_problems_too() {
         ("/admin/webhooks/receipt", 400),
         ("/v1/payments/%FF", 400),
     ] {
-        let r = exchange(server.addr, &get_with(path, &[("Authorization", &auth)])).await.unwrap();
-        assert_eq!(r.status, status, "{path}: {}", String::from_utf8_lossy(&r.body));
-        assert_eq!(r.header("content-type").as_deref(), Some("application/problem+json"), "{path}");
-        assert_eq!(r.problem_type(), "https://idem.dev/problems/invalid-request", "{path}");
+        let r = exchange(server.addr, &get_with(path, &[("Authorization", &auth)]))
+            .await
+            .unwrap();
+        assert_eq!(
+            r.status,
+            status,
+            "{path}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+        assert_eq!(
+            r.header("content-type").as_deref(),
+            Some("application/problem+json"),
+            "{path}"
+        );
+        assert_eq!(
+            r.problem_type(),
+            "https://idem.dev/problems/invalid-request",
+            "{path}"
+        );
     }
 }

@@ -396,6 +396,36 @@ macro_rules! drills {
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn clients_hanging_up_mid_request_leave_the_store_usable() {
+                let f = setup().await;
+                let mut hangups = Vec::new();
+                for i in 0..800u64 {
+                    let addr = f.addr;
+                    hangups.push(tokio::spawn(async move {
+                        let Ok(mut s) = TcpStream::connect(addr).await else { return };
+                        let body = r#"{"amount":1,"currency":"EUR","customer":"cus_hang"}"#;
+                        let _ = s.write_all(request("POST", "/v1/payments", Some(&format!("hang-{i}")), body).as_bytes()).await;
+                        tokio::time::sleep(Duration::from_micros((i * 7919) % 10_000)).await;
+                        // A reset, not a polite close: the server's future is dropped mid-flight.
+                        let _ = s.set_linger(Some(Duration::ZERO));
+                        drop(s);
+                    }));
+                }
+                for h in hangups {
+                    h.await.unwrap();
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                for i in 0..10 {
+                    let r = tokio::time::timeout(Duration::from_secs(10), create(f.addr, &format!("after-hang-{i}"), PAY))
+                        .await
+                        .expect("the store answers after the hang-ups");
+                    assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
+                }
+                assert_eq!(payments_of(f.addr, "cus_1").await.len(), 10);
+                assert_eq!((f.gc)().await, 0, "GC runs too");
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn the_table_itself_refuses_an_over_refund() {
                 let f = setup().await;
                 assert_eq!(create(f.addr, "c-check", PAY).await.status, 201);

@@ -84,6 +84,7 @@ conformance! {
     webhook_claims_keep_entity_order;
     webhook_failures_replay_and_gc;
     webhook_content_dedupe;
+    cancelled_calls_leave_connections_clean;
 }
 
 #[tokio::test]
