@@ -38,7 +38,7 @@ demo_app!(
 /// for error messages.
 pub fn duration_text(d: std::time::Duration) -> String {
     let ms = d.as_millis();
-    if ms % 1000 != 0 {
+    if !ms.is_multiple_of(1000) {
         return format!("{ms}ms");
     }
     let s = d.as_secs();

@@ -322,13 +322,14 @@ enum Db {
 /// Opens a database that must exist already: an operator command pointed at
 /// the wrong file must not report an empty, brand-new one as "all clear".
 async fn open_existing(url: &str) -> anyhow::Result<Db> {
-    if let Some(path) = idem_sqlite::file_path(url) {
-        if !path.is_empty() && !std::path::Path::new(path).exists() {
-            bail!(
-                "no SQLite database at {path}: pass --database-url (or IDEM_DATABASE_URL), \
+    if let Some(path) = idem_sqlite::file_path(url)
+        && !path.is_empty()
+        && !std::path::Path::new(path).exists()
+    {
+        bail!(
+            "no SQLite database at {path}: pass --database-url (or IDEM_DATABASE_URL), \
                  or create it with idem serve or idem migrate"
-            );
-        }
+        );
     }
     open(url).await
 }

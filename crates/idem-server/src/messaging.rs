@@ -126,7 +126,7 @@ async fn watch_connection(url: String, js: Context, shutdown: watch::Receiver<bo
             }
             (false, false) => {
                 down_for += 1;
-                if down_for % 30 == 0 {
+                if down_for.is_multiple_of(30) {
                     let reach = probe(&url).await;
                     tracing::warn!(
                         url,

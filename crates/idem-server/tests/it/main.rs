@@ -407,7 +407,7 @@ macro_rules! drills {
                         let _ = s.write_all(request("POST", "/v1/payments", Some(&format!("hang-{i}")), body).as_bytes()).await;
                         tokio::time::sleep(Duration::from_micros((i * 7919) % 10_000)).await;
                         // A reset, not a polite close: the server's future is dropped mid-flight.
-                        let _ = s.set_linger(Some(Duration::ZERO));
+                        let _ = s.set_zero_linger();
                         drop(s);
                     }));
                 }
