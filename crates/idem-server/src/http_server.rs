@@ -6,7 +6,8 @@
 //!   connection: from the accept). A slow-loris that never finishes its
 //!   headers is closed.
 //! - **Idle timeout**: a keep-alive connection with no request for this long
-//!   is closed.
+//!   is closed, and so is one whose client takes no bytes of its answer for
+//!   this long (a client that never reads would hold its slot forever).
 //! - **Body read timeout**: a request body must have arrived this long after
 //!   its head; past it the request is answered `408 request-timeout`.
 //! - **Connection cap**: beyond it a new connection is answered `503
@@ -135,13 +136,17 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) {
     let budget = Arc::new(Semaphore::new(limits.max_buffered_bytes));
-    let app = app.layer(axum::middleware::from_fn_with_state(
-        BodyGuard {
-            budget,
-            timeout: limits.body_read_timeout,
-        },
-        guard_body,
-    ));
+    // The log outside the body guard, so it records the 408 or 503 the
+    // guard answered.
+    let app = app
+        .layer(axum::middleware::from_fn_with_state(
+            BodyGuard {
+                budget,
+                timeout: limits.body_read_timeout,
+            },
+            guard_body,
+        ))
+        .layer(axum::middleware::from_fn(crate::logging::request_line));
     let connections = Arc::new(Semaphore::new(limits.max_connections));
     // Answering a refused connection takes a moment; these are bounded too.
     let refusals = Arc::new(Semaphore::new(64));
@@ -184,7 +189,7 @@ pub async fn serve(
             stream,
             app.clone(),
             builder.clone(),
-            limits.header_read_timeout,
+            (limits.header_read_timeout, limits.idle_timeout),
             stopping.clone(),
             permit,
         ));
@@ -245,6 +250,9 @@ struct Conn {
     head_since: Mutex<Option<Instant>>,
     /// Requests between head and response.
     in_flight: AtomicUsize,
+    /// Since when the socket has refused to take more of an answer (a
+    /// client that does not read); `None` while writes go through.
+    write_stalled_since: Mutex<Option<Instant>>,
 }
 
 impl Conn {
@@ -270,19 +278,39 @@ impl Conn {
             .unwrap_or_else(|e| e.into_inner())
             .is_some_and(|since| since.elapsed() >= timeout)
     }
+
+    fn write_progress(&self, blocked: bool) {
+        let mut since = self
+            .write_stalled_since
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if blocked {
+            since.get_or_insert_with(Instant::now);
+        } else {
+            *since = None;
+        }
+    }
+
+    fn write_overdue(&self, timeout: Duration) -> bool {
+        self.write_stalled_since
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some_and(|since| since.elapsed() >= timeout)
+    }
 }
 
 async fn connection(
     stream: TcpStream,
     app: Router,
     builder: Arc<hyper::server::conn::http1::Builder>,
-    header_timeout: Duration,
+    (header_timeout, write_timeout): (Duration, Duration),
     mut stopping: watch::Receiver<bool>,
     _permit: OwnedSemaphorePermit,
 ) {
     let conn = Arc::new(Conn {
         head_since: Mutex::new(Some(Instant::now())),
         in_flight: AtomicUsize::new(0),
+        write_stalled_since: Mutex::new(None),
     });
     let io = TokioIo::new(Watched {
         inner: stream,
@@ -307,7 +335,10 @@ async fn connection(
         loop {
             tokio::time::sleep(tick).await;
             if conn.head_overdue(header_timeout) {
-                return;
+                return "did not send a request head in time";
+            }
+            if conn.write_overdue(write_timeout) {
+                return "did not read its answer in time";
             }
         }
     });
@@ -324,8 +355,8 @@ async fn connection(
                 }
                 return;
             }
-            _ = &mut watchdog => {
-                tracing::debug!("closing a connection that did not send a request head in time");
+            why = &mut watchdog => {
+                tracing::debug!("closing a connection that {why}");
                 return;
             }
             changed = stopping.changed(), if !draining => {
@@ -369,11 +400,17 @@ impl AsyncWrite for Watched {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        self.project().inner.poll_write(cx, buf)
+        let this = self.project();
+        let result = this.inner.poll_write(cx, buf);
+        this.conn.write_progress(result.is_pending());
+        result
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        self.project().inner.poll_flush(cx)
+        let this = self.project();
+        let result = this.inner.poll_flush(cx);
+        this.conn.write_progress(result.is_pending());
+        result
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
@@ -385,7 +422,10 @@ impl AsyncWrite for Watched {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        self.project().inner.poll_write_vectored(cx, bufs)
+        let this = self.project();
+        let result = this.inner.poll_write_vectored(cx, bufs);
+        this.conn.write_progress(result.is_pending());
+        result
     }
 
     fn is_write_vectored(&self) -> bool {

@@ -1,6 +1,7 @@
-//! What every `idem serve` router gets around its routes: `/healthz`,
-//! problem+json answers for unknown routes and methods and for panics, and a
-//! log line per request.
+//! What every `idem serve` router gets around its routes: `/healthz`, the
+//! admin guard, and problem+json answers for unknown routes and methods, for
+//! axum's own rejections and for panics. (The request log and the body limits
+//! are the server's: `http_server`.)
 
 use axum::Router;
 use axum::body::Body;
@@ -14,8 +15,8 @@ use idem_http::RequestOutcome;
 
 use crate::admin::{self, AdminToken};
 
-/// `api` with `/healthz`, `/admin/…` behind the admin guard, 404 and 405 as
-/// problem+json, panics as a 500 problem, and the request log.
+/// `api` with `/healthz`, `/admin/…` behind the admin guard, and every error
+/// as problem+json (404, 405, axum's rejections, panics).
 pub fn service(api: Router, admin_token: Option<AdminToken>) -> Router {
     let app = Router::new()
         .route("/healthz", get(|| async { "ok" }))
@@ -24,7 +25,6 @@ pub fn service(api: Router, admin_token: Option<AdminToken>) -> Router {
         .method_not_allowed_fallback(method_not_allowed);
     admin::guarded(app, admin_token)
         .layer(axum::middleware::from_fn(problem_errors))
-        .layer(axum::middleware::from_fn(crate::logging::request_line))
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(
             |_: Box<dyn std::any::Any + Send>| panicked(),
         ))

@@ -611,3 +611,68 @@ async fn requests_axum_cannot_parse_get_problems_too() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_that_never_read_their_answers_lose_their_connection() {
+    let dir = TempDir::new("slowread");
+    let server = Server::start(
+        &dir.sqlite_url(),
+        &["--idle-timeout", "2s", "--max-connections", "4"],
+    )
+    .await;
+    for i in 0..300 {
+        let body = format!(
+            r#"{{"amount":{},"currency":"EUR","customer":"cus_big"}}"#,
+            i + 1
+        );
+        assert_eq!(
+            create(server.addr, &format!("big-{i}"), &body).await.status,
+            201
+        );
+    }
+    // Four connections (the cap) that pipeline requests for a large answer
+    // and never read: the server's writes stall.
+    let mut readers = Vec::new();
+    for _ in 0..4 {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        let mut s = socket.connect(server.addr).await.unwrap();
+        let one = "GET /v1/payments?customer=cus_big HTTP/1.1\r\nHost: t\r\n\r\n";
+        let _ = s.write_all(one.repeat(100).as_bytes()).await;
+        readers.push(s);
+    }
+    let mut served = false;
+    for _ in 0..150 {
+        if let Ok(r) = try_call(server.addr, "GET", "/healthz", None, "").await {
+            if r.status == 200 {
+                served = true;
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        served,
+        "the stalled connections were closed and their slots freed"
+    );
+    drop(readers);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_request_log_records_what_the_client_got() {
+    let dir = TempDir::new("log408");
+    let mut server = Server::start(&dir.sqlite_url(), &["--body-read-timeout", "1s"]).await;
+    let mut s = TcpStream::connect(server.addr).await.unwrap();
+    s.write_all(&post_head("log-408", PAY.len())).await.unwrap();
+    s.write_all(&PAY.as_bytes()[..5]).await.unwrap();
+    assert_eq!(read_reply(&mut s).await.unwrap().status, 408);
+    let mut log = String::new();
+    for _ in 0..50 {
+        log = server.proc().log();
+        if log.contains("status=408") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(log.contains("route=/v1/payments status=408"), "{log}");
+}
