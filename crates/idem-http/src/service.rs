@@ -317,7 +317,7 @@ where
     };
     match tokio::time::timeout(config.handler_timeout, answer).await {
         Err(_) => {
-            rollback(store, slot).await;
+            discard(slot).await;
             tracing::warn!(operation = %config.operation, timeout = ?config.handler_timeout,
                            "handler timed out; rolled back");
             Ok(Err(Rejection::HandlerTimeout(config.handler_timeout)))
@@ -358,6 +358,14 @@ where
     }
 }
 
+/// Drops the transaction without waiting for its `ROLLBACK`: after a
+/// timeout the connection may be the thing that hangs, and the client has
+/// waited long enough. The driver rolls a dropped transaction back when its
+/// connection is next used; until then nothing of it is visible.
+async fn discard<T>(slot: &IdemTx<T>) {
+    drop(slot.take().await);
+}
+
 async fn rollback<S: KeyStore>(store: &S, slot: &IdemTx<S::Tx>) {
     if let Some(tx) = slot.take().await {
         // A failed rollback still leaves nothing committed: the database
@@ -394,7 +402,7 @@ where
         {
             Ok(res) => res?,
             Err(_) => {
-                rollback(store, &slot).await;
+                discard(&slot).await;
                 return Ok(reject(Rejection::HandlerTimeout(config.handler_timeout)));
             }
         };

@@ -281,6 +281,26 @@ impl PgStore {
         }
     }
 
+    /// One autocommit statement that writes (it is its own transaction),
+    /// under the deadline. Like a `COMMIT`: once it may have been sent, a
+    /// broken connection or a missing answer leaves its outcome unknown.
+    pub(crate) async fn bounded_write<T>(
+        &self,
+        statement: impl Future<Output = Result<T, sqlx::Error>>,
+    ) -> Result<T, StoreError> {
+        let deadline = self.deadline();
+        match tokio::time::timeout(deadline, statement).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) if connection_lost(&e) || matches!(e, sqlx::Error::Protocol(_)) => {
+                Err(StoreError::OutcomeUnknown { source: e.into() })
+            }
+            Ok(Err(e)) => Err(map_err(e)),
+            Err(_) => Err(StoreError::OutcomeUnknown {
+                source: format!("PostgreSQL did not answer a write within {deadline:?}").into(),
+            }),
+        }
+    }
+
     /// Commits under the deadline. Once `COMMIT` may have been sent, a broken
     /// connection or a missing answer means the outcome is unknown; an error
     /// the server answered with means it rolled back.

@@ -43,10 +43,10 @@ impl WebhookStore for PgStore {
         now_ms: i64,
         expires_at_ms: i64,
     ) -> Result<Accepted, StoreError> {
-        self.bounded(async {
+        {
             // One statement, hence one transaction and one round trip: the receipt
             // and its inbox record commit together or not at all.
-            let id: Option<i64> = sqlx::query_scalar(
+            let id: Option<i64> = self.bounded_write(sqlx::query_scalar(
                 "WITH r AS (
                      INSERT INTO idem_webhook_receipts (endpoint, delivery_id, event_type, headers, body,
                          entity_id, entity_version, received_at_ms, available_at_ms, expires_at_ms,
@@ -68,16 +68,14 @@ impl WebhookStore for PgStore {
             .bind(now_ms)
             .bind(expires_at_ms)
             .bind(r.content_sha256.as_ref().map(|h| &h[..]))
-            .fetch_optional(self.pool())
-            .await
-            .map_err(map_err)?;
+            .fetch_optional(self.pool()))
+            .await?;
             Ok(if id.is_some() {
                 Accepted::New
             } else {
                 Accepted::Duplicate
             })
-        })
-        .await
+        }
     }
 
     async fn claim_receipts(
@@ -248,29 +246,28 @@ impl WebhookStore for PgStore {
         delivery_id: &str,
         now_ms: i64,
     ) -> Result<Replay, StoreError> {
-        self.bounded(async {
-            let requeued: Option<i64> = sqlx::query_scalar(
-                "UPDATE idem_webhook_receipts SET state = 'received', attempts = 0,
-                     available_at_ms = $3, locked_until_ms = NULL, finished_at_ms = NULL
-                 WHERE endpoint = $1 AND delivery_id = $2 AND state IN ('failed', 'dead')
-                 RETURNING id",
+        let requeued: Option<i64> = self
+            .bounded_write(
+                sqlx::query_scalar(
+                    "UPDATE idem_webhook_receipts SET state = 'received', attempts = 0,
+                         available_at_ms = $3, locked_until_ms = NULL, finished_at_ms = NULL
+                     WHERE endpoint = $1 AND delivery_id = $2 AND state IN ('failed', 'dead')
+                     RETURNING id",
+                )
+                .bind(endpoint)
+                .bind(delivery_id)
+                .bind(now_ms)
+                .fetch_optional(self.pool()),
             )
-            .bind(endpoint)
-            .bind(delivery_id)
-            .bind(now_ms)
-            .fetch_optional(self.pool())
-            .await
-            .map_err(map_err)?;
-            if requeued.is_some() {
-                return Ok(Replay::Requeued);
-            }
-            Ok(match self.get_receipt(endpoint, delivery_id).await? {
-                None => Replay::NotFound,
-                Some(r) if r.state == ReceiptState::Received => Replay::AlreadyQueued,
-                Some(r) => Replay::AlreadyFinished(r.state),
-            })
+            .await?;
+        if requeued.is_some() {
+            return Ok(Replay::Requeued);
+        }
+        Ok(match self.get_receipt(endpoint, delivery_id).await? {
+            None => Replay::NotFound,
+            Some(r) if r.state == ReceiptState::Received => Replay::AlreadyQueued,
+            Some(r) => Replay::AlreadyFinished(r.state),
         })
-        .await
     }
 
     async fn purge_expired_receipts(&self, now_ms: i64, limit: u32) -> Result<u64, StoreError> {

@@ -135,6 +135,9 @@ pub struct DemoConfig {
     /// How long a handler may run before it is rolled back with 503
     /// `handler-timeout` (default 30 s).
     pub handler_timeout: std::time::Duration,
+    /// How long a read route waits for the database before 503 (default
+    /// 11 s, the PostgreSQL store's deadline).
+    pub read_timeout: std::time::Duration,
 }
 
 impl Default for DemoConfig {
@@ -144,13 +147,16 @@ impl Default for DemoConfig {
             max_body_bytes: 1 << 20,
             events: false,
             handler_timeout: std::time::Duration::from_secs(30),
+            read_timeout: std::time::Duration::from_secs(11),
         }
     }
 }
 
-/// A database error in a demo handler: 503 + Retry-After when the database
-/// is unreachable (the client should retry; a handler's error rolls its
-/// transaction back, so nothing was written), 400 when the database refused
+/// A database error in a demo handler (or an admin or webhook route): 503 +
+/// Retry-After when the database is unreachable (the client should retry; a
+/// handler's error rolls its transaction back, so nothing was written), 503
+/// `outcome-unknown` when a write was sent and not acknowledged, 400 when the
+/// database refused
 /// a value the client sent, 500 otherwise. The error and its sources are
 /// logged, never sent.
 pub fn db_error(e: idem_core::StoreError) -> Response {
@@ -159,6 +165,13 @@ pub fn db_error(e: idem_core::StoreError) -> Response {
         idem_core::StoreError::InvalidValue { .. } => {
             tracing::info!(error, "the database refused a value of the request");
             invalid("a value is not acceptable")
+        }
+        idem_core::StoreError::OutcomeUnknown { .. } => {
+            tracing::warn!(
+                error,
+                "a write was sent and not acknowledged; outcome unknown"
+            );
+            idem_http::Rejection::OutcomeUnknown(std::time::Duration::from_secs(1)).into_response()
         }
         ref e if e.retryable() => {
             tracing::warn!(error, "database unavailable");
@@ -205,6 +218,19 @@ fn internal_problem() -> Response {
         None,
         None,
     )
+}
+
+/// A read on the pool, bounded: past `limit` it is abandoned and the client
+/// gets 503 `store-unavailable` (a read writes nothing) instead of waiting on
+/// a database that went silent.
+pub async fn within<T>(
+    limit: std::time::Duration,
+    read: impl std::future::Future<Output = Result<T, sqlx::Error>>,
+) -> Result<Result<T, sqlx::Error>, Response> {
+    tokio::time::timeout(limit, read).await.map_err(|_| {
+        tracing::warn!(?limit, "the database did not answer a read in time");
+        idem_http::Rejection::StoreUnavailable(std::time::Duration::from_secs(1)).into_response()
+    })
 }
 
 /// A text field the client sent: 1 to 255 bytes, no control characters (a
@@ -372,6 +398,7 @@ macro_rules! demo_app {
                 pool: $pool,
                 tenant: TenantSource,
                 events: bool,
+                read_timeout: std::time::Duration,
             }
 
             /// Writes `event` to the outbox in the request's transaction.
@@ -467,9 +494,9 @@ macro_rules! demo_app {
             async fn show_refund(State(app): State<App>, headers: HeaderMap, Path((payment_id, id)): Path<(String, String)>) -> Response {
                 let tenant = match tenant_of(&app, &headers) { Ok(t) => t, Err(r) => return r };
                 if !valid_id(&payment_id) || !valid_id(&id) { return not_found(); }
-                let row: Result<Option<RefundRow>, _> = sqlx::query_as(
+                let row: Result<Option<RefundRow>, _> = match within(app.read_timeout, sqlx::query_as(
                     "SELECT id, payment_id, amount, created_at_ms FROM demo_refunds WHERE tenant_id = $1 AND id = $2 AND payment_id = $3")
-                    .bind(tenant.as_str()).bind(&id).bind(&payment_id).fetch_optional(&app.pool).await;
+                    .bind(tenant.as_str()).bind(&id).bind(&payment_id).fetch_optional(&app.pool)).await { Ok(r) => r, Err(late) => return late };
                 match row {
                     Ok(Some(r)) => json_response(StatusCode::OK, &refund_json(&r), None, None),
                     Ok(None) => not_found(),
@@ -480,8 +507,8 @@ macro_rules! demo_app {
             async fn show(State(app): State<App>, headers: HeaderMap, Path(id): Path<String>) -> Response {
                 let tenant = match tenant_of(&app, &headers) { Ok(t) => t, Err(r) => return r };
                 if !valid_id(&id) { return not_found(); }
-                let row: Result<Option<PaymentRow>, _> = sqlx::query_as(SELECT_PAYMENT)
-                    .bind(tenant.as_str()).bind(&id).fetch_optional(&app.pool).await;
+                let row: Result<Option<PaymentRow>, _> = match within(app.read_timeout, sqlx::query_as(SELECT_PAYMENT)
+                    .bind(tenant.as_str()).bind(&id).fetch_optional(&app.pool)).await { Ok(r) => r, Err(late) => return late };
                 match row {
                     Ok(Some(p)) => json_response(StatusCode::OK, &payment_json(&p), None, None),
                     Ok(None) => not_found(),
@@ -494,10 +521,10 @@ macro_rules! demo_app {
                 let tenant = match tenant_of(&app, &headers) { Ok(t) => t, Err(r) => return r };
                 let Some(customer) = q.get("customer") else { return invalid("query parameter customer is required") };
                 if !valid_text(customer) { return invalid("customer must be 1 to 255 characters without control characters"); }
-                let rows: Result<Vec<PaymentRow>, _> = sqlx::query_as(
+                let rows: Result<Vec<PaymentRow>, _> = match within(app.read_timeout, sqlx::query_as(
                     "SELECT id, amount, currency, customer, reference, amount_refunded, created_at_ms \
                      FROM demo_payments WHERE tenant_id = $1 AND customer = $2 ORDER BY created_at_ms, id LIMIT 1000")
-                    .bind(tenant.as_str()).bind(customer).fetch_all(&app.pool).await;
+                    .bind(tenant.as_str()).bind(customer).fetch_all(&app.pool)).await { Ok(r) => r, Err(late) => return late };
                 match rows {
                     Ok(rows) => json_response(StatusCode::OK,
                         &json!({"data": rows.iter().map(payment_json).collect::<Vec<_>>()}), None, None),
@@ -508,10 +535,10 @@ macro_rules! demo_app {
             async fn effects(State(app): State<App>, headers: HeaderMap, Path(id): Path<String>) -> Response {
                 let tenant = match tenant_of(&app, &headers) { Ok(t) => t, Err(r) => return r };
                 if !valid_id(&id) { return not_found(); }
-                let counts: Result<(i64, i64), _> = sqlx::query_as(
+                let counts: Result<(i64, i64), _> = match within(app.read_timeout, sqlx::query_as(
                     "SELECT (SELECT count(*) FROM demo_ledger_entries WHERE tenant_id = $1 AND payment_id = $2), \
                             (SELECT count(*) FROM demo_notifications WHERE tenant_id = $1 AND payment_id = $2)")
-                    .bind(tenant.as_str()).bind(&id).fetch_one(&app.pool).await;
+                    .bind(tenant.as_str()).bind(&id).fetch_one(&app.pool)).await { Ok(r) => r, Err(late) => return late };
                 match counts {
                     Ok((l, n)) => json_response(StatusCode::OK, &json!({"ledger_entries": l, "notifications": n}), None, None),
                     Err(e) => db_error($map_err(e)),
@@ -577,7 +604,7 @@ macro_rules! demo_app {
                     .route("/v1/payments/{id}/refunds", post(refund).layer(route("refunds.create")))
                     .route("/v1/payments/{id}/refunds/{refund_id}", get(show_refund))
                     .route("/v1/payments/{id}/effects", get(effects))
-                    .with_state(App { pool, tenant, events: config.events })
+                    .with_state(App { pool, tenant, events: config.events, read_timeout: config.read_timeout })
             }
         }
     };

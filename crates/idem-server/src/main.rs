@@ -288,6 +288,7 @@ fn demo_config(
         max_body_bytes,
         events,
         handler_timeout,
+        ..DemoConfig::default()
     })
 }
 

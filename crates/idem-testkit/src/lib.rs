@@ -218,12 +218,22 @@ mod proxy {
     /// A PostgreSQL simple-query `COMMIT` message, as sqlx sends it.
     const COMMIT: &[u8] = b"Q\0\0\0\x0bCOMMIT\0";
 
+    /// What happens once an armed pattern passes.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum Fault {
+        /// The answer is lost and the connections are cut.
+        Cut,
+        /// Everything freezes, sockets open, until `thaw`.
+        Freeze,
+    }
+
     #[derive(Debug)]
     struct Flags {
         /// New connections are refused.
         down: AtomicBool,
-        /// The next `COMMIT` is delivered, its answer is not.
-        cut_after_commit: AtomicBool,
+        /// The next client message holding these bytes is delivered, its
+        /// answer is not.
+        cut_after: std::sync::Mutex<Option<(Vec<u8>, Fault)>>,
         /// Server-to-client bytes are dropped (a commit's answer in flight).
         swallow: AtomicBool,
         /// Nothing moves in either direction, but sockets stay open.
@@ -249,7 +259,7 @@ mod proxy {
             let addr = listener.local_addr().unwrap();
             let flags = Arc::new(Flags {
                 down: AtomicBool::new(false),
-                cut_after_commit: AtomicBool::new(false),
+                cut_after: std::sync::Mutex::new(None),
                 swallow: AtomicBool::new(false),
                 frozen: watch::Sender::new(false),
             });
@@ -300,7 +310,21 @@ mod proxy {
         /// connections are then cut (the server has committed; the client
         /// cannot know). New connections are accepted as before.
         pub fn cut_after_next_commit(&self) {
-            self.flags.cut_after_commit.store(true, Ordering::SeqCst);
+            self.cut_after_next(COMMIT);
+        }
+
+        /// The same for the next client message holding `bytes` (the text of
+        /// a statement sent for the first time, say): it reaches the server,
+        /// its answer is lost, the connections are cut.
+        pub fn cut_after_next(&self, bytes: &[u8]) {
+            *self.flags.cut_after.lock().unwrap() = Some((bytes.to_vec(), Fault::Cut));
+        }
+
+        /// The next client message holding `bytes` reaches the server, and
+        /// then the network goes silent (as [`Proxy::freeze`]) until
+        /// [`Proxy::thaw`]: a database that stops answering mid-statement.
+        pub fn freeze_after_next(&self, bytes: &[u8]) {
+            *self.flags.cut_after.lock().unwrap() = Some((bytes.to_vec(), Fault::Freeze));
         }
     }
 
@@ -326,9 +350,32 @@ mod proxy {
                     };
                     wait_thawed(&flags).await;
                     let mut window = std::mem::take(&mut tail);
+                    let fresh_from = window.len();
                     window.extend_from_slice(&buf[..n]);
-                    let commit = window.windows(COMMIT.len()).any(|w| w == COMMIT);
-                    if commit && flags.cut_after_commit.swap(false, Ordering::SeqCst) {
+                    let armed = {
+                        let mut pattern = flags.cut_after.lock().unwrap();
+                        // Only a match that ends in the bytes just read:
+                        // the tail was forwarded before the fault was armed.
+                        let hit = pattern.as_ref().is_some_and(|(p, _)| {
+                            window
+                                .windows(p.len())
+                                .enumerate()
+                                .any(|(i, w)| w == p.as_slice() && i + p.len() > fresh_from)
+                        });
+                        if hit {
+                            pattern.take().map(|(_, fault)| fault)
+                        } else {
+                            None
+                        }
+                    };
+                    if armed == Some(Fault::Freeze) {
+                        // Delivered; from now on nothing moves.
+                        let _ = server_write.write_all(&buf[..n]).await;
+                        flags.frozen.send_replace(true);
+                        tail.clear();
+                        continue;
+                    }
+                    if armed == Some(Fault::Cut) {
                         flags.swallow.store(true, Ordering::SeqCst);
                         let _ = server_write.write_all(&buf[..n]).await;
                         // Long enough for the server to commit; then every
@@ -341,7 +388,8 @@ mod proxy {
                     if server_write.write_all(&buf[..n]).await.is_err() {
                         return;
                     }
-                    let keep = window.len().min(COMMIT.len() - 1);
+                    // Long enough for any statement prefix a test matches on.
+                    let keep = window.len().min(255);
                     tail = window[window.len() - keep..].to_vec();
                 }
             }

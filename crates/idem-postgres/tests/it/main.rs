@@ -420,3 +420,49 @@ async fn a_client_silent_inside_its_transaction_frees_the_key() {
         "the update failed before any COMMIT was sent: {late:?}"
     );
 }
+
+/// A webhook receipt is one autocommit statement: when its answer is lost
+/// the receipt may well be stored, so the store says the outcome is unknown,
+/// never that nothing was written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_answer_to_an_autocommit_write_is_outcome_unknown() {
+    let db = db().await;
+    let proxy = idem_testkit::Proxy::start(idem_testkit::url_addr(&db.db.url)).await;
+    let store = PgStore::connect(
+        &idem_testkit::url_via(&db.db.url, proxy.addr),
+        PgConfig::default(),
+    )
+    .await
+    .unwrap();
+    let r = idem_core::NewReceipt {
+        endpoint: "github".into(),
+        delivery_id: "lost-1".into(),
+        event_type: None,
+        headers: vec![],
+        body: b"{}".to_vec(),
+        entity_id: None,
+        entity_version: None,
+        content_sha256: None,
+    };
+    use idem_core::WebhookStore;
+    // The delivery id travels in the Bind message, sent with the Execute.
+    proxy.cut_after_next(b"lost-1");
+    let e = store.accept(&r, 1, 1_000_000).await.unwrap_err();
+    assert!(
+        matches!(e, idem_core::StoreError::OutcomeUnknown { .. }),
+        "{e:?}"
+    );
+    assert!(e.retryable());
+    // It was written: the retry is a duplicate.
+    assert!(
+        db.store
+            .get_receipt("github", "lost-1")
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert_eq!(
+        store.accept(&r, 2, 1_000_000).await.unwrap(),
+        idem_core::Accepted::Duplicate
+    );
+}

@@ -634,3 +634,94 @@ mod fixture {
 
 drills!(sqlite, fixture::sqlite);
 drills!(postgres, fixture::postgres);
+
+/// PostgreSQL goes silent: read routes, claims and a handler stuck mid-
+/// statement all answer 503 in bounded time — the handler's after its
+/// timeout, without waiting on a rollback the silent connection would never
+/// acknowledge — and nothing is committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_postgres_gives_every_route_a_bounded_503() {
+    use idem_postgres::{PgConfig, PgStore};
+    let db = idem_testkit::PgDatabase::create("idem_silent").await;
+    let proxy = idem_testkit::Proxy::start(idem_testkit::url_addr(&db.url)).await;
+    let url = idem_testkit::url_via(&db.url, proxy.addr);
+    let store = PgStore::connect(
+        &url,
+        // The default deadline (11 s): a rollback awaited after the handler
+        // timeout would show as 2 s + 11 s.
+        PgConfig {
+            acquire_timeout: Duration::from_secs(1),
+            ..PgConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    store.migrate().await.unwrap();
+    idem_postgres::migrate_component(store.pool(), "demo", idem_server::demo::POSTGRES_MIGRATIONS)
+        .await
+        .unwrap();
+    let config = DemoConfig {
+        handler_timeout: Duration::from_secs(2),
+        read_timeout: Duration::from_secs(2),
+        ..DemoConfig::default()
+    };
+    let addr = fixture::serve(idem_server::postgres_demo::router(
+        store.clone(),
+        store.pool().clone(),
+        &config,
+    ))
+    .await;
+    assert_eq!(create(addr, "warm", PAY).await.status, 201);
+
+    // A handler whose INSERT reaches the database, which then goes silent.
+    let mid = r#"{"amount":7,"currency":"EUR","customer":"cus_mid"}"#;
+    proxy.freeze_after_next(b"cus_mid");
+    let started = std::time::Instant::now();
+    let r = tokio::time::timeout(Duration::from_secs(30), create(addr, "k-mid", mid))
+        .await
+        .expect("an answer");
+    let took = started.elapsed();
+    assert_eq!(r.status, 503);
+    assert_eq!(
+        r.problem_type(),
+        "https://idem.dev/problems/handler-timeout"
+    );
+    assert!(
+        took < Duration::from_secs(8),
+        "the handler's timeout, not its timeout plus a rollback: {took:?}"
+    );
+
+    // Reads and claims while silent.
+    for (method, path, key, body, problem) in [
+        (
+            "GET",
+            "/v1/payments?customer=cus_1",
+            None,
+            "",
+            "store-unavailable",
+        ),
+        (
+            "POST",
+            "/v1/payments",
+            Some("k-silent"),
+            PAY,
+            "store-unavailable",
+        ),
+    ] {
+        let r = tokio::time::timeout(Duration::from_secs(30), call(addr, method, path, key, body))
+            .await
+            .expect("an answer, not a hang");
+        assert_eq!(r.status, 503, "{method} {path}");
+        assert_eq!(
+            r.problem_type(),
+            format!("https://idem.dev/problems/{problem}")
+        );
+    }
+    proxy.thaw();
+    // Nothing was committed: both keys execute now, once.
+    let again = create(addr, "k-mid", mid).await;
+    assert_eq!((again.status, again.replayed()), (201, false));
+    assert_eq!(payments_of(addr, "cus_mid").await.len(), 1);
+    let again = create(addr, "k-silent", PAY).await;
+    assert_eq!((again.status, again.replayed()), (201, false));
+}
