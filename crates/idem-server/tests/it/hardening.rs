@@ -643,11 +643,11 @@ async fn clients_that_never_read_their_answers_lose_their_connection() {
     }
     let mut served = false;
     for _ in 0..150 {
-        if let Ok(r) = try_call(server.addr, "GET", "/healthz", None, "").await {
-            if r.status == 200 {
-                served = true;
-                break;
-            }
+        if let Ok(r) = try_call(server.addr, "GET", "/healthz", None, "").await
+            && r.status == 200
+        {
+            served = true;
+            break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
