@@ -32,10 +32,19 @@ pub fn redacted(text: &str, error: &toml::de::Error) -> String {
             "{place}the value of `{key}` is not valid (not shown: the setting holds a secret)"
         );
     }
-    let mut message = error.message().trim().to_owned();
+    // toml's syntax errors take several lines; one line here.
+    let mut message = error
+        .message()
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ");
     for secret in secret_strings(text) {
-        // Quoted, as serde and toml quote values; bare too when it is long
-        // enough not to be an ordinary word ("a" would eat every a).
+        // As serde writes a string value (`"…"`, escaped), quoted the other
+        // ways toml and serde quote, and bare when it is long enough not to
+        // be an ordinary word ("a" would eat every a).
+        message = message.replace(&format!("{secret:?}"), "\"[redacted]\"");
         for (open, close) in [("`", "`"), ("\"", "\""), ("'", "'")] {
             message = message.replace(
                 &format!("{open}{secret}{close}"),
@@ -44,6 +53,8 @@ pub fn redacted(text: &str, error: &toml::de::Error) -> String {
         }
         if secret.chars().count() >= 8 {
             message = message.replace(&secret, "[redacted]");
+            let escaped = format!("{secret:?}");
+            message = message.replace(&escaped[1..escaped.len() - 1], "[redacted]");
         }
     }
     format!("{place}{message}")
@@ -60,56 +71,75 @@ fn line_column(text: &str, offset: usize) -> (usize, usize) {
     (line, column)
 }
 
-/// The byte ranges of the values of secret keys (`secrets = [ … ]` up to its
-/// closing bracket, across lines; a scalar up to the end of its line).
+/// The byte ranges of the values of secret keys, wherever the key is
+/// written: on a line of its own, dotted (`webhooks.github.secrets = …`) or
+/// inside an inline table (`github = { secrets = … }`). An array runs to its
+/// closing bracket (across lines), a string to its closing quote, anything
+/// else to the next `,`, `}` or end of line.
 fn secret_values(text: &str) -> Vec<(&'static str, Range<usize>)> {
     let mut found = Vec::new();
-    let mut offset = 0;
-    for line in text.split_inclusive('\n') {
-        let trimmed = line.trim_start();
-        let key_end = trimmed
-            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '"'))
-            .unwrap_or(trimmed.len());
-        let key = trimmed[..key_end].trim_matches('"');
-        let after_key = trimmed[key_end..].trim_start();
-        if let (Some(&name), true) = (
-            SECRET_KEYS.iter().find(|k| **k == key),
-            after_key.starts_with('='),
-        ) {
-            let value_start = offset + (line.len() - trimmed.len()) + key_end;
+    for &name in SECRET_KEYS {
+        let mut from = 0;
+        while let Some(at) = text[from..].find(name) {
+            let start = from + at;
+            from = start + name.len();
+            let before = text[..start].chars().next_back();
+            let boundary = before
+                .is_none_or(|c| c.is_whitespace() || matches!(c, '.' | '{' | ',' | '"' | '\''));
+            let rest = &text[from..];
+            let rest = rest.strip_prefix(['"', '\'']).unwrap_or(rest);
+            let after = rest.trim_start_matches([' ', '\t']);
+            if !boundary || !after.starts_with('=') {
+                continue;
+            }
+            let value_start = text.len() - after.len() + 1;
             found.push((name, value_start..value_end(text, value_start)));
         }
-        offset += line.len();
     }
     found
 }
 
 /// Where a value starting at `start` ends: at the bracket that closes an
-/// array (strings skipped), else at the end of the line.
+/// array or the quote that closes a string (escapes and nested strings
+/// skipped), else at a `,`, `}` or the end of the line.
 fn value_end(text: &str, start: usize) -> usize {
     let rest = &text[start..];
     let mut depth = 0usize;
     let mut quote: Option<char> = None;
     let mut escaped = false;
+    let mut seen_value = false;
     for (i, c) in rest.char_indices() {
         if let Some(q) = quote {
-            match c {
-                '\\' if q == '"' && !escaped => escaped = true,
-                c if c == q && !escaped => quote = None,
-                _ => escaped = false,
+            if escaped {
+                escaped = false;
+            } else if c == '\\' && q == '"' {
+                escaped = true;
+            } else if c == q {
+                quote = None;
+                if depth == 0 {
+                    return start + i + 1;
+                }
             }
             continue;
         }
         match c {
-            '"' | '\'' => quote = Some(c),
-            '[' => depth += 1,
+            '"' | '\'' => {
+                quote = Some(c);
+                seen_value = true;
+            }
+            '[' => {
+                depth += 1;
+                seen_value = true;
+            }
             ']' => {
                 depth = depth.saturating_sub(1);
                 if depth == 0 {
                     return start + i + 1;
                 }
             }
+            ',' | '}' if depth == 0 && seen_value => return start + i,
             '\n' if depth == 0 => return start + i,
+            c if !c.is_whitespace() => seen_value = true,
             _ => {}
         }
     }
@@ -190,6 +220,36 @@ mod tests {
         // A short secret does not eat the letters of the message.
         let e = error_of("[webhooks.g]\nscheme = \"github\"\nsecrets = [\"a\"]\nforwrd = \"a\"\n");
         assert!(e.contains("unknown field `forwrd`, expected"), "{e}");
+    }
+
+    #[test]
+    fn secrets_written_dotted_inline_or_with_escapes_are_not_shown() {
+        for text in [
+            "webhooks.github.scheme = \"github\"\nwebhooks.github.secrets = \"pa\\\"ss-word-123\"\n",
+            "[webhooks]\ngithub = { scheme = \"github\", secrets = \"tr0ub4dor\\\\&3-horse\" }\n",
+            "[webhooks]\ngithub = { scheme = \"github\", secrets = [\"s3cr3t-value\", 12345678] }\n",
+            "[webhooks.g]\nscheme = \"github\"\n\"secrets\" = 4242424242\n",
+        ] {
+            let e = error_of(text);
+            for leak in [
+                "ss-word",
+                "tr0ub4dor",
+                "horse",
+                "s3cr3t",
+                "12345678",
+                "4242424242",
+            ] {
+                assert!(!e.contains(leak), "{text:?} -> {e}");
+            }
+            assert!(!e.contains('\n'), "one line: {e}");
+        }
+    }
+
+    #[test]
+    fn syntax_errors_are_one_line() {
+        let e = error_of("[webhooks.g]\nscheme = \"github\"\nsecrets = [\"a\", \n");
+        assert!(!e.contains('\n'), "{e}");
+        assert!(e.starts_with("line "), "{e}");
     }
 
     #[test]
