@@ -119,8 +119,9 @@ enum Command {
     Serve {
         #[command(flatten)]
         db: DbArgs,
-        /// Address to listen on.
-        #[arg(long, env = "IDEM_LISTEN", default_value = "127.0.0.1:8080")]
+        /// Address to listen on: IP:PORT, or HOST:PORT (resolved once, the
+        /// first address is used: `localhost:8080`).
+        #[arg(long, env = "IDEM_LISTEN", default_value = "127.0.0.1:8080", value_parser = listen_address)]
         listen: SocketAddr,
         #[command(flatten)]
         http: HttpArgs,
@@ -245,6 +246,24 @@ enum WebhookAction {
 
 /// The largest request body `--max-body-bytes` accepts.
 const MAX_BODY_BYTES_LIMIT: usize = 64 << 20;
+
+/// `--listen`: an IP address and port, or a host name and port resolved now.
+fn listen_address(value: &str) -> Result<SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    if let Ok(addr) = value.parse() {
+        return Ok(addr);
+    }
+    let mut addrs = value.to_socket_addrs().map_err(|e| {
+        format!("{e}: expected IP:PORT or HOST:PORT, e.g. 127.0.0.1:8080 or localhost:8080")
+    })?;
+    // Loopback first when the name has both (localhost: 127.0.0.1 and ::1).
+    let all: Vec<SocketAddr> = addrs.by_ref().collect();
+    all.iter()
+        .find(|a| a.is_ipv4())
+        .or_else(|| all.first())
+        .copied()
+        .ok_or_else(|| format!("{value} resolves to no address"))
+}
 
 /// `value` within `lo..=hi`, or an error naming the flag, with durations
 /// written the way they are typed (`0s`, `400days`).

@@ -30,6 +30,23 @@ pub fn idempotency_key(endpoint: &str, delivery_id: &str) -> String {
     )
 }
 
+/// An error and its sources, each once (`client error (Connect): tcp
+/// connect error: Connection refused (os error 111)`): the client's own
+/// message says only which step failed.
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let next = s.to_string();
+        if !text.contains(&next) {
+            text.push_str(": ");
+            text.push_str(&next);
+        }
+        source = s.source();
+    }
+    text
+}
+
 /// Forwards each receipt to `url`. The whole exchange — connect, request,
 /// response head and (for an error) the first 4 KiB of its body — is bounded
 /// by one timeout; a forward that does not complete in time is retried.
@@ -119,7 +136,7 @@ impl Forward {
             .client
             .request(req)
             .await
-            .map_err(|e| HandleError::Retry(format!("upstream unreachable: {e}")))?;
+            .map_err(|e| HandleError::Retry(format!("upstream unreachable: {}", chain(&e))))?;
         let status = res.status();
         if status.is_success() {
             return Ok(());
@@ -168,6 +185,39 @@ impl WebhookHandler for Forward {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn an_unreachable_upstream_says_why() {
+        // A port nobody listens on: bound, then closed.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let forward = Forward::new(format!("http://127.0.0.1:{port}/hooks").parse().unwrap());
+        let receipt = Receipt {
+            id: 1,
+            receipt: idem_core::NewReceipt {
+                endpoint: "github".into(),
+                delivery_id: "d-1".into(),
+                event_type: None,
+                headers: vec![],
+                body: b"{}".to_vec(),
+                entity_id: None,
+                entity_version: None,
+                content_sha256: None,
+            },
+            state: idem_core::ReceiptState::Received,
+            attempts: 0,
+            last_error: None,
+            received_at_ms: 0,
+            finished_at_ms: None,
+        };
+        let Err(HandleError::Retry(message)) = forward.handle(&receipt).await else {
+            panic!("a refused connection is retried");
+        };
+        assert!(message.to_lowercase().contains("refused"), "{message}");
+    }
 
     #[test]
     fn keys_are_stable_and_always_valid() {
