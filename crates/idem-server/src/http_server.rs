@@ -127,6 +127,32 @@ impl Limits {
     }
 }
 
+/// The soft limit on open files of this process, where the system says
+/// (Linux: `/proc/self/limits`).
+fn open_files_limit() -> Option<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line.split_whitespace().nth(3)?.parse().ok()
+}
+
+/// Connections need file descriptors, and so do the database pool, the
+/// broker and the log: a cap above what the process may open means accepts
+/// fail (and the health check with them) before the cap answers 503.
+fn check_descriptors(max_connections: usize) {
+    const RESERVED: u64 = 64;
+    if let Some(limit) = open_files_limit()
+        && (max_connections as u64).saturating_add(RESERVED) > limit
+    {
+        tracing::warn!(
+            max_connections,
+            open_files_limit = limit,
+            "--max-connections is above what the open-file limit leaves for connections; \
+             raise it (ulimit -n) or lower --max-connections to at most {}",
+            limit.saturating_sub(RESERVED)
+        );
+    }
+}
+
 /// Serves `app` on `listener` until `shutdown`, then stops accepting, lets
 /// requests in progress finish (at most 30 s) and returns.
 pub async fn serve(
@@ -135,6 +161,7 @@ pub async fn serve(
     limits: Limits,
     shutdown: impl Future<Output = ()>,
 ) {
+    check_descriptors(limits.max_connections);
     let budget = Arc::new(Semaphore::new(limits.max_buffered_bytes));
     // The log outside the body guard, so it records the 408 or 503 the
     // guard answered.
@@ -194,6 +221,7 @@ pub async fn serve(
             permit,
         ));
     }
+    tracing::info!("shutting down: no new connections; finishing the requests in progress");
     drop(listener);
     let _ = stop.send(true);
     // Every connection holds a permit until it is done.

@@ -454,7 +454,7 @@ fn stats_json(s: &idem_outbox::DispatcherStats) -> serde_json::Value {
         "oldest_pending_age_ms": s.oldest_pending_age.map(|d| d.as_millis() as u64),
         "dead": s.dead,
         "published_total": s.published_total,
-        "publish_rate_per_sec": s.publish_rate_per_sec,
+        "publish_rate_per_sec": (s.publish_rate_per_sec * 100.0).round() / 100.0,
     })
 }
 
