@@ -6,6 +6,41 @@ use std::time::Duration;
 /// A boxed error from a backend or from business code.
 pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
 
+/// Displays an error and its sources on one line, each text once: drivers
+/// often repeat their source's message in their own, and clients often say
+/// only which step failed (`client error (Connect)`) and leave the cause
+/// (`Connection refused`) to their sources.
+///
+/// ```
+/// let io = std::io::Error::new(std::io::ErrorKind::Other, "refused");
+/// let e = idem_core::StoreError::Unavailable { source: io.into() };
+/// assert_eq!(idem_core::ErrorChain(&e).to_string(), "key store unavailable: refused");
+/// ```
+#[derive(Clone, Copy)]
+pub struct ErrorChain<'a>(pub &'a (dyn StdError + 'static));
+
+impl std::fmt::Display for ErrorChain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut line = self.0.to_string();
+        let mut source = self.0.source();
+        while let Some(s) = source {
+            let text = s.to_string();
+            if !text.is_empty() && !line.contains(&text) {
+                line.push_str(": ");
+                line.push_str(&text);
+            }
+            source = s.source();
+        }
+        f.write_str(&line)
+    }
+}
+
+impl std::fmt::Debug for ErrorChain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
+}
+
 /// Why an idempotency key was rejected.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

@@ -48,7 +48,7 @@ mod webhook;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use engine::{Begun, BoxFuture, Claimed, Engine, Outcome};
-pub use error::{BoxError, Error, KeyError, ScopeError, StoreError};
+pub use error::{BoxError, Error, ErrorChain, KeyError, ScopeError, StoreError};
 pub use fingerprint::{Fingerprint, FingerprintSpec, RequestParts};
 pub use key::IdempotencyKey;
 pub use message::{

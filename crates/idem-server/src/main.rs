@@ -513,27 +513,10 @@ fn main() -> ExitCode {
         // One line, whatever RUST_BACKTRACE says: these are the operator's
         // errors (a bad flag, an unreachable database), not the program's.
         Err(e) => {
-            eprintln!("error: {}", one_line(&e));
+            eprintln!("error: {}", idem_core::ErrorChain(e.as_ref()));
             ExitCode::FAILURE
         }
     }
-}
-
-/// The error and its causes on one line, each cause once: drivers often
-/// repeat their source's text in their own message.
-fn one_line(e: &anyhow::Error) -> String {
-    let mut line = String::new();
-    for cause in e.chain() {
-        let text = cause.to_string();
-        if text.is_empty() || line.contains(&text) {
-            continue;
-        }
-        if !line.is_empty() {
-            line.push_str(": ");
-        }
-        line.push_str(&text);
-    }
-    line
 }
 
 async fn run(command: Command) -> anyhow::Result<()> {

@@ -30,23 +30,6 @@ pub fn idempotency_key(endpoint: &str, delivery_id: &str) -> String {
     )
 }
 
-/// An error and its sources, each once (`client error (Connect): tcp
-/// connect error: Connection refused (os error 111)`): the client's own
-/// message says only which step failed.
-fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let next = s.to_string();
-        if !text.contains(&next) {
-            text.push_str(": ");
-            text.push_str(&next);
-        }
-        source = s.source();
-    }
-    text
-}
-
 /// Forwards each receipt to `url`. The whole exchange — connect, request,
 /// response head and (for an error) the first 4 KiB of its body — is bounded
 /// by one timeout; a forward that does not complete in time is retried.
@@ -132,11 +115,12 @@ impl Forward {
 
     /// Sends the request and reads the answer; the caller bounds it.
     async fn exchange(&self, req: Request<Full<Bytes>>) -> Result<(), HandleError> {
-        let res = self
-            .client
-            .request(req)
-            .await
-            .map_err(|e| HandleError::Retry(format!("upstream unreachable: {}", chain(&e))))?;
+        let res = self.client.request(req).await.map_err(|e| {
+            HandleError::Retry(format!(
+                "upstream unreachable: {}",
+                idem_core::ErrorChain(&e)
+            ))
+        })?;
         let status = res.status();
         if status.is_success() {
             return Ok(());

@@ -47,6 +47,19 @@ async fn closed_within(s: &mut TcpStream, max: Duration) -> Option<Duration> {
     }
 }
 
+/// `idem migrate` on `url`: the database exists afterwards.
+fn migrate(url: &str) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["migrate", "--database-url", url])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 fn get_with(path: &str, headers: &[(&str, &str)]) -> Vec<u8> {
     let extra: String = headers
         .iter()
@@ -442,11 +455,7 @@ fn bad_settings_are_one_line_even_with_backtraces_on() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relay_with_its_broker_unreachable_stops_at_once_and_says_why() {
     let dir = TempDir::new("relay-down");
-    let migrated = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
-        .args(["migrate", "--database-url", &dir.sqlite_url()])
-        .output()
-        .unwrap();
-    assert!(migrated.status.success());
+    migrate(&dir.sqlite_url());
     let port = crate::process::free_port();
     let url = format!("nats://127.0.0.1:{port}");
     let args: Vec<String> = [
@@ -532,11 +541,7 @@ async fn the_relay_says_when_nats_goes_away_and_when_it_is_back() {
     let dir = TempDir::new("relay-watch");
     let mut nats = idem_testkit::NatsServer::start();
     let db = dir.sqlite_url();
-    let migrated = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
-        .args(["migrate", "--database-url", &db])
-        .output()
-        .unwrap();
-    assert!(migrated.status.success());
+    migrate(&db);
     let args: Vec<String> = ["relay", "--database-url", &db, "--nats-url", &nats.url()]
         .iter()
         .map(|s| s.to_string())
