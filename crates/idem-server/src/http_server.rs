@@ -15,7 +15,8 @@
 //!   accept queue until the file descriptors run out.
 //! - **Buffered bytes cap**: request bodies being read at once share one
 //!   budget; a body that would exceed it is answered `503 server-busy` with
-//!   `Retry-After`, so many slow large uploads cannot exhaust memory.
+//!   `Retry-After`, so many slow large uploads cannot exhaust memory. A
+//!   declared `Content-Length` is reserved whole before the handler runs.
 //!
 //! Every value is bounded ([`Limits::validate`]).
 
@@ -169,6 +170,7 @@ pub async fn serve(
         .layer(axum::middleware::from_fn_with_state(
             BodyGuard {
                 budget,
+                capacity: limits.max_buffered_bytes,
                 timeout: limits.body_read_timeout,
             },
             guard_body,
@@ -473,27 +475,64 @@ enum Cut {
 #[derive(Debug, Clone)]
 struct BodyGuard {
     budget: Arc<Semaphore>,
+    /// The whole budget: a declared length above it cannot be reserved.
+    capacity: usize,
     timeout: Duration,
+}
+
+fn server_busy() -> Response {
+    idem_http::problem::<Body>(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "server-busy",
+        "The server is busy",
+        Some("too many request bytes are being received at once; retry later"),
+        Some(1),
+    )
+    .into_response()
 }
 
 /// Wraps each request body in the body read deadline and the shared budget;
 /// when either cut the body off, the answer is 408 or 503 whatever the
 /// handler made of the unreadable body (it never got a complete one, so it
 /// could not have acted on it).
+///
+/// A body with a declared length reserves all of it before the handler
+/// runs, or is answered 503 at once: uploads arriving together then cannot
+/// each take a share and all fail half-read. A chunked body pays as it
+/// arrives.
 async fn guard_body(State(guard): State<BodyGuard>, req: Request, next: Next) -> Response {
     if http_body::Body::is_end_stream(req.body()) {
         // No body (a GET, `Content-Length: 0`): nothing to bound.
         return next.run(req).await;
     }
+    let declared = http_body::Body::size_hint(req.body())
+        .exact()
+        .and_then(|n| usize::try_from(n).ok())
+        // Longer than the whole budget: the route's own limit answers 413
+        // before reading it; the budget then only counts what is read.
+        .filter(|&n| n <= guard.capacity);
+    let mut prepaid = 0;
+    let mut reserved = None;
+    if let Some(n) = declared {
+        let permit = u32::try_from(n)
+            .ok()
+            .and_then(|p| guard.budget.clone().try_acquire_many_owned(p).ok());
+        let Some(permit) = permit else {
+            return server_busy();
+        };
+        prepaid = n;
+        reserved = Some(permit);
+    }
     let cut = Arc::new(OnceLock::new());
     // Bytes read stay counted until the answer is ready: the handler holds
     // them until then, whatever happened to the body object.
-    let held = Arc::new(Mutex::new(None));
+    let held = Arc::new(Mutex::new(reserved));
     let req = req.map(|body| {
         Body::new(Guarded {
             inner: body,
             deadline: tokio::time::sleep(guard.timeout),
             budget: guard.budget.clone(),
+            prepaid,
             held: held.clone(),
             cut: cut.clone(),
         })
@@ -513,14 +552,7 @@ async fn guard_body(State(guard): State<BodyGuard>, req: Request, next: Next) ->
             None,
         )
         .into_response(),
-        Some(Cut::Budget) => idem_http::problem::<Body>(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "server-busy",
-            "The server is busy",
-            Some("too many request bytes are being received at once; retry later"),
-            Some(1),
-        )
-        .into_response(),
+        Some(Cut::Budget) => server_busy(),
     }
 }
 
@@ -531,6 +563,8 @@ pin_project! {
         #[pin]
         deadline: tokio::time::Sleep,
         budget: Arc<Semaphore>,
+        // Bytes still covered by the reservation made for a declared length.
+        prepaid: usize,
         held: Arc<Mutex<Option<OwnedSemaphorePermit>>>,
         cut: Arc<OnceLock<Cut>>,
     }
@@ -554,7 +588,10 @@ impl http_body::Body for Guarded {
         }
         match this.inner.poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
-                let n = frame.data_ref().map_or(0, Bytes::len);
+                let read = frame.data_ref().map_or(0, Bytes::len);
+                let covered = read.min(*this.prepaid);
+                *this.prepaid -= covered;
+                let n = read - covered;
                 if n > 0 {
                     let permit = u32::try_from(n)
                         .ok()
