@@ -147,6 +147,30 @@ impl<S: KeyStore, C: Clock + Clone> Engine<S, C> {
         self.store.rollback(claimed.tx).await
     }
 
+    /// Opens a transaction that claims no key, for work that needs the
+    /// engine's transaction without idempotency (a request sent without a key
+    /// on a route where keys are optional). Finish it with
+    /// [`Engine::commit_unkeyed`] or [`Engine::abort_unkeyed`]; dropping it
+    /// rolls it back.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a cancelled begin leaves no transaction open.
+    pub async fn begin_unkeyed(&self) -> Result<S::Tx, StoreError> {
+        self.store.begin().await
+    }
+
+    /// Commits a transaction from [`Engine::begin_unkeyed`] with every write
+    /// made in it.
+    pub async fn commit_unkeyed(&self, tx: S::Tx) -> Result<(), StoreError> {
+        self.store.commit(tx).await
+    }
+
+    /// Rolls back a transaction from [`Engine::begin_unkeyed`] and every
+    /// write made in it.
+    pub async fn abort_unkeyed(&self, tx: S::Tx) -> Result<(), StoreError> {
+        self.store.rollback(tx).await
+    }
+
     /// Runs `operation` at most once per key and request.
     ///
     /// The closure gets the open transaction that holds the pending key record;

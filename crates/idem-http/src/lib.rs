@@ -62,6 +62,13 @@
 //! timeout 503 + `Retry-After` (rolled back). Every response the layer
 //! produces carries a [`RequestOutcome`] extension saying what it did.
 //!
+//! The layer handles a request in two steps, usable on their own (a gateway
+//! in front of another service reuses the first): [`admit`] checks the key
+//! header, the tenant, the body limit and computes the fingerprint — an
+//! [`Admitted`] request or a [`Rejection`], nothing written —; [`execute`]
+//! claims the key through the [`Engine`](idem_core::Engine) (or replays it),
+//! runs the handler in the transaction and stores and commits, or rolls back.
+//!
 //! The key serialises requests with **one** key: two requests with
 //! different keys run concurrently, each in its own transaction. An invariant
 //! that spans keys — "refunds never exceed the payment" — is the handler's
@@ -80,7 +87,9 @@
 //! answered with 500 `response-too-large`, because committing an effect whose
 //! answer cannot be replayed would break the contract for the retry.
 
+mod admission;
 mod config;
+mod execution;
 mod outcome;
 mod problem;
 mod service;
@@ -88,10 +97,12 @@ mod tx;
 
 use http::HeaderName;
 
+pub use admission::{Admitted, Keyed, admit};
 pub use config::{ConfigError, Disposition, NEVER_REPLAYED, RouteConfig, TenantSource};
+pub use execution::{execute, replay};
 pub use outcome::RequestOutcome;
 pub use problem::{Rejection, TYPE_BASE, problem};
-pub use service::{Idempotency, IdempotencyLayer, ResponseFuture, replay};
+pub use service::{Idempotency, IdempotencyLayer, ResponseFuture};
 pub use tx::{IdemTx, TxFinished};
 
 /// The header carrying the key.

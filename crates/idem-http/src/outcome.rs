@@ -79,6 +79,7 @@ impl RequestOutcome {
             Rejection::FingerprintMismatch => Self::Mismatch,
             Rejection::InFlight(_) => Self::InFlight,
             Rejection::BodyTooLarge => Self::TooLarge,
+            Rejection::UnreadableBody => Self::UnreadableBody,
             Rejection::StoreUnavailable(_) => Self::StoreUnavailable,
             Rejection::OutcomeUnknown(_) => Self::OutcomeUnknown,
             Rejection::HandlerTimeout(_) => Self::HandlerTimeout,

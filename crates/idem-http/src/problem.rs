@@ -32,6 +32,9 @@ pub enum Rejection {
     InFlight(Duration),
     /// The request body is over the limit (413).
     BodyTooLarge,
+    /// The request body could not be read: the client broke off or sent a
+    /// malformed body (400).
+    UnreadableBody,
     /// The store cannot be reached; nothing was written (503 + Retry-After).
     StoreUnavailable(Duration),
     /// `COMMIT` was sent but not acknowledged: the request may have taken
@@ -80,6 +83,11 @@ impl Rejection {
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "body-too-large",
                 "Request body is too large",
+            ),
+            Self::UnreadableBody => (
+                StatusCode::BAD_REQUEST,
+                "unreadable-body",
+                "The request body could not be read",
             ),
             Self::StoreUnavailable(_) => (
                 StatusCode::SERVICE_UNAVAILABLE,
