@@ -17,7 +17,8 @@
 //! - [`Engine`]: claim, run the mutation in the same transaction, store, replay.
 //! - [`OutboxMessage`], [`MessageId`], [`Topic`], [`Subscriber`], [`Backoff`]
 //!   and the [`OutboxStore`] / [`InboxStore`] capabilities: messages written in
-//!   the business transaction, and messages applied once per subscriber.
+//!   the business transaction, and messages applied once per subscriber;
+//!   [`OutboxWriter`], the write side the `Outbox` of `idem-outbox` uses.
 //! - [`NewReceipt`], [`Receipt`], [`ReceiptState`] and the [`WebhookStore`]
 //!   capability: webhook deliveries stored before they are acknowledged.
 //! - [`failpoint`]: crash points for the drills (`IDEM_FAILPOINTS`).
@@ -36,6 +37,7 @@ pub mod failpoint;
 
 mod clock;
 mod engine;
+mod enqueue;
 mod error;
 mod fingerprint;
 mod key;
@@ -48,6 +50,7 @@ mod webhook;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use engine::{Begun, BoxFuture, Claimed, Engine, Outcome};
+pub use enqueue::OutboxWriter;
 pub use error::{BoxError, Error, ErrorChain, KeyError, ScopeError, StoreError};
 pub use fingerprint::{Fingerprint, FingerprintSpec, RequestParts};
 pub use key::IdempotencyKey;

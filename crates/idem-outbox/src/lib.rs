@@ -1,7 +1,8 @@
 //! # Idem outbox
 //!
 //! A service that changes state and publishes an event writes the event to the
-//! outbox **in the same transaction** (`idem_sqlite::outbox::enqueue`,
+//! outbox **in the same transaction**, with [`Outbox::enqueue`] (or the
+//! backends' low-level `idem_sqlite::outbox::enqueue` /
 //! `idem_postgres::outbox::enqueue`). The [`Dispatcher`] then publishes what
 //! committed — and only that — through a [`Publisher`], waits for the broker's
 //! acknowledgement and marks the message sent:
@@ -24,7 +25,7 @@
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::sync::Mutex;
 //! use idem_core::{KeyStore, OutboxMessage, OutboxRecord, Topic};
-//! use idem_outbox::{Dispatcher, DispatcherConfig, PublishError, Published, Publisher};
+//! use idem_outbox::{Dispatcher, DispatcherConfig, Outbox, PublishError, Published, Publisher};
 //! use idem_sqlite::{SqliteConfig, SqliteStore};
 //!
 //! /// A broker stand-in that keeps what it was given (use `idem_nats::NatsPublisher`).
@@ -47,7 +48,7 @@
 //! let mut tx = store.begin().await?;
 //! // … sqlx::query("UPDATE orders …").execute(&mut *tx).await? …
 //! let event = OutboxMessage::new(Topic::new("orders.shipped")?, "order-7", br#"{"id":7}"#.to_vec())?;
-//! idem_sqlite::outbox::enqueue(&mut tx, &event, 0).await?;
+//! Outbox::new(store.clone()).enqueue(&mut tx, &event).await?;
 //! store.commit(tx).await?;
 //!
 //! let dispatcher = Dispatcher::new(store, Recorder::default(), DispatcherConfig::default())?;
@@ -58,10 +59,13 @@
 //! ```
 
 mod dispatcher;
+mod outbox;
 
 pub use dispatcher::{
     ConfigError, Dispatcher, DispatcherConfig, DispatcherStats, Polling, RunOnce,
 };
+
+pub use outbox::Outbox;
 
 use idem_core::{BoxError, OutboxRecord};
 use std::future::Future;

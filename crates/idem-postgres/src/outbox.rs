@@ -108,6 +108,19 @@ impl PgStore {
     }
 }
 
+/// The write side for `idem_outbox::Outbox`: [`enqueue`] on the
+/// transaction.
+impl idem_core::OutboxWriter for PgStore {
+    async fn enqueue(
+        &self,
+        tx: &mut crate::PgTx,
+        message: &OutboxMessage,
+        now_ms: i64,
+    ) -> Result<i64, StoreError> {
+        enqueue(tx, message, now_ms).await
+    }
+}
+
 impl OutboxStore for PgStore {
     async fn claim_batch(
         &self,

@@ -46,6 +46,19 @@ fn ids_json(ids: &[i64]) -> String {
     serde_json::Value::from(ids).to_string()
 }
 
+/// The write side for `idem_outbox::Outbox`: [`enqueue`] on the
+/// transaction.
+impl idem_core::OutboxWriter for SqliteStore {
+    async fn enqueue(
+        &self,
+        tx: &mut crate::SqliteTx,
+        message: &OutboxMessage,
+        now_ms: i64,
+    ) -> Result<i64, StoreError> {
+        enqueue(tx, message, now_ms).await
+    }
+}
+
 impl OutboxStore for SqliteStore {
     async fn claim_batch(
         &self,
