@@ -21,6 +21,8 @@
 //!   [`OutboxWriter`], the write side the `Outbox` of `idem-outbox` uses.
 //! - [`NewReceipt`], [`Receipt`], [`ReceiptState`] and the [`WebhookStore`]
 //!   capability: webhook deliveries stored before they are acknowledged.
+//! - [`RoundLoop`], [`Rounds`] and [`Pause`]: "run rounds until shutdown", the
+//!   shape of the dispatcher's, consumer's, processor's and collector's loops.
 //! - [`failpoint`]: crash points for the drills (`IDEM_FAILPOINTS`).
 //!
 //! ```
@@ -44,6 +46,7 @@ mod key;
 mod message;
 mod policy;
 mod record;
+mod rounds;
 mod scope;
 mod store;
 mod webhook;
@@ -63,6 +66,7 @@ pub use record::{
     Completion, Decision, RecordColumns, RecordState, ResourceRef, StoredRecord, StoredResponse,
     decide, headers_from_json, headers_to_json,
 };
+pub use rounds::{Pause, RoundLoop, Rounds};
 pub use scope::{NAME_MAX_LEN, Operation, Scope, Tenant};
 pub use store::{Claim, InboxStore, KeyStore, OutboxStore, Wake, WebhookStore};
 pub use webhook::{Accepted, Finish, NewReceipt, Receipt, ReceiptColumns, ReceiptState, Replay};

@@ -5,7 +5,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use idem_core::{
-    Backoff, BoxError, BoxFuture, Clock, InboxStore, MessageId, Subscriber, failpoint,
+    Backoff, BoxError, BoxFuture, Clock, InboxStore, MessageId, Pause, RoundLoop, Rounds,
+    Subscriber, Wake, failpoint,
 };
 
 use crate::{Begun, Committed, Inbox};
@@ -323,41 +324,75 @@ where
 
     /// Consumes until `shutdown` completes, pausing with a backoff while the
     /// broker cannot be reached; deletes expired inbox records every
-    /// `gc_every`.
+    /// `gc_every`. Shutdown interrupts a fetch that is waiting for messages.
+    ///
+    /// # Cancel safety
+    /// A message being applied when cancelled is rolled back and redelivered
+    /// after the ack wait, as with [`Consumer::run_once`].
     pub async fn run(&mut self, gc_every: Duration, shutdown: impl Future<Output = ()>) {
-        let mut shutdown = std::pin::pin!(shutdown);
-        let mut failures = 0u32;
-        let mut next_gc = tokio::time::Instant::now();
-        loop {
-            if tokio::time::Instant::now() >= next_gc {
-                match self.inbox.purge_expired(1000, 100).await {
-                    Ok(0) => {}
-                    Ok(n) => tracing::info!(deleted = n, "expired inbox records deleted"),
-                    Err(e) => {
-                        tracing::warn!(error = &e as &dyn std::error::Error, "inbox gc failed")
-                    }
+        let mut rounds = ConsumeRounds {
+            consumer: self,
+            gc_every,
+            next_gc: tokio::time::Instant::now(),
+            failures: 0,
+        };
+        RoundLoop::new(Sleep)
+            .interrupting()
+            .run(&mut rounds, shutdown)
+            .await;
+    }
+}
+
+/// The state of [`Consumer::run`] between rounds.
+struct ConsumeRounds<'a, Src, S, H, C> {
+    consumer: &'a mut Consumer<Src, S, H, C>,
+    gc_every: Duration,
+    next_gc: tokio::time::Instant,
+    /// Fetches in a row that failed.
+    failures: u32,
+}
+
+impl<Src, S, H, C> Rounds for ConsumeRounds<'_, Src, S, H, C>
+where
+    Src: MessageSource,
+    S: InboxStore,
+    H: Handler<S::Tx>,
+    C: Clock,
+{
+    async fn round(&mut self) -> Pause {
+        if tokio::time::Instant::now() >= self.next_gc {
+            match self.consumer.inbox.purge_expired(1000, 100).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(deleted = n, "expired inbox records deleted"),
+                Err(e) => {
+                    tracing::warn!(error = &e as &dyn std::error::Error, "inbox gc failed")
                 }
-                next_gc = tokio::time::Instant::now() + gc_every;
             }
-            let pause = tokio::select! {
-                biased;
-                _ = &mut shutdown => return,
-                r = self.run_once() => match r {
-                    Ok(_) => { failures = 0; None }
-                    Err(e) => {
-                        failures += 1;
-                        tracing::warn!(error = &e as &dyn std::error::Error, rounds = failures, "message source unavailable");
-                        Some(self.config.nak_backoff.delay(failures, 1.0))
-                    }
-                },
-            };
-            if let Some(p) = pause {
-                tokio::select! {
-                    biased;
-                    _ = &mut shutdown => return,
-                    _ = tokio::time::sleep(p) => {}
-                }
+            self.next_gc = tokio::time::Instant::now() + self.gc_every;
+        }
+        match self.consumer.run_once().await {
+            Ok(_) => {
+                self.failures = 0;
+                Pause::None
+            }
+            Err(e) => {
+                self.failures += 1;
+                tracing::warn!(
+                    error = &e as &dyn std::error::Error,
+                    rounds = self.failures,
+                    "message source unavailable"
+                );
+                Pause::Sleep(self.consumer.config.nak_backoff.delay(self.failures, 1.0))
             }
         }
+    }
+}
+
+/// The consumer's timer: plain sleeping, no hints.
+struct Sleep;
+
+impl Wake for Sleep {
+    async fn wait(&mut self, max: Duration) {
+        tokio::time::sleep(max).await;
     }
 }

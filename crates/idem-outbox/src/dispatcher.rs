@@ -8,7 +8,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
-use idem_core::{Backoff, Clock, OutboxStore, StoreError, SystemClock, Wake, failpoint};
+use idem_core::{
+    Backoff, Clock, OutboxStore, Pause, RoundLoop, Rounds, StoreError, SystemClock, Wake, failpoint,
+};
 
 use crate::{PublishError, Publisher};
 
@@ -355,64 +357,80 @@ impl<S: OutboxStore, P: Publisher, C: Clock> Dispatcher<S, P, C> {
     /// # Cancel safety
     /// Returns at the next pause after `shutdown` completes; a round in
     /// progress finishes first.
-    pub async fn run(&self, mut wake: impl Wake, shutdown: impl Future<Output = ()>) {
-        let mut shutdown = std::pin::pin!(shutdown);
-        let mut next_cleanup = Instant::now();
-        let (mut broker_down, mut store_down) = (0u32, 0u32);
-        loop {
-            let pause = match self.run_once().await {
-                Ok(r) if r.unavailable > 0 => {
-                    broker_down += 1;
-                    store_down = 0;
-                    if broker_down == 1 || broker_down.is_power_of_two() {
-                        tracing::warn!(
-                            rounds = broker_down,
-                            "broker unreachable; messages wait in the outbox"
-                        );
-                    }
-                    Some(self.config.broker_backoff.delay(broker_down, jitter()))
-                }
-                Ok(r) => {
-                    if broker_down > 0 {
-                        tracing::info!("broker reachable again");
-                    }
-                    (broker_down, store_down) = (0, 0);
-                    (r.claimed < self.config.batch_size as usize)
-                        .then_some(self.config.poll_interval)
-                }
-                Err(e) => {
-                    store_down += 1;
+    pub async fn run(&self, wake: impl Wake, shutdown: impl Future<Output = ()>) {
+        let mut rounds = DispatchRounds {
+            dispatcher: self,
+            next_cleanup: Instant::now(),
+            broker_down: 0,
+            store_down: 0,
+        };
+        RoundLoop::new(Polling)
+            .woken_by(wake)
+            .run(&mut rounds, shutdown)
+            .await;
+    }
+}
+
+/// The state of [`Dispatcher::run`] between rounds.
+struct DispatchRounds<'a, S, P, C> {
+    dispatcher: &'a Dispatcher<S, P, C>,
+    next_cleanup: Instant,
+    /// Rounds in a row the broker was unreachable.
+    broker_down: u32,
+    /// Rounds in a row the store failed.
+    store_down: u32,
+}
+
+impl<S: OutboxStore, P: Publisher, C: Clock> Rounds for DispatchRounds<'_, S, P, C> {
+    async fn round(&mut self) -> Pause {
+        let d = self.dispatcher;
+        let pause = match d.run_once().await {
+            Ok(r) if r.unavailable > 0 => {
+                self.broker_down += 1;
+                self.store_down = 0;
+                if self.broker_down == 1 || self.broker_down.is_power_of_two() {
                     tracing::warn!(
-                        error = &e as &dyn std::error::Error,
-                        rounds = store_down,
-                        "outbox store unavailable"
+                        rounds = self.broker_down,
+                        "broker unreachable; messages wait in the outbox"
                     );
-                    Some(self.config.backoff.delay(store_down, jitter()))
                 }
-            };
-            if Instant::now() >= next_cleanup {
-                match self.cleanup().await {
-                    Ok(0) => {}
-                    Ok(n) => tracing::info!(deleted = n, "sent outbox messages deleted"),
-                    Err(e) => tracing::warn!(
-                        error = &e as &dyn std::error::Error,
-                        "outbox cleanup failed"
-                    ),
+                Some(d.config.broker_backoff.delay(self.broker_down, jitter()))
+            }
+            Ok(r) => {
+                if self.broker_down > 0 {
+                    tracing::info!("broker reachable again");
                 }
-                next_cleanup = Instant::now() + self.config.cleanup_interval;
+                (self.broker_down, self.store_down) = (0, 0);
+                (r.claimed < d.config.batch_size as usize).then_some(d.config.poll_interval)
             }
-            let idle = broker_down == 0 && store_down == 0;
-            tokio::select! {
-                biased;
-                _ = &mut shutdown => return,
-                _ = async {
-                    match pause {
-                        None => tokio::task::yield_now().await,
-                        Some(p) if idle => wake.wait(p).await,
-                        Some(p) => tokio::time::sleep(p).await,
-                    }
-                } => {}
+            Err(e) => {
+                self.store_down += 1;
+                tracing::warn!(
+                    error = &e as &dyn std::error::Error,
+                    rounds = self.store_down,
+                    "outbox store unavailable"
+                );
+                Some(d.config.backoff.delay(self.store_down, jitter()))
             }
+        };
+        if Instant::now() >= self.next_cleanup {
+            match d.cleanup().await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(deleted = n, "sent outbox messages deleted"),
+                Err(e) => tracing::warn!(
+                    error = &e as &dyn std::error::Error,
+                    "outbox cleanup failed"
+                ),
+            }
+            self.next_cleanup = Instant::now() + d.config.cleanup_interval;
+        }
+        let idle = self.broker_down == 0 && self.store_down == 0;
+        match pause {
+            None => Pause::None,
+            // Idle: a hint that new messages committed ends the wait early.
+            Some(p) if idle => Pause::Woken(p),
+            // Backing off: hints do not cut it short.
+            Some(p) => Pause::Sleep(p),
         }
     }
 }

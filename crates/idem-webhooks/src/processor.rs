@@ -17,7 +17,8 @@ use futures_util::FutureExt;
 use futures_util::future::join_all;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use idem_core::{
-    Backoff, BoxFuture, Clock, Finish, Receipt, StoreError, SystemClock, WebhookStore, failpoint,
+    Backoff, BoxFuture, Clock, Finish, Pause, Receipt, RoundLoop, Rounds, StoreError, SystemClock,
+    Wake, WebhookStore, failpoint,
 };
 
 /// Why a handler did not finish a receipt.
@@ -385,25 +386,47 @@ impl<S: WebhookStore, C: Clock> Processor<S, C> {
             // No endpoint has a handler: GC still runs.
             std::future::pending::<()>().await;
         };
-        let gc = async {
-            loop {
-                let now = self.clock.now_ms();
-                match self.store.purge_expired_receipts(now, 1000).await {
-                    Ok(0) => {}
-                    Ok(n) => tracing::info!(deleted = n, "expired webhook receipts deleted"),
-                    Err(e) => {
-                        tracing::warn!(error = &e as &dyn std::error::Error, "webhook gc failed")
-                    }
-                }
-                tokio::time::sleep(gc_every).await;
-            }
+        let mut gc = GcRounds {
+            processor: self,
+            every: gc_every,
         };
+        // Shutdown first; the GC rounds end at shutdown, wherever they are.
+        let gc = RoundLoop::new(Sleep).interrupting().run(&mut gc, shutdown);
         tokio::select! {
             biased;
-            () = shutdown => {}
-            () = endpoints => {}
             () = gc => {}
+            () = endpoints => {}
         }
+    }
+}
+
+/// The processor's GC: delete expired receipts, sleep `every`, repeat.
+struct GcRounds<'a, S, C> {
+    processor: &'a Processor<S, C>,
+    every: Duration,
+}
+
+impl<S: WebhookStore, C: Clock> Rounds for GcRounds<'_, S, C> {
+    async fn round(&mut self) -> Pause {
+        let p = self.processor;
+        let now = p.clock.now_ms();
+        match p.store.purge_expired_receipts(now, 1000).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(deleted = n, "expired webhook receipts deleted"),
+            Err(e) => {
+                tracing::warn!(error = &e as &dyn std::error::Error, "webhook gc failed")
+            }
+        }
+        Pause::Sleep(self.every)
+    }
+}
+
+/// The processor's timer: plain sleeping, no hints.
+struct Sleep;
+
+impl Wake for Sleep {
+    async fn wait(&mut self, max: Duration) {
+        tokio::time::sleep(max).await;
     }
 }
 
