@@ -23,6 +23,7 @@
 //!   capability: webhook deliveries stored before they are acknowledged.
 //! - [`RoundLoop`], [`Rounds`] and [`Pause`]: "run rounds until shutdown", the
 //!   shape of the dispatcher's, consumer's, processor's and collector's loops.
+//! - [`ConfigError`]: what every library `*Config`'s `validate()` returns.
 //! - [`failpoint`]: crash points for the drills (`IDEM_FAILPOINTS`).
 //!
 //! ```
@@ -38,6 +39,7 @@ pub mod conformance;
 pub mod failpoint;
 
 mod clock;
+mod config;
 mod engine;
 mod enqueue;
 mod error;
@@ -52,6 +54,7 @@ mod store;
 mod webhook;
 
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use config::ConfigError;
 pub use engine::{Begun, BoxFuture, Claimed, Engine, Outcome};
 pub use enqueue::OutboxWriter;
 pub use error::{BoxError, Error, ErrorChain, KeyError, ScopeError, StoreError};

@@ -11,6 +11,7 @@
 //! | feature | module | what |
 //! |---|---|---|
 //! | (always) | the crate root | [`idem_core`]: keys, scopes, fingerprints, [`Engine`], [`KeyStore`] |
+//! | (always) | the crate root | [`Collector`]: expired keys, inbox records, receipts and sent outbox rows purged in bounded batches |
 //! | `sqlite` (default) | `idem::sqlite` | `SqliteStore`, the embedded backend |
 //! | `postgres` | `idem::postgres` | `PgStore`, the production backend |
 //! | `http` (default) | `idem::http` | `IdempotencyLayer` for axum and hyper |
@@ -56,6 +57,9 @@
 //! ```
 
 pub use idem_core::*;
+
+mod collector;
+pub use collector::{Collected, Collector, CollectorConfig};
 
 #[cfg(feature = "http")]
 pub use idem_http as http;

@@ -1,0 +1,277 @@
+//! [`Collector`]: deletes what has served its purpose — expired key records,
+//! inbox records and webhook receipts, and sent outbox messages past their
+//! retention — in bounded batches.
+
+use std::future::Future;
+use std::time::Duration;
+
+use idem_core::{
+    Clock, ConfigError, InboxStore, KeyStore, OutboxStore, Pause, RoundLoop, Rounds, StoreError,
+    SystemClock, Wake, WebhookStore,
+};
+
+/// How much a [`Collector`] deletes per run, and what it keeps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CollectorConfig {
+    /// Rows deleted per statement. Default 1000, 1 to 100 000.
+    pub batch_size: u32,
+    /// Statements per kind per run, at most: a run deletes at most
+    /// `batch_size × max_batches` rows of each kind, and the rest waits for
+    /// the next run. Default 100, 1 to 10 000.
+    pub max_batches: u32,
+    /// How long sent outbox messages are kept (a record of what was
+    /// published). Default 24 h, at most 400 days.
+    pub sent_retention: Duration,
+}
+
+impl Default for CollectorConfig {
+    fn default() -> Self {
+        Self {
+            batch_size: 1000,
+            max_batches: 100,
+            sent_retention: Duration::from_secs(24 * 3600),
+        }
+    }
+}
+
+impl CollectorConfig {
+    /// Checks every field's bounds (called by [`Collector::new`]).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        const C: &str = "CollectorConfig";
+        ConfigError::check_range(C, "batch_size", self.batch_size, 1, 100_000)?;
+        ConfigError::check_range(C, "max_batches", self.max_batches, 1, 10_000)?;
+        ConfigError::check_duration(
+            C,
+            "sent_retention",
+            self.sent_retention,
+            Duration::ZERO,
+            Duration::from_secs(400 * 24 * 3600),
+        )
+    }
+}
+
+/// What one [`Collector::collect_once`] deleted, per kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Collected {
+    /// Expired idempotency key records.
+    pub keys: u64,
+    /// Expired inbox records.
+    pub inbox: u64,
+    /// Expired webhook receipts (with their inbox records).
+    pub receipts: u64,
+    /// Sent outbox messages older than the retention.
+    pub sent: u64,
+}
+
+impl Collected {
+    /// All kinds together.
+    pub fn total(&self) -> u64 {
+        self.keys + self.inbox + self.receipts + self.sent
+    }
+}
+
+/// Purges expired keys, inbox records, webhook receipts and sent outbox
+/// messages of one database, in bounded batches. Several instances may run
+/// against one PostgreSQL database (deletes skip locked rows).
+///
+/// Run [`Collector::run`] in a task for the life of the service, or
+/// [`Collector::collect_once`] from a command or a scheduler:
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use idem::sqlite::{SqliteConfig, SqliteStore};
+/// use idem::{Collector, CollectorConfig};
+///
+/// # let dir = std::env::temp_dir().join(format!("idem-collector-doc-{}", std::process::id()));
+/// # std::fs::create_dir_all(&dir)?;
+/// # let url = format!("sqlite://{}", dir.join("doc.db").display());
+/// let store = SqliteStore::connect(&url, SqliteConfig::default()).await?;
+/// store.migrate().await?;
+/// let collector = Collector::new(store, CollectorConfig::default())?;
+///
+/// let collected = collector.collect_once().await?;
+/// assert_eq!(collected.total(), 0, "nothing has expired yet");
+///
+/// // In a service: every minute until shutdown.
+/// let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+/// let gc = tokio::spawn(async move {
+///     collector.run(Duration::from_secs(60), async { let _ = stopped.await; }).await;
+/// });
+/// # let _ = stop.send(());
+/// # gc.await?;
+/// # std::fs::remove_dir_all(&dir)?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Collector<S, C = SystemClock> {
+    store: S,
+    clock: C,
+    config: CollectorConfig,
+}
+
+impl<S> Collector<S>
+where
+    S: KeyStore + InboxStore + OutboxStore + WebhookStore,
+{
+    /// A collector on the system clock; `config` is validated.
+    pub fn new(store: S, config: CollectorConfig) -> Result<Self, ConfigError> {
+        Self::with_clock(store, config, SystemClock)
+    }
+}
+
+impl<S, C> Collector<S, C>
+where
+    S: KeyStore + InboxStore + OutboxStore + WebhookStore,
+    C: Clock,
+{
+    /// A collector on its own clock (tests use a
+    /// [`ManualClock`](idem_core::ManualClock)); `config` is validated.
+    pub fn with_clock(store: S, config: CollectorConfig, clock: C) -> Result<Self, ConfigError> {
+        config.validate()?;
+        Ok(Self {
+            store,
+            clock,
+            config,
+        })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &CollectorConfig {
+        &self.config
+    }
+
+    /// One run: for each kind in turn (keys, inbox records, receipts, sent
+    /// messages), deletes batches of [`CollectorConfig::batch_size`] until
+    /// one comes back short or [`CollectorConfig::max_batches`] ran. Stops
+    /// at the first store error; what was deleted before it stays deleted.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: each batch is one statement, and a cancelled one deletes
+    /// nothing more than it would have; the next run carries on.
+    pub async fn collect_once(&self) -> Result<Collected, StoreError> {
+        let now = self.clock.now_ms();
+        let s = &self.store;
+        let keys = self.batches(|n| s.purge_expired(now, n)).await?;
+        let inbox = self.batches(|n| s.purge_expired_inbox(now, n)).await?;
+        let receipts = self.batches(|n| s.purge_expired_receipts(now, n)).await?;
+        let retention = i64::try_from(self.config.sent_retention.as_millis()).unwrap_or(i64::MAX);
+        let before = now.saturating_sub(retention);
+        let sent = self.batches(|n| s.purge_sent(before, n)).await?;
+        Ok(Collected {
+            keys,
+            inbox,
+            receipts,
+            sent,
+        })
+    }
+
+    async fn batches<F, Fut>(&self, mut purge: F) -> Result<u64, StoreError>
+    where
+        F: FnMut(u32) -> Fut,
+        Fut: Future<Output = Result<u64, StoreError>>,
+    {
+        let batch = self.config.batch_size;
+        let mut total = 0;
+        for _ in 0..self.config.max_batches {
+            let n = purge(batch).await?;
+            total += n;
+            if n < u64::from(batch) {
+                break;
+            }
+        }
+        Ok(total)
+    }
+
+    /// Collects at once, then every `every`, until `shutdown` completes;
+    /// a failed run is logged and the next one comes at its time.
+    ///
+    /// # Cancel safety
+    /// Cancel safe, and shutdown is prompt: a run in progress is dropped
+    /// (see [`Collector::collect_once`]).
+    pub async fn run(&self, every: Duration, shutdown: impl Future<Output = ()>) {
+        let mut rounds = CollectRounds {
+            collector: self,
+            every,
+        };
+        RoundLoop::new(Sleep)
+            .interrupting()
+            .run(&mut rounds, shutdown)
+            .await;
+    }
+}
+
+struct CollectRounds<'a, S, C> {
+    collector: &'a Collector<S, C>,
+    every: Duration,
+}
+
+impl<S, C> Rounds for CollectRounds<'_, S, C>
+where
+    S: KeyStore + InboxStore + OutboxStore + WebhookStore,
+    C: Clock,
+{
+    async fn round(&mut self) -> Pause {
+        match self.collector.collect_once().await {
+            Ok(c) if c.total() == 0 => {}
+            Ok(c) => tracing::info!(
+                keys = c.keys,
+                inbox = c.inbox,
+                receipts = c.receipts,
+                sent = c.sent,
+                "expired records deleted"
+            ),
+            Err(e) => tracing::warn!(
+                error = &e as &dyn std::error::Error,
+                "collection failed; will retry"
+            ),
+        }
+        Pause::Sleep(self.every)
+    }
+}
+
+/// The collector's timer: plain sleeping.
+struct Sleep;
+
+impl Wake for Sleep {
+    async fn wait(&mut self, max: Duration) {
+        tokio::time::sleep(max).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_are_bounded() {
+        assert_eq!(CollectorConfig::default().validate(), Ok(()));
+        let bad = |c: CollectorConfig| c.validate().unwrap_err().field;
+        let d = CollectorConfig::default;
+        assert_eq!(
+            bad(CollectorConfig {
+                batch_size: 0,
+                ..d()
+            }),
+            "batch_size"
+        );
+        assert_eq!(
+            bad(CollectorConfig {
+                max_batches: 10_001,
+                ..d()
+            }),
+            "max_batches"
+        );
+        let e = CollectorConfig {
+            sent_retention: Duration::from_secs(500 * 24 * 3600),
+            ..d()
+        }
+        .validate()
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "CollectorConfig.sent_retention must be between 0s and 400d, got 500d"
+        );
+    }
+}

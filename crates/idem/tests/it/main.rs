@@ -1,0 +1,252 @@
+//! The `Collector` on real databases: a fresh SQLite file and a fresh
+//! PostgreSQL database per test (`cargo xtask test` starts the server).
+#![allow(clippy::unwrap_used, missing_docs)]
+
+use std::time::Duration;
+
+use idem::{
+    Collected, Collector, CollectorConfig, Completion, Engine, FingerprintSpec, IdempotencyKey,
+    InboxStore, ManualClock, MessageId, NewReceipt, Operation, OutboxMessage, OutboxStore,
+    OutboxWriter, Policy, RequestParts, Scope, StoredResponse, Subscriber, Tenant, Topic,
+    WebhookStore,
+};
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+/// One expired row of each kind, one live row of each kind.
+async fn seed<S>(store: &S, clock: &ManualClock, tag: &str)
+where
+    S: InboxStore + OutboxStore + OutboxWriter + WebhookStore,
+{
+    let now = idem::Clock::now_ms(clock);
+    let hour_ms = 3_600_000;
+    // A key record with a one-hour TTL.
+    let engine = Engine::with_clock(store.clone(), clock.clone());
+    let op = Operation::new("orders.create").unwrap();
+    let scope = Scope::new(
+        Tenant::new("acme").unwrap(),
+        op.clone(),
+        IdempotencyKey::new(format!("k-{tag}")).unwrap(),
+    );
+    let fp = FingerprintSpec::default().fingerprint(&RequestParts {
+        method: "POST",
+        operation: &op,
+        target: "/orders",
+        json: false,
+        body: b"",
+    });
+    let policy = Policy {
+        ttl: HOUR,
+        ..Policy::default()
+    };
+    let idem::Begun::Fresh(claimed) = engine.begin(&scope, &fp, &policy).await.unwrap() else {
+        panic!("a new key is claimed");
+    };
+    let response = StoredResponse {
+        status: 201,
+        headers: vec![],
+        body: b"{}".to_vec(),
+    };
+    engine
+        .finish(claimed, &Completion::completed(response))
+        .await
+        .unwrap();
+    // An inbox record kept one hour.
+    let mut tx = store.begin().await.unwrap();
+    let sub = Subscriber::new("mailer").unwrap();
+    let mid = MessageId::new(format!("m-{tag}")).unwrap();
+    assert!(
+        store
+            .record(&mut tx, &sub, &mid, now, now + hour_ms)
+            .await
+            .unwrap()
+    );
+    // A message, sent now.
+    let msg =
+        OutboxMessage::new(Topic::new("orders.created").unwrap(), tag, b"{}".to_vec()).unwrap();
+    let id = store.enqueue(&mut tx, &msg, now).await.unwrap();
+    store.commit(tx).await.unwrap();
+    let claimed = store.claim_batch(now, HOUR, 100).await.unwrap();
+    assert!(claimed.iter().any(|r| r.id == id));
+    store.mark_sent(&[id], now).await.unwrap();
+    // A webhook receipt (and its inbox record) kept two hours.
+    let receipt = NewReceipt {
+        endpoint: "github".into(),
+        delivery_id: format!("d-{tag}"),
+        event_type: None,
+        headers: vec![],
+        body: b"{}".to_vec(),
+        entity_id: None,
+        entity_version: None,
+        content_sha256: None,
+    };
+    store
+        .accept(&receipt, now, now + 2 * hour_ms)
+        .await
+        .unwrap();
+}
+
+async fn purges_each_kind_in_bounded_batches<S>(store: S)
+where
+    S: InboxStore + OutboxStore + OutboxWriter + WebhookStore,
+{
+    let clock = ManualClock::new(1_000_000_000_000);
+    seed(&store, &clock, "a").await;
+    seed(&store, &clock, "b").await;
+    clock.advance(HOUR);
+    // Live rows: one of each kind seeded later must survive.
+    seed(&store, &clock, "live").await;
+
+    let config = CollectorConfig {
+        batch_size: 1,
+        max_batches: 1,
+        sent_retention: HOUR / 2,
+    };
+    let collector = Collector::with_clock(store.clone(), config, clock.clone()).unwrap();
+    assert_eq!(
+        collector.collect_once().await.unwrap(),
+        Collected {
+            keys: 1,
+            inbox: 1,
+            receipts: 0,
+            sent: 1
+        },
+        "one batch of one row per kind; the receipts are not expired yet"
+    );
+    assert_eq!(
+        collector.collect_once().await.unwrap(),
+        Collected {
+            keys: 1,
+            inbox: 1,
+            receipts: 0,
+            sent: 1
+        },
+        "the rest comes at the next run"
+    );
+    assert_eq!(
+        collector.collect_once().await.unwrap(),
+        Collected::default()
+    );
+
+    // Past the receipts' retention (and the rest's: the live rows expire too).
+    clock.advance(2 * HOUR + Duration::from_millis(1));
+    let wide = CollectorConfig {
+        sent_retention: HOUR / 2,
+        ..CollectorConfig::default()
+    };
+    let wide = Collector::with_clock(store.clone(), wide, clock.clone()).unwrap();
+    let collected = wide.collect_once().await.unwrap();
+    assert_eq!((collected.keys, collected.sent), (1, 1));
+    assert_eq!(collected.receipts, 3, "both old receipts and the live one");
+    // The inbox records: the live message's, and the old receipts' records
+    // (which expired with them) when the inbox pass reached them first.
+    assert!(collected.inbox >= 1);
+    assert_eq!(wide.collect_once().await.unwrap(), Collected::default());
+    let github = Subscriber::new("webhook:github").unwrap();
+    let d = MessageId::new("d-a").unwrap();
+    assert!(
+        !store.seen(&github, &d).await.unwrap(),
+        "gone with its receipt"
+    );
+}
+
+/// `run` collects at once and stops promptly at shutdown.
+async fn runs_until_shutdown<S>(store: S)
+where
+    S: InboxStore + OutboxStore + OutboxWriter + WebhookStore,
+{
+    let clock = ManualClock::new(1_000_000_000_000);
+    seed(&store, &clock, "a").await;
+    clock.advance(3 * HOUR);
+    let collector =
+        Collector::with_clock(store.clone(), CollectorConfig::default(), clock.clone()).unwrap();
+    let started = std::time::Instant::now();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(async move {
+        collector
+            .run(HOUR, async {
+                let _ = stopped.await;
+            })
+            .await;
+    });
+    // The first run happens at once: wait for it to have deleted the key.
+    let engine = Engine::with_clock(store.clone(), clock.clone());
+    let scope = Scope::new(
+        Tenant::new("acme").unwrap(),
+        Operation::new("orders.create").unwrap(),
+        IdempotencyKey::new("k-a").unwrap(),
+    );
+    while engine.store().fetch(&scope).await.unwrap().is_some() {
+        assert!(started.elapsed() < Duration::from_secs(10), "no first run");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), run)
+        .await
+        .expect("prompt shutdown")
+        .unwrap();
+}
+
+#[test]
+fn a_bad_config_is_refused() {
+    let e = CollectorConfig {
+        batch_size: 0,
+        ..CollectorConfig::default()
+    }
+    .validate()
+    .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "CollectorConfig.batch_size must be between 1 and 100000, got 0"
+    );
+}
+
+mod sqlite {
+    use idem::sqlite::{SqliteConfig, SqliteStore};
+    use idem_testkit::TempDir;
+
+    async fn store(dir: &TempDir) -> SqliteStore {
+        let store = SqliteStore::connect(&dir.sqlite_url(), SqliteConfig::default())
+            .await
+            .unwrap();
+        store.migrate().await.unwrap();
+        store
+    }
+
+    #[tokio::test]
+    async fn purges_each_kind_in_bounded_batches() {
+        let dir = TempDir::new("collector-it");
+        super::purges_each_kind_in_bounded_batches(store(&dir).await).await;
+    }
+
+    #[tokio::test]
+    async fn runs_until_shutdown() {
+        let dir = TempDir::new("collector-it");
+        super::runs_until_shutdown(store(&dir).await).await;
+    }
+}
+
+mod postgres {
+    use idem_postgres::{PgConfig, PgStore};
+    use idem_testkit::PgDatabase;
+
+    async fn store(db: &PgDatabase) -> PgStore {
+        let store = PgStore::connect(&db.url, PgConfig::default())
+            .await
+            .unwrap();
+        store.migrate().await.unwrap();
+        store
+    }
+
+    #[tokio::test]
+    async fn purges_each_kind_in_bounded_batches() {
+        let db = PgDatabase::create("idem_collector_it").await;
+        super::purges_each_kind_in_bounded_batches(store(&db).await).await;
+    }
+
+    #[tokio::test]
+    async fn runs_until_shutdown() {
+        let db = PgDatabase::create("idem_collector_it").await;
+        super::runs_until_shutdown(store(&db).await).await;
+    }
+}
