@@ -90,6 +90,40 @@ impl ConfigError {
     }
 }
 
+impl ConfigError {
+    /// `Ok` when `value >= min` (a duration with no upper bound).
+    pub fn check_min_duration(
+        component: &'static str,
+        field: &'static str,
+        value: Duration,
+        min: Duration,
+    ) -> Result<(), Self> {
+        if value >= min {
+            Ok(())
+        } else {
+            Err(Self::new(
+                component,
+                field,
+                format!("at least {}", Human(min)),
+                Human(value),
+            ))
+        }
+    }
+
+    /// `Ok` when `value` is not zero.
+    pub fn check_nonzero(
+        component: &'static str,
+        field: &'static str,
+        value: Duration,
+    ) -> Result<(), Self> {
+        if value.is_zero() {
+            Err(Self::new(component, field, "above 0s", "0s"))
+        } else {
+            Ok(())
+        }
+    }
+}
+
 /// A duration in the largest unit that shows it exactly.
 struct Human(Duration);
 

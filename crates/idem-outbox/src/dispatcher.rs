@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use idem_core::{
-    Backoff, Clock, OutboxStore, Pause, RoundLoop, Rounds, StoreError, SystemClock, Wake, failpoint,
+    Backoff, Clock, ConfigError, OutboxStore, Pause, RoundLoop, Rounds, StoreError, SystemClock,
+    Wake, failpoint,
 };
 
 use crate::{PublishError, Publisher};
@@ -60,45 +61,26 @@ impl Default for DispatcherConfig {
     }
 }
 
-/// A setting out of its bounds.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("dispatcher setting {name} is out of bounds: {detail}")]
-pub struct ConfigError {
-    /// The field.
-    pub name: &'static str,
-    /// The accepted range.
-    pub detail: &'static str,
-}
-
 impl DispatcherConfig {
-    fn check(&self) -> Result<(), ConfigError> {
-        let bad = |name, detail| Err(ConfigError { name, detail });
-        let secs = Duration::from_secs;
-        if !(1..=1000).contains(&self.batch_size) {
-            return bad("batch_size", "1 to 1000");
-        }
-        if self.lease < secs(1) || self.lease > secs(3600) {
-            return bad("lease", "1 s to 1 h");
-        }
-        if self.poll_interval < Duration::from_millis(10) || self.poll_interval > secs(60) {
-            return bad("poll_interval", "10 ms to 1 min");
-        }
-        if !(1..=1000).contains(&self.max_attempts) {
-            return bad("max_attempts", "1 to 1000");
-        }
-        if self.retention > secs(400 * 24 * 3600) {
-            return bad("retention", "at most 400 days");
-        }
-        if self.cleanup_interval < secs(1) {
-            return bad("cleanup_interval", "at least 1 s");
-        }
-        if !(1..=100_000).contains(&self.cleanup_batch) {
-            return bad("cleanup_batch", "1 to 100 000");
-        }
-        if self.backoff.initial.is_zero() || self.broker_backoff.initial.is_zero() {
-            return bad("backoff", "a non-zero initial delay");
-        }
-        Ok(())
+    /// Checks every field's bounds (called by [`Dispatcher::new`]).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        const C: &str = "DispatcherConfig";
+        let (ms, secs) = (Duration::from_millis, Duration::from_secs);
+        ConfigError::check_range(C, "batch_size", self.batch_size, 1, 1000)?;
+        ConfigError::check_duration(C, "lease", self.lease, secs(1), secs(3600))?;
+        ConfigError::check_duration(C, "poll_interval", self.poll_interval, ms(10), secs(60))?;
+        ConfigError::check_range(C, "max_attempts", self.max_attempts, 1, 1000)?;
+        ConfigError::check_duration(
+            C,
+            "retention",
+            self.retention,
+            Duration::ZERO,
+            secs(400 * 24 * 3600),
+        )?;
+        ConfigError::check_min_duration(C, "cleanup_interval", self.cleanup_interval, secs(1))?;
+        ConfigError::check_range(C, "cleanup_batch", self.cleanup_batch, 1, 100_000)?;
+        ConfigError::check_nonzero(C, "backoff.initial", self.backoff.initial)?;
+        ConfigError::check_nonzero(C, "broker_backoff.initial", self.broker_backoff.initial)
     }
 }
 
@@ -226,7 +208,7 @@ impl<S: OutboxStore, P: Publisher, C: Clock> Dispatcher<S, P, C> {
         config: DispatcherConfig,
         clock: C,
     ) -> Result<Self, ConfigError> {
-        config.check()?;
+        config.validate()?;
         Ok(Self {
             store,
             publisher,
@@ -441,8 +423,8 @@ mod tests {
 
     #[test]
     fn settings_are_bounded() {
-        assert!(DispatcherConfig::default().check().is_ok());
-        let bad = |c: DispatcherConfig| c.check().unwrap_err().name;
+        assert!(DispatcherConfig::default().validate().is_ok());
+        let bad = |c: DispatcherConfig| c.validate().unwrap_err().field;
         let d = DispatcherConfig::default;
         assert_eq!(
             bad(DispatcherConfig {
@@ -478,6 +460,16 @@ mod tests {
                 ..d()
             }),
             "cleanup_batch"
+        );
+        let e = DispatcherConfig {
+            lease: Duration::ZERO,
+            ..d()
+        }
+        .validate()
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "DispatcherConfig.lease must be between 1s and 1h, got 0s"
         );
     }
 

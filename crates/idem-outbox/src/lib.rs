@@ -61,11 +61,12 @@
 mod dispatcher;
 mod outbox;
 
-pub use dispatcher::{
-    ConfigError, Dispatcher, DispatcherConfig, DispatcherStats, Polling, RunOnce,
-};
+pub use dispatcher::{Dispatcher, DispatcherConfig, DispatcherStats, Polling, RunOnce};
 
 pub use outbox::Outbox;
+
+/// The settings error, shared by every library config.
+pub use idem_core::ConfigError;
 
 use idem_core::{BoxError, OutboxRecord};
 use std::future::Future;

@@ -40,8 +40,8 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use idem_core::{
-    Claim, Completion, Fingerprint, KeyStore, Migration, Policy, RecordColumns, Scope, StoreError,
-    StoredRecord,
+    Claim, Completion, ConfigError, Fingerprint, KeyStore, Migration, Policy, RecordColumns, Scope,
+    StoreError, StoredRecord,
 };
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{PgPool, Postgres, Row, Transaction};
@@ -137,47 +137,39 @@ impl Default for PgConfig {
 }
 
 impl PgConfig {
-    /// Checks every bound; the error names the setting.
-    pub fn validate(&self) -> Result<(), String> {
-        let within = |name: &str, d: Duration, lo: Duration, hi: Duration| {
-            if d < lo || d > hi {
-                Err(format!(
-                    "{name} must be between {lo:?} and {hi:?}, got {d:?}"
-                ))
-            } else {
-                Ok(())
-            }
-        };
+    /// Checks every bound (called by [`PgStore::connect`]).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        const C: &str = "PgConfig";
         let (second, hour) = (Duration::from_secs(1), Duration::from_secs(3600));
-        if self.max_connections == 0 || self.max_connections > 10_000 {
-            return Err(format!(
-                "max_connections must be between 1 and 10000, got {}",
-                self.max_connections
-            ));
-        }
-        within(
+        ConfigError::check_range(C, "max_connections", self.max_connections, 1, 10_000)?;
+        ConfigError::check_duration(
+            C,
             "acquire_timeout",
             self.acquire_timeout,
             Duration::from_millis(10),
             hour,
         )?;
-        within(
+        ConfigError::check_duration(
+            C,
             "lock_timeout",
             self.lock_timeout,
             Duration::from_millis(1),
             Policy::MAX_WAIT,
         )?;
-        within("statement_timeout", self.statement_timeout, second, hour)?;
-        within(
+        ConfigError::check_duration(C, "statement_timeout", self.statement_timeout, second, hour)?;
+        ConfigError::check_duration(
+            C,
             "idle_in_transaction_timeout",
             self.idle_in_transaction_timeout,
             second,
             24 * hour,
         )?;
         if self.statement_timeout <= self.lock_timeout {
-            return Err(format!(
-                "statement_timeout ({:?}) must be longer than lock_timeout ({:?})",
-                self.statement_timeout, self.lock_timeout
+            return Err(ConfigError::new(
+                C,
+                "statement_timeout",
+                format!("longer than lock_timeout ({:?})", self.lock_timeout),
+                format!("{:?}", self.statement_timeout),
             ));
         }
         Ok(())
@@ -216,7 +208,7 @@ impl PgStore {
                 ),
             ]);
         let pool = PgPoolOptions::new()
-            .max_connections(config.max_connections.max(1))
+            .max_connections(config.max_connections)
             .acquire_timeout(config.acquire_timeout)
             // No ping before each use: it would cost a round trip per request.
             // A connection that died while idle fails at `BEGIN`, before

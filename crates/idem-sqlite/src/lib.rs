@@ -42,8 +42,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::{
-    Claim, Completion, Fingerprint, KeyStore, Policy, RecordColumns, Scope, StoreError,
-    StoredRecord,
+    Claim, Completion, ConfigError, Fingerprint, KeyStore, Policy, RecordColumns, Scope,
+    StoreError, StoredRecord,
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
@@ -72,6 +72,56 @@ impl Default for SqliteConfig {
             acquire_timeout: Duration::from_secs(5),
             busy_timeout: Duration::from_secs(5),
         }
+    }
+}
+
+impl SqliteConfig {
+    /// Checks every bound (called by [`SqliteStore::connect`]).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        const C: &str = "SqliteConfig";
+        let hour = Duration::from_secs(3600);
+        ConfigError::check_range(C, "max_connections", self.max_connections, 1, 10_000)?;
+        ConfigError::check_duration(
+            C,
+            "acquire_timeout",
+            self.acquire_timeout,
+            Duration::from_millis(10),
+            hour,
+        )?;
+        ConfigError::check_duration(C, "busy_timeout", self.busy_timeout, Duration::ZERO, hour)
+    }
+}
+
+#[cfg(test)]
+mod config_tests {
+    use super::*;
+
+    #[test]
+    fn settings_are_bounded() {
+        assert_eq!(SqliteConfig::default().validate(), Ok(()));
+        let bad = |c: SqliteConfig| c.validate().unwrap_err().to_string();
+        let d = SqliteConfig::default;
+        assert_eq!(
+            bad(SqliteConfig {
+                max_connections: 0,
+                ..d()
+            }),
+            "SqliteConfig.max_connections must be between 1 and 10000, got 0"
+        );
+        assert_eq!(
+            bad(SqliteConfig {
+                acquire_timeout: Duration::ZERO,
+                ..d()
+            }),
+            "SqliteConfig.acquire_timeout must be between 10ms and 1h, got 0s"
+        );
+        assert!(
+            bad(SqliteConfig {
+                busy_timeout: Duration::from_secs(7200),
+                ..d()
+            })
+            .starts_with("SqliteConfig.busy_timeout")
+        );
     }
 }
 
@@ -115,6 +165,9 @@ impl SqliteStore {
     /// Opens (creating if missing) the database at `url` (`sqlite://path` or
     /// `sqlite::memory:` is refused: a key store must be durable).
     pub async fn connect(url: &str, config: SqliteConfig) -> Result<Self, StoreError> {
+        config
+            .validate()
+            .map_err(|e| StoreError::Database { source: e.into() })?;
         if url.contains(":memory:") || url.contains("mode=memory") {
             return Err(StoreError::Database {
                 source: "an in-memory SQLite database is not durable; use a file".into(),
@@ -135,7 +188,7 @@ impl SqliteStore {
             .busy_timeout(config.busy_timeout)
             .foreign_keys(true);
         let pool = SqlitePoolOptions::new()
-            .max_connections(config.max_connections.max(1))
+            .max_connections(config.max_connections)
             .acquire_timeout(config.acquire_timeout)
             // A local file cannot hang up: no ping before each use.
             .test_before_acquire(false)

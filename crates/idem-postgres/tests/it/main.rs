@@ -354,7 +354,7 @@ async fn bad_pool_settings_are_refused_before_connecting() {
     let bad = |tune: fn(&mut PgConfig)| {
         let mut c = PgConfig::default();
         tune(&mut c);
-        c.validate().unwrap_err()
+        c.validate().unwrap_err().to_string()
     };
     assert!(
         bad(|c| c.statement_timeout = std::time::Duration::from_secs(2))
