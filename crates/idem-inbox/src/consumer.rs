@@ -5,8 +5,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use idem_core::{
-    Backoff, BoxError, BoxFuture, Clock, InboxStore, MessageId, Pause, RoundLoop, Rounds,
-    Subscriber, Wake, failpoint,
+    Backoff, BoxError, BoxFuture, Clock, ConfigError, InboxStore, MessageId, Pause, RoundLoop,
+    Rounds, Subscriber, Wake, failpoint,
 };
 
 use crate::{Begun, Committed, Inbox};
@@ -130,6 +130,25 @@ impl Default for ConsumerConfig {
     }
 }
 
+impl ConsumerConfig {
+    /// Checks every field's bounds (called by [`Consumer::new`]).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        const C: &str = "ConsumerConfig";
+        let (ms, secs) = (Duration::from_millis, Duration::from_secs);
+        ConfigError::check_range(C, "batch", self.batch, 1, 10_000)?;
+        ConfigError::check_duration(C, "fetch_wait", self.fetch_wait, ms(1), secs(60))?;
+        ConfigError::check_range(C, "max_deliver", self.max_deliver, 1, 10_000)?;
+        ConfigError::check_nonzero(C, "nak_backoff.initial", self.nak_backoff.initial)?;
+        ConfigError::check_duration(
+            C,
+            "handler_timeout",
+            self.handler_timeout,
+            ms(10),
+            secs(3600),
+        )
+    }
+}
+
 /// Counters since start.
 #[derive(Debug, Default)]
 pub struct ConsumerStats {
@@ -171,22 +190,23 @@ where
     H: Handler<S::Tx>,
     C: Clock,
 {
-    /// A consumer for `subscriber`.
+    /// A consumer for `subscriber`; `config` is validated.
     pub fn new(
         source: Src,
         inbox: Inbox<S, C>,
         subscriber: Subscriber,
         handler: H,
         config: ConsumerConfig,
-    ) -> Self {
-        Self {
+    ) -> Result<Self, ConfigError> {
+        config.validate()?;
+        Ok(Self {
             source,
             inbox,
             subscriber,
             handler,
             config,
             stats: ConsumerStats::default(),
-        }
+        })
     }
 
     /// Counters since start.
@@ -208,7 +228,7 @@ where
     pub async fn run_once(&mut self) -> Result<usize, SourceError> {
         let batch = self
             .source
-            .fetch(self.config.batch.max(1), self.config.fetch_wait)
+            .fetch(self.config.batch, self.config.fetch_wait)
             .await?;
         for delivery in &batch {
             let settle = self.apply(delivery).await;
@@ -394,5 +414,35 @@ struct Sleep;
 impl Wake for Sleep {
     async fn wait(&mut self, max: Duration) {
         tokio::time::sleep(max).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_are_bounded() {
+        assert_eq!(ConsumerConfig::default().validate(), Ok(()));
+        let bad = |c: ConsumerConfig| c.validate().unwrap_err().to_string();
+        let d = ConsumerConfig::default;
+        assert_eq!(
+            bad(ConsumerConfig { batch: 0, ..d() }),
+            "ConsumerConfig.batch must be between 1 and 10000, got 0"
+        );
+        assert_eq!(
+            bad(ConsumerConfig {
+                handler_timeout: Duration::ZERO,
+                ..d()
+            }),
+            "ConsumerConfig.handler_timeout must be between 10ms and 1h, got 0s"
+        );
+        assert!(
+            bad(ConsumerConfig {
+                max_deliver: 0,
+                ..d()
+            })
+            .starts_with("ConsumerConfig.max_deliver")
+        );
     }
 }

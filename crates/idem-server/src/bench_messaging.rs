@@ -194,7 +194,7 @@ where
             batch: BATCH,
             ..ConsumerConfig::default()
         },
-    );
+    )?;
     let started = Instant::now();
     while (consumer
         .stats()

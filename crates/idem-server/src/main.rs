@@ -777,13 +777,18 @@ fn start_webhooks<S: idem_core::WebhookStore>(
         store.clone(),
         config.endpoints.clone(),
     ));
-    let processor = w::processor(store.clone(), config);
-    let shutdown = shutdown.clone();
-    tokio::spawn(async move {
-        processor
-            .run(Duration::from_secs(3600), messaging::stopped(shutdown))
-            .await
-    });
+    match w::processor(store.clone(), config) {
+        Ok(processor) => {
+            let shutdown = shutdown.clone();
+            tokio::spawn(async move {
+                processor
+                    .run(Duration::from_secs(3600), messaging::stopped(shutdown))
+                    .await
+            });
+        }
+        // Not reached: the worker settings were validated when the file was read.
+        Err(e) => tracing::error!(error = %e, "webhook workers not started"),
+    }
     let names: Vec<&str> = config.endpoints.iter().map(|e| e.name.as_str()).collect();
     tracing::info!(endpoints = ?names, "receiving webhooks at /webhooks/{{endpoint}}");
     w::router(receiver.clone()).merge(w::admin_router(store.clone(), receiver))

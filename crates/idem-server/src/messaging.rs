@@ -252,13 +252,19 @@ pub async fn consume<S, H>(
         handler_timeout: (config.ack_wait * 3 / 4).max(Duration::from_millis(500)),
         ..ConsumerConfig::default()
     };
-    let mut consumer = Consumer::new(
+    let mut consumer = match Consumer::new(
         source,
         Inbox::new(store),
         subscriber,
         handler,
         consumer_config,
-    );
+    ) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %e, "consumer not started");
+            return;
+        }
+    };
     tracing::info!(subscriber = SUBSCRIBER, "consuming payment events");
     consumer
         .run(Duration::from_secs(3600), stopped(shutdown))

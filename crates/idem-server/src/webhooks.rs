@@ -116,6 +116,7 @@ pub fn parse(text: &str) -> anyhow::Result<WebhookConfig> {
             worker.concurrency = n;
         }
     }
+    worker.validate()?;
     // A forward still running when its lease ends would be forwarded again by
     // another worker at the same time.
     for e in &endpoints {
@@ -132,17 +133,18 @@ pub fn parse(text: &str) -> anyhow::Result<WebhookConfig> {
 
 /// The workers: each endpoint's deliveries forwarded to its `forward_to`,
 /// each endpoint independently of the others.
-pub fn processor<S: WebhookStore>(store: S, config: &WebhookConfig) -> Processor<S> {
-    config
+pub fn processor<S: WebhookStore>(
+    store: S,
+    config: &WebhookConfig,
+) -> Result<Processor<S>, idem_core::ConfigError> {
+    let processor = Processor::new(store, config.worker.clone())?;
+    Ok(config
         .endpoints
         .iter()
-        .fold(
-            Processor::new(store, config.worker.clone()),
-            |p, e| match Forward::for_endpoint(e) {
-                Some(forward) => p.handler(&e.name, forward),
-                None => p,
-            },
-        )
+        .fold(processor, |p, e| match Forward::for_endpoint(e) {
+            Some(forward) => p.handler(&e.name, forward),
+            None => p,
+        }))
 }
 
 fn problem(status: StatusCode, slug: &str, title: &str, detail: Option<&str>) -> Response {

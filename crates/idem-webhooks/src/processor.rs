@@ -17,8 +17,8 @@ use futures_util::FutureExt;
 use futures_util::future::join_all;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use idem_core::{
-    Backoff, BoxFuture, Clock, Finish, Pause, Receipt, RoundLoop, Rounds, StoreError, SystemClock,
-    Wake, WebhookStore, failpoint,
+    Backoff, BoxFuture, Clock, ConfigError, Finish, Pause, Receipt, RoundLoop, Rounds, StoreError,
+    SystemClock, Wake, WebhookStore, failpoint,
 };
 
 /// Why a handler did not finish a receipt.
@@ -76,6 +76,19 @@ impl Default for ProcessorConfig {
                 max: Duration::from_secs(300),
             },
         }
+    }
+}
+
+impl ProcessorConfig {
+    /// Checks every field's bounds (called by [`Processor::new`]).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        const C: &str = "ProcessorConfig";
+        let (ms, secs) = (Duration::from_millis, Duration::from_secs);
+        ConfigError::check_range(C, "concurrency", self.concurrency, 1, 1024)?;
+        ConfigError::check_duration(C, "lease", self.lease, ms(100), secs(3600))?;
+        ConfigError::check_duration(C, "poll_interval", self.poll_interval, ms(1), secs(60))?;
+        ConfigError::check_range(C, "max_attempts", self.max_attempts, 1, 1000)?;
+        ConfigError::check_nonzero(C, "backoff.initial", self.backoff.initial)
     }
 }
 
@@ -161,21 +174,22 @@ impl<S, C> std::fmt::Debug for Processor<S, C> {
 }
 
 impl<S: WebhookStore> Processor<S> {
-    /// A processor on the system clock.
-    pub fn new(store: S, config: ProcessorConfig) -> Self {
+    /// A processor on the system clock; `config` is validated.
+    pub fn new(store: S, config: ProcessorConfig) -> Result<Self, ConfigError> {
         Self::with_clock(store, config, SystemClock)
     }
 }
 
 impl<S: WebhookStore, C: Clock> Processor<S, C> {
-    /// A processor on its own clock.
-    pub fn with_clock(store: S, config: ProcessorConfig, clock: C) -> Self {
-        Self {
+    /// A processor on its own clock; `config` is validated.
+    pub fn with_clock(store: S, config: ProcessorConfig, clock: C) -> Result<Self, ConfigError> {
+        config.validate()?;
+        Ok(Self {
             store,
             clock,
             config,
             handlers: BTreeMap::new(),
-        }
+        })
     }
 
     /// Registers the handler of `endpoint`.
@@ -190,7 +204,7 @@ impl<S: WebhookStore, C: Clock> Processor<S, C> {
     }
 
     fn concurrency(&self) -> u32 {
-        self.config.concurrency.max(1)
+        self.config.concurrency
     }
 
     async fn claim(&self, endpoint: &str, limit: u32) -> Result<Vec<Receipt>, StoreError> {
@@ -433,6 +447,34 @@ impl Wake for Sleep {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn settings_are_bounded() {
+        assert_eq!(ProcessorConfig::default().validate(), Ok(()));
+        let bad = |c: ProcessorConfig| c.validate().unwrap_err().to_string();
+        let d = ProcessorConfig::default;
+        assert_eq!(
+            bad(ProcessorConfig {
+                concurrency: 0,
+                ..d()
+            }),
+            "ProcessorConfig.concurrency must be between 1 and 1024, got 0"
+        );
+        assert_eq!(
+            bad(ProcessorConfig {
+                lease: Duration::ZERO,
+                ..d()
+            }),
+            "ProcessorConfig.lease must be between 100ms and 1h, got 0s"
+        );
+        assert!(
+            bad(ProcessorConfig {
+                max_attempts: 0,
+                ..d()
+            })
+            .starts_with("ProcessorConfig.max_attempts")
+        );
+    }
 
     #[test]
     fn failure_messages_are_bounded_and_storable() {

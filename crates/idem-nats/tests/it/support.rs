@@ -190,6 +190,7 @@ impl Streams {
                 handler_timeout: Duration::from_millis(500),
             },
         )
+        .unwrap()
     }
 }
 

@@ -212,7 +212,7 @@ impl<S: WebhookStore> Rig<S> {
             .merge(webhooks::admin_router(store.clone(), receiver.clone()));
         Self {
             addr: serve(router).await,
-            processor: webhooks::processor(store.clone(), &config),
+            processor: webhooks::processor(store.clone(), &config).unwrap(),
             store,
             receiver,
             upstream,
@@ -492,6 +492,7 @@ macro_rules! webhook_suite {
                 }
                 let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
                 let processor = idem_webhooks::Processor::new(store, Default::default())
+                    .unwrap()
                     .handler("stripe", Counting(seen.clone()));
                 let now = now_s();
                 for (id, kind) in [("evt_1", "ok"), ("evt_2", "reject"), ("evt_1", "ok")] {
@@ -599,7 +600,7 @@ macro_rules! webhook_suite {
                 };
                 let receiver = Arc::new(Receiver::new(store.clone(), config.endpoints.clone()));
                 let addr = serve(webhooks::router(receiver)).await;
-                let processor = webhooks::processor(store.clone(), &config);
+                let processor = webhooks::processor(store.clone(), &config).unwrap();
                 let worker = tokio::spawn(async move {
                     processor.run(Duration::from_secs(3600), std::future::pending()).await
                 });
@@ -677,6 +678,7 @@ macro_rules! webhook_suite {
                     ..Default::default()
                 };
                 let processor = idem_webhooks::Processor::new(store.clone(), config)
+                    .unwrap()
                     .handler("stripe", Slow { runs: runs.clone(), release: release.clone() });
                 let worker = tokio::spawn(async move {
                     processor.run(Duration::from_secs(3600), std::future::pending()).await
@@ -829,7 +831,7 @@ macro_rules! webhook_suite {
                 };
                 let receiver = Arc::new(Receiver::new(store.clone(), config.endpoints.clone()));
                 let addr = serve(webhooks::router(receiver.clone()).merge(webhooks::admin_router(store.clone(), receiver))).await;
-                let processor = webhooks::processor(store.clone(), &config);
+                let processor = webhooks::processor(store.clone(), &config).unwrap();
                 let body = payment("cus_r", "");
                 assert_eq!(deliver(addr, "github", &sign::github("github-secret", "r1", &body), &body).await.status, 202);
                 assert_eq!(processor.run_once().await.unwrap().retried, 1);
