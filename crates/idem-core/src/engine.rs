@@ -6,10 +6,9 @@ use std::pin::Pin;
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, StoreError};
 use crate::fingerprint::Fingerprint;
+use crate::keys::{Claim, Completion, Decision, KeyStore, StoredRecord, decide};
 use crate::policy::Policy;
-use crate::record::{Completion, Decision, StoredRecord, decide};
 use crate::scope::Scope;
-use crate::store::{Claim, KeyStore};
 
 /// A boxed future borrowing the transaction, returned by business closures.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

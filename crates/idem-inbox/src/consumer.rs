@@ -4,9 +4,8 @@ use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use idem_core::{
-    Backoff, BoxError, BoxFuture, Clock, InboxStore, MessageId, Subscriber, failpoint,
-};
+use idem_core::inbox::{InboxStore, MessageId, Subscriber};
+use idem_core::{Backoff, BoxError, BoxFuture, Clock, failpoint};
 
 use crate::{Begun, Committed, Inbox};
 

@@ -25,7 +25,7 @@
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! use idem_core::{MessageId, Subscriber};
+//! use idem_core::inbox::{MessageId, Subscriber};
 //! use idem_inbox::{Begun, Committed, Inbox};
 //! use idem_sqlite::{SqliteConfig, SqliteStore};
 //!
@@ -75,7 +75,8 @@ pub use consumer::{
 
 use std::time::Duration;
 
-use idem_core::{Clock, InboxStore, MessageId, StoreError, Subscriber, SystemClock};
+use idem_core::inbox::{InboxStore, MessageId, Subscriber};
+use idem_core::{Clock, StoreError, SystemClock};
 
 /// When the inbox record is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

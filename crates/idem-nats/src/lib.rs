@@ -45,7 +45,8 @@ use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, pull};
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::{self, AckKind};
 use futures_util::StreamExt;
-use idem_core::{BoxError, MessageId, OutboxRecord};
+use idem_core::BoxError;
+use idem_core::outbox::{MessageId, OutboxRecord};
 use idem_inbox::{Delivery, MessageSource, Received, SourceError};
 use idem_outbox::{PublishError, Published, Publisher};
 

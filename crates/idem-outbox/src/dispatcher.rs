@@ -8,7 +8,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
-use idem_core::{Backoff, Clock, OutboxStore, StoreError, SystemClock, Wake, failpoint};
+use idem_core::outbox::{OutboxStore, Wake};
+use idem_core::{Backoff, Clock, StoreError, SystemClock, failpoint};
 
 use crate::{PublishError, Publisher};
 

@@ -23,7 +23,8 @@
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::sync::Mutex;
-//! use idem_core::{KeyStore, OutboxMessage, OutboxRecord, Topic};
+//! use idem_core::KeyStore;
+//! use idem_core::outbox::{OutboxMessage, OutboxRecord, Topic};
 //! use idem_outbox::{Dispatcher, DispatcherConfig, PublishError, Published, Publisher};
 //! use idem_sqlite::{SqliteConfig, SqliteStore};
 //!
@@ -63,7 +64,8 @@ pub use dispatcher::{
     ConfigError, Dispatcher, DispatcherConfig, DispatcherStats, Polling, RunOnce,
 };
 
-use idem_core::{BoxError, OutboxRecord};
+use idem_core::BoxError;
+use idem_core::outbox::OutboxRecord;
 use std::future::Future;
 
 /// What the broker said about a published message.

@@ -39,9 +39,9 @@ use std::future::Future;
 use std::str::FromStr;
 use std::time::Duration;
 
+use idem_core::keys::{Claim, RecordColumns};
 use idem_core::{
-    Claim, Completion, Fingerprint, KeyStore, Migration, Policy, RecordColumns, Scope, StoreError,
-    StoredRecord,
+    Completion, Fingerprint, KeyStore, Migration, Policy, Scope, StoreError, StoredRecord,
 };
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{PgPool, Postgres, Row, Transaction};

@@ -5,10 +5,9 @@
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
-use idem_core::{
-    BoxFuture, InboxStore, MessageId, OutboxMessage, OutboxRecord, OutboxStore, StoreError,
-    Subscriber, Topic,
-};
+use idem_core::inbox::{InboxStore, Subscriber};
+use idem_core::outbox::{MessageId, OutboxMessage, OutboxRecord, OutboxStore, Topic};
+use idem_core::{BoxFuture, StoreError};
 use idem_inbox::{
     Consumer, ConsumerConfig, Delivery, Handler, HandlerError, Inbox, MessageSource, Received,
 };
@@ -103,7 +102,7 @@ where
                 created_at_ms: 0,
             })
         })
-        .collect::<Result<_, idem_core::MessageError>>()?;
+        .collect::<Result<_, idem_core::outbox::MessageError>>()?;
     let publisher = NatsPublisher::new(js.clone());
     let started = Instant::now();
     for chunk in direct.chunks(BATCH) {

@@ -11,7 +11,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use hmac::{Hmac, Mac};
-use idem_core::WebhookStore;
+use idem_core::webhooks::WebhookStore;
 use idem_webhooks::{Receiver, Verifier};
 
 use crate::bench::{Op, Stats, measure};

@@ -68,7 +68,9 @@ pub enum Event {
 
 /// The outbox message for `event`, keyed by its payment so a payment's events
 /// are published in order.
-pub fn event_message(event: &Event) -> Result<idem_core::OutboxMessage, idem_core::MessageError> {
+pub fn event_message(
+    event: &Event,
+) -> Result<idem_core::outbox::OutboxMessage, idem_core::outbox::MessageError> {
     let (topic, tenant, payment_id, amount) = match event {
         Event::Created {
             tenant,
@@ -82,8 +84,8 @@ pub fn event_message(event: &Event) -> Result<idem_core::OutboxMessage, idem_cor
         } => (PAYMENT_REFUNDED, tenant, payment_id, amount),
     };
     let body = json!({"tenant": tenant, "payment_id": payment_id, "amount": amount});
-    idem_core::OutboxMessage::new(
-        idem_core::Topic::new(topic)?,
+    idem_core::outbox::OutboxMessage::new(
+        idem_core::outbox::Topic::new(topic)?,
         payment_id.clone(),
         body.to_string(),
     )

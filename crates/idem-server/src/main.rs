@@ -18,7 +18,8 @@ use axum::extract::State;
 use axum::response::Response;
 use axum::routing::get;
 use clap::{Parser, Subcommand};
-use idem_core::{Engine, KeyStore, OutboxStore, Policy};
+use idem_core::outbox::OutboxStore;
+use idem_core::{Engine, KeyStore, Policy};
 use idem_nats::NatsPublisher;
 use idem_outbox::{Dispatcher, Polling};
 use idem_postgres::{PgConfig, PgStore};
@@ -707,9 +708,9 @@ fn start_messaging<S, H, W, F>(
     shutdown: &watch::Receiver<bool>,
 ) -> RelaySlot<S>
 where
-    S: OutboxStore + idem_core::InboxStore,
+    S: OutboxStore + idem_core::inbox::InboxStore,
     H: idem_inbox::Handler<S::Tx> + 'static,
-    W: idem_core::Wake + 'static,
+    W: idem_core::outbox::Wake + 'static,
     F: std::future::Future<Output = W> + Send,
 {
     let slot = RelaySlot::<S>::default();
@@ -750,7 +751,7 @@ where
 
 /// Mounts the webhook routes and starts the workers, when a configuration
 /// declares endpoints.
-fn start_webhooks<S: idem_core::WebhookStore>(
+fn start_webhooks<S: idem_core::webhooks::WebhookStore>(
     store: &S,
     config: Option<&idem_server::webhooks::WebhookConfig>,
     shutdown: &watch::Receiver<bool>,
@@ -789,7 +790,7 @@ fn start_webhooks<S: idem_core::WebhookStore>(
     w::router(receiver.clone()).merge(w::admin_router(store.clone(), receiver))
 }
 
-async fn webhooks_command<S: idem_core::WebhookStore>(
+async fn webhooks_command<S: idem_core::webhooks::WebhookStore>(
     store: &S,
     action: WebhookAction,
 ) -> anyhow::Result<()> {
@@ -803,9 +804,9 @@ async fn webhooks_command<S: idem_core::WebhookStore>(
         } => {
             let state = match state.as_deref() {
                 None => None,
-                Some(s) => Some(idem_core::ReceiptState::parse(s).with_context(|| {
-                    format!("--state {s}: expected received, processed, failed, dead or stale")
-                })?),
+                Some(s) => Some(idem_core::webhooks::ReceiptState::parse(s).with_context(
+                    || format!("--state {s}: expected received, processed, failed, dead or stale"),
+                )?),
             };
             if !(1..=1000).contains(&limit) {
                 bail!("--limit must be between 1 and 1000");
@@ -835,7 +836,7 @@ async fn webhooks_command<S: idem_core::WebhookStore>(
                 w::replay_receipt(store, &endpoint, &delivery_id, now).await?;
             let (_, v) = w::replay_json(&endpoint, &delivery_id, outcome);
             println!("{v}");
-            if outcome == idem_core::Replay::NotFound {
+            if outcome == idem_core::webhooks::Requeue::NotFound {
                 bail!("no delivery {delivery_id} on endpoint {endpoint}");
             }
         }
@@ -846,7 +847,7 @@ async fn webhooks_command<S: idem_core::WebhookStore>(
 async fn run_relay<S: OutboxStore>(
     store: S,
     nats_url: &str,
-    wake: impl idem_core::Wake,
+    wake: impl idem_core::outbox::Wake,
     poll: Duration,
     lease: Duration,
     shutdown: watch::Receiver<bool>,

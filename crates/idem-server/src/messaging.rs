@@ -4,7 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::{InboxStore, OutboxStore, Subscriber, Wake};
+use idem_core::inbox::{InboxStore, Subscriber};
+use idem_core::outbox::{OutboxStore, Wake};
 use idem_inbox::{Consumer, ConsumerConfig, Handler, Inbox};
 use idem_nats::{Context, NatsPublisher, NatsSource, SourceConfig};
 use idem_outbox::{Dispatcher, DispatcherConfig};

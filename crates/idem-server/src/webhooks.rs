@@ -15,7 +15,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use axum::routing::{get, post};
 use http_body_util::{BodyExt, Limited};
-use idem_core::{Receipt, ReceiptState, Replay, WebhookStore};
+use idem_core::webhooks::{Receipt, ReceiptState, Requeue, WebhookStore};
 use idem_webhooks::{
     Endpoint, EndpointConfig, Forward, Processor, ProcessorConfig, ReceiveError, Received, Receiver,
 };
@@ -297,35 +297,35 @@ pub async fn replay_receipt<S: WebhookStore>(
     endpoint: &str,
     delivery: &str,
     now_ms: i64,
-) -> Result<(String, Replay), idem_core::StoreError> {
+) -> Result<(String, Requeue), idem_core::StoreError> {
     for id in delivery_forms(endpoint, delivery) {
         match store.replay_receipt(endpoint, &id, now_ms).await? {
-            Replay::NotFound => {}
+            Requeue::NotFound => {}
             outcome => return Ok((id, outcome)),
         }
     }
-    Ok((delivery.to_owned(), Replay::NotFound))
+    Ok((delivery.to_owned(), Requeue::NotFound))
 }
 
 /// What a replay did, as JSON.
-pub fn replay_json(endpoint: &str, delivery: &str, outcome: Replay) -> (StatusCode, Value) {
+pub fn replay_json(endpoint: &str, delivery: &str, outcome: Requeue) -> (StatusCode, Value) {
     let (status, result, message) = match outcome {
-        Replay::Requeued => (
+        Requeue::Requeued => (
             StatusCode::ACCEPTED,
             "requeued",
             "the delivery will be processed again".to_owned(),
         ),
-        Replay::AlreadyQueued => (
+        Requeue::AlreadyQueued => (
             StatusCode::OK,
             "already_queued",
             "the delivery is waiting for a worker".to_owned(),
         ),
-        Replay::AlreadyFinished(s) => (
+        Requeue::AlreadyFinished(s) => (
             StatusCode::OK,
             "no_op",
             format!("the delivery is {s}; replaying it would apply it twice, so nothing was done"),
         ),
-        Replay::NotFound => (
+        Requeue::NotFound => (
             StatusCode::NOT_FOUND,
             "not_found",
             "no such delivery".to_owned(),

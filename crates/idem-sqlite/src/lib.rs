@@ -41,10 +41,8 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::{
-    Claim, Completion, Fingerprint, KeyStore, Policy, RecordColumns, Scope, StoreError,
-    StoredRecord,
-};
+use idem_core::keys::{Claim, RecordColumns};
+use idem_core::{Completion, Fingerprint, KeyStore, Policy, Scope, StoreError, StoredRecord};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
 };

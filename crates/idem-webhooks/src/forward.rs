@@ -10,7 +10,8 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use idem_core::{BoxFuture, IdempotencyKey, Receipt};
+use idem_core::webhooks::Receipt;
+use idem_core::{BoxFuture, IdempotencyKey};
 
 use crate::processor::{HandleError, WebhookHandler};
 use crate::receiver::Endpoint;
@@ -181,7 +182,7 @@ mod tests {
         let forward = Forward::new(format!("http://127.0.0.1:{port}/hooks").parse().unwrap());
         let receipt = Receipt {
             id: 1,
-            receipt: idem_core::NewReceipt {
+            receipt: idem_core::webhooks::NewReceipt {
                 endpoint: "github".into(),
                 delivery_id: "d-1".into(),
                 event_type: None,
@@ -191,7 +192,7 @@ mod tests {
                 entity_version: None,
                 content_sha256: None,
             },
-            state: idem_core::ReceiptState::Received,
+            state: idem_core::webhooks::ReceiptState::Received,
             attempts: 0,
             last_error: None,
             received_at_ms: 0,

@@ -16,9 +16,8 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use futures_util::future::join_all;
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use idem_core::{
-    Backoff, BoxFuture, Clock, Finish, Receipt, StoreError, SystemClock, WebhookStore, failpoint,
-};
+use idem_core::webhooks::{Finish, Receipt, WebhookStore};
+use idem_core::{Backoff, BoxFuture, Clock, StoreError, SystemClock, failpoint};
 
 /// Why a handler did not finish a receipt.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

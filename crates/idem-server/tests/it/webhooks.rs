@@ -10,7 +10,8 @@ use std::time::Duration;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
 use hmac::{Hmac, Mac};
-use idem_core::{ManualClock, ReceiptState, WebhookStore};
+use idem_core::ManualClock;
+use idem_core::webhooks::{ReceiptState, WebhookStore};
 use idem_server::webhooks;
 use idem_webhooks::Receiver;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -479,7 +480,7 @@ macro_rules! webhook_suite {
                 /// Counts deliveries; a body with "reject" is refused.
                 struct Counting(Arc<std::sync::Mutex<Vec<String>>>);
                 impl idem_webhooks::WebhookHandler for Counting {
-                    fn handle<'a>(&'a self, r: &'a idem_core::Receipt)
+                    fn handle<'a>(&'a self, r: &'a idem_core::webhooks::Receipt)
                         -> idem_core::BoxFuture<'a, Result<(), idem_webhooks::HandleError>> {
                         Box::pin(async move {
                             if r.receipt.body.windows(6).any(|w| w == b"reject") {
@@ -657,7 +658,7 @@ macro_rules! webhook_suite {
                     release: Arc<tokio::sync::Notify>,
                 }
                 impl idem_webhooks::WebhookHandler for Slow {
-                    fn handle<'a>(&'a self, r: &'a idem_core::Receipt)
+                    fn handle<'a>(&'a self, r: &'a idem_core::webhooks::Receipt)
                         -> idem_core::BoxFuture<'a, Result<(), idem_webhooks::HandleError>> {
                         Box::pin(async move {
                             if r.receipt.body.windows(5).any(|w| w == b"panic") {
@@ -770,7 +771,7 @@ macro_rules! webhook_suite {
                 }
                 // A receipt stored before signatures were filtered out: the
                 // admin view and `idem webhooks show` leave them out on output.
-                let old = idem_core::NewReceipt {
+                let old = idem_core::webhooks::NewReceipt {
                     endpoint: "github".into(),
                     delivery_id: "4242:old".into(),
                     event_type: Some("push".into()),
