@@ -7,11 +7,11 @@ use std::time::Duration;
 use idem_core::inbox::{InboxStore, MessageId, Subscriber};
 use idem_core::{Backoff, BoxError, BoxFuture, Clock, failpoint};
 
-use crate::{Begun, Committed, Inbox};
+use crate::{Committed, Inbox, InboxBegun};
 
 /// A message as handed to a [`Handler`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Received {
+pub struct InboxMessage {
     /// The stable id the producer gave it.
     pub message_id: MessageId,
     /// Where it was published.
@@ -41,7 +41,7 @@ pub struct SourceError {
 pub trait Delivery: Send + Sync {
     /// The message, or why it cannot be read (no id, a bad id): such a
     /// message is dead-lettered.
-    fn received(&self) -> Result<Received, String>;
+    fn message(&self) -> Result<InboxMessage, String>;
     /// Done: do not deliver again.
     fn ack(&self) -> impl Future<Output = Result<(), SourceError>> + Send;
     /// Not done: deliver again after `delay`.
@@ -90,7 +90,7 @@ pub trait Handler<Tx>: Send + Sync {
     fn handle<'a>(
         &'a self,
         tx: &'a mut Tx,
-        message: &'a Received,
+        message: &'a InboxMessage,
     ) -> BoxFuture<'a, Result<(), HandlerError>>;
 }
 
@@ -98,7 +98,7 @@ pub trait Handler<Tx>: Send + Sync {
 #[derive(Debug, Clone)]
 pub struct ConsumerConfig {
     /// Messages per fetch. Default 64.
-    pub batch: usize,
+    pub batch_size: u32,
     /// Longest wait for a fetch. Default 1 s.
     pub fetch_wait: Duration,
     /// Deliveries before a message that keeps failing is dead-lettered.
@@ -116,7 +116,7 @@ pub struct ConsumerConfig {
 impl Default for ConsumerConfig {
     fn default() -> Self {
         Self {
-            batch: 64,
+            batch_size: 64,
             fetch_wait: Duration::from_secs(1),
             max_deliver: 5,
             nak_backoff: Backoff {
@@ -206,7 +206,10 @@ where
     pub async fn run_once(&mut self) -> Result<usize, SourceError> {
         let batch = self
             .source
-            .fetch(self.config.batch.max(1), self.config.fetch_wait)
+            .fetch(
+                self.config.batch_size.max(1) as usize,
+                self.config.fetch_wait,
+            )
             .await?;
         for delivery in &batch {
             let settle = self.apply(delivery).await;
@@ -216,7 +219,7 @@ where
     }
 
     async fn apply(&self, delivery: &Src::Delivery) -> Settle {
-        let message = match delivery.received() {
+        let message = match delivery.message() {
             Ok(m) => m,
             Err(reason) => return Settle::Dead(format!("undecodable message: {reason}")),
         };
@@ -225,11 +228,11 @@ where
             .begin(&self.subscriber, &message.message_id)
             .await
         {
-            Ok(Begun::Duplicate) => {
+            Ok(InboxBegun::Duplicate) => {
                 self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
                 return Settle::Ack;
             }
-            Ok(Begun::Fresh(claim)) => claim,
+            Ok(InboxBegun::Fresh(claim)) => claim,
             Err(e) => return self.retry_or_dead(&message, format!("inbox: {e}")),
         };
         let mut claim = claim;
@@ -273,7 +276,7 @@ where
         }
     }
 
-    fn retry_or_dead(&self, message: &Received, error: String) -> Settle {
+    fn retry_or_dead(&self, message: &InboxMessage, error: String) -> Settle {
         if message.delivered >= self.config.max_deliver {
             Settle::Dead(format!(
                 "gave up after {} deliveries: {error}",

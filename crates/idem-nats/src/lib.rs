@@ -47,7 +47,7 @@ use async_nats::jetstream::{self, AckKind};
 use futures_util::StreamExt;
 use idem_core::BoxError;
 use idem_core::outbox::{MessageId, OutboxRecord};
-use idem_inbox::{Delivery, MessageSource, Received, SourceError};
+use idem_inbox::{Delivery, InboxMessage, MessageSource, SourceError};
 use idem_outbox::{PublishError, Published, Publisher};
 
 pub use async_nats::jetstream::Context;
@@ -226,7 +226,7 @@ fn source_err(e: impl Into<BoxError>) -> SourceError {
 }
 
 impl Delivery for NatsDelivery {
-    fn received(&self) -> Result<Received, String> {
+    fn message(&self) -> Result<InboxMessage, String> {
         let m = &self.0;
         let header = |name: &str| {
             m.headers
@@ -256,7 +256,7 @@ impl Delivery for NatsDelivery {
                     .map(move |v| (n.to_string(), v.as_str().to_owned()))
             })
             .collect();
-        Ok(Received {
+        Ok(InboxMessage {
             message_id,
             subject: m.subject.to_string(),
             key: header(MESSAGE_KEY),

@@ -37,7 +37,7 @@ pub struct DispatcherConfig {
     /// How often sent messages past the retention are deleted. Default 60 s.
     pub cleanup_interval: Duration,
     /// Rows deleted per cleanup statement. Default 1000, 1 to 100 000.
-    pub cleanup_batch: u32,
+    pub cleanup_batch_size: u32,
 }
 
 impl Default for DispatcherConfig {
@@ -54,7 +54,7 @@ impl Default for DispatcherConfig {
             },
             retention: Duration::from_secs(24 * 3600),
             cleanup_interval: Duration::from_secs(60),
-            cleanup_batch: 1000,
+            cleanup_batch_size: 1000,
         }
     }
 }
@@ -91,8 +91,8 @@ impl DispatcherConfig {
         if self.cleanup_interval < secs(1) {
             return bad("cleanup_interval", "at least 1 s");
         }
-        if !(1..=100_000).contains(&self.cleanup_batch) {
-            return bad("cleanup_batch", "1 to 100 000");
+        if !(1..=100_000).contains(&self.cleanup_batch_size) {
+            return bad("cleanup_batch_size", "1 to 100 000");
         }
         if self.backoff.initial.is_zero() || self.broker_backoff.initial.is_zero() {
             return bad("backoff", "a non-zero initial delay");
@@ -319,10 +319,10 @@ impl<S: OutboxStore, P: Publisher, C: Clock> Dispatcher<S, P, C> {
         for _ in 0..100 {
             let n = self
                 .store
-                .purge_sent(before, self.config.cleanup_batch)
+                .purge_sent(before, self.config.cleanup_batch_size)
                 .await?;
             total += n;
-            if n < u64::from(self.config.cleanup_batch) {
+            if n < u64::from(self.config.cleanup_batch_size) {
                 break;
             }
         }
@@ -457,10 +457,10 @@ mod tests {
         );
         assert_eq!(
             bad(DispatcherConfig {
-                cleanup_batch: 0,
+                cleanup_batch_size: 0,
                 ..d()
             }),
-            "cleanup_batch"
+            "cleanup_batch_size"
         );
     }
 

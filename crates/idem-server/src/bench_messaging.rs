@@ -9,7 +9,7 @@ use idem_core::inbox::{InboxStore, Subscriber};
 use idem_core::outbox::{MessageId, OutboxMessage, OutboxRecord, OutboxStore, Topic};
 use idem_core::{BoxFuture, StoreError};
 use idem_inbox::{
-    Consumer, ConsumerConfig, Delivery, Handler, HandlerError, Inbox, MessageSource, Received,
+    Consumer, ConsumerConfig, Delivery, Handler, HandlerError, Inbox, InboxMessage, MessageSource,
 };
 use idem_nats::{Context, NatsPublisher, NatsSource, SourceConfig};
 use idem_outbox::{Dispatcher, DispatcherConfig, Publisher};
@@ -29,7 +29,7 @@ macro_rules! ledger_handler {
             fn handle<'a>(
                 &'a self,
                 tx: &'a mut $tx,
-                m: &'a Received,
+                m: &'a InboxMessage,
             ) -> BoxFuture<'a, Result<(), HandlerError>> {
                 Box::pin(async move {
                     sqlx::query("INSERT INTO bench_ledger (message_id) VALUES ($1)")
@@ -169,7 +169,7 @@ where
     let mut done = 0;
     while done < n {
         for d in plain.fetch(BATCH, Duration::from_secs(1)).await? {
-            let m = d.received().map_err(anyhow::Error::msg)?;
+            let m = d.message().map_err(anyhow::Error::msg)?;
             let mut tx = store.begin().await?;
             handler.handle(&mut tx, &m).await?;
             store.commit(tx).await?;
@@ -190,7 +190,7 @@ where
         Subscriber::new("bench")?,
         handler,
         ConsumerConfig {
-            batch: BATCH,
+            batch_size: BATCH as u32,
             ..ConsumerConfig::default()
         },
     );

@@ -552,7 +552,7 @@ macro_rules! demo_app {
             pub struct Ledger;
 
             impl idem_inbox::Handler<$tx> for Ledger {
-                fn handle<'a>(&'a self, tx: &'a mut $tx, m: &'a idem_inbox::Received)
+                fn handle<'a>(&'a self, tx: &'a mut $tx, m: &'a idem_inbox::InboxMessage)
                     -> idem_core::BoxFuture<'a, Result<(), idem_inbox::HandlerError>> {
                     Box::pin(async move {
                         use idem_inbox::HandlerError;

@@ -111,7 +111,7 @@ mod receiver;
 mod scheme;
 
 pub use forward::{Forward, idempotency_key};
-pub use processor::{HandleError, Processor, ProcessorConfig, Round, WebhookHandler};
+pub use processor::{HandlerError, Processor, ProcessorConfig, Round, WebhookHandler};
 pub use receiver::{
     ConfigError, Counters, Endpoint, EndpointConfig, MAX_BODY_LIMIT, MAX_DELIVERY_ID_BYTES,
     ReceiveError, Received, Receiver, bounded_delivery_id, is_secret_header,

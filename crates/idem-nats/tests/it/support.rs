@@ -182,7 +182,7 @@ impl Streams {
             Subscriber::new("ledger").unwrap(),
             handler,
             ConsumerConfig {
-                batch: 16,
+                batch_size: 16,
                 fetch_wait: Duration::from_millis(200),
                 max_deliver: 3,
                 nak_backoff: Backoff {
@@ -236,7 +236,7 @@ macro_rules! backend {
             use super::$open::{Guard, open, reopen};
             use super::*;
             use idem_core::{BoxFuture, KeyStore};
-            use idem_inbox::{Begun, HandlerError, Received};
+            use idem_inbox::{HandlerError, InboxBegun, InboxMessage};
 
             pub struct Db {
                 pub store: $store,
@@ -297,7 +297,7 @@ macro_rules! backend {
                 fn handle<'a>(
                     &'a self,
                     tx: &'a mut $tx,
-                    m: &'a Received,
+                    m: &'a InboxMessage,
                 ) -> BoxFuture<'a, Result<(), HandlerError>> {
                     Box::pin(async move {
                         match m.payload.as_slice() {
@@ -327,8 +327,8 @@ macro_rules! backend {
                 id: &MessageId,
             ) -> bool {
                 let mut claim = match inbox.begin(sub, id).await.unwrap() {
-                    Begun::Duplicate => return false,
-                    Begun::Fresh(c) => c,
+                    InboxBegun::Duplicate => return false,
+                    InboxBegun::Fresh(c) => c,
                 };
                 sqlx::query("INSERT INTO ledger (message_id) VALUES ($1)")
                     .bind(id.as_str())

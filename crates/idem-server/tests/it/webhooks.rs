@@ -481,10 +481,10 @@ macro_rules! webhook_suite {
                 struct Counting(Arc<std::sync::Mutex<Vec<String>>>);
                 impl idem_webhooks::WebhookHandler for Counting {
                     fn handle<'a>(&'a self, r: &'a idem_core::webhooks::Receipt)
-                        -> idem_core::BoxFuture<'a, Result<(), idem_webhooks::HandleError>> {
+                        -> idem_core::BoxFuture<'a, Result<(), idem_webhooks::HandlerError>> {
                         Box::pin(async move {
                             if r.receipt.body.windows(6).any(|w| w == b"reject") {
-                                return Err(idem_webhooks::HandleError::Reject("not for us".into()));
+                                return Err(idem_webhooks::HandlerError::Reject("not for us".into()));
                             }
                             self.0.lock().unwrap().push(r.receipt.delivery_id.clone());
                             Ok(())
@@ -659,7 +659,7 @@ macro_rules! webhook_suite {
                 }
                 impl idem_webhooks::WebhookHandler for Slow {
                     fn handle<'a>(&'a self, r: &'a idem_core::webhooks::Receipt)
-                        -> idem_core::BoxFuture<'a, Result<(), idem_webhooks::HandleError>> {
+                        -> idem_core::BoxFuture<'a, Result<(), idem_webhooks::HandlerError>> {
                         Box::pin(async move {
                             if r.receipt.body.windows(5).any(|w| w == b"panic") {
                                 panic!("a handler bug");
