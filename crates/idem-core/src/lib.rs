@@ -28,7 +28,8 @@
 //!   [`webhooks::WebhookStore`]: webhook deliveries stored before they are
 //!   acknowledged.
 //! - [`Backoff`] (retry delays), [`headers`] (how header lists are stored) and
-//!   [`failpoint`] (crash points for the drills) serve all of them.
+//!   [`failpoint`] (crash points for the drills, compiled in with the
+//!   `failpoints` feature only) serve all of them.
 //!
 //! ```
 //! use idem_core::{IdempotencyKey, KeyError};
