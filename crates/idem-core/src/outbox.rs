@@ -46,7 +46,8 @@ pub enum MessageError {
         /// The limit.
         max: usize,
     },
-    /// A header name that Idem or the broker sets itself.
+    /// A header name the transport sets on every message itself (see
+    /// [`OutboxMessage::header_except`]).
     #[error("header {0} is reserved")]
     ReservedHeader(String),
 }
@@ -75,7 +76,8 @@ pub(crate) fn visible_ascii(b: u8) -> bool {
 }
 
 /// A message's stable id: generated once when the message is written to the
-/// outbox, sent as `Nats-Msg-Id` and used by every inbox to drop duplicates.
+/// outbox, sent as the broker's deduplication id and used by every inbox to
+/// drop duplicates.
 /// 1 to 128 visible ASCII characters.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct MessageId(String);
@@ -144,9 +146,6 @@ impl fmt::Display for Topic {
     }
 }
 
-/// Header names the outbox sets itself; a message may not carry them.
-pub const RESERVED_HEADERS: &[&str] = &["nats-msg-id", "idem-message-id", "idem-message-key"];
-
 /// A message to write to the outbox, in the caller's transaction.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OutboxMessage {
@@ -202,9 +201,26 @@ impl OutboxMessage {
 
     /// Adds a header. Names are tokens of visible ASCII without `:`; values
     /// are printable ASCII or UTF-8 without line breaks.
-    pub fn header(mut self, name: &str, value: &str) -> Result<Self, MessageError> {
+    ///
+    /// The core knows no transport, so this refuses no name; a transport sets
+    /// some headers itself (the message id, the ordering key) and lists them
+    /// for [`OutboxMessage::header_except`].
+    pub fn header(self, name: &str, value: &str) -> Result<Self, MessageError> {
+        self.header_except(name, value, &[])
+    }
+
+    /// Adds a header as [`OutboxMessage::header`] does, and refuses the names
+    /// in `reserved` (compared without ASCII case) with
+    /// [`MessageError::ReservedHeader`]: the headers a transport sets on every
+    /// message itself, such as `idem_nats::RESERVED_HEADERS`.
+    pub fn header_except(
+        mut self,
+        name: &str,
+        value: &str,
+        reserved: &[&str],
+    ) -> Result<Self, MessageError> {
         check("header name", name, 128, |b| visible_ascii(b) && b != b':')?;
-        if RESERVED_HEADERS.contains(&name.to_ascii_lowercase().as_str()) {
+        if reserved.iter().any(|r| r.eq_ignore_ascii_case(name)) {
             return Err(MessageError::ReservedHeader(name.to_owned()));
         }
         if let Some(position) = value.bytes().position(|b| b == b'\r' || b == b'\n') {
@@ -413,10 +429,13 @@ mod tests {
         ));
         let m = m.header("trace-id", "abc").unwrap();
         assert_eq!(m.headers, vec![("trace-id".into(), "abc".into())]);
+        let reserved = &["Transport-Id"];
         assert!(matches!(
-            m.clone().header("Nats-Msg-Id", "x"),
+            m.clone().header_except("transport-ID", "x", reserved),
             Err(MessageError::ReservedHeader(_))
         ));
+        assert!(m.clone().header_except("trace-id", "x", reserved).is_ok());
+        assert!(m.clone().header_except("bad:name", "x", reserved).is_err());
         assert!(m.clone().header("bad:name", "x").is_err());
         assert!(m.clone().header("h", "line\r\nbreak").is_err());
         let mut many = OutboxMessage::new(t, "k", vec![]).unwrap();
