@@ -13,7 +13,7 @@ use idem_core::{Clock, Operation, Policy, ResourceRef, SystemClock, Tenant};
 use idem_http::{IdemTx, IdempotencyLayer, RouteConfig, TenantSource};
 use serde_json::json;
 
-use super::sql::{DemoSql, PaymentRow, RefundRow};
+use super::sql::{DemoSql, PaymentKey, PaymentRow, RefundRow};
 use super::{
     DemoConfig, Event, event_message, new_id, now_ms, parse_payment, parse_refund, payment_json,
     refund_json, refund_location, valid_id, valid_text,
@@ -57,10 +57,16 @@ async fn emit<S: DemoSql>(
     S::enqueue(tx, &message, now).await.map_err(db_error)
 }
 
-fn tenant_of<S>(app: &App<S>, headers: &HeaderMap) -> Result<Tenant, Response> {
+/// A read route's tenant, once every id in its path could be one the demo
+/// issued (anything else cannot exist: 404 without asking the database).
+fn read_request<S>(app: &App<S>, headers: &HeaderMap, ids: &[&str]) -> Result<Tenant, Response> {
     let mut parts = axum::http::Request::new(()).into_parts().0;
     parts.headers = headers.clone();
-    app.tenant.resolve(&parts).map_err(|r| r.into_response())
+    let tenant = app.tenant.resolve(&parts).map_err(|r| r.into_response())?;
+    if !ids.iter().all(|id| valid_id(id)) {
+        return Err(no_payment());
+    }
+    Ok(tenant)
 }
 
 fn payment_answer(status: StatusCode, row: &PaymentRow) -> Response {
@@ -115,7 +121,7 @@ async fn create<S: DemoSql>(
             let Some(reference) = row.4.as_deref() else {
                 return internal("a payment without a reference conflicted");
             };
-            match S::payment_by_reference(&mut tx, tenant.as_str(), reference).await {
+            match S::payment_in(&mut tx, tenant.as_str(), PaymentKey::Reference, reference).await {
                 Ok(Some(old)) if old.1 == row.1 && old.2 == row.2 && old.3 == row.3 => {
                     payment_answer(StatusCode::OK, &old)
                 }
@@ -156,7 +162,8 @@ async fn refund<S: DemoSql>(
     match S::add_refund(&mut tx, tenant.as_str(), &payment_id, amount).await {
         Ok(true) => {}
         Ok(false) => {
-            return match S::payment_in(&mut tx, tenant.as_str(), &payment_id).await {
+            return match S::payment_in(&mut tx, tenant.as_str(), PaymentKey::Id, &payment_id).await
+            {
                 Ok(Some(p)) => idem_http::problem(
                     StatusCode::UNPROCESSABLE_ENTITY,
                     "refund-exceeds-payment",
@@ -198,13 +205,10 @@ async fn show_refund<S: DemoSql>(
     headers: HeaderMap,
     Path((payment_id, id)): Path<(String, String)>,
 ) -> Response {
-    let tenant = match tenant_of(&app, &headers) {
+    let tenant = match read_request(&app, &headers, &[&payment_id, &id]) {
         Ok(t) => t,
         Err(r) => return r,
     };
-    if !valid_id(&payment_id) || !valid_id(&id) {
-        return no_payment();
-    }
     let read = app.store.refund(tenant.as_str(), &payment_id, &id);
     match within(app.read_timeout, read).await {
         Ok(Some(r)) => ok(&refund_json(&r)),
@@ -218,13 +222,10 @@ async fn show<S: DemoSql>(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Response {
-    let tenant = match tenant_of(&app, &headers) {
+    let tenant = match read_request(&app, &headers, &[&id]) {
         Ok(t) => t,
         Err(r) => return r,
     };
-    if !valid_id(&id) {
-        return no_payment();
-    }
     match within(app.read_timeout, app.store.payment(tenant.as_str(), &id)).await {
         Ok(Some(p)) => ok(&payment_json(&p)),
         Ok(None) => no_payment(),
@@ -237,7 +238,7 @@ async fn list<S: DemoSql>(
     headers: HeaderMap,
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
-    let tenant = match tenant_of(&app, &headers) {
+    let tenant = match read_request(&app, &headers, &[]) {
         Ok(t) => t,
         Err(r) => return r,
     };
@@ -259,13 +260,10 @@ async fn effects<S: DemoSql>(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Response {
-    let tenant = match tenant_of(&app, &headers) {
+    let tenant = match read_request(&app, &headers, &[&id]) {
         Ok(t) => t,
         Err(r) => return r,
     };
-    if !valid_id(&id) {
-        return no_payment();
-    }
     match within(app.read_timeout, app.store.effects(tenant.as_str(), &id)).await {
         Ok((l, n)) => ok(&json!({"ledger_entries": l, "notifications": n})),
         Err(r) => r,

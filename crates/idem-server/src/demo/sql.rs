@@ -10,6 +10,24 @@ pub type PaymentRow = (String, i64, String, String, Option<String>, i64, i64);
 /// A refund row as `(id, payment_id, amount, created)`.
 pub type RefundRow = (String, String, i64, i64);
 
+/// How a payment is looked up.
+#[derive(Debug, Clone, Copy)]
+pub enum PaymentKey {
+    /// By its id.
+    Id,
+    /// By the client's `reference`, the business natural key.
+    Reference,
+}
+
+impl PaymentKey {
+    fn filter(self) -> &'static str {
+        match self {
+            PaymentKey::Id => "id = $2",
+            PaymentKey::Reference => "reference = $2",
+        }
+    }
+}
+
 /// A ledger entry written by the consumer, one per event.
 #[derive(Debug)]
 pub struct LedgerEntry<'a> {
@@ -36,13 +54,6 @@ pub trait DemoSql: KeyStore {
         row: &'a PaymentRow,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send + 'a;
 
-    /// The payment holding `reference`.
-    fn payment_by_reference<'a>(
-        tx: &'a mut Self::Tx,
-        tenant: &'a str,
-        reference: &'a str,
-    ) -> impl Future<Output = Result<Option<PaymentRow>, StoreError>> + Send + 'a;
-
     /// Adds `amount` to the refunded total if it stays within the payment
     /// ([`ADD_REFUND`]); `false` when no row moved.
     fn add_refund<'a>(
@@ -52,11 +63,12 @@ pub trait DemoSql: KeyStore {
         amount: i64,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send + 'a;
 
-    /// A payment, read in the transaction.
+    /// The payment whose `key` is `value`, read in the transaction.
     fn payment_in<'a>(
         tx: &'a mut Self::Tx,
         tenant: &'a str,
-        id: &'a str,
+        key: PaymentKey,
+        value: &'a str,
     ) -> impl Future<Output = Result<Option<PaymentRow>, StoreError>> + Send + 'a;
 
     /// Inserts a refund.
@@ -172,19 +184,6 @@ macro_rules! demo_sql {
                 Ok(id.is_some())
             }
 
-            async fn payment_by_reference(
-                tx: &mut $tx,
-                tenant: &str,
-                reference: &str,
-            ) -> Result<Option<PaymentRow>, StoreError> {
-                sqlx::query_as(&select_payments("reference = $2"))
-                    .bind(tenant)
-                    .bind(reference)
-                    .fetch_optional(&mut **tx)
-                    .await
-                    .map_err($map_err)
-            }
-
             async fn add_refund(
                 tx: &mut $tx,
                 tenant: &str,
@@ -204,11 +203,12 @@ macro_rules! demo_sql {
             async fn payment_in(
                 tx: &mut $tx,
                 tenant: &str,
-                id: &str,
+                key: PaymentKey,
+                value: &str,
             ) -> Result<Option<PaymentRow>, StoreError> {
-                sqlx::query_as(&select_payments("id = $2"))
+                sqlx::query_as(&select_payments(key.filter()))
                     .bind(tenant)
-                    .bind(id)
+                    .bind(value)
                     .fetch_optional(&mut **tx)
                     .await
                     .map_err($map_err)
