@@ -209,8 +209,9 @@ impl<S: WebhookStore> Rig<S> {
         let config =
             webhooks::parse(&config(&format!("http://{upstream}/v1/payments"), extra)).unwrap();
         let receiver = Arc::new(Receiver::new(store.clone(), config.endpoints.clone()));
-        let router = webhooks::router(receiver.clone())
-            .merge(webhooks::admin_router(store.clone(), receiver.clone()));
+        let router = idem_webhooks::route::router(receiver.clone()).merge(
+            idem_server::admin::webhooks::router(store.clone(), receiver.clone()),
+        );
         Self {
             addr: serve(router).await,
             processor: webhooks::processor(store.clone(), &config),
@@ -599,7 +600,7 @@ macro_rules! webhook_suite {
                     max: Duration::from_millis(200),
                 };
                 let receiver = Arc::new(Receiver::new(store.clone(), config.endpoints.clone()));
-                let addr = serve(webhooks::router(receiver)).await;
+                let addr = serve(idem_webhooks::route::router(receiver)).await;
                 let processor = webhooks::processor(store.clone(), &config);
                 let worker = tokio::spawn(async move {
                     processor.run(Duration::from_secs(3600), std::future::pending()).await
@@ -829,7 +830,7 @@ macro_rules! webhook_suite {
                     max: Duration::from_millis(20),
                 };
                 let receiver = Arc::new(Receiver::new(store.clone(), config.endpoints.clone()));
-                let addr = serve(webhooks::router(receiver.clone()).merge(webhooks::admin_router(store.clone(), receiver))).await;
+                let addr = serve(idem_webhooks::route::router(receiver.clone()).merge(idem_server::admin::webhooks::router(store.clone(), receiver))).await;
                 let processor = webhooks::processor(store.clone(), &config);
                 let body = payment("cus_r", "");
                 assert_eq!(deliver(addr, "github", &sign::github("github-secret", "r1", &body), &body).await.status, 202);
