@@ -1,6 +1,6 @@
 //! The demo's SQL, behind one small trait so the handlers are ordinary
 //! generic Rust. The statements are the same on both backends (both take
-//! `$n` parameters); [`demo_sql!`] only instantiates them per driver.
+//! `$n` parameters); `demo_sql!` only instantiates them per driver.
 
 use idem_core::{KeyStore, OutboxMessage, StoreError};
 
