@@ -11,7 +11,7 @@ use idem_core::webhooks::WebhookStore;
 use idem_postgres::{PgConfig, PgStore};
 use idem_sqlite::{SqliteConfig, SqliteStore};
 
-use crate::demo::{self, sql::DemoSql};
+use crate::demo::{self, sql::DemoSql, sql::demo_sql};
 
 /// Every store capability the server uses, from one database.
 pub trait Backend: InboxStore + OutboxStore + WebhookStore + DemoSql {
@@ -63,6 +63,19 @@ impl Backend for PgStore {
             .context("failed to migrate the demo tables")
     }
 }
+
+demo_sql!(
+    idem_sqlite::SqliteStore,
+    idem_sqlite::SqliteTx,
+    idem_sqlite::map_err,
+    idem_sqlite::outbox::enqueue
+);
+demo_sql!(
+    idem_postgres::PgStore,
+    idem_postgres::PgTx,
+    idem_postgres::map_err,
+    idem_postgres::outbox::enqueue
+);
 
 /// Work to do on whichever backend the URL named.
 pub trait Job {

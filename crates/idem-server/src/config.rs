@@ -1,8 +1,10 @@
-//! The server's settings: flags and environment (read by clap, flags over
-//! environment over defaults) and the `--config` TOML file (webhook
-//! endpoints), validated here once into a [`ServerConfig`] of the libraries'
-//! configs. Every bound a flag has is stated in this module (the HTTP
-//! limits' in [`Limits::validate`], the webhook file's in [`crate::webhooks`]).
+//! The server's settings, loaded from the built-in defaults, the `[server]`
+//! table of the `--config` TOML file, the environment and the flags — each
+//! over the one before ([`file_defaults`] turns the file's values into the
+//! flags' defaults) — and validated here once into a [`ServerConfig`] of the
+//! libraries' configs. Every bound a flag has is stated in this module (the
+//! HTTP limits' in [`Limits::validate`], the webhook file's in
+//! [`crate::webhooks`]).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -38,6 +40,55 @@ pub struct ServerConfig {
     pub consume: Option<ConsumeConfig>,
     /// `--config`: webhook endpoints and workers.
     pub webhooks: Option<WebhookConfig>,
+}
+
+/// The largest configuration file read.
+const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
+/// Reads the configuration file, at most 1 MiB.
+pub fn read_file(path: &std::path::Path) -> anyhow::Result<String> {
+    use anyhow::Context;
+    let size = std::fs::metadata(path)
+        .with_context(|| format!("failed to read {}", path.display()))?
+        .len();
+    if size > MAX_CONFIG_BYTES {
+        bail!(
+            "{} is {size} bytes; the limit is {MAX_CONFIG_BYTES}",
+            path.display()
+        );
+    }
+    std::fs::read_to_string(path).with_context(|| format!("failed to read {}", path.display()))
+}
+
+/// The `[server]` table of a configuration file as `(setting, value)`
+/// pairs, each setting one of `settings` (the flags of `idem serve` without
+/// the dashes, `key_ttl` for `--key-ttl`) and each value as it would be typed
+/// after the flag. The caller makes them the flags' defaults, so the
+/// environment and the command line still win.
+pub fn file_defaults(text: &str, settings: &[&str]) -> anyhow::Result<Vec<(String, String)>> {
+    #[derive(serde::Deserialize)]
+    struct File {
+        server: Option<toml::Table>,
+    }
+    let file: File = toml::from_str(text)
+        .map_err(|e| anyhow::anyhow!(crate::config_error::redacted(text, &e)))?;
+    let mut out = Vec::new();
+    for (key, value) in file.server.unwrap_or_default() {
+        if !settings.contains(&key.as_str()) {
+            bail!(
+                "server.{key}: unknown setting; expected one of {}",
+                settings.join(", ")
+            );
+        }
+        let value = match value {
+            toml::Value::String(s) => s,
+            toml::Value::Integer(n) => n.to_string(),
+            toml::Value::Boolean(b) => b.to_string(),
+            _ => bail!("server.{key}: expected a string, an integer or a boolean"),
+        };
+        out.push((key, value));
+    }
+    Ok(out)
 }
 
 /// `value` within `lo..=hi`, or an error naming the flag, with durations

@@ -13,7 +13,7 @@
 //!   and its limits; [`shutdown`]; [`logging`].
 //! - [`messaging`], [`webhooks`]: NATS streams, the relay and consumer; the
 //!   webhook configuration file and workers.
-//! - [`bench`]: `idem bench`.
+//! - [`bench`](mod@bench): `idem bench`.
 #![allow(missing_docs)]
 // Demo handlers return early with a ready `Response` as their error; it is built
 // once per rejected request, so its size does not matter.

@@ -12,18 +12,16 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
-use idem_server::commands::Command;
-
-#[derive(Parser)]
-#[command(name = "idem", version, about = "Make duplicate delivery harmless")]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
+use idem_server::commands::Cli;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::load() {
+        Ok(cli) => cli,
+        Err(e) => {
+            eprintln!("error: {}", idem_core::ErrorChain(e.as_ref()));
+            return ExitCode::FAILURE;
+        }
+    };
     idem_server::logging::init();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

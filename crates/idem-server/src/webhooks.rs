@@ -17,6 +17,9 @@ struct FileConfig {
     #[serde(default)]
     webhooks: BTreeMap<String, EndpointConfig>,
     worker: Option<WorkerConfig>,
+    /// `[server]`: read by [`crate::config::file_defaults`].
+    #[allow(dead_code)]
+    server: Option<toml::Table>,
 }
 
 /// `[worker]`: how stored deliveries are processed.
@@ -42,22 +45,9 @@ pub struct WebhookConfig {
     pub worker: ProcessorConfig,
 }
 
-/// The largest configuration file read.
-const MAX_CONFIG_BYTES: u64 = 1 << 20;
-
 /// Reads and validates the configuration file.
 pub fn load(path: &std::path::Path) -> anyhow::Result<WebhookConfig> {
-    let size = std::fs::metadata(path)
-        .with_context(|| format!("failed to read {}", path.display()))?
-        .len();
-    if size > MAX_CONFIG_BYTES {
-        bail!(
-            "{} is {size} bytes; the limit is {MAX_CONFIG_BYTES}",
-            path.display()
-        );
-    }
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("failed to read {}", path.display()))?;
+    let text = crate::config::read_file(path)?;
     parse(&text).with_context(|| format!("invalid configuration in {}", path.display()))
 }
 

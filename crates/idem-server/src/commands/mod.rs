@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use clap::Subcommand;
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 pub mod bench;
 pub mod consume;
@@ -17,6 +17,55 @@ pub mod relay;
 pub mod serve;
 pub mod stats;
 pub mod webhooks;
+
+/// The command line.
+#[derive(Parser)]
+#[command(name = "idem", version, about = "Make duplicate delivery harmless")]
+pub struct Cli {
+    /// What to run.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Settings of `idem serve` the `[server]` table of `--config` may not hold:
+/// the file itself, and help.
+const NOT_IN_FILE: &[&str] = &["config", "help"];
+
+impl Cli {
+    /// Parses the command line (exiting on `--help` and on bad flags). For
+    /// `idem serve --config FILE`, the settings in the file's `[server]`
+    /// table become the flags' defaults first, so the order of precedence
+    /// is: flags, environment, file, built-in defaults.
+    pub fn load() -> anyhow::Result<Cli> {
+        let matches = Cli::command().get_matches();
+        let path = matches
+            .subcommand_matches("serve")
+            .and_then(|m| m.get_one::<std::path::PathBuf>("config"));
+        let Some(path) = path else {
+            return Ok(Cli::from_arg_matches(&matches)?);
+        };
+        let serve = Cli::command();
+        let settings: Vec<&str> = serve
+            .find_subcommand("serve")
+            .into_iter()
+            .flat_map(|c| c.get_arguments())
+            .map(|a| a.get_id().as_str())
+            .filter(|id| !NOT_IN_FILE.contains(id))
+            .collect();
+        let text = crate::config::read_file(path)?;
+        let defaults = crate::config::file_defaults(&text, &settings)
+            .map_err(|e| anyhow::anyhow!("invalid configuration in {}: {e:#}", path.display()))?;
+        let command = Cli::command().mut_subcommand("serve", |mut c| {
+            for (id, value) in defaults {
+                // Parsed once per run: the default must outlive the parser.
+                let value: &'static str = Box::leak(value.into_boxed_str());
+                c = c.mut_arg(id, |a| a.default_value(value));
+            }
+            c
+        });
+        Ok(Cli::from_arg_matches(&command.get_matches())?)
+    }
+}
 
 /// The commands.
 #[derive(Subcommand)]

@@ -210,8 +210,17 @@ async fn show_refund<S: DemoSql>(
         Err(r) => return r,
     };
     let read = app.store.refund(tenant.as_str(), &payment_id, &id);
-    match within(app.read_timeout, read).await {
-        Ok(Some(r)) => ok(&refund_json(&r)),
+    found(app.read_timeout, read, refund_json).await
+}
+
+/// A bounded read of one row, as JSON; 404 when there is none.
+async fn found<T>(
+    limit: Duration,
+    read: impl Future<Output = Result<Option<T>, idem_core::StoreError>>,
+    shape: fn(&T) -> serde_json::Value,
+) -> Response {
+    match within(limit, read).await {
+        Ok(Some(row)) => ok(&shape(&row)),
         Ok(None) => no_payment(),
         Err(r) => r,
     }
@@ -226,11 +235,8 @@ async fn show<S: DemoSql>(
         Ok(t) => t,
         Err(r) => return r,
     };
-    match within(app.read_timeout, app.store.payment(tenant.as_str(), &id)).await {
-        Ok(Some(p)) => ok(&payment_json(&p)),
-        Ok(None) => no_payment(),
-        Err(r) => r,
-    }
+    let read = app.store.payment(tenant.as_str(), &id);
+    found(app.read_timeout, read, payment_json).await
 }
 
 async fn list<S: DemoSql>(

@@ -1,6 +1,6 @@
 //! The demo's SQL, behind one small trait so the handlers are ordinary
 //! generic Rust. The statements are the same on both backends (both take
-//! `$n` parameters); [`demo_sql!`] only instantiates them per driver.
+//! `$n` parameters); `demo_sql!` only instantiates them per driver.
 
 use idem_core::outbox::OutboxMessage;
 use idem_core::{KeyStore, StoreError};
@@ -21,7 +21,7 @@ pub enum PaymentKey {
 }
 
 impl PaymentKey {
-    fn filter(self) -> &'static str {
+    pub(crate) fn filter(self) -> &'static str {
         match self {
             PaymentKey::Id => "id = $2",
             PaymentKey::Reference => "reference = $2",
@@ -165,170 +165,164 @@ pub fn select_payments(filter: &str) -> String {
 /// driver's connection and whose `pool()` is the driver's pool.
 macro_rules! demo_sql {
     ($store:ty, $tx:ty, $map_err:path, $enqueue:path) => {
-        impl $crate::demo::sql::DemoSql for $store {
-            async fn insert_payment(
-                tx: &mut $tx,
-                tenant: &str,
-                p: &PaymentRow,
-            ) -> Result<bool, StoreError> {
-                let id: Option<String> = sqlx::query_scalar(INSERT_PAYMENT)
-                    .bind(tenant)
-                    .bind(&p.0)
-                    .bind(p.1)
-                    .bind(&p.2)
-                    .bind(&p.3)
-                    .bind(&p.4)
-                    .bind(p.6)
-                    .fetch_optional(&mut **tx)
-                    .await
-                    .map_err($map_err)?;
-                Ok(id.is_some())
-            }
+        const _: () = {
+            use idem_core::StoreError;
+            use idem_core::outbox::OutboxMessage;
+            use $crate::demo::sql::*;
+            impl DemoSql for $store {
+                async fn insert_payment(
+                    tx: &mut $tx,
+                    tenant: &str,
+                    p: &PaymentRow,
+                ) -> Result<bool, StoreError> {
+                    let id: Option<String> = sqlx::query_scalar(INSERT_PAYMENT)
+                        .bind(tenant)
+                        .bind(&p.0)
+                        .bind(p.1)
+                        .bind(&p.2)
+                        .bind(&p.3)
+                        .bind(&p.4)
+                        .bind(p.6)
+                        .fetch_optional(&mut **tx)
+                        .await
+                        .map_err($map_err)?;
+                    Ok(id.is_some())
+                }
 
-            async fn add_refund(
-                tx: &mut $tx,
-                tenant: &str,
-                payment_id: &str,
-                amount: i64,
-            ) -> Result<bool, StoreError> {
-                let total: Option<i64> = sqlx::query_scalar(ADD_REFUND)
-                    .bind(tenant)
-                    .bind(payment_id)
-                    .bind(amount)
-                    .fetch_optional(&mut **tx)
-                    .await
-                    .map_err($map_err)?;
-                Ok(total.is_some())
-            }
+                async fn add_refund(
+                    tx: &mut $tx,
+                    tenant: &str,
+                    payment_id: &str,
+                    amount: i64,
+                ) -> Result<bool, StoreError> {
+                    let total: Option<i64> = sqlx::query_scalar(ADD_REFUND)
+                        .bind(tenant)
+                        .bind(payment_id)
+                        .bind(amount)
+                        .fetch_optional(&mut **tx)
+                        .await
+                        .map_err($map_err)?;
+                    Ok(total.is_some())
+                }
 
-            async fn payment_in(
-                tx: &mut $tx,
-                tenant: &str,
-                key: PaymentKey,
-                value: &str,
-            ) -> Result<Option<PaymentRow>, StoreError> {
-                sqlx::query_as(&select_payments(key.filter()))
-                    .bind(tenant)
-                    .bind(value)
-                    .fetch_optional(&mut **tx)
-                    .await
-                    .map_err($map_err)
-            }
+                async fn payment_in(
+                    tx: &mut $tx,
+                    tenant: &str,
+                    key: PaymentKey,
+                    value: &str,
+                ) -> Result<Option<PaymentRow>, StoreError> {
+                    sqlx::query_as(&select_payments(key.filter()))
+                        .bind(tenant)
+                        .bind(value)
+                        .fetch_optional(&mut **tx)
+                        .await
+                        .map_err($map_err)
+                }
 
-            async fn insert_refund(
-                tx: &mut $tx,
-                tenant: &str,
-                r: &RefundRow,
-            ) -> Result<(), StoreError> {
-                sqlx::query(INSERT_REFUND)
-                    .bind(tenant)
-                    .bind(&r.0)
-                    .bind(&r.1)
-                    .bind(r.2)
-                    .bind(r.3)
-                    .execute(&mut **tx)
-                    .await
-                    .map(drop)
-                    .map_err($map_err)
-            }
+                async fn insert_refund(
+                    tx: &mut $tx,
+                    tenant: &str,
+                    r: &RefundRow,
+                ) -> Result<(), StoreError> {
+                    sqlx::query(INSERT_REFUND)
+                        .bind(tenant)
+                        .bind(&r.0)
+                        .bind(&r.1)
+                        .bind(r.2)
+                        .bind(r.3)
+                        .execute(&mut **tx)
+                        .await
+                        .map(drop)
+                        .map_err($map_err)
+                }
 
-            async fn enqueue(
-                tx: &mut $tx,
-                message: &OutboxMessage,
-                now_ms: i64,
-            ) -> Result<(), StoreError> {
-                $enqueue(&mut **tx, message, now_ms).await.map(drop)
-            }
+                async fn enqueue(
+                    tx: &mut $tx,
+                    message: &OutboxMessage,
+                    now_ms: i64,
+                ) -> Result<(), StoreError> {
+                    $enqueue(&mut **tx, message, now_ms).await.map(drop)
+                }
 
-            async fn record_entry(tx: &mut $tx, e: &LedgerEntry<'_>) -> Result<(), StoreError> {
-                sqlx::query(INSERT_LEDGER_ENTRY)
-                    .bind(e.tenant)
-                    .bind(e.payment_id)
-                    .bind(e.kind)
-                    .bind(e.amount)
-                    .bind(e.message_id)
-                    .bind(e.stream_sequence)
-                    .bind(e.now_ms)
-                    .execute(&mut **tx)
-                    .await
-                    .map_err($map_err)?;
-                if e.receipt {
-                    sqlx::query(INSERT_NOTIFICATION)
-                        .bind(e.message_id)
+                async fn record_entry(tx: &mut $tx, e: &LedgerEntry<'_>) -> Result<(), StoreError> {
+                    sqlx::query(INSERT_LEDGER_ENTRY)
                         .bind(e.tenant)
                         .bind(e.payment_id)
+                        .bind(e.kind)
+                        .bind(e.amount)
+                        .bind(e.message_id)
+                        .bind(e.stream_sequence)
                         .bind(e.now_ms)
                         .execute(&mut **tx)
                         .await
                         .map_err($map_err)?;
+                    if e.receipt {
+                        sqlx::query(INSERT_NOTIFICATION)
+                            .bind(e.message_id)
+                            .bind(e.tenant)
+                            .bind(e.payment_id)
+                            .bind(e.now_ms)
+                            .execute(&mut **tx)
+                            .await
+                            .map_err($map_err)?;
+                    }
+                    Ok(())
                 }
-                Ok(())
-            }
 
-            async fn payment(
-                &self,
-                tenant: &str,
-                id: &str,
-            ) -> Result<Option<PaymentRow>, StoreError> {
-                sqlx::query_as(&select_payments("id = $2"))
+                async fn payment(
+                    &self,
+                    tenant: &str,
+                    id: &str,
+                ) -> Result<Option<PaymentRow>, StoreError> {
+                    sqlx::query_as(&select_payments("id = $2"))
+                        .bind(tenant)
+                        .bind(id)
+                        .fetch_optional(self.pool())
+                        .await
+                        .map_err($map_err)
+                }
+
+                async fn refund(
+                    &self,
+                    tenant: &str,
+                    payment_id: &str,
+                    id: &str,
+                ) -> Result<Option<RefundRow>, StoreError> {
+                    sqlx::query_as(SELECT_REFUND)
+                        .bind(tenant)
+                        .bind(id)
+                        .bind(payment_id)
+                        .fetch_optional(self.pool())
+                        .await
+                        .map_err($map_err)
+                }
+
+                async fn payments_of(
+                    &self,
+                    tenant: &str,
+                    customer: &str,
+                ) -> Result<Vec<PaymentRow>, StoreError> {
+                    sqlx::query_as(&select_payments(
+                        "customer = $2 ORDER BY created_at_ms, id LIMIT 1000",
+                    ))
                     .bind(tenant)
-                    .bind(id)
-                    .fetch_optional(self.pool())
+                    .bind(customer)
+                    .fetch_all(self.pool())
                     .await
                     .map_err($map_err)
-            }
+                }
 
-            async fn refund(
-                &self,
-                tenant: &str,
-                payment_id: &str,
-                id: &str,
-            ) -> Result<Option<RefundRow>, StoreError> {
-                sqlx::query_as(SELECT_REFUND)
-                    .bind(tenant)
-                    .bind(id)
-                    .bind(payment_id)
-                    .fetch_optional(self.pool())
-                    .await
-                    .map_err($map_err)
+                async fn effects(&self, tenant: &str, id: &str) -> Result<(i64, i64), StoreError> {
+                    sqlx::query_as(COUNT_EFFECTS)
+                        .bind(tenant)
+                        .bind(id)
+                        .fetch_one(self.pool())
+                        .await
+                        .map_err($map_err)
+                }
             }
-
-            async fn payments_of(
-                &self,
-                tenant: &str,
-                customer: &str,
-            ) -> Result<Vec<PaymentRow>, StoreError> {
-                sqlx::query_as(&select_payments(
-                    "customer = $2 ORDER BY created_at_ms, id LIMIT 1000",
-                ))
-                .bind(tenant)
-                .bind(customer)
-                .fetch_all(self.pool())
-                .await
-                .map_err($map_err)
-            }
-
-            async fn effects(&self, tenant: &str, id: &str) -> Result<(i64, i64), StoreError> {
-                sqlx::query_as(COUNT_EFFECTS)
-                    .bind(tenant)
-                    .bind(id)
-                    .fetch_one(self.pool())
-                    .await
-                    .map_err($map_err)
-            }
-        }
+        };
     };
 }
 
-demo_sql!(
-    idem_sqlite::SqliteStore,
-    idem_sqlite::SqliteTx,
-    idem_sqlite::map_err,
-    idem_sqlite::outbox::enqueue
-);
-demo_sql!(
-    idem_postgres::PgStore,
-    idem_postgres::PgTx,
-    idem_postgres::map_err,
-    idem_postgres::outbox::enqueue
-);
+pub(crate) use demo_sql;
