@@ -6,10 +6,9 @@ use std::pin::Pin;
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, StoreError};
 use crate::fingerprint::Fingerprint;
+use crate::keys::{Claim, Completion, Decision, KeyStore, StoredRecord, decide};
 use crate::policy::Policy;
-use crate::record::{Completion, Decision, StoredRecord, decide};
 use crate::scope::Scope;
-use crate::store::{Claim, KeyStore};
 
 /// A boxed future borrowing the transaction, returned by business closures.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -208,14 +207,21 @@ impl<S: KeyStore, C: Clock + Clone> Engine<S, C> {
         }
     }
 
-    /// Deletes expired records in batches of `batch` until a batch comes back
+    /// Deletes expired records in batches of `batch_size` until a batch comes back
     /// short or `max_batches` ran. Returns how many were deleted.
-    pub async fn purge_expired(&self, batch: u32, max_batches: u32) -> Result<u64, StoreError> {
+    pub async fn purge_expired(
+        &self,
+        batch_size: u32,
+        max_batches: u32,
+    ) -> Result<u64, StoreError> {
         let mut total = 0;
         for _ in 0..max_batches {
-            let n = self.store.purge_expired(self.clock.now_ms(), batch).await?;
+            let n = self
+                .store
+                .purge_expired(self.clock.now_ms(), batch_size)
+                .await?;
             total += n;
-            if n < u64::from(batch) {
+            if n < u64::from(batch_size) {
                 break;
             }
         }

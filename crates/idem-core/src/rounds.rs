@@ -7,7 +7,7 @@ use std::pin::{Pin, pin};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use crate::store::Wake;
+use crate::outbox::Wake;
 
 /// What a round asks for before the next one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

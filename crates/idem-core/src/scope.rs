@@ -3,7 +3,7 @@
 use std::fmt;
 
 use crate::error::ScopeError;
-use crate::key::IdempotencyKey;
+use crate::idempotency_key::IdempotencyKey;
 
 /// The longest tenant id or operation name accepted.
 pub const NAME_MAX_LEN: usize = 128;

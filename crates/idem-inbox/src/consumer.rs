@@ -4,16 +4,17 @@ use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use idem_core::inbox::{InboxStore, MessageId, Subscriber};
+use idem_core::outbox::Wake;
 use idem_core::{
-    Backoff, BoxError, BoxFuture, Clock, ConfigError, InboxStore, MessageId, Pause, RoundLoop,
-    Rounds, Subscriber, Wake, failpoint,
+    Backoff, BoxError, BoxFuture, Clock, ConfigError, Pause, RoundLoop, Rounds, failpoint,
 };
 
-use crate::{Begun, Committed, Inbox};
+use crate::{Committed, Inbox, InboxBegun};
 
 /// A message as handed to a [`Handler`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Received {
+pub struct InboxMessage {
     /// The stable id the producer gave it.
     pub message_id: MessageId,
     /// Where it was published.
@@ -43,7 +44,7 @@ pub struct SourceError {
 pub trait Delivery: Send + Sync {
     /// The message, or why it cannot be read (no id, a bad id): such a
     /// message is dead-lettered.
-    fn received(&self) -> Result<Received, String>;
+    fn message(&self) -> Result<InboxMessage, String>;
     /// Done: do not deliver again.
     fn ack(&self) -> impl Future<Output = Result<(), SourceError>> + Send;
     /// Not done: deliver again after `delay`.
@@ -92,7 +93,7 @@ pub trait Handler<Tx>: Send + Sync {
     fn handle<'a>(
         &'a self,
         tx: &'a mut Tx,
-        message: &'a Received,
+        message: &'a InboxMessage,
     ) -> BoxFuture<'a, Result<(), HandlerError>>;
 }
 
@@ -100,7 +101,7 @@ pub trait Handler<Tx>: Send + Sync {
 #[derive(Debug, Clone)]
 pub struct ConsumerConfig {
     /// Messages per fetch. Default 64.
-    pub batch: usize,
+    pub batch_size: u32,
     /// Longest wait for a fetch. Default 1 s.
     pub fetch_wait: Duration,
     /// Deliveries before a message that keeps failing is dead-lettered.
@@ -118,7 +119,7 @@ pub struct ConsumerConfig {
 impl Default for ConsumerConfig {
     fn default() -> Self {
         Self {
-            batch: 64,
+            batch_size: 64,
             fetch_wait: Duration::from_secs(1),
             max_deliver: 5,
             nak_backoff: Backoff {
@@ -135,7 +136,7 @@ impl ConsumerConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         const C: &str = "ConsumerConfig";
         let (ms, secs) = (Duration::from_millis, Duration::from_secs);
-        ConfigError::check_range(C, "batch", self.batch, 1, 10_000)?;
+        ConfigError::check_range(C, "batch_size", self.batch_size, 1, 10_000)?;
         ConfigError::check_duration(C, "fetch_wait", self.fetch_wait, ms(1), secs(60))?;
         ConfigError::check_range(C, "max_deliver", self.max_deliver, 1, 10_000)?;
         ConfigError::check_nonzero(C, "nak_backoff.initial", self.nak_backoff.initial)?;
@@ -228,7 +229,7 @@ where
     pub async fn run_once(&mut self) -> Result<usize, SourceError> {
         let batch = self
             .source
-            .fetch(self.config.batch, self.config.fetch_wait)
+            .fetch(self.config.batch_size as usize, self.config.fetch_wait)
             .await?;
         for delivery in &batch {
             let settle = self.apply(delivery).await;
@@ -238,7 +239,7 @@ where
     }
 
     async fn apply(&self, delivery: &Src::Delivery) -> Settle {
-        let message = match delivery.received() {
+        let message = match delivery.message() {
             Ok(m) => m,
             Err(reason) => return Settle::Dead(format!("undecodable message: {reason}")),
         };
@@ -247,11 +248,11 @@ where
             .begin(&self.subscriber, &message.message_id)
             .await
         {
-            Ok(Begun::Duplicate) => {
+            Ok(InboxBegun::Duplicate) => {
                 self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
                 return Settle::Ack;
             }
-            Ok(Begun::Fresh(claim)) => claim,
+            Ok(InboxBegun::Fresh(claim)) => claim,
             Err(e) => return self.retry_or_dead(&message, format!("inbox: {e}")),
         };
         let mut claim = claim;
@@ -295,7 +296,7 @@ where
         }
     }
 
-    fn retry_or_dead(&self, message: &Received, error: String) -> Settle {
+    fn retry_or_dead(&self, message: &InboxMessage, error: String) -> Settle {
         if message.delivered >= self.config.max_deliver {
             Settle::Dead(format!(
                 "gave up after {} deliveries: {error}",
@@ -427,8 +428,11 @@ mod tests {
         let bad = |c: ConsumerConfig| c.validate().unwrap_err().to_string();
         let d = ConsumerConfig::default;
         assert_eq!(
-            bad(ConsumerConfig { batch: 0, ..d() }),
-            "ConsumerConfig.batch must be between 1 and 10000, got 0"
+            bad(ConsumerConfig {
+                batch_size: 0,
+                ..d()
+            }),
+            "ConsumerConfig.batch_size must be between 1 and 10000, got 0"
         );
         assert_eq!(
             bad(ConsumerConfig {

@@ -25,8 +25,8 @@
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! use idem_core::{MessageId, Subscriber};
-//! use idem_inbox::{Begun, Committed, Inbox};
+//! use idem_core::inbox::{MessageId, Subscriber};
+//! use idem_inbox::{InboxBegun, Committed, Inbox};
 //! use idem_sqlite::{SqliteConfig, SqliteStore};
 //!
 //! # let dir = std::env::temp_dir().join(format!("idem-inbox-doc-{}", std::process::id()));
@@ -40,14 +40,14 @@
 //!
 //! for delivery in 0..2 {
 //!     match inbox.begin(&mailer, &id).await? {
-//!         Begun::Fresh(mut claim) => {
+//!         InboxBegun::Fresh(mut claim) => {
 //!             // The effect, in the same transaction as the inbox record.
 //!             sqlx::query("INSERT INTO emails VALUES ($1)").bind(id.as_str())
 //!                 .execute(&mut *claim.tx).await?;
 //!             assert_eq!(inbox.commit(claim).await?, Committed::Applied);
 //!             // … now acknowledge the message …
 //!         }
-//!         Begun::Duplicate => assert_eq!(delivery, 1, "the redelivery is skipped"),
+//!         InboxBegun::Duplicate => assert_eq!(delivery, 1, "the redelivery is skipped"),
 //!     }
 //! }
 //! let sent: i64 = sqlx::query_scalar("SELECT count(*) FROM emails").fetch_one(store.pool()).await?;
@@ -69,13 +69,14 @@
 mod consumer;
 
 pub use consumer::{
-    Consumer, ConsumerConfig, ConsumerStats, Delivery, Handler, HandlerError, MessageSource,
-    Received, SourceError,
+    Consumer, ConsumerConfig, ConsumerStats, Delivery, Handler, HandlerError, InboxMessage,
+    MessageSource, SourceError,
 };
 
 use std::time::Duration;
 
-use idem_core::{Clock, InboxStore, MessageId, StoreError, Subscriber, SystemClock};
+use idem_core::inbox::{InboxStore, MessageId, Subscriber};
+use idem_core::{Clock, StoreError, SystemClock};
 
 /// When the inbox record is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -89,7 +90,7 @@ pub enum InboxMode {
 
 /// What [`Inbox::begin`] found.
 #[derive(Debug)]
-pub enum Begun<T> {
+pub enum InboxBegun<T> {
     /// Apply the message in `claim.tx`, then [`Inbox::commit`].
     Fresh(InboxClaim<T>),
     /// Already applied for this subscriber: acknowledge and skip.
@@ -174,19 +175,19 @@ impl<S: InboxStore, C: Clock> Inbox<S, C> {
         &self,
         subscriber: &Subscriber,
         message_id: &MessageId,
-    ) -> Result<Begun<S::Tx>, StoreError> {
+    ) -> Result<InboxBegun<S::Tx>, StoreError> {
         let mut tx = self.store.begin().await?;
         let recorded = match self.mode {
             InboxMode::Optimistic => false,
             InboxMode::Pessimistic => {
                 if !self.record(&mut tx, subscriber, message_id).await? {
                     self.store.rollback(tx).await?;
-                    return Ok(Begun::Duplicate);
+                    return Ok(InboxBegun::Duplicate);
                 }
                 true
             }
         };
-        Ok(Begun::Fresh(InboxClaim {
+        Ok(InboxBegun::Fresh(InboxClaim {
             tx,
             subscriber: subscriber.clone(),
             message_id: message_id.clone(),
@@ -227,16 +228,20 @@ impl<S: InboxStore, C: Clock> Inbox<S, C> {
             .await
     }
 
-    /// Deletes expired records in batches of `batch`, at most `max_batches`.
-    pub async fn purge_expired(&self, batch: u32, max_batches: u32) -> Result<u64, StoreError> {
+    /// Deletes expired records in batches of `batch_size`, at most `max_batches`.
+    pub async fn purge_expired(
+        &self,
+        batch_size: u32,
+        max_batches: u32,
+    ) -> Result<u64, StoreError> {
         let mut total = 0;
         for _ in 0..max_batches {
             let n = self
                 .store
-                .purge_expired_inbox(self.clock.now_ms(), batch)
+                .purge_expired_inbox(self.clock.now_ms(), batch_size)
                 .await?;
             total += n;
-            if n < u64::from(batch) {
+            if n < u64::from(batch_size) {
                 break;
             }
         }

@@ -45,8 +45,9 @@ use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, pull};
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::{self, AckKind};
 use futures_util::StreamExt;
-use idem_core::{BoxError, MessageId, OutboxRecord};
-use idem_inbox::{Delivery, MessageSource, Received, SourceError};
+use idem_core::BoxError;
+use idem_core::outbox::{MessageId, OutboxRecord};
+use idem_inbox::{Delivery, InboxMessage, MessageSource, SourceError};
 use idem_outbox::{PublishError, Published, Publisher};
 
 pub use async_nats::jetstream::Context;
@@ -55,6 +56,21 @@ pub use async_nats::jetstream::Context;
 pub const MESSAGE_ID: &str = "Idem-Message-Id";
 /// Header with the producer's ordering key.
 pub const MESSAGE_KEY: &str = "Idem-Message-Key";
+/// The headers [`NatsPublisher`] sets on every message itself: an outbox
+/// message bound for NATS may not carry them. Build its headers with
+/// [`OutboxMessage::header_except`](idem_core::outbox::OutboxMessage::header_except):
+///
+/// ```
+/// use idem_core::outbox::{MessageError, OutboxMessage, Topic};
+/// let m = OutboxMessage::new(Topic::new("orders.shipped")?, "order-7", b"{}".to_vec())?;
+/// let m = m.header_except("trace-id", "abc", idem_nats::RESERVED_HEADERS)?;
+/// assert!(matches!(
+///     m.header_except("Nats-Msg-Id", "x", idem_nats::RESERVED_HEADERS),
+///     Err(MessageError::ReservedHeader(_))
+/// ));
+/// # Ok::<(), MessageError>(())
+/// ```
+pub const RESERVED_HEADERS: &[&str] = &["Nats-Msg-Id", MESSAGE_ID, MESSAGE_KEY];
 /// Header with the reason a message was dead-lettered.
 pub const DEAD_REASON: &str = "Idem-Dead-Reason";
 /// Header with the subject a dead-lettered message came from.
@@ -225,7 +241,7 @@ fn source_err(e: impl Into<BoxError>) -> SourceError {
 }
 
 impl Delivery for NatsDelivery {
-    fn received(&self) -> Result<Received, String> {
+    fn message(&self) -> Result<InboxMessage, String> {
         let m = &self.0;
         let header = |name: &str| {
             m.headers
@@ -255,7 +271,7 @@ impl Delivery for NatsDelivery {
                     .map(move |v| (n.to_string(), v.as_str().to_owned()))
             })
             .collect();
-        Ok(Received {
+        Ok(InboxMessage {
             message_id,
             subject: m.subject.to_string(),
             key: header(MESSAGE_KEY),

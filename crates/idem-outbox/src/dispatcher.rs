@@ -8,9 +8,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
+use idem_core::outbox::{OutboxStore, Wake};
 use idem_core::{
-    Backoff, Clock, ConfigError, OutboxStore, Pause, RoundLoop, Rounds, StoreError, SystemClock,
-    Wake, failpoint,
+    Backoff, Clock, ConfigError, Pause, RoundLoop, Rounds, StoreError, SystemClock, failpoint,
 };
 
 use crate::{PublishError, Publisher};
@@ -39,7 +39,7 @@ pub struct DispatcherConfig {
     /// How often sent messages past the retention are deleted. Default 60 s.
     pub cleanup_interval: Duration,
     /// Rows deleted per cleanup statement. Default 1000, 1 to 100 000.
-    pub cleanup_batch: u32,
+    pub cleanup_batch_size: u32,
 }
 
 impl Default for DispatcherConfig {
@@ -56,7 +56,7 @@ impl Default for DispatcherConfig {
             },
             retention: Duration::from_secs(24 * 3600),
             cleanup_interval: Duration::from_secs(60),
-            cleanup_batch: 1000,
+            cleanup_batch_size: 1000,
         }
     }
 }
@@ -78,7 +78,7 @@ impl DispatcherConfig {
             secs(400 * 24 * 3600),
         )?;
         ConfigError::check_min_duration(C, "cleanup_interval", self.cleanup_interval, secs(1))?;
-        ConfigError::check_range(C, "cleanup_batch", self.cleanup_batch, 1, 100_000)?;
+        ConfigError::check_range(C, "cleanup_batch_size", self.cleanup_batch_size, 1, 100_000)?;
         ConfigError::check_nonzero(C, "backoff.initial", self.backoff.initial)?;
         ConfigError::check_nonzero(C, "broker_backoff.initial", self.broker_backoff.initial)
     }
@@ -302,10 +302,10 @@ impl<S: OutboxStore, P: Publisher, C: Clock> Dispatcher<S, P, C> {
         for _ in 0..100 {
             let n = self
                 .store
-                .purge_sent(before, self.config.cleanup_batch)
+                .purge_sent(before, self.config.cleanup_batch_size)
                 .await?;
             total += n;
-            if n < u64::from(self.config.cleanup_batch) {
+            if n < u64::from(self.config.cleanup_batch_size) {
                 break;
             }
         }
@@ -456,10 +456,10 @@ mod tests {
         );
         assert_eq!(
             bad(DispatcherConfig {
-                cleanup_batch: 0,
+                cleanup_batch_size: 0,
                 ..d()
             }),
-            "cleanup_batch"
+            "cleanup_batch_size"
         );
         let e = DispatcherConfig {
             lease: Duration::ZERO,

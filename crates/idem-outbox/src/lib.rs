@@ -24,7 +24,8 @@
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::sync::Mutex;
-//! use idem_core::{KeyStore, OutboxMessage, OutboxRecord, Topic};
+//! use idem_core::KeyStore;
+//! use idem_core::outbox::{OutboxMessage, OutboxRecord, Topic};
 //! use idem_outbox::{Dispatcher, DispatcherConfig, Outbox, PublishError, Published, Publisher};
 //! use idem_sqlite::{SqliteConfig, SqliteStore};
 //!
@@ -68,7 +69,8 @@ pub use outbox::Outbox;
 /// The settings error, shared by every library config.
 pub use idem_core::ConfigError;
 
-use idem_core::{BoxError, OutboxRecord};
+use idem_core::BoxError;
+use idem_core::outbox::OutboxRecord;
 use std::future::Future;
 
 /// What the broker said about a published message.

@@ -1,6 +1,7 @@
 //! [`Outbox`], the write side: messages enqueued in the business transaction.
 
-use idem_core::{Clock, OutboxMessage, OutboxWriter, StoreError, SystemClock};
+use idem_core::outbox::{OutboxMessage, OutboxWriter};
+use idem_core::{Clock, StoreError, SystemClock};
 
 /// Writes messages to the outbox in the caller's transaction, on its own
 /// clock — the entry point mirroring `idem_inbox::Inbox`. A message is
@@ -14,7 +15,8 @@ use idem_core::{Clock, OutboxMessage, OutboxWriter, StoreError, SystemClock};
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// use idem_core::{KeyStore, OutboxMessage, Topic};
+/// use idem_core::KeyStore;
+/// use idem_core::outbox::{OutboxMessage, Topic};
 /// use idem_outbox::Outbox;
 /// use idem_sqlite::{SqliteConfig, SqliteStore};
 ///

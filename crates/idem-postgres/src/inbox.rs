@@ -1,6 +1,7 @@
 //! The inbox on PostgreSQL: [`InboxStore`] for [`PgStore`].
 
-use idem_core::{InboxStore, MessageId, StoreError, Subscriber};
+use idem_core::StoreError;
+use idem_core::inbox::{InboxStore, MessageId, Subscriber};
 
 use crate::{PgStore, PgTx, map_err};
 

@@ -39,9 +39,10 @@ use std::future::Future;
 use std::str::FromStr;
 use std::time::Duration;
 
+use idem_core::keys::{Claim, RecordColumns};
 use idem_core::{
-    Claim, Completion, ConfigError, Fingerprint, KeyStore, Migration, Policy, RecordColumns, Scope,
-    StoreError, StoredRecord,
+    Completion, ConfigError, Fingerprint, KeyStore, Migration, Policy, Scope, StoreError,
+    StoredRecord,
 };
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{PgPool, Postgres, Row, Transaction};

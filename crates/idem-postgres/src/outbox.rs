@@ -9,10 +9,9 @@
 
 use std::time::Duration;
 
-use idem_core::{
-    OutboxColumns, OutboxMessage, OutboxRecord, OutboxStats, OutboxStore, StoreError,
-    headers_to_json,
-};
+use idem_core::StoreError;
+use idem_core::headers;
+use idem_core::outbox::{OutboxColumns, OutboxMessage, OutboxRecord, OutboxStats, OutboxStore};
 use sqlx::PgConnection;
 use sqlx::postgres::PgListener;
 
@@ -42,7 +41,7 @@ pub async fn enqueue(
     .bind(message.topic.as_str())
     .bind(&message.key)
     .bind(&message.payload[..])
-    .bind(headers_to_json(&message.headers))
+    .bind(headers::to_json(&message.headers))
     .bind(now_ms)
     .bind(message.available_at_ms.unwrap_or(now_ms))
     .fetch_one(conn)
@@ -60,7 +59,7 @@ impl std::fmt::Debug for OutboxListener {
     }
 }
 
-impl idem_core::Wake for OutboxListener {
+impl idem_core::outbox::Wake for OutboxListener {
     /// Waits for a notification, at most `max`.
     ///
     /// # Cancel safety
@@ -110,7 +109,7 @@ impl PgStore {
 
 /// The write side for `idem_outbox::Outbox`: [`enqueue`] on the
 /// transaction.
-impl idem_core::OutboxWriter for PgStore {
+impl idem_core::outbox::OutboxWriter for PgStore {
     async fn enqueue(
         &self,
         tx: &mut crate::PgTx,

@@ -1,38 +1,38 @@
 //! The library half of the `idem` binary: the demo payments API, so tests and
-//! benchmarks can run it in-process.
+//! benchmarks can run it in-process, and every command.
+//!
+//! - [`commands`]: one module per command (flags and `run`); `main.rs` only
+//!   parses and dispatches.
+//! - [`backend`]: the one place the backends are told apart ([`backend::Db`]);
+//!   everything else is generic over [`backend::Backend`].
+//! - [`config`]: flags and files validated into the libraries' configs.
+//! - [`demo`]: the payments API and its ledger consumer.
+//! - [`admin`]: `/admin` — the guard, the routes and their JSON shapes.
+//! - [`respond`]: responses every route shares; [`routes`]: the app around
+//!   them (404/405, panics as problem+json); [`http_server`]: the hyper loop
+//!   and its limits; [`shutdown`]; [`logging`].
+//! - [`messaging`], [`webhooks`]: NATS streams, the relay and consumer; the
+//!   webhook configuration file and workers.
+//! - [`bench`](mod@bench): `idem bench`.
 #![allow(missing_docs)]
 // Demo handlers return early with a ready `Response` as their error; it is built
 // once per rejected request, so its size does not matter.
 #![allow(clippy::result_large_err)]
 
 pub mod admin;
+pub mod backend;
 pub mod bench;
-pub mod bench_messaging;
-pub mod bench_webhooks;
+pub mod commands;
+pub mod config;
 pub mod config_error;
 pub mod demo;
 pub mod http_server;
 pub mod logging;
 pub mod messaging;
+pub mod respond;
 pub mod routes;
+pub mod shutdown;
 pub mod webhooks;
-
-demo_app!(
-    sqlite_demo,
-    idem_sqlite::SqliteStore,
-    idem_sqlite::SqliteTx,
-    sqlx::SqlitePool,
-    idem_sqlite::map_err,
-    idem_sqlite::outbox::enqueue
-);
-demo_app!(
-    postgres_demo,
-    idem_postgres::PgStore,
-    idem_postgres::PgTx,
-    sqlx::PgPool,
-    idem_postgres::map_err,
-    idem_postgres::outbox::enqueue
-);
 
 /// A duration as an operator types it (`0s`, `250ms`, `90s`, `400days`),
 /// for error messages.

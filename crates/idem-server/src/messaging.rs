@@ -4,11 +4,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::{InboxStore, OutboxStore, Subscriber, Wake};
+use idem_core::inbox::{InboxStore, Subscriber};
+use idem_core::outbox::{OutboxStore, Wake};
 use idem_inbox::{Consumer, ConsumerConfig, Handler, Inbox};
 use idem_nats::{Context, NatsPublisher, NatsSource, SourceConfig};
 use idem_outbox::{Dispatcher, DispatcherConfig};
 use tokio::sync::watch;
+
+use crate::shutdown::stopped;
 
 /// The stream holding payment events.
 pub const STREAM: &str = "IDEM_PAYMENTS";
@@ -25,11 +28,6 @@ pub const DLQ_SUBJECT: &str = "idem.dlq.demo-ledger";
 /// Longer than the outbox lease, so a message republished after a relay
 /// crash is dropped by the broker.
 pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(300);
-
-/// Resolves when `shutdown` turns true.
-pub async fn stopped(mut shutdown: watch::Receiver<bool>) {
-    let _ = shutdown.wait_for(|s| *s).await;
-}
 
 /// Connects (retrying in the background while the server is down) and makes
 /// sure both streams exist, retrying until they do or `shutdown` — which

@@ -1,6 +1,7 @@
 //! The inbox on SQLite: [`InboxStore`] for [`SqliteStore`].
 
-use idem_core::{InboxStore, MessageId, StoreError, Subscriber};
+use idem_core::StoreError;
+use idem_core::inbox::{InboxStore, MessageId, Subscriber};
 
 use crate::{SqliteStore, SqliteTx};
 

@@ -41,9 +41,9 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use idem_core::keys::{Claim, RecordColumns};
 use idem_core::{
-    Claim, Completion, ConfigError, Fingerprint, KeyStore, Policy, RecordColumns, Scope,
-    StoreError, StoredRecord,
+    Completion, ConfigError, Fingerprint, KeyStore, Policy, Scope, StoreError, StoredRecord,
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,

@@ -7,10 +7,9 @@
 
 use std::time::Duration;
 
-use idem_core::{
-    OutboxColumns, OutboxMessage, OutboxRecord, OutboxStats, OutboxStore, StoreError,
-    headers_to_json,
-};
+use idem_core::StoreError;
+use idem_core::headers;
+use idem_core::outbox::{OutboxColumns, OutboxMessage, OutboxRecord, OutboxStats, OutboxStore};
 use sqlx::SqliteConnection;
 
 use crate::column;
@@ -34,7 +33,7 @@ pub async fn enqueue(
     .bind(message.topic.as_str())
     .bind(&message.key)
     .bind(&message.payload[..])
-    .bind(headers_to_json(&message.headers))
+    .bind(headers::to_json(&message.headers))
     .bind(now_ms)
     .bind(message.available_at_ms.unwrap_or(now_ms))
     .fetch_one(conn)
@@ -48,7 +47,7 @@ fn ids_json(ids: &[i64]) -> String {
 
 /// The write side for `idem_outbox::Outbox`: [`enqueue`] on the
 /// transaction.
-impl idem_core::OutboxWriter for SqliteStore {
+impl idem_core::outbox::OutboxWriter for SqliteStore {
     async fn enqueue(
         &self,
         tx: &mut crate::SqliteTx,

@@ -2,10 +2,11 @@
 
 use std::time::Duration;
 
-use idem_core::{
-    Accepted, Finish, KeyStore, NewReceipt, Receipt, ReceiptColumns, ReceiptState, Replay,
-    StoreError, WebhookStore, headers_to_json,
+use idem_core::headers;
+use idem_core::webhooks::{
+    Accepted, Finish, NewReceipt, Receipt, ReceiptColumns, ReceiptState, Requeue, WebhookStore,
 };
+use idem_core::{KeyStore, StoreError};
 use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
 
@@ -53,7 +54,7 @@ impl WebhookStore for SqliteStore {
         .bind(&r.endpoint)
         .bind(&r.delivery_id)
         .bind(&r.event_type)
-        .bind(headers_to_json(&r.headers))
+        .bind(headers::to_json(&r.headers))
         .bind(&r.body[..])
         .bind(&r.entity_id)
         .bind(r.entity_version)
@@ -235,7 +236,7 @@ impl WebhookStore for SqliteStore {
         endpoint: &str,
         delivery_id: &str,
         now_ms: i64,
-    ) -> Result<Replay, StoreError> {
+    ) -> Result<Requeue, StoreError> {
         let requeued: Option<i64> = sqlx::query_scalar(
             "UPDATE idem_webhook_receipts SET state = 'received', attempts = 0,
                  available_at_ms = $3, locked_until_ms = NULL, finished_at_ms = NULL
@@ -249,12 +250,12 @@ impl WebhookStore for SqliteStore {
         .await
         .map_err(|e| self.map(e))?;
         if requeued.is_some() {
-            return Ok(Replay::Requeued);
+            return Ok(Requeue::Requeued);
         }
         Ok(match self.get_receipt(endpoint, delivery_id).await? {
-            None => Replay::NotFound,
-            Some(r) if r.state == ReceiptState::Received => Replay::AlreadyQueued,
-            Some(r) => Replay::AlreadyFinished(r.state),
+            None => Requeue::NotFound,
+            Some(r) if r.state == ReceiptState::Received => Requeue::AlreadyQueued,
+            Some(r) => Requeue::AlreadyFinished(r.state),
         })
     }
 

@@ -10,9 +10,10 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use idem_core::{BoxFuture, IdempotencyKey, Receipt};
+use idem_core::webhooks::Receipt;
+use idem_core::{BoxFuture, IdempotencyKey};
 
-use crate::processor::{HandleError, WebhookHandler};
+use crate::processor::{HandlerError, WebhookHandler};
 use crate::receiver::Endpoint;
 
 /// The `Idempotency-Key` for a delivery: `<endpoint>:<delivery id>`, or, when
@@ -76,7 +77,7 @@ impl Forward {
         self.timeout
     }
 
-    async fn forward(&self, r: &Receipt) -> Result<(), HandleError> {
+    async fn forward(&self, r: &Receipt) -> Result<(), HandlerError> {
         let key = idempotency_key(&r.receipt.endpoint, &r.receipt.delivery_id);
         // Stored header values and event types come from the sender: one that
         // is not a valid header value is left out rather than failing the
@@ -103,10 +104,10 @@ impl Forward {
         }
         let req = req
             .body(Full::new(Bytes::from(r.receipt.body.clone())))
-            .map_err(|e| HandleError::Reject(format!("cannot build the request: {e}")))?;
+            .map_err(|e| HandlerError::Reject(format!("cannot build the request: {e}")))?;
         match tokio::time::timeout(self.timeout, self.exchange(req)).await {
             Ok(result) => result,
-            Err(_) => Err(HandleError::Retry(format!(
+            Err(_) => Err(HandlerError::Retry(format!(
                 "upstream timed out: no complete answer within {:?}",
                 self.timeout
             ))),
@@ -114,9 +115,9 @@ impl Forward {
     }
 
     /// Sends the request and reads the answer; the caller bounds it.
-    async fn exchange(&self, req: Request<Full<Bytes>>) -> Result<(), HandleError> {
+    async fn exchange(&self, req: Request<Full<Bytes>>) -> Result<(), HandlerError> {
         let res = self.client.request(req).await.map_err(|e| {
-            HandleError::Retry(format!(
+            HandlerError::Retry(format!(
                 "upstream unreachable: {}",
                 idem_core::ErrorChain(&e)
             ))
@@ -153,15 +154,15 @@ impl Forward {
             ]
             .contains(&status);
         Err(if retryable {
-            HandleError::Retry(message)
+            HandlerError::Retry(message)
         } else {
-            HandleError::Reject(message)
+            HandlerError::Reject(message)
         })
     }
 }
 
 impl WebhookHandler for Forward {
-    fn handle<'a>(&'a self, receipt: &'a Receipt) -> BoxFuture<'a, Result<(), HandleError>> {
+    fn handle<'a>(&'a self, receipt: &'a Receipt) -> BoxFuture<'a, Result<(), HandlerError>> {
         Box::pin(self.forward(receipt))
     }
 }
@@ -181,7 +182,7 @@ mod tests {
         let forward = Forward::new(format!("http://127.0.0.1:{port}/hooks").parse().unwrap());
         let receipt = Receipt {
             id: 1,
-            receipt: idem_core::NewReceipt {
+            receipt: idem_core::webhooks::NewReceipt {
                 endpoint: "github".into(),
                 delivery_id: "d-1".into(),
                 event_type: None,
@@ -191,13 +192,13 @@ mod tests {
                 entity_version: None,
                 content_sha256: None,
             },
-            state: idem_core::ReceiptState::Received,
+            state: idem_core::webhooks::ReceiptState::Received,
             attempts: 0,
             last_error: None,
             received_at_ms: 0,
             finished_at_ms: None,
         };
-        let Err(HandleError::Retry(message)) = forward.handle(&receipt).await else {
+        let Err(HandlerError::Retry(message)) = forward.handle(&receipt).await else {
             panic!("a refused connection is retried");
         };
         assert!(message.to_lowercase().contains("refused"), "{message}");

@@ -18,6 +18,10 @@
 //!    transaction;
 //! 5. **answer fast** — 202 for a new delivery, 200 for a duplicate.
 //!
+//! With the `axum` feature, [`route::router`] is that order as an axum route,
+//! `POST /webhooks/{endpoint}`, answering errors as problem+json. [`lookup`]
+//! finds a stored delivery by any id an operator types.
+//!
 //! Then a [`Processor`] claims receipts — one claim loop per endpoint, up to
 //! [`ProcessorConfig::concurrency`] receipts of an endpoint in flight and
 //! the next claimed as soon as one finishes, one at a time per entity —,
@@ -106,12 +110,17 @@
 //! recorded `stale` and not applied.
 
 mod forward;
+pub mod lookup;
 mod processor;
 mod receiver;
 mod scheme;
 
+#[cfg(feature = "axum")]
+pub mod route;
+
 pub use forward::{Forward, idempotency_key};
-pub use processor::{HandleError, Processor, ProcessorConfig, Round, WebhookHandler};
+pub use lookup::{delivery_forms, find_receipt, replay_receipt};
+pub use processor::{HandlerError, Processor, ProcessorConfig, Round, WebhookHandler};
 pub use receiver::{
     ConfigError, Counters, Endpoint, EndpointConfig, MAX_BODY_LIMIT, MAX_DELIVERY_ID_BYTES,
     ReceiveError, Received, Receiver, bounded_delivery_id, is_secret_header,

@@ -16,15 +16,17 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use futures_util::future::join_all;
 use futures_util::stream::{FuturesUnordered, StreamExt};
+use idem_core::outbox::Wake;
+use idem_core::webhooks::{Finish, Receipt, WebhookStore};
 use idem_core::{
-    Backoff, BoxFuture, Clock, ConfigError, Finish, Pause, Receipt, RoundLoop, Rounds, StoreError,
-    SystemClock, Wake, WebhookStore, failpoint,
+    Backoff, BoxFuture, Clock, ConfigError, Pause, RoundLoop, Rounds, StoreError, SystemClock,
+    failpoint,
 };
 
 /// Why a handler did not finish a receipt.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
-pub enum HandleError {
+pub enum HandlerError {
     /// Try again later (a dependency is down, a timeout).
     #[error("retryable: {0}")]
     Retry(String),
@@ -43,7 +45,7 @@ pub trait WebhookHandler: Send + Sync + 'static {
     /// end well within [`ProcessorConfig::lease`] (bound it with a timeout, as
     /// [`Forward`](crate::Forward) does); a panic counts as a retryable
     /// failure.
-    fn handle<'a>(&'a self, receipt: &'a Receipt) -> BoxFuture<'a, Result<(), HandleError>>;
+    fn handle<'a>(&'a self, receipt: &'a Receipt) -> BoxFuture<'a, Result<(), HandlerError>>;
 }
 
 /// Worker settings.
@@ -232,19 +234,19 @@ impl<S: WebhookStore, C: Clock> Processor<S, C> {
         let result = AssertUnwindSafe(handler.handle(r))
             .catch_unwind()
             .await
-            .unwrap_or_else(|_| Err(HandleError::Retry("the handler panicked".into())));
+            .unwrap_or_else(|_| Err(HandlerError::Retry("the handler panicked".into())));
         failpoint::hit("webhook.after_handle");
         let now = self.clock.now_ms();
         let attempt = r.attempts.saturating_add(1);
         let (finish, outcome) = match result {
             Ok(()) => (Finish::Processed, Outcome::Processed),
-            Err(HandleError::Reject(error)) => (
+            Err(HandlerError::Reject(error)) => (
                 Finish::Dead {
                     error: clean_error(error),
                 },
                 Outcome::Dead,
             ),
-            Err(HandleError::Retry(error)) => {
+            Err(HandlerError::Retry(error)) => {
                 let error = clean_error(error);
                 if attempt >= self.config.max_attempts {
                     let error = format!("gave up after {attempt} attempts: {error}");

@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use http::HeaderMap;
-use idem_core::{Accepted, Clock, NewReceipt, StoreError, SystemClock, WebhookStore};
+use idem_core::webhooks::{Accepted, NewReceipt, WebhookStore};
+use idem_core::{Clock, StoreError, SystemClock};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 

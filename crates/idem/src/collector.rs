@@ -5,10 +5,10 @@
 use std::future::Future;
 use std::time::Duration;
 
-use idem_core::{
-    Clock, ConfigError, InboxStore, KeyStore, OutboxStore, Pause, RoundLoop, Rounds, StoreError,
-    SystemClock, Wake, WebhookStore,
-};
+use idem_core::inbox::InboxStore;
+use idem_core::outbox::{OutboxStore, Wake};
+use idem_core::webhooks::WebhookStore;
+use idem_core::{Clock, ConfigError, KeyStore, Pause, RoundLoop, Rounds, StoreError, SystemClock};
 
 /// How much a [`Collector`] deletes per run, and what it keeps.
 #[derive(Debug, Clone, PartialEq, Eq)]

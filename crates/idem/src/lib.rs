@@ -10,15 +10,16 @@
 //!
 //! | feature | module | what |
 //! |---|---|---|
-//! | (always) | the crate root | [`idem_core`]: keys, scopes, fingerprints, [`Engine`], [`KeyStore`] |
+//! | (always) | the crate root, [`keys`] | [`idem_core`]: keys, scopes, fingerprints, [`Engine`], [`KeyStore`] |
+//! | (always) | [`outbox`], [`inbox`], [`webhooks`] | each capability's types and store trait (`OutboxMessage`, `Subscriber`, `Receipt`, …) |
 //! | (always) | the crate root | [`Collector`]: expired keys, inbox records, receipts and sent outbox rows purged in bounded batches |
 //! | `sqlite` (default) | `idem::sqlite` | `SqliteStore`, the embedded backend |
 //! | `postgres` | `idem::postgres` | `PgStore`, the production backend |
 //! | `http` (default) | `idem::http` | `IdempotencyLayer` for axum and hyper |
-//! | `outbox` | `idem::outbox` | the `Dispatcher` relaying the transactional outbox |
-//! | `inbox` | `idem::inbox` | the `Inbox` and `Consumer`: effects once per subscriber |
+//! | `outbox` | [`outbox`] as well | the `Dispatcher` relaying the transactional outbox |
+//! | `inbox` | [`inbox`] as well | the `Inbox` and `Consumer`: effects once per subscriber |
 //! | `nats` | `idem::nats` | NATS JetStream `NatsPublisher` and `NatsSource` |
-//! | `webhooks` | `idem::webhooks` | signature schemes, `Receiver`, `Processor`, `Forward` |
+//! | `webhooks` | [`webhooks`] as well | signature schemes, `Receiver`, `Processor`, `Forward` |
 //!
 //! ```toml
 //! [dependencies]
@@ -63,15 +64,35 @@ pub use collector::{Collected, Collector, CollectorConfig};
 
 #[cfg(feature = "http")]
 pub use idem_http as http;
-#[cfg(feature = "inbox")]
-pub use idem_inbox as inbox;
 #[cfg(feature = "nats")]
 pub use idem_nats as nats;
-#[cfg(feature = "outbox")]
-pub use idem_outbox as outbox;
 #[cfg(feature = "postgres")]
 pub use idem_postgres as postgres;
 #[cfg(feature = "sqlite")]
 pub use idem_sqlite as sqlite;
-#[cfg(feature = "webhooks")]
-pub use idem_webhooks as webhooks;
+
+/// The outbox: messages written in the business transaction
+/// ([`idem_core::outbox`]) and, with the `outbox` feature, the dispatcher that
+/// relays them (`idem_outbox`).
+pub mod outbox {
+    pub use idem_core::outbox::*;
+    #[cfg(feature = "outbox")]
+    pub use idem_outbox::*;
+}
+
+/// The inbox: messages applied once per subscriber ([`idem_core::inbox`])
+/// and, with the `inbox` feature, the `Inbox` and `Consumer` (`idem_inbox`).
+pub mod inbox {
+    pub use idem_core::inbox::*;
+    #[cfg(feature = "inbox")]
+    pub use idem_inbox::*;
+}
+
+/// Webhooks: receipts and their store ([`idem_core::webhooks`]) and, with the
+/// `webhooks` feature, signature schemes, receiver and workers
+/// (`idem_webhooks`).
+pub mod webhooks {
+    pub use idem_core::webhooks::*;
+    #[cfg(feature = "webhooks")]
+    pub use idem_webhooks::*;
+}

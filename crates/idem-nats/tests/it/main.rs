@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::Context;
-use idem_core::{Backoff, KeyStore, MessageId, OutboxMessage, OutboxStore, Subscriber};
+use idem_core::inbox::Subscriber;
+use idem_core::outbox::{MessageId, OutboxMessage, OutboxStore};
+use idem_core::{Backoff, KeyStore};
 use idem_inbox::{Consumer, Inbox, InboxMode};
 use idem_nats::NatsPublisher;
 use idem_outbox::{Dispatcher, DispatcherConfig, Publisher};
@@ -583,8 +585,8 @@ fn dispatcher<S: OutboxStore>(
     Dispatcher::new(store, NatsPublisher::new(js), config).unwrap()
 }
 
-fn record(m: &OutboxMessage, id: i64) -> idem_core::OutboxRecord {
-    idem_core::OutboxRecord {
+fn record(m: &OutboxMessage, id: i64) -> idem_core::outbox::OutboxRecord {
+    idem_core::outbox::OutboxRecord {
         id,
         message_id: m.message_id.clone(),
         topic: m.topic.clone(),
@@ -600,7 +602,7 @@ fn record(m: &OutboxMessage, id: i64) -> idem_core::OutboxRecord {
 async fn drain<Src, S, H>(consumer: &mut Consumer<Src, S, H>, n: u64)
 where
     Src: idem_inbox::MessageSource,
-    S: idem_core::InboxStore,
+    S: idem_core::inbox::InboxStore,
     H: idem_inbox::Handler<S::Tx>,
 {
     let settled = |c: &Consumer<Src, S, H>| {

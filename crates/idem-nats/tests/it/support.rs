@@ -6,7 +6,9 @@ use std::time::Duration;
 use async_nats::HeaderMap;
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::{self, Context};
-use idem_core::{Backoff, InboxStore, MessageId, OutboxMessage, OutboxRecord, Subscriber, Topic};
+use idem_core::Backoff;
+use idem_core::inbox::{InboxStore, Subscriber};
+use idem_core::outbox::{MessageId, OutboxMessage, OutboxRecord, Topic};
 use idem_inbox::{Consumer, ConsumerConfig, Handler, Inbox, InboxMode};
 use idem_nats::{NatsSource, SourceConfig};
 use idem_outbox::{PublishError, Published, Publisher};
@@ -180,7 +182,7 @@ impl Streams {
             Subscriber::new("ledger").unwrap(),
             handler,
             ConsumerConfig {
-                batch: 16,
+                batch_size: 16,
                 fetch_wait: Duration::from_millis(200),
                 max_deliver: 3,
                 nak_backoff: Backoff {
@@ -235,7 +237,7 @@ macro_rules! backend {
             use super::$open::{Guard, open, reopen};
             use super::*;
             use idem_core::{BoxFuture, KeyStore};
-            use idem_inbox::{Begun, HandlerError, Received};
+            use idem_inbox::{HandlerError, InboxBegun, InboxMessage};
 
             pub struct Db {
                 pub store: $store,
@@ -296,7 +298,7 @@ macro_rules! backend {
                 fn handle<'a>(
                     &'a self,
                     tx: &'a mut $tx,
-                    m: &'a Received,
+                    m: &'a InboxMessage,
                 ) -> BoxFuture<'a, Result<(), HandlerError>> {
                     Box::pin(async move {
                         match m.payload.as_slice() {
@@ -326,8 +328,8 @@ macro_rules! backend {
                 id: &MessageId,
             ) -> bool {
                 let mut claim = match inbox.begin(sub, id).await.unwrap() {
-                    Begun::Duplicate => return false,
-                    Begun::Fresh(c) => c,
+                    InboxBegun::Duplicate => return false,
+                    InboxBegun::Fresh(c) => c,
                 };
                 sqlx::query("INSERT INTO ledger (message_id) VALUES ($1)")
                     .bind(id.as_str())

@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-use idem_core::{ManualClock, OutboxMessage, OutboxStore, OutboxWriter, Topic};
+use idem_core::ManualClock;
+use idem_core::outbox::{OutboxMessage, OutboxStore, OutboxWriter, Topic};
 use idem_outbox::Outbox;
 
 fn message(key: &str) -> OutboxMessage {

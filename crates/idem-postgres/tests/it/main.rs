@@ -2,7 +2,7 @@
 //! `cargo xtask test` starts the server and sets `IDEM_TEST_POSTGRES_URL`.
 #![allow(clippy::unwrap_used, missing_docs)]
 
-use idem_core::conformance as c;
+use idem_conformance as c;
 use idem_core::{BoxError, BoxFuture, Completion, Engine, Outcome, Policy};
 use idem_postgres::{PgConfig, PgStore, PgTx};
 use idem_testkit::{PgDatabase, postgres_admin_url};
@@ -41,7 +41,7 @@ fn insert<'t>(tx: &'t mut PgTx, id: &'static str) -> BoxFuture<'t, Result<(), Bo
 
 fn enqueue<'t>(
     tx: &'t mut PgTx,
-    message: &'t idem_core::OutboxMessage,
+    message: &'t idem_core::outbox::OutboxMessage,
     now_ms: i64,
 ) -> BoxFuture<'t, Result<i64, idem_core::StoreError>> {
     Box::pin(idem_postgres::outbox::enqueue(tx, message, now_ms))
@@ -434,7 +434,7 @@ async fn a_lost_answer_to_an_autocommit_write_is_outcome_unknown() {
     )
     .await
     .unwrap();
-    let r = idem_core::NewReceipt {
+    let r = idem_core::webhooks::NewReceipt {
         endpoint: "github".into(),
         delivery_id: "lost-1".into(),
         event_type: None,
@@ -444,7 +444,7 @@ async fn a_lost_answer_to_an_autocommit_write_is_outcome_unknown() {
         entity_version: None,
         content_sha256: None,
     };
-    use idem_core::WebhookStore;
+    use idem_core::webhooks::WebhookStore;
     // The delivery id travels in the Bind message, sent with the Execute.
     proxy.cut_after_next(b"lost-1");
     let e = store.accept(&r, 1, 1_000_000).await.unwrap_err();
@@ -463,6 +463,6 @@ async fn a_lost_answer_to_an_autocommit_write_is_outcome_unknown() {
     );
     assert_eq!(
         store.accept(&r, 2, 1_000_000).await.unwrap(),
-        idem_core::Accepted::Duplicate
+        idem_core::webhooks::Accepted::Duplicate
     );
 }

@@ -509,8 +509,7 @@ pub use fixture::{DemoConfig, Fixture};
 mod fixture {
     use super::*;
     use idem_core::{Engine, ManualClock};
-    use idem_postgres::{PgConfig, PgStore};
-    use idem_sqlite::{SqliteConfig, SqliteStore};
+    use idem_server::backend::{Backend, Db, Job};
     use idem_testkit::PgDatabase;
     use std::future::Future;
     use std::pin::Pin;
@@ -575,45 +574,31 @@ mod fixture {
         f
     }
 
+    /// The demo router and a GC, on the fixture's clock.
+    struct Demo {
+        clock: ManualClock,
+        config: DemoConfig,
+    }
+
+    impl Job for Demo {
+        type Output = (axum::Router, Gc);
+        async fn run<B: Backend>(self, store: B) -> Self::Output {
+            let router = idem_server::demo::router_with_clock(
+                store.clone(),
+                &self.config,
+                self.clock.clone(),
+            );
+            (router, gc_on(store, self.clock))
+        }
+    }
+
     /// Serves the demo in-process on the database at `url`, migrated.
     pub async fn serve_demo(url: &str, clock: ManualClock, config: DemoConfig) -> Fixture {
-        let (router, gc) = if url.starts_with("sqlite:") {
-            let store = SqliteStore::connect(url, SqliteConfig::default())
-                .await
-                .unwrap();
-            store.migrate().await.unwrap();
-            idem_sqlite::migrate_component(
-                store.pool(),
-                "demo",
-                idem_server::demo::SQLITE_MIGRATIONS,
-            )
-            .await
-            .unwrap();
-            let router = idem_server::sqlite_demo::router_with_clock(
-                store.clone(),
-                store.pool().clone(),
-                &config,
-                clock.clone(),
-            );
-            (router, gc_on(store, clock.clone()))
-        } else {
-            let store = PgStore::connect(url, PgConfig::default()).await.unwrap();
-            store.migrate().await.unwrap();
-            idem_postgres::migrate_component(
-                store.pool(),
-                "demo",
-                idem_server::demo::POSTGRES_MIGRATIONS,
-            )
-            .await
-            .unwrap();
-            let router = idem_server::postgres_demo::router_with_clock(
-                store.clone(),
-                store.pool().clone(),
-                &config,
-                clock.clone(),
-            );
-            (router, gc_on(store, clock.clone()))
+        let demo = Demo {
+            clock: clock.clone(),
+            config,
         };
+        let (router, gc) = Db::open(url).await.unwrap().run(demo).await;
         Fixture {
             addr: serve(router).await,
             gc,
@@ -656,8 +641,7 @@ async fn a_silent_postgres_gives_every_route_a_bounded_503() {
     )
     .await
     .unwrap();
-    store.migrate().await.unwrap();
-    idem_postgres::migrate_component(store.pool(), "demo", idem_server::demo::POSTGRES_MIGRATIONS)
+    idem_server::backend::Backend::migrate_all(&store)
         .await
         .unwrap();
     let config = DemoConfig {
@@ -665,12 +649,7 @@ async fn a_silent_postgres_gives_every_route_a_bounded_503() {
         read_timeout: Duration::from_secs(2),
         ..DemoConfig::default()
     };
-    let addr = fixture::serve(idem_server::postgres_demo::router(
-        store.clone(),
-        store.pool().clone(),
-        &config,
-    ))
-    .await;
+    let addr = fixture::serve(idem_server::demo::router(store.clone(), &config)).await;
     assert_eq!(create(addr, "warm", PAY).await.status, 201);
 
     // A handler whose INSERT reaches the database, which then goes silent.

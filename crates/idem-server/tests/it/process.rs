@@ -8,7 +8,7 @@ use std::time::Duration;
 use idem_core::ManualClock;
 
 use crate::fixture::{self, TempDir};
-use crate::{DemoConfig, call, create, payments_of, try_call};
+use crate::{DemoConfig, PAY, call, create, payments_of, try_call};
 
 fn idem() -> Command {
     Command::new(env!("CARGO_BIN_EXE_idem"))
@@ -473,4 +473,70 @@ fn bad_settings_are_clear_errors_and_nothing_starts() {
         !dir.path().join("idem.db").exists(),
         "settings are checked before the database is touched"
     );
+}
+
+/// The `[server]` table of `--config` sets `idem serve`'s defaults; the
+/// environment beats the file and a flag beats both. Each case is told apart
+/// by which bound the command refuses (settings are checked in flag order),
+/// and a running server shows the file's value in effect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_file_sets_defaults_that_environment_and_flags_override() {
+    let dir = TempDir::new("file");
+    let db = dir.sqlite_url();
+    let file = dir.path().join("idem.toml");
+    let serve = |contents: &str, args: &[&str], env: &[(&str, &str)]| {
+        std::fs::write(&file, contents).unwrap();
+        let mut cmd = idem();
+        cmd.args(["serve", "--database-url", &db, "--config"])
+            .arg(&file)
+            .args(args);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().unwrap();
+        assert!(!out.status.success(), "{contents} {args:?} must fail");
+        text(&out.stderr)
+    };
+    let err = serve("[server]\nkey_ttl = \"0s\"\n", &[], &[]);
+    assert!(
+        err.contains("--key-ttl must be between"),
+        "the file applies: {err}"
+    );
+    let err = serve(
+        "[server]\nkey_ttl = \"0s\"\ngc_interval = \"0s\"\n",
+        &["--key-ttl", "24h"],
+        &[],
+    );
+    assert!(
+        err.contains("--gc-interval must be between"),
+        "a flag beats the file: {err}"
+    );
+    let err = serve(
+        "[server]\ngc_interval = \"0s\"\nmax_body_bytes = 0\n",
+        &[],
+        &[("IDEM_GC_INTERVAL", "60s")],
+    );
+    assert!(
+        err.contains("--max-body-bytes must be between"),
+        "the environment beats the file: {err}"
+    );
+    let err = serve("[server]\nconsume = true\n", &[], &[]);
+    assert!(
+        err.contains("--consume needs --nats-url"),
+        "a switch: {err}"
+    );
+    let err = serve("[server]\nnope = 1\n", &[], &[]);
+    assert!(err.contains("server.nope: unknown setting"), "{err}");
+    let err = serve("[server]\nkey_ttl = [1]\n", &[], &[]);
+    assert!(err.contains("server.key_ttl: expected a string"), "{err}");
+    assert!(
+        !dir.path().join("idem.db").exists(),
+        "settings are checked before the database is touched"
+    );
+
+    std::fs::write(&file, "[server]\nmax_body_bytes = 16\n").unwrap();
+    let path = file.to_string_lossy().into_owned();
+    let server = Server::start(&db, &["--config", &path]).await;
+    let r = create(server.addr, "k-file", PAY).await;
+    assert_eq!(r.status, 413, "the file's body limit is in effect");
 }

@@ -10,7 +10,8 @@ use std::time::Duration;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
 use hmac::{Hmac, Mac};
-use idem_core::{ManualClock, ReceiptState, WebhookStore};
+use idem_core::ManualClock;
+use idem_core::webhooks::{ReceiptState, WebhookStore};
 use idem_server::webhooks;
 use idem_webhooks::Receiver;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -208,8 +209,9 @@ impl<S: WebhookStore> Rig<S> {
         let config =
             webhooks::parse(&config(&format!("http://{upstream}/v1/payments"), extra)).unwrap();
         let receiver = Arc::new(Receiver::new(store.clone(), config.endpoints.clone()));
-        let router = webhooks::router(receiver.clone())
-            .merge(webhooks::admin_router(store.clone(), receiver.clone()));
+        let router = idem_webhooks::route::router(receiver.clone()).merge(
+            idem_server::admin::webhooks::router(store.clone(), receiver.clone()),
+        );
         Self {
             addr: serve(router).await,
             processor: webhooks::processor(store.clone(), &config).unwrap(),
@@ -479,11 +481,11 @@ macro_rules! webhook_suite {
                 /// Counts deliveries; a body with "reject" is refused.
                 struct Counting(Arc<std::sync::Mutex<Vec<String>>>);
                 impl idem_webhooks::WebhookHandler for Counting {
-                    fn handle<'a>(&'a self, r: &'a idem_core::Receipt)
-                        -> idem_core::BoxFuture<'a, Result<(), idem_webhooks::HandleError>> {
+                    fn handle<'a>(&'a self, r: &'a idem_core::webhooks::Receipt)
+                        -> idem_core::BoxFuture<'a, Result<(), idem_webhooks::HandlerError>> {
                         Box::pin(async move {
                             if r.receipt.body.windows(6).any(|w| w == b"reject") {
-                                return Err(idem_webhooks::HandleError::Reject("not for us".into()));
+                                return Err(idem_webhooks::HandlerError::Reject("not for us".into()));
                             }
                             self.0.lock().unwrap().push(r.receipt.delivery_id.clone());
                             Ok(())
@@ -599,7 +601,7 @@ macro_rules! webhook_suite {
                     max: Duration::from_millis(200),
                 };
                 let receiver = Arc::new(Receiver::new(store.clone(), config.endpoints.clone()));
-                let addr = serve(webhooks::router(receiver)).await;
+                let addr = serve(idem_webhooks::route::router(receiver)).await;
                 let processor = webhooks::processor(store.clone(), &config).unwrap();
                 let worker = tokio::spawn(async move {
                     processor.run(Duration::from_secs(3600), std::future::pending()).await
@@ -658,8 +660,8 @@ macro_rules! webhook_suite {
                     release: Arc<tokio::sync::Notify>,
                 }
                 impl idem_webhooks::WebhookHandler for Slow {
-                    fn handle<'a>(&'a self, r: &'a idem_core::Receipt)
-                        -> idem_core::BoxFuture<'a, Result<(), idem_webhooks::HandleError>> {
+                    fn handle<'a>(&'a self, r: &'a idem_core::webhooks::Receipt)
+                        -> idem_core::BoxFuture<'a, Result<(), idem_webhooks::HandlerError>> {
                         Box::pin(async move {
                             if r.receipt.body.windows(5).any(|w| w == b"panic") {
                                 panic!("a handler bug");
@@ -772,7 +774,7 @@ macro_rules! webhook_suite {
                 }
                 // A receipt stored before signatures were filtered out: the
                 // admin view and `idem webhooks show` leave them out on output.
-                let old = idem_core::NewReceipt {
+                let old = idem_core::webhooks::NewReceipt {
                     endpoint: "github".into(),
                     delivery_id: "4242:old".into(),
                     event_type: Some("push".into()),
@@ -830,7 +832,7 @@ macro_rules! webhook_suite {
                     max: Duration::from_millis(20),
                 };
                 let receiver = Arc::new(Receiver::new(store.clone(), config.endpoints.clone()));
-                let addr = serve(webhooks::router(receiver.clone()).merge(webhooks::admin_router(store.clone(), receiver))).await;
+                let addr = serve(idem_webhooks::route::router(receiver.clone()).merge(idem_server::admin::webhooks::router(store.clone(), receiver))).await;
                 let processor = webhooks::processor(store.clone(), &config).unwrap();
                 let body = payment("cus_r", "");
                 assert_eq!(deliver(addr, "github", &sign::github("github-secret", "r1", &body), &body).await.status, 202);

@@ -1,7 +1,7 @@
 //! Integration tests on real SQLite files, one fresh file per test.
 #![allow(clippy::unwrap_used, missing_docs)]
 
-use idem_core::conformance as c;
+use idem_conformance as c;
 use idem_core::{BoxError, BoxFuture};
 use idem_sqlite::{SqliteConfig, SqliteStore, SqliteTx};
 use idem_testkit::TempDir;
@@ -37,7 +37,7 @@ fn insert<'t>(tx: &'t mut SqliteTx, id: &'static str) -> BoxFuture<'t, Result<()
 
 fn enqueue<'t>(
     tx: &'t mut SqliteTx,
-    message: &'t idem_core::OutboxMessage,
+    message: &'t idem_core::outbox::OutboxMessage,
     now_ms: i64,
 ) -> BoxFuture<'t, Result<i64, idem_core::StoreError>> {
     Box::pin(idem_sqlite::outbox::enqueue(tx, message, now_ms))

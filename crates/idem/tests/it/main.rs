@@ -6,10 +6,11 @@ use std::time::Duration;
 
 use idem::{
     Collected, Collector, CollectorConfig, Completion, Engine, FingerprintSpec, IdempotencyKey,
-    InboxStore, ManualClock, MessageId, NewReceipt, Operation, OutboxMessage, OutboxStore,
-    OutboxWriter, Policy, RequestParts, Scope, StoredResponse, Subscriber, Tenant, Topic,
-    WebhookStore,
+    ManualClock, Operation, Policy, RequestParts, Scope, StoredResponse, Tenant,
 };
+use idem_core::inbox::{InboxStore, MessageId, Subscriber};
+use idem_core::outbox::{OutboxMessage, OutboxStore, OutboxWriter, Topic};
+use idem_core::webhooks::{NewReceipt, WebhookStore};
 
 const HOUR: Duration = Duration::from_secs(3600);
 

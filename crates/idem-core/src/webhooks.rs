@@ -1,7 +1,10 @@
-//! Webhook receipts: what a receiver stores before it answers, and what
-//! workers process.
+//! Webhook receipts: what a receiver stores before it answers, what workers
+//! process, and the [`WebhookStore`] capability behind both.
 
 use std::fmt;
+use std::future::Future;
+
+use crate::error::StoreError;
 
 /// Where a receipt is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -124,9 +127,9 @@ pub enum Finish {
     },
 }
 
-/// What an operator's replay did.
+/// What an operator's replay of a receipt did ([`WebhookStore::replay_receipt`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Replay {
+pub enum Requeue {
     /// A failed or dead receipt is queued to run again.
     Requeued,
     /// Nothing to do: it is already waiting for a worker.
@@ -173,8 +176,8 @@ pub struct ReceiptColumns {
 
 impl ReceiptColumns {
     /// Validates the columns; the error names the bad one.
-    pub fn decode(self) -> Result<Receipt, crate::StoreError> {
-        let corrupt = |what: &str| crate::StoreError::Corrupt {
+    pub fn decode(self) -> Result<Receipt, StoreError> {
+        let corrupt = |what: &str| StoreError::Corrupt {
             detail: format!("webhook receipt {}: {what}", self.id),
         };
         Ok(Receipt {
@@ -182,7 +185,7 @@ impl ReceiptColumns {
             state: ReceiptState::parse(&self.state).ok_or_else(|| corrupt("state"))?,
             attempts: u32::try_from(self.attempts).map_err(|_| corrupt("attempts"))?,
             receipt: NewReceipt {
-                headers: crate::record::headers_from_json(&self.headers)
+                headers: crate::headers::from_json(&self.headers)
                     .ok_or_else(|| corrupt("headers are not a JSON list of pairs"))?,
                 endpoint: self.endpoint,
                 delivery_id: self.delivery_id,
@@ -203,6 +206,92 @@ impl ReceiptColumns {
             finished_at_ms: self.finished_at_ms,
         })
     }
+}
+
+/// Webhook receipts. A receipt is stored — with an inbox record for its
+/// endpoint — in one transaction before the receiver answers, and processed
+/// by workers afterwards.
+///
+/// Implementations must make `(endpoint, delivery_id)` unique, and
+/// `(endpoint, content_sha256)` among receipts that have a content hash,
+/// both enforced by the one insert of [`WebhookStore::accept`] (never a read
+/// before the write); lease claimed receipts so a crashed worker's come back;
+/// and never hand out a receipt while an earlier unfinished receipt of the
+/// same `(endpoint, entity_id)` exists, so one entity's deliveries are
+/// processed one at a time, in arrival order.
+pub trait WebhookStore: Clone + Send + Sync + 'static {
+    /// Stores the receipt and its inbox record (subscriber `webhook:<endpoint>`)
+    /// in one transaction, unless the delivery was stored before: the same
+    /// delivery id, or — when the receipt has a content hash — the same
+    /// content, on the same endpoint.
+    fn accept(
+        &self,
+        receipt: &NewReceipt,
+        now_ms: i64,
+        expires_at_ms: i64,
+    ) -> impl Future<Output = Result<Accepted, StoreError>> + Send;
+
+    /// Leases up to `limit` receipts of `endpoint` that are due (received, or
+    /// failed and past their retry time), first of their entity, in arrival
+    /// order. Endpoints are claimed separately so that one endpoint's backlog
+    /// or slow handler never holds up another's.
+    fn claim_receipts(
+        &self,
+        endpoint: &str,
+        now_ms: i64,
+        lease: std::time::Duration,
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<Receipt>, StoreError>> + Send;
+
+    /// The newest applied version of an entity.
+    fn newest_version(
+        &self,
+        endpoint: &str,
+        entity_id: &str,
+    ) -> impl Future<Output = Result<Option<i64>, StoreError>> + Send;
+
+    /// Records how a run ended (for `Processed`, moving the entity's newest
+    /// applied version up in the same transaction). `Processed`, `Retry` and
+    /// `Dead` count a handler run in `attempts`; `Processed`, `Stale` and
+    /// `Dead` set `finished_at_ms`.
+    fn finish(
+        &self,
+        id: i64,
+        outcome: &Finish,
+        now_ms: i64,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Receipts, newest first, optionally of one endpoint and one state.
+    fn list_receipts(
+        &self,
+        endpoint: Option<&str>,
+        state: Option<ReceiptState>,
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<Receipt>, StoreError>> + Send;
+
+    /// One receipt.
+    fn get_receipt(
+        &self,
+        endpoint: &str,
+        delivery_id: &str,
+    ) -> impl Future<Output = Result<Option<Receipt>, StoreError>> + Send;
+
+    /// An operator's replay: a failed or dead receipt runs again, with
+    /// `attempts` back at 0 and no `finished_at_ms`; a processed or stale
+    /// one is left alone.
+    fn replay_receipt(
+        &self,
+        endpoint: &str,
+        delivery_id: &str,
+        now_ms: i64,
+    ) -> impl Future<Output = Result<Requeue, StoreError>> + Send;
+
+    /// Deletes at most `limit` receipts (and their inbox records) that expired.
+    fn purge_expired_receipts(
+        &self,
+        now_ms: i64,
+        limit: u32,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
 }
 
 #[cfg(test)]

@@ -11,10 +11,10 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use hmac::{Hmac, Mac};
-use idem_core::WebhookStore;
+use idem_core::webhooks::WebhookStore;
 use idem_webhooks::{Receiver, Verifier};
 
-use crate::bench::{Op, Stats, measure};
+use super::measure::{Op, Stats, measure};
 
 const SECRET: &str = "bench-webhook-secret";
 
@@ -30,11 +30,7 @@ fn signature(body: &[u8]) -> anyhow::Result<String> {
     Ok(format!("sha256={tag}"))
 }
 
-async fn deliver(
-    client: crate::bench::Client,
-    url: String,
-    delivery: String,
-) -> anyhow::Result<()> {
+async fn deliver(client: super::keys::Client, url: String, delivery: String) -> anyhow::Result<()> {
     use http_body_util::BodyExt;
     let body = format!(r#"{{"delivery":"{delivery}","action":"opened"}}"#);
     let req = axum::http::Request::post(url)
@@ -94,7 +90,7 @@ pub async fn run<S: WebhookStore>(
             Err(_) => StatusCode::UNAUTHORIZED,
         }
     }
-    let app = crate::webhooks::router(receiver).merge(
+    let app = idem_webhooks::route::router(receiver).merge(
         Router::new()
             .route("/verify-only", post(verify_only))
             .with_state(verifier),
@@ -102,7 +98,7 @@ pub async fn run<S: WebhookStore>(
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     tokio::spawn(async move { axum::serve(listener, app).await });
-    let client = crate::bench::client();
+    let client = super::keys::client();
     let op = |path: &'static str, tag: &'static str| -> Op {
         let client = client.clone();
         Arc::new(move |n| {

@@ -1,19 +1,39 @@
-//! The behaviour every [`KeyStore`] must show, as reusable checks. Backends run
-//! them against real databases in their integration tests (feature
-//! `conformance`). Each check panics with a message naming the property.
-#![allow(clippy::unwrap_used, missing_docs)]
+//! # Idem backend conformance
+//!
+//! The behaviour every Idem backend must show, as reusable checks: a
+//! [`KeyStore`] (claims, replay, mismatch, concurrency, bounded waits, expiry),
+//! an [`OutboxStore`] (commit with the transaction, order per key, leases,
+//! backoff, purge), an [`InboxStore`] (once per subscriber, concurrent
+//! duplicates) and a [`WebhookStore`] (stored once, entity order, replay,
+//! content dedupe, cancellation).
+//!
+//! A backend runs each check against a real database in its integration
+//! tests, the way `idem-sqlite` and `idem-postgres` do; each check takes a
+//! store on an empty database (a fresh one per check) and panics with a
+//! message naming the property that failed.
+//!
+//! ```no_run
+//! # async fn run<S: idem_core::KeyStore>(fresh_store: impl Fn() -> S) {
+//! idem_conformance::replay_and_mismatch(fresh_store()).await;
+//! idem_conformance::rollback_leaves_no_record(fresh_store()).await;
+//! idem_conformance::concurrent_claims_execute_once(fresh_store(), 16).await;
+//! # }
+//! ```
+#![allow(clippy::unwrap_used)]
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use crate::store::KeyStore;
-use crate::{Accepted, Finish, NewReceipt, ReceiptState, Replay, WebhookStore};
-use crate::{
+use idem_core::inbox::{InboxStore, MessageId, Subscriber};
+use idem_core::outbox::{OutboxMessage, OutboxRecord, OutboxStore, Topic};
+use idem_core::webhooks::{
+    Accepted, Finish, NewReceipt, Receipt, ReceiptState, Requeue, WebhookStore,
+};
+use idem_core::{
     Begun, BoxError, BoxFuture, Completion, Engine, Error, Fingerprint, FingerprintSpec,
-    IdempotencyKey, InboxStore, ManualClock, MessageId, Operation, OutboxMessage, OutboxRecord,
-    OutboxStore, Outcome, Policy, RecordState, RequestParts, Scope, StoreError, StoredResponse,
-    Subscriber, Tenant, Topic,
+    IdempotencyKey, KeyStore, ManualClock, Operation, Outcome, Policy, RecordState, RequestParts,
+    Scope, StoreError, StoredResponse, Tenant,
 };
 
 /// A backend's `enqueue`: writes a message in the given transaction.
@@ -25,6 +45,7 @@ pub type Insert<T> = for<'t> fn(&'t mut T, &'static str) -> BoxFuture<'t, Result
 /// Counts the business rows, outside any claim.
 pub type Count<S> = for<'s> fn(&'s S) -> BoxFuture<'s, i64>;
 
+/// The scope of `key` for `tenant`, on the operation the checks use.
 pub fn scope(tenant: &str, key: &str) -> Scope {
     Scope::new(
         Tenant::new(tenant).unwrap(),
@@ -33,6 +54,7 @@ pub fn scope(tenant: &str, key: &str) -> Scope {
     )
 }
 
+/// The fingerprint of a `POST` with this JSON body, as the checks compute it.
 pub fn fingerprint(body: &str) -> Fingerprint {
     let op = Operation::new("payments.create").unwrap();
     FingerprintSpec::default().fingerprint(&RequestParts {
@@ -44,6 +66,7 @@ pub fn fingerprint(body: &str) -> Fingerprint {
     })
 }
 
+/// A JSON response to store.
 pub fn response(status: u16, body: &str) -> StoredResponse {
     StoredResponse {
         status,
@@ -780,7 +803,7 @@ pub async fn webhook_claims_keep_entity_order<S: WebhookStore>(store: S) {
     ] {
         store.accept(&r, NOW, NOW + 100_000).await.unwrap();
     }
-    let ids = |v: &[crate::Receipt]| {
+    let ids = |v: &[Receipt]| {
         v.iter()
             .map(|r| format!("{}/{}", r.receipt.endpoint, r.receipt.delivery_id))
             .collect::<Vec<_>>()
@@ -927,11 +950,11 @@ pub async fn webhook_failures_replay_and_gc<S: WebhookStore>(store: S) {
     );
     assert_eq!(
         store.replay_receipt("gh", "r", NOW + 5_000).await.unwrap(),
-        Replay::Requeued
+        Requeue::Requeued
     );
     assert_eq!(
         store.replay_receipt("gh", "r", NOW + 5_000).await.unwrap(),
-        Replay::AlreadyQueued
+        Requeue::AlreadyQueued
     );
     let requeued = store
         .claim_receipts("gh", NOW + 5_000, LEASE, 10)
@@ -949,12 +972,12 @@ pub async fn webhook_failures_replay_and_gc<S: WebhookStore>(store: S) {
         .unwrap();
     assert_eq!(
         store.replay_receipt("gh", "r", NOW + 6_000).await.unwrap(),
-        Replay::AlreadyFinished(ReceiptState::Processed),
+        Requeue::AlreadyFinished(ReceiptState::Processed),
         "a processed receipt is not run twice"
     );
     assert_eq!(
         store.replay_receipt("gh", "missing", NOW).await.unwrap(),
-        Replay::NotFound
+        Requeue::NotFound
     );
     store
         .accept(

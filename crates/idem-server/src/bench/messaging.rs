@@ -5,12 +5,11 @@
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
-use idem_core::{
-    BoxFuture, InboxStore, MessageId, OutboxMessage, OutboxRecord, OutboxStore, StoreError,
-    Subscriber, Topic,
-};
+use idem_core::inbox::{InboxStore, Subscriber};
+use idem_core::outbox::{MessageId, OutboxMessage, OutboxRecord, OutboxStore, Topic};
+use idem_core::{BoxFuture, StoreError};
 use idem_inbox::{
-    Consumer, ConsumerConfig, Delivery, Handler, HandlerError, Inbox, MessageSource, Received,
+    Consumer, ConsumerConfig, Delivery, Handler, HandlerError, Inbox, InboxMessage, MessageSource,
 };
 use idem_nats::{Context, NatsPublisher, NatsSource, SourceConfig};
 use idem_outbox::{Dispatcher, DispatcherConfig, Publisher};
@@ -30,7 +29,7 @@ macro_rules! ledger_handler {
             fn handle<'a>(
                 &'a self,
                 tx: &'a mut $tx,
-                m: &'a Received,
+                m: &'a InboxMessage,
             ) -> BoxFuture<'a, Result<(), HandlerError>> {
                 Box::pin(async move {
                     sqlx::query("INSERT INTO bench_ledger (message_id) VALUES ($1)")
@@ -103,7 +102,7 @@ where
                 created_at_ms: 0,
             })
         })
-        .collect::<Result<_, idem_core::MessageError>>()?;
+        .collect::<Result<_, idem_core::outbox::MessageError>>()?;
     let publisher = NatsPublisher::new(js.clone());
     let started = Instant::now();
     for chunk in direct.chunks(BATCH) {
@@ -170,7 +169,7 @@ where
     let mut done = 0;
     while done < n {
         for d in plain.fetch(BATCH, Duration::from_secs(1)).await? {
-            let m = d.received().map_err(anyhow::Error::msg)?;
+            let m = d.message().map_err(anyhow::Error::msg)?;
             let mut tx = store.begin().await?;
             handler.handle(&mut tx, &m).await?;
             store.commit(tx).await?;
@@ -191,7 +190,7 @@ where
         Subscriber::new("bench")?,
         handler,
         ConsumerConfig {
-            batch: BATCH,
+            batch_size: BATCH as u32,
             ..ConsumerConfig::default()
         },
     )?;

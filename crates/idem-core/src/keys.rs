@@ -1,9 +1,14 @@
-//! Key records, their states, and what is stored for replay.
+//! Key records: the [`KeyStore`] capability a backend implements, the record
+//! states, what is stored for replay, and the pure [`decide`] function.
 
 use std::fmt;
+use std::future::Future;
 use std::time::Duration;
 
+use crate::error::StoreError;
 use crate::fingerprint::Fingerprint;
+use crate::policy::Policy;
+use crate::scope::Scope;
 
 /// The state of a key record.
 ///
@@ -62,29 +67,13 @@ pub struct StoredResponse {
 impl StoredResponse {
     /// Encodes headers for storage as a JSON array of `[name, value]` pairs.
     pub fn headers_json(&self) -> String {
-        headers_to_json(&self.headers)
+        crate::headers::to_json(&self.headers)
     }
 
     /// Decodes headers written by [`StoredResponse::headers_json`].
     pub fn parse_headers(json: &str) -> Option<Vec<(String, String)>> {
-        headers_from_json(json)
+        crate::headers::from_json(json)
     }
-}
-
-/// Encodes headers for storage as a JSON array of `[name, value]` pairs.
-pub fn headers_to_json(headers: &[(String, String)]) -> String {
-    serde_json::Value::Array(
-        headers
-            .iter()
-            .map(|(n, v)| serde_json::json!([n, v]))
-            .collect(),
-    )
-    .to_string()
-}
-
-/// Decodes headers written by [`headers_to_json`].
-pub fn headers_from_json(json: &str) -> Option<Vec<(String, String)>> {
-    serde_json::from_str(json).ok()
 }
 
 /// A pointer to the resource an operation created, kept with the record so an
@@ -143,8 +132,8 @@ pub struct RecordColumns {
 
 impl RecordColumns {
     /// Validates the columns into a record; the error says which one is bad.
-    pub fn decode(self) -> Result<StoredRecord, crate::StoreError> {
-        let corrupt = |detail: String| crate::StoreError::Corrupt { detail };
+    pub fn decode(self) -> Result<StoredRecord, StoreError> {
+        let corrupt = |detail: String| StoreError::Corrupt { detail };
         let response = match (self.status_code, self.response_headers) {
             (Some(status), Some(headers)) => Some(StoredResponse {
                 status: u16::try_from(status)
@@ -249,6 +238,75 @@ pub fn decide(existing: StoredRecord, fingerprint: &Fingerprint, now_ms: i64) ->
     }
 }
 
+/// The result of trying to claim a key.
+#[derive(Debug)]
+pub enum Claim<T> {
+    /// The key was free (or its record had expired): a pending record was
+    /// written in the open transaction `T`, which the caller now owns. Business
+    /// writes go into `T` and commit with the record.
+    Claimed(T),
+    /// A live record exists and was committed by someone else. The store has
+    /// already ended its own transaction.
+    Existing(StoredRecord),
+}
+
+/// Key records, stored in the same database as the business data.
+///
+/// Implementations must enforce uniqueness with the primary key
+/// `(tenant_id, operation, idempotency_key)` and an `INSERT … ON CONFLICT`, never
+/// a read followed by a write, and must make a concurrent claim of the same key
+/// wait at most `policy.wait` before returning [`StoreError::Busy`].
+pub trait KeyStore: Clone + Send + Sync + 'static {
+    /// An open database transaction handed to business code.
+    type Tx: Send + 'static;
+
+    /// Opens a transaction, inserts a pending record for `scope` unless a live
+    /// one exists, and returns the transaction or the existing record.
+    ///
+    /// # Cancel safety
+    /// Cancelling the future drops the transaction, which rolls it back.
+    fn claim(
+        &self,
+        scope: &Scope,
+        fingerprint: &Fingerprint,
+        policy: &Policy,
+        now_ms: i64,
+    ) -> impl Future<Output = Result<Claim<Self::Tx>, StoreError>> + Send;
+
+    /// Stores the outcome on the record claimed in `tx` and commits the
+    /// transaction, business writes included.
+    fn complete(
+        &self,
+        tx: Self::Tx,
+        scope: &Scope,
+        completion: &Completion,
+        now_ms: i64,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Opens a transaction that claims no key, for requests sent without one.
+    fn begin(&self) -> impl Future<Output = Result<Self::Tx, StoreError>> + Send;
+
+    /// Commits a transaction from [`KeyStore::begin`].
+    fn commit(&self, tx: Self::Tx) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Rolls back a transaction: the claim and every business write vanish.
+    fn rollback(&self, tx: Self::Tx) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Reads a record without locking it (for operators and tests).
+    fn fetch(
+        &self,
+        scope: &Scope,
+    ) -> impl Future<Output = Result<Option<StoredRecord>, StoreError>> + Send;
+
+    /// Deletes at most `limit` records that expired at or before `now_ms` and
+    /// returns how many it deleted.
+    fn purge_expired(
+        &self,
+        now_ms: i64,
+        limit: u32,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -326,7 +384,7 @@ mod tests {
         assert_eq!(r.response.unwrap().status, 201);
         assert_eq!(r.resource.unwrap().id, "p1");
         let bad = |c: RecordColumns| match c.decode() {
-            Err(crate::StoreError::Corrupt { detail }) => detail,
+            Err(StoreError::Corrupt { detail }) => detail,
             other => panic!("expected Corrupt, got {other:?}"),
         };
         assert!(

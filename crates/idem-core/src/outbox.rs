@@ -1,7 +1,12 @@
-//! Messages: ids, topics, subscribers, and what the outbox stores.
+//! The outbox: messages written in the business transaction, the
+//! [`OutboxStore`] capability a dispatcher claims them through, the
+//! [`OutboxWriter`] that writes them in the caller's transaction, and the
+//! [`Wake`] hint that there is new work.
 
 use std::fmt;
-use std::time::Duration;
+use std::future::Future;
+
+use crate::error::StoreError;
 
 /// Why a message part was rejected.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -42,12 +47,13 @@ pub enum MessageError {
         /// The limit.
         max: usize,
     },
-    /// A header name that Idem or the broker sets itself.
+    /// A header name the transport sets on every message itself (see
+    /// [`OutboxMessage::header_except`]).
     #[error("header {0} is reserved")]
     ReservedHeader(String),
 }
 
-fn check(
+pub(crate) fn check(
     kind: &'static str,
     value: &str,
     max: usize,
@@ -66,12 +72,13 @@ fn check(
     }
 }
 
-fn visible_ascii(b: u8) -> bool {
+pub(crate) fn visible_ascii(b: u8) -> bool {
     (0x21..=0x7e).contains(&b)
 }
 
 /// A message's stable id: generated once when the message is written to the
-/// outbox, sent as `Nats-Msg-Id` and used by every inbox to drop duplicates.
+/// outbox, sent as the broker's deduplication id and used by every inbox to
+/// drop duplicates.
 /// 1 to 128 visible ASCII characters.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct MessageId(String);
@@ -140,36 +147,6 @@ impl fmt::Display for Topic {
     }
 }
 
-/// A consumer of messages, the scope of inbox records: the same message is
-/// applied once per subscriber. `[A-Za-z0-9._:-]`, 1 to 128 bytes.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Subscriber(String);
-
-impl Subscriber {
-    /// Validates a subscriber name.
-    pub fn new(value: impl Into<String>) -> Result<Self, MessageError> {
-        let value = value.into();
-        check("subscriber", &value, 128, |b| {
-            b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-')
-        })?;
-        Ok(Self(value))
-    }
-
-    /// The name as text.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Display for Subscriber {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-/// Header names the outbox sets itself; a message may not carry them.
-pub const RESERVED_HEADERS: &[&str] = &["nats-msg-id", "idem-message-id", "idem-message-key"];
-
 /// A message to write to the outbox, in the caller's transaction.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OutboxMessage {
@@ -225,9 +202,26 @@ impl OutboxMessage {
 
     /// Adds a header. Names are tokens of visible ASCII without `:`; values
     /// are printable ASCII or UTF-8 without line breaks.
-    pub fn header(mut self, name: &str, value: &str) -> Result<Self, MessageError> {
+    ///
+    /// The core knows no transport, so this refuses no name; a transport sets
+    /// some headers itself (the message id, the ordering key) and lists them
+    /// for [`OutboxMessage::header_except`].
+    pub fn header(self, name: &str, value: &str) -> Result<Self, MessageError> {
+        self.header_except(name, value, &[])
+    }
+
+    /// Adds a header as [`OutboxMessage::header`] does, and refuses the names
+    /// in `reserved` (compared without ASCII case) with
+    /// [`MessageError::ReservedHeader`]: the headers a transport sets on every
+    /// message itself, such as `idem_nats::RESERVED_HEADERS`.
+    pub fn header_except(
+        mut self,
+        name: &str,
+        value: &str,
+        reserved: &[&str],
+    ) -> Result<Self, MessageError> {
         check("header name", name, 128, |b| visible_ascii(b) && b != b':')?;
-        if RESERVED_HEADERS.contains(&name.to_ascii_lowercase().as_str()) {
+        if reserved.iter().any(|r| r.eq_ignore_ascii_case(name)) {
             return Err(MessageError::ReservedHeader(name.to_owned()));
         }
         if let Some(position) = value.bytes().position(|b| b == b'\r' || b == b'\n') {
@@ -296,8 +290,8 @@ pub struct OutboxColumns {
 
 impl OutboxColumns {
     /// Validates the columns into a record; the error names the bad column.
-    pub fn decode(self) -> Result<OutboxRecord, crate::StoreError> {
-        let corrupt = |detail: String| crate::StoreError::Corrupt { detail };
+    pub fn decode(self) -> Result<OutboxRecord, StoreError> {
+        let corrupt = |detail: String| StoreError::Corrupt { detail };
         Ok(OutboxRecord {
             id: self.id,
             message_id: MessageId::new(self.message_id)
@@ -306,7 +300,7 @@ impl OutboxColumns {
                 .map_err(|e| corrupt(format!("outbox {}: {e}", self.id)))?,
             key: self.message_key,
             payload: self.payload,
-            headers: crate::record::headers_from_json(&self.headers).ok_or_else(|| {
+            headers: crate::headers::from_json(&self.headers).ok_or_else(|| {
                 corrupt(format!(
                     "outbox {}: headers are not a JSON list of pairs",
                     self.id
@@ -330,37 +324,90 @@ pub struct OutboxStats {
     pub dead: u64,
 }
 
-/// Exponential backoff with jitter, bounded: `initial × 2^attempt`, capped at
-/// `max`, then scaled into `[½, 1]` of itself by the jitter.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Backoff {
-    /// Delay after the first failure.
-    pub initial: Duration,
-    /// Longest delay.
-    pub max: Duration,
+/// The outbox table, as a dispatcher uses it. Messages are written with the
+/// backend's own `enqueue` function inside the caller's transaction; this trait
+/// is the relay's side.
+///
+/// Implementations must claim with a lease so a crashed dispatcher's messages
+/// come back, never hand out a message while an earlier one with the same key
+/// is still pending (unsent or backing off), and let several dispatchers claim
+/// at once without handing one message to two of them within a lease.
+pub trait OutboxStore: Clone + Send + Sync + 'static {
+    /// Leases up to `limit` publishable messages until `now_ms + lease`: pending,
+    /// available, not leased, and first of their key among pending ones.
+    /// Ordered by id.
+    fn claim_batch(
+        &self,
+        now_ms: i64,
+        lease: std::time::Duration,
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<OutboxRecord>, StoreError>> + Send;
+
+    /// Marks messages the broker acknowledged as sent. Returns how many were
+    /// still pending.
+    fn mark_sent(
+        &self,
+        ids: &[i64],
+        now_ms: i64,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Records a failed attempt: the message is retried at `retry_at_ms`, or
+    /// becomes dead when `dead`.
+    fn mark_failed(
+        &self,
+        id: i64,
+        error: &str,
+        retry_at_ms: i64,
+        dead: bool,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Gives messages back without counting an attempt (the broker was
+    /// unreachable, not the message at fault); available again at `retry_at_ms`.
+    fn release(
+        &self,
+        ids: &[i64],
+        retry_at_ms: i64,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Deletes at most `limit` messages sent at or before `before_ms`.
+    fn purge_sent(
+        &self,
+        before_ms: i64,
+        limit: u32,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Pending count, oldest pending message, dead count.
+    fn stats(&self) -> impl Future<Output = Result<OutboxStats, StoreError>> + Send;
 }
 
-impl Default for Backoff {
-    fn default() -> Self {
-        Self {
-            initial: Duration::from_millis(500),
-            max: Duration::from_secs(60),
-        }
-    }
+/// Writes outbox messages in the caller's transaction: the write side, as
+/// `idem_outbox::Outbox` uses it. Backends implement it with their
+/// low-level `outbox::enqueue` function; applications use it through
+/// `Outbox`, which brings the clock.
+pub trait OutboxWriter: crate::keys::KeyStore {
+    /// Writes `message` in `tx`, created at `now_ms` (available then, unless
+    /// the message says later). It is published only if `tx` commits.
+    /// Returns the message's outbox id.
+    ///
+    /// # Cancel safety
+    /// Cancelling leaves `tx` in an unknown state: roll it back (or drop it).
+    fn enqueue(
+        &self,
+        tx: &mut Self::Tx,
+        message: &OutboxMessage,
+        now_ms: i64,
+    ) -> impl Future<Output = Result<i64, StoreError>> + Send;
 }
 
-impl Backoff {
-    /// The delay after `attempt` failures (1 = the first), with `jitter` in
-    /// `[0, 1]` (clamped) choosing where in `[½, 1]` of the full delay it lands.
-    pub fn delay(&self, attempt: u32, jitter: f64) -> Duration {
-        let exp = attempt.saturating_sub(1).min(31);
-        let full = self
-            .initial
-            .saturating_mul(1u32 << exp)
-            .min(self.max)
-            .max(self.initial.min(self.max));
-        full.mul_f64(0.5 + 0.5 * jitter.clamp(0.0, 1.0))
-    }
+/// A hint that there may be new work (new outbox messages), so a loop can sleep
+/// until either the hint or its polling interval. Hints may be missed; polling
+/// is what always works.
+pub trait Wake: Send {
+    /// Returns when a hint arrives or `max` has passed.
+    ///
+    /// # Cancel safety
+    /// Implementations must be cancel safe.
+    fn wait(&mut self, max: std::time::Duration) -> impl Future<Output = ()> + Send;
 }
 
 #[cfg(test)]
@@ -378,7 +425,7 @@ mod tests {
     }
 
     #[test]
-    fn message_ids_and_subscribers() {
+    fn message_ids() {
         let id = MessageId::generate();
         assert_eq!(id.as_str().len(), 32);
         assert_ne!(id, MessageId::generate());
@@ -386,8 +433,6 @@ mod tests {
         assert!(MessageId::new("").is_err());
         assert!(MessageId::new("a b").is_err());
         assert!(MessageId::new("x".repeat(129)).is_err());
-        assert!(Subscriber::new("ledger:v1").is_ok());
-        assert!(Subscriber::new("led ger").is_err());
     }
 
     #[test]
@@ -404,10 +449,13 @@ mod tests {
         ));
         let m = m.header("trace-id", "abc").unwrap();
         assert_eq!(m.headers, vec![("trace-id".into(), "abc".into())]);
+        let reserved = &["Transport-Id"];
         assert!(matches!(
-            m.clone().header("Nats-Msg-Id", "x"),
+            m.clone().header_except("transport-ID", "x", reserved),
             Err(MessageError::ReservedHeader(_))
         ));
+        assert!(m.clone().header_except("trace-id", "x", reserved).is_ok());
+        assert!(m.clone().header_except("bad:name", "x", reserved).is_err());
         assert!(m.clone().header("bad:name", "x").is_err());
         assert!(m.clone().header("h", "line\r\nbreak").is_err());
         let mut many = OutboxMessage::new(t, "k", vec![]).unwrap();
@@ -463,20 +511,5 @@ mod tests {
             })
             .contains("attempts")
         );
-    }
-
-    #[test]
-    fn backoff_grows_caps_and_jitters() {
-        let b = Backoff {
-            initial: Duration::from_millis(100),
-            max: Duration::from_secs(1),
-        };
-        assert_eq!(b.delay(1, 1.0), Duration::from_millis(100));
-        assert_eq!(b.delay(2, 1.0), Duration::from_millis(200));
-        assert_eq!(b.delay(4, 1.0), Duration::from_millis(800));
-        assert_eq!(b.delay(5, 1.0), Duration::from_secs(1));
-        assert_eq!(b.delay(500, 1.0), Duration::from_secs(1));
-        assert_eq!(b.delay(1, 0.0), Duration::from_millis(50));
-        assert_eq!(b.delay(0, 7.0), Duration::from_millis(100));
     }
 }

@@ -1,65 +1,15 @@
-//! `idem bench`: the key engine's fresh and replay paths against a baseline of
-//! the same business insert without idempotency, on SQLite and PostgreSQL, at
-//! several concurrencies, through the library and through HTTP. Prints ops/s,
-//! p50, p99 and the ratio to the baseline measured the same way in the same run.
+//! The key engine's fresh and replay paths against the same business insert
+//! without idempotency, through the library and through HTTP.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use idem_core::{
     Completion, Engine, FingerprintSpec, IdempotencyKey, Operation, Policy, RequestParts, Scope,
     StoredResponse, Tenant,
 };
 
-pub type BoxFut = Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>>;
-pub type Op = Arc<dyn Fn(u64) -> BoxFut + Send + Sync>;
-
-/// One measured case.
-pub struct Stats {
-    pub ops_per_sec: f64,
-    pub p50: Duration,
-    pub p99: Duration,
-}
-
-/// Runs `op` from `concurrency` tasks for `duration`.
-pub async fn measure(op: Op, concurrency: usize, duration: Duration) -> anyhow::Result<Stats> {
-    // One sequence for the whole run, so ids never repeat across cases.
-    static SEQ: AtomicU64 = AtomicU64::new(0);
-    let deadline = Instant::now() + duration;
-    let started = Instant::now();
-    let mut tasks = Vec::new();
-    for _ in 0..concurrency {
-        let op = op.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut lat = Vec::new();
-            while Instant::now() < deadline {
-                let t = Instant::now();
-                op(SEQ.fetch_add(1, Ordering::Relaxed)).await?;
-                lat.push(t.elapsed());
-            }
-            anyhow::Ok(lat)
-        }));
-    }
-    let mut all = Vec::new();
-    for t in tasks {
-        all.extend(t.await??);
-    }
-    let elapsed = started.elapsed().as_secs_f64();
-    all.sort();
-    let pct = |p: f64| {
-        all.get(((all.len() as f64 * p) as usize).min(all.len().saturating_sub(1)))
-            .copied()
-            .unwrap_or_default()
-    };
-    Ok(Stats {
-        ops_per_sec: all.len() as f64 / elapsed,
-        p50: pct(0.50),
-        p99: pct(0.99),
-    })
-}
+use super::measure::{Op, table};
 
 fn scope(key: &str) -> anyhow::Result<Scope> {
     Ok(Scope::new(
@@ -222,9 +172,9 @@ macro_rules! http_ops {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         tokio::spawn(async move { axum::serve(listener, app).await });
-        let client = $crate::bench::client();
+        let client = $crate::bench::keys::client();
         let post = move |path: &'static str, key: Option<String>| {
-            $crate::bench::post(client.clone(), addr, path, key)
+            $crate::bench::keys::post(client.clone(), addr, path, key)
         };
         let p = post.clone();
         let baseline: Op = Arc::new(move |_| Box::pin(p("/baseline", None)));
@@ -269,16 +219,13 @@ pub async fn post(
     Ok(())
 }
 
+/// The key tables on SQLite and, with a URL, PostgreSQL.
 pub async fn run(
     sqlite_url: &str,
     postgres_url: Option<&str>,
-    nats_url: Option<&str>,
-    secs: u64,
+    duration: Duration,
+    run_id: u64,
 ) -> anyhow::Result<()> {
-    let duration = Duration::from_secs(secs.max(1));
-    let run_id = idem_core::Clock::now_ms(&idem_core::SystemClock) as u64;
-    println!("| backend | via | path | concurrency | ops/s | p50 | p99 | ratio to baseline |");
-    println!("|---|---|---|---:|---:|---:|---:|---:|");
     {
         let store =
             idem_sqlite::SqliteStore::connect(sqlite_url, idem_sqlite::SqliteConfig::default())
@@ -310,116 +257,6 @@ pub async fn run(
         table("postgres", "library", ops, duration).await?;
         let ops = http_ops!(store, idem_postgres::PgStore, idem_postgres::PgTx, run_id);
         table("postgres", "http", ops, duration).await?;
-    }
-    webhooks(sqlite_url, postgres_url, duration, run_id).await?;
-    if let Some(url) = nats_url {
-        messaging(sqlite_url, postgres_url, url, run_id).await?;
-    }
-    Ok(())
-}
-
-async fn webhooks(
-    sqlite_url: &str,
-    postgres_url: Option<&str>,
-    duration: Duration,
-    run_id: u64,
-) -> anyhow::Result<()> {
-    use crate::bench_webhooks as w;
-    println!();
-    w::header();
-    let store =
-        idem_sqlite::SqliteStore::connect(sqlite_url, idem_sqlite::SqliteConfig::default()).await?;
-    store.migrate().await?;
-    w::run("sqlite", store, duration, run_id).await?;
-    if let Some(url) = postgres_url {
-        let config = idem_postgres::PgConfig {
-            max_connections: 40,
-            ..Default::default()
-        };
-        let store = idem_postgres::PgStore::connect(url, config).await?;
-        store.migrate().await?;
-        w::run("postgres", store, duration, run_id).await?;
-    }
-    Ok(())
-}
-
-/// Messages per messaging case.
-const MESSAGES: usize = 5000;
-
-const LEDGER: &str = "CREATE TABLE IF NOT EXISTS bench_ledger (message_id TEXT NOT NULL)";
-
-async fn messaging(
-    sqlite_url: &str,
-    postgres_url: Option<&str>,
-    nats_url: &str,
-    run_id: u64,
-) -> anyhow::Result<()> {
-    use crate::bench_messaging::{self as m, PgLedger, SqliteLedger};
-    let js = idem_nats::connect(nats_url, "idem-bench", false).await?;
-    println!();
-    m::header();
-    let store =
-        idem_sqlite::SqliteStore::connect(sqlite_url, idem_sqlite::SqliteConfig::default()).await?;
-    store.migrate().await?;
-    sqlx::raw_sql(LEDGER).execute(store.pool()).await?;
-    m::run(
-        "sqlite",
-        store,
-        |tx, msg, now| Box::pin(idem_sqlite::outbox::enqueue(tx, msg, now)),
-        SqliteLedger,
-        &js,
-        MESSAGES,
-        run_id,
-    )
-    .await?;
-    if let Some(url) = postgres_url {
-        let store =
-            idem_postgres::PgStore::connect(url, idem_postgres::PgConfig::default()).await?;
-        store.migrate().await?;
-        sqlx::raw_sql(LEDGER).execute(store.pool()).await?;
-        m::run(
-            "postgres",
-            store,
-            |tx, msg, now| Box::pin(idem_postgres::outbox::enqueue(tx, msg, now)),
-            PgLedger,
-            &js,
-            MESSAGES,
-            run_id,
-        )
-        .await?;
-    }
-    Ok(())
-}
-
-async fn table(
-    backend: &str,
-    via: &str,
-    (baseline, fresh, replay): (Op, Op, Op),
-    duration: Duration,
-) -> anyhow::Result<()> {
-    for c in [1, 8, 32] {
-        let base = measure(baseline.clone(), c, duration).await?;
-        for (name, op) in [
-            ("baseline insert", None),
-            ("fresh key", Some(&fresh)),
-            ("replay", Some(&replay)),
-        ] {
-            let s = match op {
-                None => Stats {
-                    ops_per_sec: base.ops_per_sec,
-                    p50: base.p50,
-                    p99: base.p99,
-                },
-                Some(op) => measure(op.clone(), c, duration).await?,
-            };
-            println!(
-                "| {backend} | {via} | {name} | {c} | {:.0} | {:.2} ms | {:.2} ms | {:.2} |",
-                s.ops_per_sec,
-                s.p50.as_secs_f64() * 1e3,
-                s.p99.as_secs_f64() * 1e3,
-                s.ops_per_sec / base.ops_per_sec.max(f64::MIN_POSITIVE)
-            );
-        }
     }
     Ok(())
 }

@@ -1,0 +1,65 @@
+//! `GET /admin/outbox`: the outbox's lag figures, with the relay's publish
+//! rate when the relay runs in this process.
+
+use std::sync::{Arc, OnceLock};
+
+use anyhow::Context;
+use axum::Router;
+use axum::extract::State;
+use axum::response::Response;
+use axum::routing::get;
+use idem_core::outbox::OutboxStore;
+use idem_nats::NatsPublisher;
+use idem_outbox::{Dispatcher, DispatcherStats};
+use serde_json::{Value, json};
+
+use crate::respond::{db_error, ok};
+
+/// The relay of this process, once it has started.
+pub type RelaySlot<S> = Arc<OnceLock<Arc<Dispatcher<S, NatsPublisher>>>>;
+
+/// The relay's figures as JSON.
+pub fn stats_json(s: &DispatcherStats) -> Value {
+    json!({
+        "pending": s.pending,
+        "oldest_pending_age_ms": s.oldest_pending_age.map(|d| d.as_millis() as u64),
+        "dead": s.dead,
+        "published_total": s.published_total,
+        "publish_rate_per_sec": (s.publish_rate_per_sec * 100.0).round() / 100.0,
+    })
+}
+
+/// The outbox's figures as JSON, read from the store (no relay needed).
+pub async fn store_stats_json<S: OutboxStore>(store: &S) -> anyhow::Result<Value> {
+    let s = store.stats().await.context("failed to read the outbox")?;
+    let now = idem_core::Clock::now_ms(&idem_core::SystemClock);
+    Ok(json!({
+        "pending": s.pending,
+        "oldest_pending_age_ms": s.oldest_pending_ms.map(|t| now.saturating_sub(t).max(0)),
+        "dead": s.dead,
+    }))
+}
+
+/// `GET /admin/outbox`.
+pub fn router<S: OutboxStore>(store: S, relay: RelaySlot<S>) -> Router {
+    async fn outbox<S: OutboxStore>(State((store, relay)): State<(S, RelaySlot<S>)>) -> Response {
+        let figures = match relay.get() {
+            Some(d) => d
+                .stats()
+                .await
+                .map(|s| stats_json(&s))
+                .map_err(anyhow::Error::from),
+            None => store_stats_json(&store).await,
+        };
+        match figures {
+            Ok(v) => ok(&v),
+            Err(e) => db_error(match e.downcast::<idem_core::StoreError>() {
+                Ok(s) => s,
+                Err(e) => idem_core::StoreError::Database { source: e.into() },
+            }),
+        }
+    }
+    Router::new()
+        .route("/admin/outbox", get(outbox::<S>))
+        .with_state((store, relay))
+}

@@ -1,0 +1,165 @@
+//! The one place the server tells its backends apart: [`Db::open`] reads the
+//! URL, connects and migrates; everything else is generic over [`Backend`]
+//! and is handed the store by [`Db::run`].
+
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use idem_core::inbox::InboxStore;
+use idem_core::outbox::{OutboxStore, Wake};
+use idem_core::webhooks::WebhookStore;
+use idem_postgres::{PgConfig, PgStore};
+use idem_sqlite::{SqliteConfig, SqliteStore};
+
+use crate::demo::{self, sql::DemoSql, sql::demo_sql};
+
+/// Every store capability the server uses, from one database.
+pub trait Backend: InboxStore + OutboxStore + WebhookStore + DemoSql {
+    /// What wakes the relay when a row is written to the outbox.
+    type OutboxWake: Wake + 'static;
+
+    /// How often the relay polls the outbox besides being woken.
+    const RELAY_POLL: Duration;
+
+    /// The wake-up for the relay (for PostgreSQL a `LISTEN`).
+    fn outbox_wake(&self) -> impl Future<Output = Self::OutboxWake> + Send;
+
+    /// Applies the key store's and the demo's migrations.
+    fn migrate_all(&self) -> impl Future<Output = anyhow::Result<()>>;
+}
+
+impl Backend for SqliteStore {
+    type OutboxWake = idem_outbox::Polling;
+    const RELAY_POLL: Duration = Duration::from_millis(200);
+
+    async fn outbox_wake(&self) -> Self::OutboxWake {
+        idem_outbox::Polling
+    }
+
+    async fn migrate_all(&self) -> anyhow::Result<()> {
+        self.migrate()
+            .await
+            .context("failed to migrate the key store")?;
+        idem_sqlite::migrate_component(self.pool(), "demo", demo::SQLITE_MIGRATIONS)
+            .await
+            .context("failed to migrate the demo tables")
+    }
+}
+
+impl Backend for PgStore {
+    type OutboxWake = idem_postgres::outbox::OutboxListener;
+    const RELAY_POLL: Duration = Duration::from_secs(1);
+
+    async fn outbox_wake(&self) -> Self::OutboxWake {
+        self.outbox_listener().await
+    }
+
+    async fn migrate_all(&self) -> anyhow::Result<()> {
+        self.migrate()
+            .await
+            .context("failed to migrate the key store")?;
+        idem_postgres::migrate_component(self.pool(), "demo", demo::POSTGRES_MIGRATIONS)
+            .await
+            .context("failed to migrate the demo tables")
+    }
+}
+
+demo_sql!(
+    idem_sqlite::SqliteStore,
+    idem_sqlite::SqliteTx,
+    idem_sqlite::map_err,
+    idem_sqlite::outbox::enqueue
+);
+demo_sql!(
+    idem_postgres::PgStore,
+    idem_postgres::PgTx,
+    idem_postgres::map_err,
+    idem_postgres::outbox::enqueue
+);
+
+/// Work to do on whichever backend the URL named.
+pub trait Job {
+    /// What the work returns.
+    type Output;
+    /// Does the work on `backend`.
+    fn run<B: Backend>(self, backend: B) -> impl Future<Output = Self::Output>;
+}
+
+/// An open, migrated database.
+#[derive(Debug, Clone)]
+pub enum Db {
+    /// `sqlite://PATH`.
+    Sqlite(SqliteStore),
+    /// `postgres://…`.
+    Postgres(PgStore),
+}
+
+impl Db {
+    /// Opens the database, creating an SQLite file if missing, and migrates
+    /// it.
+    pub async fn open(url: &str) -> anyhow::Result<Db> {
+        let db = Self::connect(url).await?;
+        db.clone().run(Migrate).await?;
+        Ok(db)
+    }
+
+    /// Opens a database that must exist already: an operator command pointed
+    /// at the wrong file must not report an empty, brand-new one as "all
+    /// clear".
+    pub async fn open_existing(url: &str) -> anyhow::Result<Db> {
+        if let Some(path) = idem_sqlite::file_path(url)
+            && !path.is_empty()
+            && !std::path::Path::new(path).exists()
+        {
+            bail!(
+                "no SQLite database at {path}: pass --database-url (or IDEM_DATABASE_URL), \
+                 or create it with idem serve or idem migrate"
+            );
+        }
+        Self::open(url).await
+    }
+
+    /// Connects without migrating.
+    async fn connect(url: &str) -> anyhow::Result<Db> {
+        if let Some(dir) = idem_sqlite::file_path(url)
+            .map(std::path::Path::new)
+            .and_then(std::path::Path::parent)
+            .filter(|d| !d.as_os_str().is_empty() && !d.exists())
+        {
+            bail!(
+                "the directory {} does not exist: create it, or point --database-url elsewhere",
+                dir.display()
+            );
+        }
+        if url.starts_with("sqlite:") {
+            let store = SqliteStore::connect(url, SqliteConfig::default())
+                .await
+                .with_context(|| format!("failed to open SQLite database {url}"))?;
+            Ok(Db::Sqlite(store))
+        } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+            let store = PgStore::connect(url, PgConfig::default())
+                .await
+                .context("failed to connect to PostgreSQL")?;
+            Ok(Db::Postgres(store))
+        } else {
+            bail!("unsupported database URL: expected sqlite://… or postgres://…")
+        }
+    }
+
+    /// Runs `job` on the backend.
+    pub async fn run<J: Job>(self, job: J) -> J::Output {
+        match self {
+            Db::Sqlite(store) => job.run(store).await,
+            Db::Postgres(store) => job.run(store).await,
+        }
+    }
+}
+
+struct Migrate;
+
+impl Job for Migrate {
+    type Output = anyhow::Result<()>;
+    async fn run<B: Backend>(self, backend: B) -> anyhow::Result<()> {
+        backend.migrate_all().await
+    }
+}

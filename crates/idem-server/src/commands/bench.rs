@@ -1,0 +1,31 @@
+//! `idem bench`: the benchmarks against plain baselines.
+
+/// `idem bench`'s flags.
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// SQLite file for the SQLite half.
+    #[arg(long, default_value = "sqlite://idem-bench.db")]
+    sqlite_url: String,
+    /// PostgreSQL database for the PostgreSQL half (skipped when absent).
+    #[arg(long, env = "IDEM_BENCH_POSTGRES_URL")]
+    postgres_url: Option<String>,
+    /// NATS server for the relay and consume benchmarks (skipped when absent).
+    #[arg(long, env = "IDEM_BENCH_NATS_URL")]
+    nats_url: Option<String>,
+    /// Seconds per measured case.
+    #[arg(long, default_value_t = 2)]
+    secs: u64,
+}
+
+impl BenchArgs {
+    /// Runs every benchmark and prints the tables.
+    pub async fn run(self) -> anyhow::Result<()> {
+        crate::bench::run(
+            &self.sqlite_url,
+            self.postgres_url.as_deref(),
+            self.nats_url.as_deref(),
+            self.secs,
+        )
+        .await
+    }
+}

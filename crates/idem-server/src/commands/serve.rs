@@ -1,0 +1,263 @@
+//! `idem serve`: the demo payments API, the key GC, and — with their flags —
+//! the relay, the ledger consumer and the webhook endpoints.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::Router;
+use tokio::sync::watch;
+
+use super::{ConsumerArgs, DbArgs};
+use crate::admin::outbox::RelaySlot;
+use crate::backend::{Backend, Db, Job};
+use crate::config::{self, ServerConfig};
+use crate::http_server::{self, Limits};
+use crate::messaging::{self, ConsumeConfig};
+use crate::shutdown::{self, stopped};
+use crate::webhooks::WebhookConfig;
+
+/// `idem serve`'s flags.
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    /// Address to listen on: IP:PORT, or HOST:PORT (resolved once, the
+    /// first address is used: `localhost:8080`).
+    #[arg(long, env = "IDEM_LISTEN", default_value = "127.0.0.1:8080", value_parser = config::listen_address)]
+    listen: SocketAddr,
+    /// Bearer token for `/admin/…` (16 to 1024 visible ASCII characters).
+    /// Without it the admin routes answer 401; it is required when
+    /// --listen is not a loopback address.
+    #[arg(long, env = "IDEM_ADMIN_TOKEN", hide_env_values = true)]
+    admin_token: Option<String>,
+    /// How long a request head may take from its first byte (1s to 60s).
+    #[arg(long, env = "IDEM_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    header_read_timeout: Duration,
+    /// How long an idle keep-alive connection stays open (1s to 1h).
+    #[arg(long, env = "IDEM_IDLE_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
+    idle_timeout: Duration,
+    /// How long a request body may take after its head (1s to 1h); 408 after.
+    #[arg(long, env = "IDEM_BODY_READ_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    body_read_timeout: Duration,
+    /// Connections served at once (1 to 100000); 503 beyond.
+    #[arg(long, env = "IDEM_MAX_CONNECTIONS", default_value_t = 1024)]
+    max_connections: usize,
+    /// Request body bytes buffered at once over all requests; 503 beyond.
+    /// At least --max-body-bytes, at most 16 GiB.
+    #[arg(long, env = "IDEM_MAX_BUFFERED_BYTES", default_value_t = 64 << 20)]
+    max_buffered_bytes: usize,
+    /// How long a handler may run before it is rolled back with 503
+    /// handler-timeout (1s to 10min).
+    #[arg(long, env = "IDEM_HANDLER_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    handler_timeout: Duration,
+    /// How often expired key records are deleted (1s to 24h).
+    #[arg(long, env = "IDEM_GC_INTERVAL", default_value = "60s", value_parser = humantime::parse_duration)]
+    gc_interval: Duration,
+    /// How long key records live: retries after it execute again (the
+    /// payment `reference` then still stops a second payment). 1s to 400d.
+    #[arg(long, env = "IDEM_KEY_TTL", default_value = "24h", value_parser = humantime::parse_duration)]
+    key_ttl: Duration,
+    /// Largest request body accepted, in bytes (413 above). At most 64 MiB.
+    #[arg(long, env = "IDEM_MAX_BODY_BYTES", default_value_t = 1 << 20)]
+    max_body_bytes: usize,
+    /// NATS server: payment events are written to the outbox and relayed
+    /// to JetStream by this process.
+    #[arg(long, env = "IDEM_NATS_URL")]
+    nats_url: Option<String>,
+    /// Write payment events to the outbox without relaying them here (run
+    /// `idem relay` next to it).
+    #[arg(long)]
+    events: bool,
+    /// Also run the ledger consumer in this process (needs --nats-url).
+    #[arg(long)]
+    consume: bool,
+    #[command(flatten)]
+    consumer: ConsumerArgs,
+    /// A TOML file declaring webhook endpoints (`[webhooks.<name>]`).
+    #[arg(long, env = "IDEM_CONFIG")]
+    config: Option<std::path::PathBuf>,
+}
+
+impl ServeArgs {
+    /// The flags, validated.
+    fn config(&self) -> anyhow::Result<ServerConfig> {
+        if let Some(url) = &self.nats_url {
+            config::nats_url(url)?;
+        }
+        let webhooks = match &self.config {
+            Some(path) => Some(crate::webhooks::load(path)?),
+            None => None,
+        };
+        if self.consume && self.nats_url.is_none() {
+            anyhow::bail!("--consume needs --nats-url");
+        }
+        let consume = config::consume(self.consumer.ack_wait, self.consumer.max_deliver)?;
+        let demo = config::demo(
+            self.key_ttl,
+            self.max_body_bytes,
+            self.events || self.nats_url.is_some(),
+            self.handler_timeout,
+        )?;
+        let gc_interval = config::gc_interval(self.gc_interval)?;
+        let limits = Limits {
+            header_read_timeout: self.header_read_timeout,
+            idle_timeout: self.idle_timeout,
+            body_read_timeout: self.body_read_timeout,
+            max_connections: self.max_connections,
+            max_buffered_bytes: self.max_buffered_bytes,
+        };
+        limits
+            .validate(self.max_body_bytes)
+            .map_err(anyhow::Error::msg)?;
+        Ok(ServerConfig {
+            listen: self.listen,
+            limits,
+            admin_token: config::admin_token(self.admin_token.as_deref(), self.listen)?,
+            demo,
+            gc_interval,
+            nats_url: self.nats_url.clone(),
+            consume: self.consume.then_some(consume),
+            webhooks,
+        })
+    }
+
+    /// Serves until Ctrl-C or SIGTERM.
+    pub async fn run(self) -> anyhow::Result<()> {
+        let config = self.config()?;
+        let shutdown = shutdown::on_signal();
+        let api = Db::open(&self.db.database_url)
+            .await?
+            .run(Start {
+                config: &config,
+                shutdown: &shutdown,
+            })
+            .await;
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .with_context(|| format!("failed to listen on {}", config.listen))?;
+        let bound = listener
+            .local_addr()
+            .context("failed to read the bound address")?;
+        if config.admin_token.is_none() {
+            tracing::info!(
+                "admin routes disabled: start with --admin-token (or IDEM_ADMIN_TOKEN) to use /admin"
+            );
+        }
+        let app = crate::routes::service(api, config.admin_token.clone());
+        tracing::info!(listen = %bound, "idem serving the demo payments API");
+        http_server::serve(listener, app, config.limits.clone(), stopped(shutdown)).await;
+        Ok(())
+    }
+}
+
+/// Starts the background work on the backend and returns the routes.
+struct Start<'a> {
+    config: &'a ServerConfig,
+    shutdown: &'a watch::Receiver<bool>,
+}
+
+impl Job for Start<'_> {
+    type Output = Router;
+    async fn run<B: Backend>(self, store: B) -> Router {
+        let Start { config, shutdown } = self;
+        super::gc::spawn(store.clone(), config.gc_interval);
+        let relay = start_messaging(
+            &store,
+            config.nats_url.as_deref(),
+            config.consume.clone(),
+            shutdown,
+        );
+        crate::demo::router(store.clone(), &config.demo)
+            .merge(crate::admin::outbox::router(store.clone(), relay))
+            .merge(start_webhooks(&store, config.webhooks.as_ref(), shutdown))
+    }
+}
+
+/// Starts the relay (and the consumer) in the background when a NATS URL is
+/// given. The relay needs the streams, hence the server; until it is up the
+/// API works and events wait in the outbox. Returns the slot the relay is put
+/// in once it runs.
+fn start_messaging<B: Backend>(
+    store: &B,
+    nats_url: Option<&str>,
+    consume: Option<ConsumeConfig>,
+    shutdown: &watch::Receiver<bool>,
+) -> RelaySlot<B> {
+    let slot = RelaySlot::<B>::default();
+    let Some(url) = nats_url else {
+        return slot;
+    };
+    let (url, store, shutdown, filled) = (
+        url.to_owned(),
+        store.clone(),
+        shutdown.clone(),
+        slot.clone(),
+    );
+    tokio::spawn(async move {
+        let Some(js) = messaging::prepare(&url, "idem-serve", shutdown.clone()).await else {
+            return;
+        };
+        if let Some(config) = consume {
+            let ledger = crate::demo::Ledger::<B>::new();
+            let task =
+                messaging::consume(store.clone(), js.clone(), ledger, config, shutdown.clone());
+            tokio::spawn(task);
+        }
+        let lease = idem_outbox::DispatcherConfig::default().lease;
+        match messaging::dispatcher(store.clone(), js, B::RELAY_POLL, lease) {
+            Ok(d) => {
+                let d = Arc::new(d);
+                let _ = filled.set(d.clone());
+                messaging::relay(d, store.outbox_wake().await, shutdown).await
+            }
+            Err(e) => tracing::error!(error = %format!("{e:#}"), "relay not started"),
+        }
+    });
+    slot
+}
+
+/// Mounts the webhook routes and starts the workers, when a configuration
+/// declares endpoints.
+fn start_webhooks<B: Backend>(
+    store: &B,
+    config: Option<&WebhookConfig>,
+    shutdown: &watch::Receiver<bool>,
+) -> Router {
+    use crate::admin::webhooks as admin;
+    // The admin view of stored receipts works without endpoints too (an
+    // endpoint taken out of the file still has receipts to look at).
+    let stored_only = || {
+        let receiver = Arc::new(idem_webhooks::Receiver::new(store.clone(), vec![]));
+        admin::router(store.clone(), receiver)
+    };
+    let Some(config) = config else {
+        return stored_only();
+    };
+    if config.endpoints.is_empty() {
+        tracing::warn!(
+            "--config: no webhook endpoints are configured (no [webhooks.<name>] table); no webhooks are received"
+        );
+        return stored_only();
+    }
+    let receiver = Arc::new(idem_webhooks::Receiver::new(
+        store.clone(),
+        config.endpoints.clone(),
+    ));
+    match crate::webhooks::processor(store.clone(), config) {
+        Ok(processor) => {
+            let shutdown = shutdown.clone();
+            tokio::spawn(async move {
+                processor
+                    .run(Duration::from_secs(3600), stopped(shutdown))
+                    .await
+            });
+        }
+        // Not reached: the worker settings were validated when the file was read.
+        Err(e) => tracing::error!(error = %e, "webhook workers not started"),
+    }
+    let names: Vec<&str> = config.endpoints.iter().map(|e| e.name.as_str()).collect();
+    tracing::info!(endpoints = ?names, "receiving webhooks at /webhooks/{{endpoint}}");
+    idem_webhooks::route::router(receiver.clone()).merge(admin::router(store.clone(), receiver))
+}

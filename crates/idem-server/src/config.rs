@@ -1,0 +1,212 @@
+//! The server's settings, loaded from the built-in defaults, the `[server]`
+//! table of the `--config` TOML file, the environment and the flags — each
+//! over the one before ([`file_defaults`] turns the file's values into the
+//! flags' defaults) — and validated here once into a [`ServerConfig`] of the
+//! libraries' configs. Every bound a flag has is stated in this module (the
+//! HTTP limits' in [`Limits::validate`], the webhook file's in
+//! [`crate::webhooks`]).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::bail;
+use idem_core::Policy;
+
+use crate::admin::AdminToken;
+use crate::demo::DemoConfig;
+use crate::http_server::Limits;
+use crate::messaging::{ConsumeConfig, DUPLICATE_WINDOW};
+use crate::webhooks::WebhookConfig;
+
+/// The largest request body `--max-body-bytes` accepts.
+pub const MAX_BODY_BYTES_LIMIT: usize = 64 << 20;
+
+/// Everything `idem serve` runs with, validated.
+#[derive(Debug)]
+pub struct ServerConfig {
+    /// `--listen`.
+    pub listen: SocketAddr,
+    /// The HTTP server's limits.
+    pub limits: Limits,
+    /// `--admin-token`; `None` disables the admin routes.
+    pub admin_token: Option<AdminToken>,
+    /// The demo routes.
+    pub demo: DemoConfig,
+    /// How often expired records are deleted.
+    pub gc_interval: Duration,
+    /// `--nats-url`: relay the outbox here.
+    pub nats_url: Option<String>,
+    /// `--consume`: the ledger consumer's settings.
+    pub consume: Option<ConsumeConfig>,
+    /// `--config`: webhook endpoints and workers.
+    pub webhooks: Option<WebhookConfig>,
+}
+
+/// The largest configuration file read.
+const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
+/// Reads the configuration file, at most 1 MiB.
+pub fn read_file(path: &std::path::Path) -> anyhow::Result<String> {
+    use anyhow::Context;
+    let size = std::fs::metadata(path)
+        .with_context(|| format!("failed to read {}", path.display()))?
+        .len();
+    if size > MAX_CONFIG_BYTES {
+        bail!(
+            "{} is {size} bytes; the limit is {MAX_CONFIG_BYTES}",
+            path.display()
+        );
+    }
+    std::fs::read_to_string(path).with_context(|| format!("failed to read {}", path.display()))
+}
+
+/// The `[server]` table of a configuration file as `(setting, value)`
+/// pairs, each setting one of `settings` (the flags of `idem serve` without
+/// the dashes, `key_ttl` for `--key-ttl`) and each value as it would be typed
+/// after the flag. The caller makes them the flags' defaults, so the
+/// environment and the command line still win.
+pub fn file_defaults(text: &str, settings: &[&str]) -> anyhow::Result<Vec<(String, String)>> {
+    #[derive(serde::Deserialize)]
+    struct File {
+        server: Option<toml::Table>,
+    }
+    let file: File = toml::from_str(text)
+        .map_err(|e| anyhow::anyhow!(crate::config_error::redacted(text, &e)))?;
+    let mut out = Vec::new();
+    for (key, value) in file.server.unwrap_or_default() {
+        if !settings.contains(&key.as_str()) {
+            bail!(
+                "server.{key}: unknown setting; expected one of {}",
+                settings.join(", ")
+            );
+        }
+        let value = match value {
+            toml::Value::String(s) => s,
+            toml::Value::Integer(n) => n.to_string(),
+            toml::Value::Boolean(b) => b.to_string(),
+            _ => bail!("server.{key}: expected a string, an integer or a boolean"),
+        };
+        out.push((key, value));
+    }
+    Ok(out)
+}
+
+/// `value` within `lo..=hi`, or an error naming the flag, with durations
+/// written the way they are typed (`0s`, `400days`).
+pub fn within(flag: &str, value: Duration, lo: Duration, hi: Duration) -> Result<Duration, String> {
+    if value < lo || value > hi {
+        return Err(format!(
+            "{flag} must be between {} and {}, got {}",
+            crate::duration_text(lo),
+            crate::duration_text(hi),
+            crate::duration_text(value)
+        ));
+    }
+    Ok(value)
+}
+
+fn check(r: Result<Duration, String>) -> anyhow::Result<Duration> {
+    r.map_err(anyhow::Error::msg)
+}
+
+/// `--nats-url`: checked before anything starts.
+pub fn nats_url(url: &str) -> anyhow::Result<()> {
+    if !(url.starts_with("nats://") || url.starts_with("tls://")) || url.len() > 1024 {
+        bail!("--nats-url must be a nats:// or tls:// URL");
+    }
+    Ok(())
+}
+
+/// `--gc-interval`.
+pub fn gc_interval(every: Duration) -> anyhow::Result<Duration> {
+    let day = Duration::from_secs(24 * 3600);
+    check(within("--gc-interval", every, Duration::from_secs(1), day))
+}
+
+/// `--lease` of `idem relay`: shorter than the broker's duplicate window, so
+/// a message republished after a relay crash is still dropped as a
+/// duplicate.
+pub fn relay_lease(lease: Duration) -> anyhow::Result<Duration> {
+    if lease < Duration::from_secs(1) || lease >= DUPLICATE_WINDOW {
+        bail!("--lease must be at least 1s and shorter than the 5 min duplicate window");
+    }
+    Ok(lease)
+}
+
+/// The demo routes' settings from their flags.
+pub fn demo(
+    key_ttl: Duration,
+    max_body_bytes: usize,
+    events: bool,
+    handler_timeout: Duration,
+) -> anyhow::Result<DemoConfig> {
+    let second = Duration::from_secs(1);
+    check(within("--key-ttl", key_ttl, second, Policy::MAX_TTL))?;
+    if max_body_bytes == 0 || max_body_bytes > MAX_BODY_BYTES_LIMIT {
+        bail!(
+            "--max-body-bytes must be between 1 and {MAX_BODY_BYTES_LIMIT}, got {max_body_bytes}"
+        );
+    }
+    let ten_minutes = Duration::from_secs(600);
+    check(within(
+        "--handler-timeout",
+        handler_timeout,
+        second,
+        ten_minutes,
+    ))?;
+    Ok(DemoConfig {
+        key_ttl,
+        max_body_bytes,
+        events,
+        handler_timeout,
+        ..DemoConfig::default()
+    })
+}
+
+/// The ledger consumer's settings from `--ack-wait` and `--max-deliver`.
+pub fn consume(ack_wait: Duration, max_deliver: u32) -> anyhow::Result<ConsumeConfig> {
+    let twelve_hours = Duration::from_secs(12 * 3600);
+    check(within(
+        "--ack-wait",
+        ack_wait,
+        Duration::from_secs(1),
+        twelve_hours,
+    ))?;
+    if !(1..=100).contains(&max_deliver) {
+        bail!("--max-deliver must be between 1 and 100, got {max_deliver}");
+    }
+    Ok(ConsumeConfig {
+        ack_wait,
+        max_deliver,
+    })
+}
+
+/// The admin token, required off loopback.
+pub fn admin_token(token: Option<&str>, listen: SocketAddr) -> anyhow::Result<Option<AdminToken>> {
+    match token {
+        Some(t) => Ok(Some(AdminToken::new(t).map_err(anyhow::Error::msg)?)),
+        None if !listen.ip().is_loopback() => bail!(
+            "--listen {listen} is not a loopback address: set --admin-token (or \
+             IDEM_ADMIN_TOKEN) so the admin routes are not open to the network"
+        ),
+        None => Ok(None),
+    }
+}
+
+/// `--listen`: an IP address and port, or a host name and port resolved now.
+pub fn listen_address(value: &str) -> Result<SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    if let Ok(addr) = value.parse() {
+        return Ok(addr);
+    }
+    let mut addrs = value.to_socket_addrs().map_err(|e| {
+        format!("{e}: expected IP:PORT or HOST:PORT, e.g. 127.0.0.1:8080 or localhost:8080")
+    })?;
+    // Loopback first when the name has both (localhost: 127.0.0.1 and ::1).
+    let all: Vec<SocketAddr> = addrs.by_ref().collect();
+    all.iter()
+        .find(|a| a.is_ipv4())
+        .or_else(|| all.first())
+        .copied()
+        .ok_or_else(|| format!("{value} resolves to no address"))
+}

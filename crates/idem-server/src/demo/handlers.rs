@@ -1,0 +1,326 @@
+//! The demo's routes, generic over the backend.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use axum::routing::{get, post};
+use axum::{Extension, Router};
+use bytes::Bytes;
+use idem_core::{Clock, Operation, Policy, ResourceRef, SystemClock, Tenant};
+use idem_http::{IdemTx, IdempotencyLayer, RouteConfig, TenantSource};
+use serde_json::json;
+
+use super::sql::{DemoSql, PaymentKey, PaymentRow, RefundRow};
+use super::{
+    DemoConfig, Event, event_message, new_id, now_ms, parse_payment, parse_refund, payment_json,
+    refund_json, refund_location, valid_id, valid_text,
+};
+use crate::respond::{db_error, internal, invalid, json_response, ok, within};
+
+struct App<S> {
+    store: S,
+    tenant: TenantSource,
+    events: bool,
+    read_timeout: Duration,
+}
+
+// Not derived: a derive would ask `S: Clone` of the state twice over.
+impl<S: Clone> Clone for App<S> {
+    fn clone(&self) -> Self {
+        Self {
+            store: self.store.clone(),
+            tenant: self.tenant.clone(),
+            events: self.events,
+            read_timeout: self.read_timeout,
+        }
+    }
+}
+
+fn no_payment() -> Response {
+    crate::respond::not_found("No such payment")
+}
+
+/// Writes `event` to the outbox in the request's transaction.
+async fn emit<S: DemoSql>(
+    app: &App<S>,
+    tx: &mut S::Tx,
+    event: Event,
+    now: i64,
+) -> Result<(), Response> {
+    if !app.events {
+        return Ok(());
+    }
+    let message = event_message(&event).map_err(internal)?;
+    S::enqueue(tx, &message, now).await.map_err(db_error)
+}
+
+/// A read route's tenant, once every id in its path could be one the demo
+/// issued (anything else cannot exist: 404 without asking the database).
+fn read_request<S>(app: &App<S>, headers: &HeaderMap, ids: &[&str]) -> Result<Tenant, Response> {
+    let mut parts = axum::http::Request::new(()).into_parts().0;
+    parts.headers = headers.clone();
+    let tenant = app.tenant.resolve(&parts).map_err(|r| r.into_response())?;
+    if !ids.iter().all(|id| valid_id(id)) {
+        return Err(no_payment());
+    }
+    Ok(tenant)
+}
+
+fn payment_answer(status: StatusCode, row: &PaymentRow) -> Response {
+    let id = row.0.clone();
+    json_response(
+        status,
+        &payment_json(row),
+        Some(format!("/v1/payments/{id}")),
+        Some(ResourceRef {
+            kind: "payment".into(),
+            id,
+        }),
+    )
+}
+
+async fn create<S: DemoSql>(
+    State(app): State<App<S>>,
+    Extension(tx): Extension<IdemTx<S::Tx>>,
+    Extension(tenant): Extension<Tenant>,
+    body: Bytes,
+) -> Response {
+    let p = match parse_payment(&body) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    let Ok(mut tx) = tx.lock().await else {
+        return internal("transaction finished");
+    };
+    let row: PaymentRow = (
+        new_id("pay"),
+        p.amount,
+        p.currency,
+        p.customer,
+        p.reference,
+        0,
+        now_ms(),
+    );
+    match S::insert_payment(&mut tx, tenant.as_str(), &row).await {
+        Ok(true) => {
+            let event = Event::Created {
+                tenant: tenant.to_string(),
+                payment_id: row.0.clone(),
+                amount: row.1,
+            };
+            if let Err(r) = emit(&app, &mut tx, event, row.6).await {
+                return r;
+            }
+            payment_answer(StatusCode::CREATED, &row)
+        }
+        // The business natural key: this reference was used before.
+        Ok(false) => {
+            let Some(reference) = row.4.as_deref() else {
+                return internal("a payment without a reference conflicted");
+            };
+            match S::payment_in(&mut tx, tenant.as_str(), PaymentKey::Reference, reference).await {
+                Ok(Some(old)) if old.1 == row.1 && old.2 == row.2 && old.3 == row.3 => {
+                    payment_answer(StatusCode::OK, &old)
+                }
+                Ok(Some(old)) => idem_http::problem(
+                    StatusCode::CONFLICT,
+                    "reference-conflict",
+                    "This reference belongs to a different payment",
+                    Some(&format!("payment {}", old.0)),
+                    None,
+                ),
+                Ok(None) => internal("the conflicting payment is gone"),
+                Err(e) => db_error(e),
+            }
+        }
+        Err(e) => db_error(e),
+    }
+}
+
+async fn refund<S: DemoSql>(
+    State(app): State<App<S>>,
+    Extension(tx): Extension<IdemTx<S::Tx>>,
+    Extension(tenant): Extension<Tenant>,
+    Path(payment_id): Path<String>,
+    body: Bytes,
+) -> Response {
+    if !valid_id(&payment_id) {
+        return no_payment();
+    }
+    let amount = match parse_refund(&body) {
+        Ok(a) => a,
+        Err(r) => return r,
+    };
+    let Ok(mut tx) = tx.lock().await else {
+        return internal("transaction finished");
+    };
+    // The conditional update first: when it moves no row, nothing was
+    // written and the 422 (which is stored) commits nothing.
+    match S::add_refund(&mut tx, tenant.as_str(), &payment_id, amount).await {
+        Ok(true) => {}
+        Ok(false) => {
+            return match S::payment_in(&mut tx, tenant.as_str(), PaymentKey::Id, &payment_id).await
+            {
+                Ok(Some(p)) => idem_http::problem(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "refund-exceeds-payment",
+                    "The refund is larger than what remains of the payment",
+                    Some(&format!("{} remains refundable", p.1 - p.5)),
+                    None,
+                ),
+                Ok(None) => no_payment(),
+                Err(e) => db_error(e),
+            };
+        }
+        Err(e) => return db_error(e),
+    }
+    let row: RefundRow = (new_id("re"), payment_id, amount, now_ms());
+    if let Err(e) = S::insert_refund(&mut tx, tenant.as_str(), &row).await {
+        return db_error(e);
+    }
+    let event = Event::Refunded {
+        tenant: tenant.to_string(),
+        payment_id: row.1.clone(),
+        amount,
+    };
+    if let Err(r) = emit(&app, &mut tx, event, row.3).await {
+        return r;
+    }
+    json_response(
+        StatusCode::CREATED,
+        &refund_json(&row),
+        Some(refund_location(&row)),
+        Some(ResourceRef {
+            kind: "refund".into(),
+            id: row.0.clone(),
+        }),
+    )
+}
+
+async fn show_refund<S: DemoSql>(
+    State(app): State<App<S>>,
+    headers: HeaderMap,
+    Path((payment_id, id)): Path<(String, String)>,
+) -> Response {
+    let tenant = match read_request(&app, &headers, &[&payment_id, &id]) {
+        Ok(t) => t,
+        Err(r) => return r,
+    };
+    let read = app.store.refund(tenant.as_str(), &payment_id, &id);
+    found(app.read_timeout, read, refund_json).await
+}
+
+/// A bounded read of one row, as JSON; 404 when there is none.
+async fn found<T>(
+    limit: Duration,
+    read: impl Future<Output = Result<Option<T>, idem_core::StoreError>>,
+    shape: fn(&T) -> serde_json::Value,
+) -> Response {
+    match within(limit, read).await {
+        Ok(Some(row)) => ok(&shape(&row)),
+        Ok(None) => no_payment(),
+        Err(r) => r,
+    }
+}
+
+async fn show<S: DemoSql>(
+    State(app): State<App<S>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    let tenant = match read_request(&app, &headers, &[&id]) {
+        Ok(t) => t,
+        Err(r) => return r,
+    };
+    let read = app.store.payment(tenant.as_str(), &id);
+    found(app.read_timeout, read, payment_json).await
+}
+
+async fn list<S: DemoSql>(
+    State(app): State<App<S>>,
+    headers: HeaderMap,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    let tenant = match read_request(&app, &headers, &[]) {
+        Ok(t) => t,
+        Err(r) => return r,
+    };
+    let Some(customer) = q.get("customer") else {
+        return invalid("query parameter customer is required");
+    };
+    if !valid_text(customer) {
+        return invalid("customer must be 1 to 255 characters without control characters");
+    }
+    let read = app.store.payments_of(tenant.as_str(), customer);
+    match within(app.read_timeout, read).await {
+        Ok(rows) => ok(&json!({"data": rows.iter().map(payment_json).collect::<Vec<_>>()})),
+        Err(r) => r,
+    }
+}
+
+async fn effects<S: DemoSql>(
+    State(app): State<App<S>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    let tenant = match read_request(&app, &headers, &[&id]) {
+        Ok(t) => t,
+        Err(r) => return r,
+    };
+    match within(app.read_timeout, app.store.effects(tenant.as_str(), &id)).await {
+        Ok((l, n)) => ok(&json!({"ledger_entries": l, "notifications": n})),
+        Err(r) => r,
+    }
+}
+
+/// The demo router. The tenant comes from `X-Tenant-Id`, trusted here only
+/// because this is a demo; `default` when absent.
+pub fn router<S: DemoSql>(store: S, config: &DemoConfig) -> Router {
+    router_with_clock(store, config, SystemClock)
+}
+
+/// The demo router on another clock (tests pass a TTL without sleeping).
+pub fn router_with_clock<S: DemoSql, C: Clock + Clone>(
+    store: S,
+    config: &DemoConfig,
+    clock: C,
+) -> Router {
+    let tenant = TenantSource::TrustedHeader {
+        name: axum::http::HeaderName::from_static("x-tenant-id"),
+        default: Tenant::new("default").ok(),
+    };
+    let route = |op: &'static str| {
+        let op = Operation::new(op).unwrap_or_else(|e| panic!("operation name {op}: {e}"));
+        let mut cfg = RouteConfig::required(op, tenant.clone());
+        cfg.max_request_bytes = config.max_body_bytes;
+        cfg.policy = Policy::with_ttl(config.key_ttl);
+        cfg.handler_timeout = config.handler_timeout;
+        IdempotencyLayer::new(store.clone(), cfg).with_clock(clock.clone())
+    };
+    Router::new()
+        .route(
+            "/v1/payments",
+            post(create::<S>)
+                .layer(route("payments.create"))
+                .get(list::<S>),
+        )
+        .route("/v1/payments/{id}", get(show::<S>))
+        .route(
+            "/v1/payments/{id}/refunds",
+            post(refund::<S>).layer(route("refunds.create")),
+        )
+        .route(
+            "/v1/payments/{id}/refunds/{refund_id}",
+            get(show_refund::<S>),
+        )
+        .route("/v1/payments/{id}/effects", get(effects::<S>))
+        .with_state(App {
+            store,
+            tenant,
+            events: config.events,
+            read_timeout: config.read_timeout,
+        })
+}

@@ -1,0 +1,125 @@
+//! Responses every route of the server shares: JSON bodies, problem
+//! documents for bad input, and the mapping of a store error to its answer.
+
+use std::time::Duration;
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use idem_core::{ResourceRef, StoreError};
+use serde_json::Value;
+
+/// A JSON answer, with a `Location` and the resource the key layer records.
+pub fn json_response(
+    status: StatusCode,
+    body: &Value,
+    location: Option<String>,
+    resource: Option<ResourceRef>,
+) -> Response {
+    let mut res = (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response();
+    if let Some(loc) = location.and_then(|l| HeaderValue::try_from(l).ok()) {
+        res.headers_mut().insert(header::LOCATION, loc);
+    }
+    if let Some(r) = resource {
+        res.extensions_mut().insert(r);
+    }
+    res
+}
+
+/// `200` with a JSON body.
+pub fn ok(body: &Value) -> Response {
+    json_response(StatusCode::OK, body, None, None)
+}
+
+/// A problem document without `Retry-After`.
+pub fn problem(status: StatusCode, slug: &str, title: &str, detail: Option<&str>) -> Response {
+    idem_http::problem(status, slug, title, detail, None)
+}
+
+/// `400 invalid-request`.
+pub fn invalid(detail: &str) -> Response {
+    problem(
+        StatusCode::BAD_REQUEST,
+        "invalid-request",
+        "The request is invalid",
+        Some(detail),
+    )
+}
+
+/// `404 not-found`, naming what is missing (`No such payment`).
+pub fn not_found(title: &str) -> Response {
+    problem(StatusCode::NOT_FOUND, "not-found", title, None)
+}
+
+/// `500 internal`; the error is logged, never sent.
+pub fn internal(e: impl std::fmt::Display) -> Response {
+    tracing::error!(error = %e, "handler failed");
+    internal_problem()
+}
+
+fn internal_problem() -> Response {
+    problem(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "internal",
+        "Internal error",
+        None,
+    )
+}
+
+/// A store error in a route: 503 + Retry-After when the database is
+/// unreachable (the client should retry; a handler's error rolls its
+/// transaction back, so nothing was written), 503 `outcome-unknown` when a
+/// write was sent and not acknowledged, 400 when the database refused a value
+/// the client sent, 500 otherwise. The error and its sources are logged,
+/// never sent.
+pub fn db_error(e: StoreError) -> Response {
+    let error = &e as &(dyn std::error::Error + 'static);
+    match e {
+        StoreError::InvalidValue { .. } => {
+            tracing::info!(error, "the database refused a value of the request");
+            invalid("a value is not acceptable")
+        }
+        StoreError::OutcomeUnknown { .. } => {
+            tracing::warn!(
+                error,
+                "a write was sent and not acknowledged; outcome unknown"
+            );
+            idem_http::Rejection::OutcomeUnknown(Duration::from_secs(1)).into_response()
+        }
+        ref e if e.retryable() => {
+            tracing::warn!(error, "database unavailable");
+            idem_http::Rejection::StoreUnavailable(Duration::from_secs(1)).into_response()
+        }
+        _ => {
+            tracing::error!(error, "database failed");
+            internal_problem()
+        }
+    }
+}
+
+/// A read, bounded: past `limit` it is abandoned and the client gets 503
+/// `store-unavailable` (a read writes nothing) instead of waiting on a
+/// database that went silent.
+pub async fn within<T>(
+    limit: Duration,
+    read: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, Response> {
+    match tokio::time::timeout(limit, read).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(db_error(e)),
+        Err(_) => {
+            tracing::warn!(?limit, "the database did not answer a read in time");
+            Err(idem_http::Rejection::StoreUnavailable(Duration::from_secs(1)).into_response())
+        }
+    }
+}
+
+/// A timestamp in milliseconds as RFC 3339 (`2026-12-03T13:19:26.000Z`).
+pub fn rfc3339(ms: i64) -> String {
+    let t = std::time::UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64);
+    humantime::format_rfc3339_millis(t).to_string()
+}

@@ -1,0 +1,125 @@
+//! `POST /webhooks/{endpoint}` as an axum route (feature `axum`): body limit
+//! → verify → dedupe → persist → `202`, with problem+json errors.
+//!
+//! ```no_run
+//! # async fn demo<S: idem_core::webhooks::WebhookStore>(store: S, endpoints: Vec<idem_webhooks::Endpoint>) {
+//! use std::sync::Arc;
+//! let receiver = Arc::new(idem_webhooks::Receiver::new(store, endpoints));
+//! let app: axum::Router = idem_webhooks::route::router(receiver);
+//! # }
+//! ```
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::Response;
+use axum::routing::post;
+use http_body_util::{BodyExt, Limited};
+use idem_core::StoreError;
+use idem_core::webhooks::WebhookStore;
+use idem_http::Rejection;
+
+use crate::{ReceiveError, Received, Receiver};
+
+fn problem(status: StatusCode, slug: &str, title: &str) -> Response {
+    idem_http::problem(status, slug, title, None, None)
+}
+
+fn unknown_endpoint() -> Response {
+    problem(
+        StatusCode::NOT_FOUND,
+        "unknown-endpoint",
+        "No such webhook endpoint",
+    )
+}
+
+fn accepted(status: StatusCode, outcome: &str, delivery_id: &str) -> Response {
+    let body = serde_json::json!({"status": outcome, "delivery_id": delivery_id});
+    let mut res = Response::new(Body::from(body.to_string()));
+    *res.status_mut() = status;
+    res.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    res
+}
+
+/// A store failure: 503 (`store-unavailable` or `outcome-unknown`) when a
+/// retry can succeed, 500 otherwise. Logged with its sources, never sent.
+fn store_failed(e: StoreError) -> Response {
+    let error = &e as &(dyn std::error::Error + 'static);
+    let rejection = match &e {
+        // The database refused a value of the delivery: the sender's, so 400.
+        StoreError::InvalidValue { .. } => {
+            tracing::info!(error, "the database refused a value of a webhook");
+            return idem_http::problem(
+                StatusCode::BAD_REQUEST,
+                "invalid-request",
+                "The request is invalid",
+                Some("a value is not acceptable"),
+                None,
+            );
+        }
+        StoreError::OutcomeUnknown { .. } => Rejection::OutcomeUnknown(Duration::from_secs(1)),
+        e if e.retryable() => Rejection::StoreUnavailable(Duration::from_secs(1)),
+        _ => Rejection::Internal,
+    };
+    tracing::warn!(error, "a webhook could not be stored");
+    rejection.into_response()
+}
+
+async fn receive<S: WebhookStore>(
+    State(receiver): State<Arc<Receiver<S>>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let Some(endpoint) = receiver.endpoint(&name) else {
+        return unknown_endpoint();
+    };
+    // The limit applies while reading: a large body is never buffered.
+    let body = match Limited::new(body, endpoint.max_body_bytes).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            receiver.note_too_large(&name);
+            return Rejection::BodyTooLarge.into_response();
+        }
+        Err(_) => {
+            return problem(
+                StatusCode::BAD_REQUEST,
+                "unreadable-body",
+                "The request body could not be read",
+            );
+        }
+    };
+    match receiver.receive(&name, &headers, &body).await {
+        Ok(Received::New { delivery_id }) => {
+            accepted(StatusCode::ACCEPTED, "accepted", &delivery_id)
+        }
+        Ok(Received::Duplicate { delivery_id }) => {
+            accepted(StatusCode::OK, "duplicate", &delivery_id)
+        }
+        // One answer for every forgery: which check failed, or by how much a
+        // timestamp missed, would help a forger. The receiver logs the
+        // reason (rate-limited).
+        Err(ReceiveError::Signature(_)) => problem(
+            StatusCode::UNAUTHORIZED,
+            "invalid-signature",
+            "The webhook signature did not verify",
+        ),
+        Err(ReceiveError::TooLarge { .. }) => Rejection::BodyTooLarge.into_response(),
+        Err(ReceiveError::UnknownEndpoint) => unknown_endpoint(),
+        Err(ReceiveError::Store(e)) => store_failed(e),
+    }
+}
+
+/// `POST /webhooks/{endpoint}` for every endpoint of `receiver`.
+pub fn router<S: WebhookStore>(receiver: Arc<Receiver<S>>) -> Router {
+    Router::new()
+        .route("/webhooks/{endpoint}", post(receive::<S>))
+        .with_state(receiver)
+}
