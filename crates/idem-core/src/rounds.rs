@@ -41,7 +41,8 @@ pub trait Rounds {
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
 /// use std::time::Duration;
-/// use idem_core::{Pause, Rounds, RoundLoop, Wake};
+/// use idem_core::outbox::Wake;
+/// use idem_core::{Pause, RoundLoop, Rounds};
 ///
 /// struct Sleep;
 /// impl Wake for Sleep {

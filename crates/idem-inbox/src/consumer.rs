@@ -97,22 +97,23 @@ pub trait Handler<Tx>: Send + Sync {
     ) -> BoxFuture<'a, Result<(), HandlerError>>;
 }
 
-/// Consumer settings.
+/// Consumer settings. Every field has a bound, checked by [`Consumer::new`].
 #[derive(Debug, Clone)]
 pub struct ConsumerConfig {
-    /// Messages per fetch. Default 64.
+    /// Messages per fetch. Default 64, 1 to 10 000.
     pub batch_size: u32,
-    /// Longest wait for a fetch. Default 1 s.
+    /// Longest wait for a fetch. Default 1 s, 1 ms to 1 min.
     pub fetch_wait: Duration,
     /// Deliveries before a message that keeps failing is dead-lettered.
-    /// Default 5; it should equal the broker consumer's maximum.
+    /// Default 5, 1 to 10 000; it should equal the broker consumer's maximum.
     pub max_deliver: u64,
-    /// Redelivery delay after a retryable failure, by delivery count.
+    /// Redelivery delay after a retryable failure, by delivery count (a
+    /// non-zero initial delay).
     pub nak_backoff: Backoff,
     /// How long the handler may take. Past it its transaction is rolled
     /// back and the message is redelivered later (a retryable failure), so a
     /// handler stuck on a silent dependency does not stall the consumer.
-    /// Default 30 s; keep it below the broker's ack wait.
+    /// Default 30 s, 10 ms to 1 h; keep it below the broker's ack wait.
     pub handler_timeout: Duration,
 }
 

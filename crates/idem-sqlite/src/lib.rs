@@ -53,15 +53,17 @@ use tokio::sync::OwnedMutexGuard;
 
 pub use migrate::{MIGRATIONS, migrate_component};
 
-/// Connection settings for [`SqliteStore::connect`].
+/// Connection settings for [`SqliteStore::connect`], which validates them.
 #[derive(Debug, Clone)]
 pub struct SqliteConfig {
-    /// Connections in the pool (readers run in parallel under WAL). Default 8.
+    /// Connections in the pool (readers run in parallel under WAL). Default 8,
+    /// 1 to 10 000.
     pub max_connections: u32,
-    /// How long to wait for a free connection before `Unavailable`. Default 5 s.
+    /// How long to wait for a free connection before `Unavailable`. Default
+    /// 5 s, 10 ms to 1 h.
     pub acquire_timeout: Duration,
     /// How long a transaction waits for the database write lock (`busy_timeout`).
-    /// Default 5 s.
+    /// Default 5 s, at most 1 h.
     pub busy_timeout: Duration,
 }
 

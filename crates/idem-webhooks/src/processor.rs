@@ -48,21 +48,22 @@ pub trait WebhookHandler: Send + Sync + 'static {
     fn handle<'a>(&'a self, receipt: &'a Receipt) -> BoxFuture<'a, Result<(), HandlerError>>;
 }
 
-/// Worker settings.
+/// Worker settings. Every field has a bound, checked by [`Processor::new`].
 #[derive(Debug, Clone)]
 pub struct ProcessorConfig {
     /// Receipts of one endpoint handled at once, at most (each endpoint has
-    /// its own). Default 16.
+    /// its own). Default 16, 1 to 1024.
     pub concurrency: u32,
     /// How long a claimed receipt is hidden from other workers; longer than a
-    /// handler run (a [`Forward`](crate::Forward)'s timeout). Default 60 s.
+    /// handler run (a [`Forward`](crate::Forward)'s timeout). Default 60 s,
+    /// 100 ms to 1 h.
     pub lease: Duration,
     /// Sleep before looking for new receipts when an endpoint is idle.
-    /// Default 500 ms.
+    /// Default 500 ms, 1 ms to 1 min.
     pub poll_interval: Duration,
-    /// Handler runs before a failing receipt is dead. Default 8.
+    /// Handler runs before a failing receipt is dead. Default 8, 1 to 1000.
     pub max_attempts: u32,
-    /// Delay before the next run after a failure.
+    /// Delay before the next run after a failure (a non-zero initial delay).
     pub backoff: Backoff,
 }
 
