@@ -68,13 +68,11 @@ demo_sql!(
     idem_sqlite::SqliteStore,
     idem_sqlite::SqliteTx,
     idem_sqlite::map_err,
-    idem_sqlite::outbox::enqueue
 );
 demo_sql!(
     idem_postgres::PgStore,
     idem_postgres::PgTx,
     idem_postgres::map_err,
-    idem_postgres::outbox::enqueue
 );
 
 /// Work to do on whichever backend the URL named.

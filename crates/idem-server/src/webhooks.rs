@@ -26,13 +26,13 @@ struct FileConfig {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct WorkerConfig {
-    /// How long a worker holds a delivery (default 60 s, 1 s to 1 h).
+    /// `ProcessorConfig::lease`, in seconds.
     lease_secs: Option<u64>,
-    /// Failed forwards before a delivery is dead (default 8, 1 to 100).
+    /// `ProcessorConfig::max_attempts`.
     max_attempts: Option<u32>,
-    /// Sleep between idle rounds (default 500 ms, 10 ms to 60 s).
+    /// `ProcessorConfig::poll_interval`, in milliseconds.
     poll_interval_ms: Option<u64>,
-    /// Deliveries of one endpoint forwarded at once (default 16, 1 to 256).
+    /// `ProcessorConfig::concurrency`.
     concurrency: Option<u32>,
 }
 
@@ -65,34 +65,31 @@ pub fn parse(text: &str) -> anyhow::Result<WebhookConfig> {
         }
         endpoints.push(endpoint);
     }
+    // The bounds are the library's (`ProcessorConfig::validate`); an error
+    // names the file's key.
     let mut worker = ProcessorConfig::default();
     if let Some(w) = file.worker {
         if let Some(s) = w.lease_secs {
-            if !(1..=3600).contains(&s) {
-                bail!("worker.lease_secs: 1 to 3600");
-            }
             worker.lease = Duration::from_secs(s);
         }
         if let Some(n) = w.max_attempts {
-            if !(1..=100).contains(&n) {
-                bail!("worker.max_attempts: 1 to 100");
-            }
             worker.max_attempts = n;
         }
         if let Some(ms) = w.poll_interval_ms {
-            if !(10..=60_000).contains(&ms) {
-                bail!("worker.poll_interval_ms: 10 to 60000");
-            }
             worker.poll_interval = Duration::from_millis(ms);
         }
         if let Some(n) = w.concurrency {
-            if !(1..=256).contains(&n) {
-                bail!("worker.concurrency: 1 to 256");
-            }
             worker.concurrency = n;
         }
     }
-    worker.validate()?;
+    if let Err(e) = worker.validate() {
+        let key = match e.field {
+            "lease" => "lease_secs",
+            "poll_interval" => "poll_interval_ms",
+            other => other,
+        };
+        bail!("worker.{key}: {e}");
+    }
     // A forward still running when its lease ends would be forwarded again by
     // another worker at the same time.
     for e in &endpoints {

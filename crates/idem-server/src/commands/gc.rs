@@ -1,53 +1,53 @@
-//! `idem gc`, and the periodic GC `idem serve` runs: expired key records
-//! deleted in bounded batches.
+//! `idem gc`, and the collection `idem serve` runs: expired key records,
+//! inbox records and webhook receipts, and sent outbox messages past their
+//! retention, deleted in bounded batches by [`idem::Collector`].
 
 use std::time::Duration;
 
 use anyhow::Context;
-use idem_core::{Engine, KeyStore};
+use idem::{Collector, CollectorConfig};
+use tokio::sync::watch;
 
 use super::DbArgs;
 use crate::backend::{Backend, Db, Job};
+use crate::shutdown::stopped;
 
-/// Records deleted per batch, and the most batches per run: bounded work per
-/// tick.
-const BATCH: u32 = 1000;
-const MAX_BATCHES: u32 = 100;
-
-async fn once<S: KeyStore>(store: &S) -> anyhow::Result<u64> {
-    Engine::new(store.clone())
-        .purge_expired(BATCH, MAX_BATCHES)
-        .await
-        .context("failed to delete expired key records")
+/// The collector with its default batches: 1000 rows per statement, at most
+/// 100 statements per kind per run.
+fn collector<B: Backend>(store: B) -> anyhow::Result<Collector<B>> {
+    Collector::new(store, CollectorConfig::default()).context("invalid collector settings")
 }
 
-/// Deletes expired records every `every`, in the background.
-pub fn spawn<S: KeyStore>(store: S, every: Duration) {
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(every.max(Duration::from_secs(1)));
-        loop {
-            tick.tick().await;
-            match once(&store).await {
-                Ok(0) => {}
-                Ok(n) => tracing::info!(deleted = n, "expired key records deleted"),
-                Err(e) => tracing::warn!(error = %format!("{e:#}"), "gc failed; will retry"),
-            }
-        }
-    });
+/// Collects every `every` in the background until `shutdown`.
+pub fn spawn<B: Backend>(
+    store: B,
+    every: Duration,
+    shutdown: &watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let collector = collector(store)?;
+    let shutdown = shutdown.clone();
+    tokio::spawn(async move { collector.run(every, stopped(shutdown)).await });
+    Ok(())
 }
 
 struct Gc;
 
 impl Job for Gc {
-    type Output = anyhow::Result<u64>;
-    async fn run<B: Backend>(self, store: B) -> anyhow::Result<u64> {
-        once(&store).await
+    type Output = anyhow::Result<idem::Collected>;
+    async fn run<B: Backend>(self, store: B) -> Self::Output {
+        collector(store)?
+            .collect_once()
+            .await
+            .context("failed to delete expired records")
     }
 }
 
 /// `idem gc`.
 pub async fn run(db: DbArgs) -> anyhow::Result<()> {
-    let n = Db::open_existing(&db.database_url).await?.run(Gc).await?;
-    println!("deleted {n} expired key records");
+    let c = Db::open_existing(&db.database_url).await?.run(Gc).await?;
+    println!(
+        "deleted {} expired key records, {} inbox records, {} webhook receipts, {} sent outbox messages",
+        c.keys, c.inbox, c.receipts, c.sent
+    );
     Ok(())
 }

@@ -133,7 +133,7 @@ impl ServeArgs {
                 config: &config,
                 shutdown: &shutdown,
             })
-            .await;
+            .await?;
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .with_context(|| format!("failed to listen on {}", config.listen))?;
@@ -159,19 +159,19 @@ struct Start<'a> {
 }
 
 impl Job for Start<'_> {
-    type Output = Router;
-    async fn run<B: Backend>(self, store: B) -> Router {
+    type Output = anyhow::Result<Router>;
+    async fn run<B: Backend>(self, store: B) -> Self::Output {
         let Start { config, shutdown } = self;
-        super::gc::spawn(store.clone(), config.gc_interval);
+        super::gc::spawn(store.clone(), config.gc_interval, shutdown)?;
         let relay = start_messaging(
             &store,
             config.nats_url.as_deref(),
             config.consume.clone(),
             shutdown,
         );
-        crate::demo::router(store.clone(), &config.demo)
+        Ok(crate::demo::router(store.clone(), &config.demo)
             .merge(crate::admin::outbox::router(store.clone(), relay))
-            .merge(start_webhooks(&store, config.webhooks.as_ref(), shutdown))
+            .merge(start_webhooks(&store, config.webhooks.as_ref(), shutdown)))
     }
 }
 

@@ -11,6 +11,7 @@ use axum::{Extension, Router};
 use bytes::Bytes;
 use idem_core::{Clock, Operation, Policy, ResourceRef, SystemClock, Tenant};
 use idem_http::{IdemTx, IdempotencyLayer, RouteConfig, TenantSource};
+use idem_outbox::Outbox;
 use serde_json::json;
 
 use super::sql::{DemoSql, PaymentKey, PaymentRow, RefundRow};
@@ -23,7 +24,8 @@ use crate::respond::{db_error, internal, invalid, json_response, ok, within};
 struct App<S> {
     store: S,
     tenant: TenantSource,
-    events: bool,
+    /// Where events go, when they are on.
+    outbox: Option<Outbox<S>>,
     read_timeout: Duration,
 }
 
@@ -33,7 +35,7 @@ impl<S: Clone> Clone for App<S> {
         Self {
             store: self.store.clone(),
             tenant: self.tenant.clone(),
-            events: self.events,
+            outbox: self.outbox.clone(),
             read_timeout: self.read_timeout,
         }
     }
@@ -44,17 +46,16 @@ fn no_payment() -> Response {
 }
 
 /// Writes `event` to the outbox in the request's transaction.
-async fn emit<S: DemoSql>(
-    app: &App<S>,
-    tx: &mut S::Tx,
-    event: Event,
-    now: i64,
-) -> Result<(), Response> {
-    if !app.events {
+async fn emit<S: DemoSql>(app: &App<S>, tx: &mut S::Tx, event: Event) -> Result<(), Response> {
+    let Some(outbox) = &app.outbox else {
         return Ok(());
-    }
+    };
     let message = event_message(&event).map_err(internal)?;
-    S::enqueue(tx, &message, now).await.map_err(db_error)
+    outbox
+        .enqueue(tx, &message)
+        .await
+        .map(drop)
+        .map_err(db_error)
 }
 
 /// A read route's tenant, once every id in its path could be one the demo
@@ -111,7 +112,7 @@ async fn create<S: DemoSql>(
                 payment_id: row.0.clone(),
                 amount: row.1,
             };
-            if let Err(r) = emit(&app, &mut tx, event, row.6).await {
+            if let Err(r) = emit(&app, &mut tx, event).await {
                 return r;
             }
             payment_answer(StatusCode::CREATED, &row)
@@ -186,7 +187,7 @@ async fn refund<S: DemoSql>(
         payment_id: row.1.clone(),
         amount,
     };
-    if let Err(r) = emit(&app, &mut tx, event, row.3).await {
+    if let Err(r) = emit(&app, &mut tx, event).await {
         return r;
     }
     json_response(
@@ -318,9 +319,9 @@ pub fn router_with_clock<S: DemoSql, C: Clock + Clone>(
         )
         .route("/v1/payments/{id}/effects", get(effects::<S>))
         .with_state(App {
+            outbox: config.events.then(|| Outbox::new(store.clone())),
             store,
             tenant,
-            events: config.events,
             read_timeout: config.read_timeout,
         })
 }

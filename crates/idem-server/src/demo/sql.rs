@@ -2,8 +2,8 @@
 //! generic Rust. The statements are the same on both backends (both take
 //! `$n` parameters); `demo_sql!` only instantiates them per driver.
 
-use idem_core::outbox::OutboxMessage;
-use idem_core::{KeyStore, StoreError};
+use idem_core::StoreError;
+use idem_core::outbox::OutboxWriter;
 
 /// A payment row as `(id, amount, currency, customer, reference, refunded, created)`.
 pub type PaymentRow = (String, i64, String, String, Option<String>, i64, i64);
@@ -46,8 +46,9 @@ pub struct LedgerEntry<'a> {
 }
 
 /// What the demo asks of its database: writes in the request's transaction,
-/// reads on the pool.
-pub trait DemoSql: KeyStore {
+/// reads on the pool. Events go through [`idem_outbox::Outbox`], hence the
+/// [`OutboxWriter`] bound.
+pub trait DemoSql: OutboxWriter {
     /// Inserts a payment; `false` when its `reference` was used before.
     fn insert_payment<'a>(
         tx: &'a mut Self::Tx,
@@ -77,13 +78,6 @@ pub trait DemoSql: KeyStore {
         tx: &'a mut Self::Tx,
         tenant: &'a str,
         row: &'a RefundRow,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
-
-    /// Writes an event to the outbox.
-    fn enqueue<'a>(
-        tx: &'a mut Self::Tx,
-        message: &'a OutboxMessage,
-        now_ms: i64,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
 
     /// Applies one event to the ledger (and the notifications).
@@ -164,10 +158,9 @@ pub fn select_payments(filter: &str) -> String {
 /// Implements [`DemoSql`] for a store whose transaction derefs to the
 /// driver's connection and whose `pool()` is the driver's pool.
 macro_rules! demo_sql {
-    ($store:ty, $tx:ty, $map_err:path, $enqueue:path) => {
+    ($store:ty, $tx:ty, $map_err:path $(,)?) => {
         const _: () = {
             use idem_core::StoreError;
-            use idem_core::outbox::OutboxMessage;
             use $crate::demo::sql::*;
             impl DemoSql for $store {
                 async fn insert_payment(
@@ -234,14 +227,6 @@ macro_rules! demo_sql {
                         .await
                         .map(drop)
                         .map_err($map_err)
-                }
-
-                async fn enqueue(
-                    tx: &mut $tx,
-                    message: &OutboxMessage,
-                    now_ms: i64,
-                ) -> Result<(), StoreError> {
-                    $enqueue(&mut **tx, message, now_ms).await.map(drop)
                 }
 
                 async fn record_entry(tx: &mut $tx, e: &LedgerEntry<'_>) -> Result<(), StoreError> {

@@ -368,9 +368,15 @@ async fn gc_as_a_process(url: &str) {
     assert_eq!(create(live.addr, "live", b).await.status, 201);
     let out = run(&["gc", "--database-url", url]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    assert_eq!(text(&out.stdout).trim(), "deleted 3 expired key records");
+    assert_eq!(
+        text(&out.stdout).trim(),
+        "deleted 3 expired key records, 0 inbox records, 0 webhook receipts, 0 sent outbox messages"
+    );
     let out = run(&["gc", "--database-url", url]);
-    assert_eq!(text(&out.stdout).trim(), "deleted 0 expired key records");
+    assert_eq!(
+        text(&out.stdout).trim(),
+        "deleted 0 expired key records, 0 inbox records, 0 webhook receipts, 0 sent outbox messages"
+    );
     // The live key still replays; the payments themselves are untouched.
     assert!(create(live.addr, "live", b).await.replayed());
     assert_eq!(payments_of(live.addr, "cus_gc").await.len(), 4);
