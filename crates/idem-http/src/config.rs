@@ -115,7 +115,14 @@ pub enum ConfigError {
     /// A header that must never be replayed was allow-listed.
     #[error("header {0} may never be replayed")]
     ForbiddenReplayHeader(String),
+    /// A setting is out of its range.
+    #[error(transparent)]
+    Invalid(#[from] idem_core::ConfigError),
 }
+
+/// The largest `max_request_bytes` and `max_response_bytes` accepted: a
+/// body is buffered whole, so the bound is memory.
+pub const MAX_BODY_LIMIT: usize = 1 << 30;
 
 impl RouteConfig {
     /// A route whose requests must carry a key.
@@ -161,6 +168,54 @@ impl RouteConfig {
     /// Whether a response header is stored and replayed.
     pub(crate) fn replays(&self, name: &HeaderName) -> bool {
         self.replay_headers.contains(name) && !NEVER_REPLAYED.contains(&name.as_str())
+    }
+
+    /// Checks every bound (called by [`IdempotencyLayer::try_new`](crate::IdempotencyLayer::try_new)):
+    /// body limits 1 byte to 1 GiB, a handler timeout of 1 ms to 1 h, at
+    /// least one method, stored client errors within 400–499, and no
+    /// [`NEVER_REPLAYED`] header allow-listed.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        use idem_core::ConfigError as E;
+        const C: &str = "RouteConfig";
+        E::check_range(
+            C,
+            "max_request_bytes",
+            self.max_request_bytes,
+            1,
+            MAX_BODY_LIMIT,
+        )?;
+        E::check_range(
+            C,
+            "max_response_bytes",
+            self.max_response_bytes,
+            1,
+            MAX_BODY_LIMIT,
+        )?;
+        E::check_duration(
+            C,
+            "handler_timeout",
+            self.handler_timeout,
+            Duration::from_millis(1),
+            Duration::from_secs(3600),
+        )?;
+        if self.methods.is_empty() {
+            return Err(E::new(C, "methods", "at least one method", "none").into());
+        }
+        if let Some(s) = self
+            .store_client_errors
+            .iter()
+            .find(|s| !(400..=499).contains(*s))
+        {
+            return Err(E::new(C, "store_client_errors", "statuses 400 to 499", s).into());
+        }
+        if let Some(h) = self
+            .replay_headers
+            .iter()
+            .find(|h| NEVER_REPLAYED.contains(&h.as_str()))
+        {
+            return Err(ConfigError::ForbiddenReplayHeader(h.to_string()));
+        }
+        Ok(())
     }
 
     /// Adds a response header to replay; refuses the ones in [`NEVER_REPLAYED`].
@@ -247,5 +302,26 @@ mod tests {
             TenantSource::Extension.resolve(&parts).unwrap().as_str(),
             "from-auth"
         );
+    }
+
+    #[test]
+    fn validate_names_the_field_out_of_range() {
+        assert!(config().validate().is_ok());
+        let err = |c: RouteConfig| c.validate().unwrap_err().to_string();
+        let mut c = config();
+        c.max_request_bytes = 0;
+        assert!(err(c).starts_with("RouteConfig.max_request_bytes must be between 1 and"));
+        let mut c = config();
+        c.handler_timeout = Duration::ZERO;
+        assert!(err(c).starts_with("RouteConfig.handler_timeout must be between 1ms and 1h"));
+        let mut c = config();
+        c.methods.clear();
+        assert!(err(c).contains("RouteConfig.methods"));
+        let mut c = config();
+        c.store_client_errors.insert(500);
+        assert!(err(c).contains("RouteConfig.store_client_errors"));
+        let mut c = config();
+        c.replay_headers.push(header::SET_COOKIE);
+        assert_eq!(err(c), "header set-cookie may never be replayed");
     }
 }

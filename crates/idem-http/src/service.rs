@@ -23,12 +23,20 @@ pub struct IdempotencyLayer<S: KeyStore, C = SystemClock> {
 }
 
 impl<S: KeyStore> IdempotencyLayer<S> {
-    /// A layer for one route, on the system clock.
+    /// A layer for one route, on the system clock. The settings are taken as
+    /// they are; [`IdempotencyLayer::try_new`] checks them first.
     pub fn new(store: S, config: RouteConfig) -> Self {
         Self {
             engine: Engine::new(store),
             config: Arc::new(config),
         }
+    }
+
+    /// The layer, once [`RouteConfig::validate`] accepts `config`: use it
+    /// when the settings come from a file or the environment.
+    pub fn try_new(store: S, config: RouteConfig) -> Result<Self, crate::ConfigError> {
+        config.validate()?;
+        Ok(Self::new(store, config))
     }
 }
 
