@@ -47,7 +47,7 @@ pub struct EndpointConfig {
 /// An endpoint setting that is not usable.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("webhooks.{endpoint}.{field}: {detail}")]
-pub struct ConfigError {
+pub struct EndpointError {
     /// The endpoint.
     pub endpoint: String,
     /// The setting.
@@ -121,8 +121,8 @@ impl Endpoint {
     }
 
     /// Validates one endpoint's settings.
-    pub fn from_config(name: &str, c: EndpointConfig) -> Result<Self, ConfigError> {
-        let err = |field, detail: String| ConfigError {
+    pub fn from_config(name: &str, c: EndpointConfig) -> Result<Self, EndpointError> {
+        let err = |field, detail: String| EndpointError {
             endpoint: name.to_owned(),
             field,
             detail,
