@@ -111,7 +111,7 @@ pub struct RouteConfig {
 /// A configuration error.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum ConfigError {
+pub enum RouteConfigError {
     /// A header that must never be replayed was allow-listed.
     #[error("header {0} may never be replayed")]
     ForbiddenReplayHeader(String),
@@ -174,7 +174,7 @@ impl RouteConfig {
     /// body limits 1 byte to 1 GiB, a handler timeout of 1 ms to 1 h, at
     /// least one method, stored client errors within 400–499, and no
     /// [`NEVER_REPLAYED`] header allow-listed.
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    pub fn validate(&self) -> Result<(), RouteConfigError> {
         use idem_core::ConfigError as E;
         const C: &str = "RouteConfig";
         E::check_range(
@@ -213,15 +213,15 @@ impl RouteConfig {
             .iter()
             .find(|h| NEVER_REPLAYED.contains(&h.as_str()))
         {
-            return Err(ConfigError::ForbiddenReplayHeader(h.to_string()));
+            return Err(RouteConfigError::ForbiddenReplayHeader(h.to_string()));
         }
         Ok(())
     }
 
     /// Adds a response header to replay; refuses the ones in [`NEVER_REPLAYED`].
-    pub fn replay_header(mut self, name: HeaderName) -> Result<Self, ConfigError> {
+    pub fn replay_header(mut self, name: HeaderName) -> Result<Self, RouteConfigError> {
         if NEVER_REPLAYED.contains(&name.as_str()) {
-            return Err(ConfigError::ForbiddenReplayHeader(name.to_string()));
+            return Err(RouteConfigError::ForbiddenReplayHeader(name.to_string()));
         }
         self.replay_headers.push(name);
         Ok(self)

@@ -98,7 +98,7 @@ mod tx;
 use http::HeaderName;
 
 pub use admission::{Admitted, Keyed, admit};
-pub use config::{ConfigError, Disposition, NEVER_REPLAYED, RouteConfig, TenantSource};
+pub use config::{Disposition, NEVER_REPLAYED, RouteConfig, RouteConfigError, TenantSource};
 pub use execution::{execute, replay};
 pub use outcome::RequestOutcome;
 pub use problem::{Rejection, TYPE_BASE, problem};

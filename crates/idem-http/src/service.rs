@@ -34,7 +34,7 @@ impl<S: KeyStore> IdempotencyLayer<S> {
 
     /// The layer, once [`RouteConfig::validate`] accepts `config`: use it
     /// when the settings come from a file or the environment.
-    pub fn try_new(store: S, config: RouteConfig) -> Result<Self, crate::ConfigError> {
+    pub fn try_new(store: S, config: RouteConfig) -> Result<Self, crate::RouteConfigError> {
         config.validate()?;
         Ok(Self::new(store, config))
     }
