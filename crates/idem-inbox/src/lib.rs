@@ -149,11 +149,19 @@ impl<S: InboxStore, C: Clock> Inbox<S, C> {
         }
     }
 
-    /// How long records are kept (clamped to 1 s ..= 400 days). It must be
-    /// longer than the broker's redelivery and any replay window.
-    pub fn retention(mut self, retention: Duration) -> Self {
-        self.retention = retention.clamp(Duration::from_secs(1), Inbox::<S>::MAX_RETENTION);
-        self
+    /// How long records are kept: 1 s to 400 days, refused outside (never
+    /// clamped). It must be longer than the broker's redelivery and any
+    /// replay window.
+    pub fn retention(mut self, retention: Duration) -> Result<Self, idem_core::ConfigError> {
+        idem_core::ConfigError::check_duration(
+            "Inbox",
+            "retention",
+            retention,
+            Duration::from_secs(1),
+            Inbox::<S>::MAX_RETENTION,
+        )?;
+        self.retention = retention;
+        Ok(self)
     }
 
     /// Pessimistic (default) or optimistic.

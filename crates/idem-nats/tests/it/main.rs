@@ -634,3 +634,18 @@ fn assert_in_key_order(published: &[Sent], written: &[OutboxMessage]) {
         }
     }
 }
+
+/// An inbox retention outside 1 s to 400 days is refused, not clamped.
+#[tokio::test]
+async fn inbox_retention_out_of_range_is_refused() {
+    let (store, _dir) = support::sqlite_open::open().await;
+    store.migrate().await.unwrap();
+    let inbox = || Inbox::new(store.clone());
+    assert!(inbox().retention(Duration::from_secs(3600)).is_ok());
+    let err = inbox().retention(Duration::ZERO).unwrap_err().to_string();
+    assert_eq!(err, "Inbox.retention must be between 1s and 400d, got 0s");
+    let err = inbox()
+        .retention(Duration::from_secs(401 * 24 * 3600))
+        .unwrap_err();
+    assert_eq!(err.field, "retention");
+}
