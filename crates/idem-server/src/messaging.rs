@@ -33,13 +33,14 @@ pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(300);
 /// sure both streams exist, retrying until they do or `shutdown` — which
 /// ends the wait at once, whatever the broker is doing.
 pub async fn prepare(url: &str, name: &str, shutdown: watch::Receiver<bool>) -> Option<Context> {
+    let shown = without_credentials(url);
     let connect = idem_nats::connect(url, name, true);
     let js = tokio::select! {
         _ = stopped(shutdown.clone()) => return None,
         js = connect => match js {
             Ok(js) => js,
             Err(e) => {
-                tracing::error!(url, error = &e as &dyn std::error::Error, "invalid NATS settings");
+                tracing::error!(url = %shown, error = &e as &dyn std::error::Error, "invalid NATS settings");
                 return None;
             }
         },
@@ -52,7 +53,7 @@ pub async fn prepare(url: &str, name: &str, shutdown: watch::Receiver<bool>) -> 
         // every five.
         if waited % 25 == 5 {
             let reach = probe(url).await;
-            tracing::warn!(url, reach, "NATS not reachable; retrying");
+            tracing::warn!(url = %shown, reach, "NATS not reachable; retrying");
         }
         waited += 1;
         tokio::select! {
@@ -61,7 +62,7 @@ pub async fn prepare(url: &str, name: &str, shutdown: watch::Receiver<bool>) -> 
         }
     }
     if waited > 0 {
-        tracing::info!(url, "connected to NATS");
+        tracing::info!(url = %shown, "connected to NATS");
     }
     let mut delay = Duration::from_millis(200);
     let mut attempts = 0u32;
@@ -77,7 +78,7 @@ pub async fn prepare(url: &str, name: &str, shutdown: watch::Receiver<bool>) -> 
         match result {
             Ok(()) => {
                 if attempts > 0 {
-                    tracing::info!(url, "NATS reachable; streams ready");
+                    tracing::info!(url = %shown, "NATS reachable; streams ready");
                 }
                 tokio::spawn(watch_connection(url.to_owned(), js.clone(), shutdown));
                 return Some(js);
@@ -88,7 +89,7 @@ pub async fn prepare(url: &str, name: &str, shutdown: watch::Receiver<bool>) -> 
                 // timeouts; say what is wrong with the address itself.
                 let reach = probe(url).await;
                 tracing::warn!(
-                    url,
+                    url = %shown,
                     reach,
                     attempts,
                     error = &e as &dyn std::error::Error,
@@ -108,6 +109,7 @@ pub async fn prepare(url: &str, name: &str, shutdown: watch::Receiver<bool>) -> 
 /// and when it is back, until `shutdown`. The client reconnects by itself;
 /// meanwhile events wait in the outbox and deliveries in the stream.
 async fn watch_connection(url: String, js: Context, shutdown: watch::Receiver<bool>) {
+    let shown = without_credentials(&url);
     let mut connected = true;
     let mut down_for = 0u32;
     loop {
@@ -120,14 +122,14 @@ async fn watch_connection(url: String, js: Context, shutdown: watch::Receiver<bo
                 connected = false;
                 down_for = 0;
                 let reach = probe(&url).await;
-                tracing::warn!(url, reach, "lost the connection to NATS; reconnecting");
+                tracing::warn!(url = %shown, reach, "lost the connection to NATS; reconnecting");
             }
             (false, false) => {
                 down_for += 1;
                 if down_for.is_multiple_of(30) {
                     let reach = probe(&url).await;
                     tracing::warn!(
-                        url,
+                        url = %shown,
                         reach,
                         seconds = down_for,
                         "still not connected to NATS"
@@ -136,10 +138,29 @@ async fn watch_connection(url: String, js: Context, shutdown: watch::Receiver<bo
             }
             (false, true) => {
                 connected = true;
-                tracing::info!(url, "connected to NATS again");
+                tracing::info!(url = %shown, "connected to NATS again");
             }
             (true, true) => {}
         }
+    }
+}
+
+/// A NATS URL for the log: a user and password (or token) before a host's
+/// `@` are replaced by `[redacted]`.
+pub fn without_credentials(url: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+    let servers: Vec<String> = rest
+        .split(',')
+        .map(|server| match server.rsplit_once('@') {
+            Some((_, host)) => format!("[redacted]@{host}"),
+            None => server.to_owned(),
+        })
+        .collect();
+    let servers = servers.join(",");
+    if scheme.is_empty() {
+        servers
+    } else {
+        format!("{scheme}://{servers}")
     }
 }
 
@@ -267,4 +288,18 @@ pub async fn consume<S, H>(
     consumer
         .run(Duration::from_secs(3600), stopped(shutdown))
         .await;
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn credentials_never_reach_the_log() {
+        let shown = |u| super::without_credentials(u);
+        assert_eq!(
+            shown("nats://user:hunter2@127.0.0.1:4222"),
+            "nats://[redacted]@127.0.0.1:4222"
+        );
+        assert_eq!(shown("tls://tok@a:1,b:2"), "tls://[redacted]@a:1,b:2");
+        assert_eq!(shown("nats://127.0.0.1:4222"), "nats://127.0.0.1:4222");
+    }
 }

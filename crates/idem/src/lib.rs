@@ -16,7 +16,7 @@
 //! | `sqlite` (default) | `idem::sqlite` | `SqliteStore`, the embedded backend |
 //! | `postgres` | `idem::postgres` | `PgStore`, the production backend |
 //! | `http` (default) | `idem::http` | `IdempotencyLayer` for axum and hyper |
-//! | `outbox` | [`outbox`] as well | the `Dispatcher` relaying the transactional outbox |
+//! | `outbox` | [`outbox`] as well | `Outbox::enqueue` in your transaction, and the `Dispatcher` relaying it |
 //! | `inbox` | [`inbox`] as well | the `Inbox` and `Consumer`: effects once per subscriber |
 //! | `nats` | `idem::nats` | NATS JetStream `NatsPublisher` and `NatsSource` |
 //! | `webhooks` | [`webhooks`] as well | signature schemes, `Receiver`, `Processor`, `Forward` |

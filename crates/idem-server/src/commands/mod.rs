@@ -63,7 +63,18 @@ impl Cli {
             }
             c
         });
-        Ok(Cli::from_arg_matches(&command.get_matches())?)
+        // The command line parsed once without the file's values, so an
+        // error now is one of them: say so, and where.
+        let matches = command.try_get_matches().map_err(|e| {
+            let text = e.to_string();
+            let first = text.lines().next().unwrap_or_default();
+            anyhow::anyhow!(
+                "invalid configuration in {} ([server]): {}",
+                path.display(),
+                first.strip_prefix("error: ").unwrap_or(first)
+            )
+        })?;
+        Ok(Cli::from_arg_matches(&matches)?)
     }
 }
 
@@ -85,7 +96,8 @@ pub enum Command {
     Migrate(DbArgs),
     /// Benchmark against plain baselines (prints markdown tables).
     Bench(bench::BenchArgs),
-    /// Delete expired key records once and print how many.
+    /// Delete expired key, inbox and receipt records and old sent outbox
+    /// messages once, and print how many of each.
     Gc(DbArgs),
     /// Print the outbox lag figures as JSON.
     Stats(DbArgs),
@@ -110,7 +122,8 @@ impl Command {
 /// `--database-url`.
 #[derive(clap::Args)]
 pub struct DbArgs {
-    /// `sqlite://PATH` (the file is created if missing) or `postgres://…`.
+    /// `sqlite://PATH` or `postgres://…`. `serve` and `migrate` create a
+    /// missing SQLite file; the other commands refuse one.
     #[arg(long, env = "IDEM_DATABASE_URL", default_value = "sqlite://idem.db")]
     pub database_url: String,
 }
@@ -118,7 +131,7 @@ pub struct DbArgs {
 /// The ledger consumer's flags (`idem consume`, `idem serve --consume`).
 #[derive(clap::Args)]
 pub struct ConsumerArgs {
-    /// Redelivery of an unacknowledged event after this long.
+    /// Redelivery of an unacknowledged event after this long (1s to 12h).
     #[arg(long, env = "IDEM_ACK_WAIT", default_value = "30s", value_parser = humantime::parse_duration)]
     pub ack_wait: Duration,
     /// Deliveries before an event that keeps failing is dead-lettered (1 to 100).

@@ -52,7 +52,8 @@ pub struct ServeArgs {
     /// handler-timeout (1s to 10min).
     #[arg(long, env = "IDEM_HANDLER_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     handler_timeout: Duration,
-    /// How often expired key records are deleted (1s to 24h).
+    /// How often the collector deletes expired key, inbox and receipt records
+    /// and old sent outbox messages (1s to 24h).
     #[arg(long, env = "IDEM_GC_INTERVAL", default_value = "60s", value_parser = humantime::parse_duration)]
     gc_interval: Duration,
     /// How long key records live: retries after it execute again (the
@@ -67,15 +68,20 @@ pub struct ServeArgs {
     #[arg(long, env = "IDEM_NATS_URL")]
     nats_url: Option<String>,
     /// Write payment events to the outbox without relaying them here (run
-    /// `idem relay` next to it).
-    #[arg(long)]
+    /// `idem relay` next to it). `--events=false` turns off a file's `true`.
+    #[arg(long, env = "IDEM_EVENTS", num_args = 0..=1, default_value_t = false,
+          default_missing_value = "true", action = clap::ArgAction::Set)]
     events: bool,
     /// Also run the ledger consumer in this process (needs --nats-url).
-    #[arg(long)]
+    /// `--consume=false` turns off a file's `true`.
+    #[arg(long, env = "IDEM_CONSUME", num_args = 0..=1, default_value_t = false,
+          default_missing_value = "true", action = clap::ArgAction::Set)]
     consume: bool,
     #[command(flatten)]
     consumer: ConsumerArgs,
-    /// A TOML file declaring webhook endpoints (`[webhooks.<name>]`).
+    /// A TOML file: webhook endpoints (`[webhooks.<name>]`), their workers
+    /// (`[worker]`) and defaults for these flags (`[server]`; the
+    /// environment and the flags win).
     #[arg(long, env = "IDEM_CONFIG")]
     config: Option<std::path::PathBuf>,
 }
