@@ -26,13 +26,13 @@ struct FileConfig {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct WorkerConfig {
-    /// `ProcessorConfig::lease`, in seconds.
+    /// How long a worker holds a delivery (default 60 s, 1 s to 1 h).
     lease_secs: Option<u64>,
-    /// `ProcessorConfig::max_attempts`.
+    /// Failed forwards before a delivery is dead (default 8, 1 to 100).
     max_attempts: Option<u32>,
-    /// `ProcessorConfig::poll_interval`, in milliseconds.
+    /// Sleep between idle rounds (default 500 ms, 10 ms to 60 s).
     poll_interval_ms: Option<u64>,
-    /// `ProcessorConfig::concurrency`.
+    /// Deliveries of one endpoint forwarded at once (default 16, 1 to 256).
     concurrency: Option<u32>,
 }
 
@@ -51,6 +51,14 @@ pub fn load(path: &std::path::Path) -> anyhow::Result<WebhookConfig> {
     parse(&text).with_context(|| format!("invalid configuration in {}", path.display()))
 }
 
+/// `value` within `lo..=hi`, or the file's error naming the key.
+fn within(key: &str, value: u64, lo: u64, hi: u64) -> anyhow::Result<()> {
+    if !(lo..=hi).contains(&value) {
+        bail!("{key}: {lo} to {hi}, got {value}");
+    }
+    Ok(())
+}
+
 /// Validates a configuration given as TOML text.
 pub fn parse(text: &str) -> anyhow::Result<WebhookConfig> {
     let file: FileConfig = toml::from_str(text)
@@ -65,31 +73,29 @@ pub fn parse(text: &str) -> anyhow::Result<WebhookConfig> {
         }
         endpoints.push(endpoint);
     }
-    // The bounds are the library's (`ProcessorConfig::validate`); an error
-    // names the file's key.
+    // The file's own ranges, in its units (narrower than the library's:
+    // a server polls no faster than every 10 ms); the library checks its
+    // own bounds on top.
     let mut worker = ProcessorConfig::default();
     if let Some(w) = file.worker {
         if let Some(s) = w.lease_secs {
+            within("worker.lease_secs", s, 1, 3600)?;
             worker.lease = Duration::from_secs(s);
         }
         if let Some(n) = w.max_attempts {
+            within("worker.max_attempts", n.into(), 1, 100)?;
             worker.max_attempts = n;
         }
         if let Some(ms) = w.poll_interval_ms {
+            within("worker.poll_interval_ms", ms, 10, 60_000)?;
             worker.poll_interval = Duration::from_millis(ms);
         }
         if let Some(n) = w.concurrency {
+            within("worker.concurrency", n.into(), 1, 256)?;
             worker.concurrency = n;
         }
     }
-    if let Err(e) = worker.validate() {
-        let key = match e.field {
-            "lease" => "lease_secs",
-            "poll_interval" => "poll_interval_ms",
-            other => other,
-        };
-        bail!("worker.{key}: {e}");
-    }
+    worker.validate()?;
     // A forward still running when its lease ends would be forwarded again by
     // another worker at the same time.
     for e in &endpoints {
@@ -152,6 +158,15 @@ mod tests {
         assert!(err("[webhooks.x]\nscheme = \"github\"\nsecret = \"a\"").contains("unknown field"));
         assert!(err("[worker]\nlease_secs = 0").contains("worker.lease_secs"));
         assert!(err("[worker]\nconcurrency = 0").contains("worker.concurrency"));
+        // The file's ranges, narrower than the library's, in the file's units.
+        assert!(
+            err("[worker]\nconcurrency = 300").contains("worker.concurrency: 1 to 256, got 300")
+        );
+        assert!(
+            err("[worker]\npoll_interval_ms = 5").contains("worker.poll_interval_ms: 10 to 60000")
+        );
+        assert!(err("[worker]\nmax_attempts = 101").contains("worker.max_attempts: 1 to 100"));
+        assert!(err("[worker]\nlease_secs = 99999").contains("worker.lease_secs: 1 to 3600"));
         let slow =
             "[webhooks.x]\nscheme = \"github\"\nsecrets = [\"a\"]\nforward_to = \"http://h/\"\n";
         assert!(
