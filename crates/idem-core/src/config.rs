@@ -77,16 +77,7 @@ impl ConfigError {
         min: Duration,
         max: Duration,
     ) -> Result<(), Self> {
-        if min <= value && value <= max {
-            Ok(())
-        } else {
-            Err(Self::new(
-                component,
-                field,
-                format!("between {} and {}", Human(min), Human(max)),
-                Human(value),
-            ))
-        }
+        Self::check_range(component, field, Human(value), Human(min), Human(max))
     }
 }
 
@@ -125,6 +116,7 @@ impl ConfigError {
 }
 
 /// A duration in the largest unit that shows it exactly.
+#[derive(PartialEq, PartialOrd)]
 struct Human(Duration);
 
 impl fmt::Display for Human {

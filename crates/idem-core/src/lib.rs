@@ -69,6 +69,8 @@ pub use fingerprint::{Fingerprint, FingerprintSpec, RequestParts};
 pub use idempotency_key::IdempotencyKey;
 pub use keys::{Completion, KeyStore, RecordState, ResourceRef, StoredRecord, StoredResponse};
 pub use policy::Policy;
+#[cfg(feature = "tokio")]
+pub use rounds::Polling;
 pub use rounds::{Pause, RoundLoop, Rounds};
 pub use scope::{NAME_MAX_LEN, Operation, Scope, Tenant};
 

@@ -9,6 +9,19 @@ use std::time::Duration;
 
 use crate::outbox::Wake;
 
+/// A [`Wake`] that never wakes early: it sleeps on Tokio's timer (feature
+/// `tokio`). The timer of every loop that is not woken by its store.
+#[cfg(feature = "tokio")]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Polling;
+
+#[cfg(feature = "tokio")]
+impl Wake for Polling {
+    async fn wait(&mut self, max: Duration) {
+        tokio::time::sleep(max).await;
+    }
+}
+
 /// What a round asks for before the next one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pause {

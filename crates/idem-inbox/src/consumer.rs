@@ -5,7 +5,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use idem_core::inbox::{InboxStore, MessageId, Subscriber};
-use idem_core::outbox::Wake;
 use idem_core::{
     Backoff, BoxError, BoxFuture, Clock, ConfigError, Pause, RoundLoop, Rounds, failpoint,
 };
@@ -358,7 +357,7 @@ where
             next_gc: tokio::time::Instant::now(),
             failures: 0,
         };
-        RoundLoop::new(Sleep)
+        RoundLoop::new(idem_core::Polling)
             .interrupting()
             .run(&mut rounds, shutdown)
             .await;
@@ -407,15 +406,6 @@ where
                 Pause::Sleep(self.consumer.config.nak_backoff.delay(self.failures, 1.0))
             }
         }
-    }
-}
-
-/// The consumer's timer: plain sleeping, no hints.
-struct Sleep;
-
-impl Wake for Sleep {
-    async fn wait(&mut self, max: Duration) {
-        tokio::time::sleep(max).await;
     }
 }
 

@@ -114,15 +114,8 @@ pub struct DispatcherStats {
     pub publish_rate_per_sec: f64,
 }
 
-/// A [`Wake`] that never wakes early: plain polling.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Polling;
-
-impl Wake for Polling {
-    async fn wait(&mut self, max: Duration) {
-        tokio::time::sleep(max).await;
-    }
-}
+/// A [`Wake`] that never wakes early: plain polling (core's timer).
+pub use idem_core::Polling;
 
 /// Published messages per second over the last minute, in one-second buckets.
 #[derive(Debug, Default)]

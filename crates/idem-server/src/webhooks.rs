@@ -47,8 +47,12 @@ pub struct WebhookConfig {
 
 /// Reads and validates the configuration file.
 pub fn load(path: &std::path::Path) -> anyhow::Result<WebhookConfig> {
-    let text = crate::config::read_file(path)?;
-    parse(&text).with_context(|| format!("invalid configuration in {}", path.display()))
+    from_text(path, &crate::config::read_file(path)?)
+}
+
+/// Validates the text read from the configuration file at `path`.
+pub fn from_text(path: &std::path::Path, text: &str) -> anyhow::Result<WebhookConfig> {
+    parse(text).with_context(|| format!("invalid configuration in {}", path.display()))
 }
 
 /// `value` within `lo..=hi`, or the file's error naming the key.

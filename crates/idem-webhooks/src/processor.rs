@@ -16,7 +16,6 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use futures_util::future::join_all;
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use idem_core::outbox::Wake;
 use idem_core::webhooks::{Finish, Receipt, WebhookStore};
 use idem_core::{
     Backoff, BoxFuture, Clock, ConfigError, Pause, RoundLoop, Rounds, StoreError, SystemClock,
@@ -408,7 +407,9 @@ impl<S: WebhookStore, C: Clock> Processor<S, C> {
             every: gc_every,
         };
         // Shutdown first; the GC rounds end at shutdown, wherever they are.
-        let gc = RoundLoop::new(Sleep).interrupting().run(&mut gc, shutdown);
+        let gc = RoundLoop::new(idem_core::Polling)
+            .interrupting()
+            .run(&mut gc, shutdown);
         tokio::select! {
             biased;
             () = gc => {}
@@ -435,15 +436,6 @@ impl<S: WebhookStore, C: Clock> Rounds for GcRounds<'_, S, C> {
             }
         }
         Pause::Sleep(self.every)
-    }
-}
-
-/// The processor's timer: plain sleeping, no hints.
-struct Sleep;
-
-impl Wake for Sleep {
-    async fn wait(&mut self, max: Duration) {
-        tokio::time::sleep(max).await;
     }
 }
 

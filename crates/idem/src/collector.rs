@@ -6,7 +6,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use idem_core::inbox::InboxStore;
-use idem_core::outbox::{OutboxStore, Wake};
+use idem_core::outbox::OutboxStore;
 use idem_core::webhooks::WebhookStore;
 use idem_core::{Clock, ConfigError, KeyStore, Pause, RoundLoop, Rounds, StoreError, SystemClock};
 
@@ -195,7 +195,7 @@ where
             collector: self,
             every,
         };
-        RoundLoop::new(Sleep)
+        RoundLoop::new(idem_core::Polling)
             .interrupting()
             .run(&mut rounds, shutdown)
             .await;
@@ -228,15 +228,6 @@ where
             ),
         }
         Pause::Sleep(self.every)
-    }
-}
-
-/// The collector's timer: plain sleeping.
-struct Sleep;
-
-impl Wake for Sleep {
-    async fn wait(&mut self, max: Duration) {
-        tokio::time::sleep(max).await;
     }
 }
 

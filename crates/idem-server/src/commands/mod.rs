@@ -74,7 +74,13 @@ impl Cli {
                 first.strip_prefix("error: ").unwrap_or(first)
             )
         })?;
-        Ok(Cli::from_arg_matches(&matches)?)
+        let mut cli = Cli::from_arg_matches(&matches)?;
+        // The webhook tables come from the same read: a file edited in
+        // between cannot give the server one version and the webhooks another.
+        if let Command::Serve(args) = &mut cli.command {
+            args.file_text = Some(text);
+        }
+        Ok(cli)
     }
 }
 
@@ -82,7 +88,7 @@ impl Cli {
 #[derive(Subcommand)]
 pub enum Command {
     /// Serve the demo payments API.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Inspect and replay stored webhook deliveries.
     Webhooks {
         #[command(subcommand)]

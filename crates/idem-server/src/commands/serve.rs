@@ -84,6 +84,9 @@ pub struct ServeArgs {
     /// environment and the flags win).
     #[arg(long, env = "IDEM_CONFIG")]
     config: Option<std::path::PathBuf>,
+    /// The text of `config`, as [`super::Cli::load`] read it.
+    #[arg(skip)]
+    pub(super) file_text: Option<String>,
 }
 
 impl ServeArgs {
@@ -92,9 +95,10 @@ impl ServeArgs {
         if let Some(url) = &self.nats_url {
             config::nats_url(url)?;
         }
-        let webhooks = match &self.config {
-            Some(path) => Some(crate::webhooks::load(path)?),
-            None => None,
+        let webhooks = match (&self.config, &self.file_text) {
+            (Some(path), Some(text)) => Some(crate::webhooks::from_text(path, text)?),
+            (Some(path), None) => Some(crate::webhooks::load(path)?),
+            (None, _) => None,
         };
         if self.consume && self.nats_url.is_none() {
             anyhow::bail!("--consume needs --nats-url");
