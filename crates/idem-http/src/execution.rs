@@ -2,7 +2,6 @@
 //! in the transaction, and finish — store and commit, or roll back.
 
 use std::panic::AssertUnwindSafe;
-use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::FutureExt;
@@ -10,8 +9,8 @@ use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, Limited};
 use idem_core::{
-    Begun, BoxError, Clock, Completion, Engine, Error, KeyStore, ResourceRef, StoreError,
-    StoredRecord, StoredResponse,
+    Begun, BoxError, Clock, Completion, Engine, Error, KeyStore, ResourceRef, StoredRecord,
+    StoredResponse,
 };
 
 use crate::admission::{Admitted, Keyed};
@@ -66,7 +65,7 @@ where
         Err(Error::InFlight { retry_after }) => {
             return Ok(reject(Rejection::InFlight(retry_after)));
         }
-        Err(Error::Store(e)) => return Ok(reject(store_rejection(&e))),
+        Err(Error::Store(e)) => return Ok(reject(Rejection::for_store(&e))),
         Err(_) => return Ok(reject(Rejection::Internal)),
     };
     let slot = IdemTx::new(Open::Keyed(claimed));
@@ -109,30 +108,10 @@ where
     };
     completion.resource = rparts.extensions.remove::<ResourceRef>();
     if let Err(e) = engine.finish(claimed, &completion).await {
-        return Ok(reject(store_rejection(&e)));
+        return Ok(reject(Rejection::for_store(&e)));
     }
     let res = Response::from_parts(rparts, ResB::from(bytes));
     Ok(RequestOutcome::Executed.mark(res))
-}
-
-/// What the client is told when the store fails. The error and its sources
-/// are logged; the client gets only the problem type.
-fn store_rejection(e: &StoreError) -> Rejection {
-    let error = e as &(dyn std::error::Error + 'static);
-    match e {
-        StoreError::OutcomeUnknown { .. } => {
-            tracing::warn!(error, "commit not acknowledged; outcome unknown");
-            Rejection::OutcomeUnknown(Duration::from_secs(1))
-        }
-        e if e.retryable() => {
-            tracing::warn!(error, "idempotency store unavailable");
-            Rejection::StoreUnavailable(Duration::from_secs(1))
-        }
-        _ => {
-            tracing::error!(error, "idempotency store failed");
-            Rejection::Internal
-        }
-    }
 }
 
 /// A rejection as a response, marked with what the layer did.
@@ -248,7 +227,7 @@ where
 {
     let tx = match engine.begin_unkeyed().await {
         Ok(tx) => tx,
-        Err(e) => return Ok(reject(store_rejection(&e))),
+        Err(e) => return Ok(reject(Rejection::for_store(&e))),
     };
     let slot = IdemTx::new(Open::Unkeyed(tx));
     parts.extensions.insert(slot.clone());
@@ -278,7 +257,7 @@ where
         None => Ok(()),
     };
     if let Err(e) = result {
-        return Ok(reject(store_rejection(&e)));
+        return Ok(reject(Rejection::for_store(&e)));
     }
     Ok(RequestOutcome::Unkeyed.mark(res))
 }

@@ -101,7 +101,7 @@ pub use admission::{Admitted, Keyed, admit};
 pub use config::{Disposition, NEVER_REPLAYED, RouteConfig, RouteConfigError, TenantSource};
 pub use execution::{execute, replay};
 pub use outcome::RequestOutcome;
-pub use problem::{Rejection, TYPE_BASE, problem};
+pub use problem::{Rejection, TYPE_BASE, problem, store_problem};
 pub use service::{Idempotency, IdempotencyLayer, ResponseFuture};
 pub use tx::{IdemTx, TxFinished};
 

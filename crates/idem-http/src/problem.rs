@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
-use idem_core::KeyError;
+use idem_core::{KeyError, StoreError};
 
 /// Base of every problem `type` URI Idem emits.
 pub const TYPE_BASE: &str = "https://idem.dev/problems/";
@@ -148,6 +148,31 @@ impl Rejection {
         }
     }
 
+    /// The answer to a store error: 503 `outcome-unknown` when a write was
+    /// sent and not acknowledged, 503 `store-unavailable` when a retry can
+    /// succeed, 500 otherwise. Logged with its sources, never sent. (A value
+    /// the database refused is the caller's input: see [`store_problem`].)
+    pub fn for_store(e: &StoreError) -> Rejection {
+        let error = e as &(dyn std::error::Error + 'static);
+        match e {
+            StoreError::OutcomeUnknown { .. } => {
+                tracing::warn!(
+                    error,
+                    "a write was sent and not acknowledged; outcome unknown"
+                );
+                Rejection::OutcomeUnknown(Duration::from_secs(1))
+            }
+            e if e.retryable() => {
+                tracing::warn!(error, "store unavailable");
+                Rejection::StoreUnavailable(Duration::from_secs(1))
+            }
+            _ => {
+                tracing::error!(error, "store failed");
+                Rejection::Internal
+            }
+        }
+    }
+
     /// Renders the problem response.
     pub fn into_response<B: From<Bytes>>(self) -> Response<B> {
         let (status, slug, title) = self.parts();
@@ -188,4 +213,24 @@ pub fn problem<B: From<Bytes>>(
             .insert(header::RETRY_AFTER, HeaderValue::from(secs));
     }
     res
+}
+
+/// A store error in a handler or a route of your own: 400 `invalid-request`
+/// when the database refused a value the client sent, else
+/// [`Rejection::for_store`]'s answer.
+pub fn store_problem<B: From<Bytes>>(e: StoreError) -> Response<B> {
+    if let StoreError::InvalidValue { .. } = e {
+        tracing::info!(
+            error = &e as &(dyn std::error::Error + 'static),
+            "the database refused a value of the request"
+        );
+        return problem(
+            StatusCode::BAD_REQUEST,
+            "invalid-request",
+            "The request is invalid",
+            Some("a value is not acceptable"),
+            None,
+        );
+    }
+    Rejection::for_store(&e).into_response()
 }

@@ -70,35 +70,12 @@ fn internal_problem() -> Response {
     )
 }
 
-/// A store error in a route: 503 + Retry-After when the database is
-/// unreachable (the client should retry; a handler's error rolls its
-/// transaction back, so nothing was written), 503 `outcome-unknown` when a
-/// write was sent and not acknowledged, 400 when the database refused a value
-/// the client sent, 500 otherwise. The error and its sources are logged,
-/// never sent.
+/// A store error in a route: [`idem_http::store_problem`] (400 for a value
+/// the database refused, 503 when a retry can succeed or the outcome is
+/// unknown, 500 otherwise), the one mapping the layer and the webhook route
+/// use too.
 pub fn db_error(e: StoreError) -> Response {
-    let error = &e as &(dyn std::error::Error + 'static);
-    match e {
-        StoreError::InvalidValue { .. } => {
-            tracing::info!(error, "the database refused a value of the request");
-            invalid("a value is not acceptable")
-        }
-        StoreError::OutcomeUnknown { .. } => {
-            tracing::warn!(
-                error,
-                "a write was sent and not acknowledged; outcome unknown"
-            );
-            idem_http::Rejection::OutcomeUnknown(Duration::from_secs(1)).into_response()
-        }
-        ref e if e.retryable() => {
-            tracing::warn!(error, "database unavailable");
-            idem_http::Rejection::StoreUnavailable(Duration::from_secs(1)).into_response()
-        }
-        _ => {
-            tracing::error!(error, "database failed");
-            internal_problem()
-        }
-    }
+    idem_http::store_problem(e)
 }
 
 /// A read, bounded: past `limit` it is abandoned and the client gets 503

@@ -10,7 +10,6 @@
 //! ```
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
@@ -19,7 +18,6 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::Response;
 use axum::routing::post;
 use http_body_util::{BodyExt, Limited};
-use idem_core::StoreError;
 use idem_core::webhooks::WebhookStore;
 use idem_http::Rejection;
 
@@ -46,30 +44,6 @@ fn accepted(status: StatusCode, outcome: &str, delivery_id: &str) -> Response {
         HeaderValue::from_static("application/json"),
     );
     res
-}
-
-/// A store failure: 503 (`store-unavailable` or `outcome-unknown`) when a
-/// retry can succeed, 500 otherwise. Logged with its sources, never sent.
-fn store_failed(e: StoreError) -> Response {
-    let error = &e as &(dyn std::error::Error + 'static);
-    let rejection = match &e {
-        // The database refused a value of the delivery: the sender's, so 400.
-        StoreError::InvalidValue { .. } => {
-            tracing::info!(error, "the database refused a value of a webhook");
-            return idem_http::problem(
-                StatusCode::BAD_REQUEST,
-                "invalid-request",
-                "The request is invalid",
-                Some("a value is not acceptable"),
-                None,
-            );
-        }
-        StoreError::OutcomeUnknown { .. } => Rejection::OutcomeUnknown(Duration::from_secs(1)),
-        e if e.retryable() => Rejection::StoreUnavailable(Duration::from_secs(1)),
-        _ => Rejection::Internal,
-    };
-    tracing::warn!(error, "a webhook could not be stored");
-    rejection.into_response()
 }
 
 async fn receive<S: WebhookStore>(
@@ -113,7 +87,7 @@ async fn receive<S: WebhookStore>(
         ),
         Err(ReceiveError::TooLarge { .. }) => Rejection::BodyTooLarge.into_response(),
         Err(ReceiveError::UnknownEndpoint) => unknown_endpoint(),
-        Err(ReceiveError::Store(e)) => store_failed(e),
+        Err(ReceiveError::Store(e)) => idem_http::store_problem(e),
     }
 }
 
