@@ -4,8 +4,11 @@
 //! [`KeyStore`] (claims, replay, mismatch, concurrency, bounded waits, expiry),
 //! an [`OutboxStore`] (commit with the transaction, order per key, leases,
 //! backoff, purge), an [`InboxStore`] (once per subscriber, concurrent
-//! duplicates) and a [`WebhookStore`] (stored once, entity order, replay,
-//! content dedupe, cancellation).
+//! duplicates), a [`WebhookStore`] (stored once, entity order, replay,
+//! content dedupe, cancellation) and a
+//! [`RunStore`](idem_core::steps::RunStore) (runs created with their key,
+//! fenced writes, takeovers only after the lease, claims never shared, the
+//! send-once ledger).
 //!
 //! A backend runs each check against a real database in its integration
 //! tests, the way `idem-sqlite` and `idem-postgres` do; each check takes a
@@ -20,6 +23,9 @@
 //! # }
 //! ```
 #![allow(clippy::unwrap_used)]
+
+mod runs;
+pub use runs::*;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

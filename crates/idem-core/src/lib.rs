@@ -28,6 +28,14 @@
 //! - [`webhooks`]: [`webhooks::NewReceipt`], [`webhooks::Receipt`] and the
 //!   [`webhooks::WebhookStore`]: webhook deliveries stored before they are
 //!   acknowledged.
+//! - [`steps`]: runs and steps of operations that call other systems —
+//!   [`steps::RunRecord`], [`steps::StepRecord`], leases with a
+//!   [`steps::Fence`], derived downstream keys ([`steps::StepKey`]) and the
+//!   [`steps::RunStore`] the `idem-steps` executor works through.
+//! - [`patterns`]: the database patterns that make a write idempotent by
+//!   itself — a state-machine transition, an update conditional on a
+//!   version, an absolute-value upsert — as SQL builders with typed
+//!   outcomes, executed by each backend's `patterns` module.
 //! - [`Backoff`] (retry delays), [`headers`] (how header lists are stored) and
 //!   [`failpoint`] (crash points for the drills, compiled in with the
 //!   `failpoints` feature only) serve all of them, as do [`RoundLoop`],
@@ -47,6 +55,8 @@ pub mod headers;
 pub mod inbox;
 pub mod keys;
 pub mod outbox;
+pub mod patterns;
+pub mod steps;
 pub mod webhooks;
 
 mod backoff;

@@ -74,10 +74,17 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "idem_webhooks_hardening",
         sql: include_str!("../migrations/0005_idem_webhooks_hardening.sql"),
     },
+    Migration {
+        version: 6,
+        name: "idem_runs",
+        sql: include_str!("../migrations/0006_idem_runs.sql"),
+    },
 ];
 
 mod inbox;
 pub mod outbox;
+pub mod patterns;
+mod runs;
 mod webhooks;
 
 /// An open PostgreSQL transaction handed to business code. Dereferences to the

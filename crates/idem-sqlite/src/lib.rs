@@ -34,6 +34,8 @@ mod gate;
 mod inbox;
 mod migrate;
 pub mod outbox;
+pub mod patterns;
+mod runs;
 mod webhooks;
 
 use std::ops::{Deref, DerefMut};

@@ -32,6 +32,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "idem_webhooks_hardening",
         sql: include_str!("../migrations/0005_idem_webhooks_hardening.sql"),
     },
+    Migration {
+        version: 6,
+        name: "idem_runs",
+        sql: include_str!("../migrations/0006_idem_runs.sql"),
+    },
 ];
 
 /// Applies `migrations` of `component` that this database has not seen, each in

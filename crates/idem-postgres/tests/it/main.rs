@@ -89,6 +89,13 @@ conformance! {
     webhook_failures_replay_and_gc;
     webhook_content_dedupe;
     cancelled_calls_leave_connections_clean;
+    runs_are_created_with_their_key;
+    fenced_writes_land_only_with_the_current_fence;
+    takeover_needs_an_expired_lease;
+    claims_of_due_runs_are_never_shared, 40;
+    final_runs_expire_with_their_key;
+    send_once_ledger_holds_one_sender;
+    runs_are_listed_by_state;
 }
 
 #[tokio::test]
