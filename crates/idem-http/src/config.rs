@@ -9,14 +9,9 @@ use idem_core::{FingerprintSpec, Operation, Policy, Tenant};
 
 use crate::problem::Rejection;
 
-/// Headers that are never stored nor replayed, whatever the configuration.
-pub const NEVER_REPLAYED: &[&str] = &[
-    "set-cookie",
-    "authorization",
-    "www-authenticate",
-    "proxy-authenticate",
-    "proxy-authorization",
-];
+/// Headers that are never stored nor replayed, whatever the configuration
+/// ([`idem_core::headers::NEVER_STORED`]).
+pub const NEVER_REPLAYED: &[&str] = idem_core::headers::NEVER_STORED;
 
 /// Where the tenant of a request comes from.
 #[derive(Debug, Clone)]
@@ -158,7 +153,7 @@ impl RouteConfig {
     /// Whether a response with `status` commits (stored for replay when keyed)
     /// or rolls back: the handler's [`Disposition`] wins, else 2xx/3xx and the
     /// configured 4xx statuses commit.
-    pub(crate) fn keeps(&self, status: u16, disposition: Option<Disposition>) -> bool {
+    pub fn keeps(&self, status: u16, disposition: Option<Disposition>) -> bool {
         match disposition {
             Some(d) => d == Disposition::Store,
             None => status < 400 || self.store_client_errors.contains(&status),
@@ -166,7 +161,7 @@ impl RouteConfig {
     }
 
     /// Whether a response header is stored and replayed.
-    pub(crate) fn replays(&self, name: &HeaderName) -> bool {
+    pub fn replays(&self, name: &HeaderName) -> bool {
         self.replay_headers.contains(name) && !NEVER_REPLAYED.contains(&name.as_str())
     }
 

@@ -267,6 +267,15 @@ pub fn replay<B: From<Bytes>>(record: &StoredRecord) -> Response<B> {
     let Some(stored) = &record.response else {
         return reject(Rejection::Internal);
     };
+    let mut res = stored_response(stored);
+    res.headers_mut()
+        .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    res
+}
+
+/// A stored response as an HTTP response: its status, its headers (those
+/// that are no valid header are left out) and its exact body bytes.
+pub fn stored_response<B: From<Bytes>>(stored: &StoredResponse) -> Response<B> {
     let mut res = Response::new(B::from(Bytes::from(stored.body.clone())));
     *res.status_mut() =
         StatusCode::from_u16(stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -278,7 +287,5 @@ pub fn replay<B: From<Bytes>>(record: &StoredRecord) -> Response<B> {
             res.headers_mut().append(n, v);
         }
     }
-    res.headers_mut()
-        .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
     res
 }

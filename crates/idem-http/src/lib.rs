@@ -99,7 +99,7 @@ use http::HeaderName;
 
 pub use admission::{Admitted, Keyed, admit};
 pub use config::{Disposition, NEVER_REPLAYED, RouteConfig, RouteConfigError, TenantSource};
-pub use execution::{execute, replay};
+pub use execution::{execute, replay, stored_response};
 pub use outcome::RequestOutcome;
 pub use problem::{Rejection, TYPE_BASE, problem, store_problem};
 pub use service::{Idempotency, IdempotencyLayer, ResponseFuture};

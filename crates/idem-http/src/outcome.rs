@@ -41,6 +41,13 @@ pub enum RequestOutcome {
     OutcomeUnknown,
     /// The handler did not answer in time; rolled back (503).
     HandlerTimeout,
+    /// A multi-step run was started (or resumed) and goes on after the
+    /// answer (202); its outcome is stored when it ends.
+    Accepted,
+    /// The key's run waits for an operator (409).
+    NeedsAttention,
+    /// No slot for another multi-step run (503).
+    AtCapacity,
     /// The response was too large to store; rolled back (500).
     ResponseTooLarge,
     /// Anything else (500).
@@ -65,6 +72,9 @@ impl RequestOutcome {
             Self::StoreUnavailable => "store_unavailable",
             Self::OutcomeUnknown => "outcome_unknown",
             Self::HandlerTimeout => "handler_timeout",
+            Self::Accepted => "accepted",
+            Self::NeedsAttention => "needs_attention",
+            Self::AtCapacity => "at_capacity",
             Self::ResponseTooLarge => "response_too_large",
             Self::Internal => "internal",
         }
@@ -83,12 +93,15 @@ impl RequestOutcome {
             Rejection::StoreUnavailable(_) => Self::StoreUnavailable,
             Rejection::OutcomeUnknown(_) => Self::OutcomeUnknown,
             Rejection::HandlerTimeout(_) => Self::HandlerTimeout,
+            Rejection::NeedsAttention(_) => Self::NeedsAttention,
+            Rejection::AtCapacity(_) => Self::AtCapacity,
             Rejection::ResponseTooLarge => Self::ResponseTooLarge,
             Rejection::Internal => Self::Internal,
         }
     }
 
-    pub(crate) fn mark<B>(self, mut res: Response<B>) -> Response<B> {
+    /// Puts this outcome in the response's extensions.
+    pub fn mark<B>(self, mut res: Response<B>) -> Response<B> {
         res.extensions_mut().insert(self);
         res
     }

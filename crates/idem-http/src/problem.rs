@@ -44,6 +44,13 @@ pub enum Rejection {
     /// The handler did not answer within the route's handler timeout; its
     /// writes were rolled back (503 + Retry-After).
     HandlerTimeout(Duration),
+    /// The key's multi-step run is stopped at a step an operator must
+    /// resolve (an effect whose outcome is unknown); nothing runs until then
+    /// (409 + Retry-After).
+    NeedsAttention(Duration),
+    /// Every slot for running multi-step operations is taken; nothing was
+    /// written (503 + Retry-After).
+    AtCapacity(Duration),
     /// The response is over the capture limit; everything was rolled back (500).
     ResponseTooLarge,
     /// An internal failure; details are logged, not sent (500).
@@ -104,6 +111,16 @@ impl Rejection {
                 "handler-timeout",
                 "The request did not finish in time",
             ),
+            Self::NeedsAttention(_) => (
+                StatusCode::CONFLICT,
+                "needs-attention",
+                "The request is waiting for an operator",
+            ),
+            Self::AtCapacity(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "at-capacity",
+                "The server is running as many operations as it may",
+            ),
             Self::ResponseTooLarge => (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "response-too-large",
@@ -128,6 +145,11 @@ impl Rejection {
                 the request may or may not have taken effect; retry with the same \
                 Idempotency-Key to get its outcome"
                 .into(),
+            Self::NeedsAttention(_) => "a step of this request has an unknown outcome and \
+                cannot be repeated safely; an operator resolves it, and then the request \
+                finishes and its answer is replayed to this Idempotency-Key"
+                .into(),
+            Self::AtCapacity(_) => "nothing was written; retry later".into(),
             Self::HandlerTimeout(d) => format!(
                 "the handler did not answer within {} s; its writes were rolled back; \
                  retrying with the same Idempotency-Key is safe",
@@ -140,9 +162,11 @@ impl Rejection {
     /// The `Retry-After` seconds this rejection carries, if any.
     pub fn retry_after(&self) -> Option<u64> {
         match self {
-            Self::InFlight(d) | Self::StoreUnavailable(d) | Self::OutcomeUnknown(d) => {
-                Some(d.as_secs().max(1))
-            }
+            Self::InFlight(d)
+            | Self::StoreUnavailable(d)
+            | Self::OutcomeUnknown(d)
+            | Self::NeedsAttention(d)
+            | Self::AtCapacity(d) => Some(d.as_secs().max(1)),
             Self::HandlerTimeout(_) => Some(1),
             _ => None,
         }
