@@ -145,7 +145,7 @@ pub async fn fenced_writes_land_only_with_the_current_fence<S: RunStore>(store: 
     };
     assert!(
         store
-            .record(&lease, &change, Some(&charge), T0 + 10)
+            .record_run(&lease, &change, Some(&charge), T0 + 10)
             .await
             .unwrap(),
         "the holder's write lands"
@@ -175,14 +175,14 @@ pub async fn fenced_writes_land_only_with_the_current_fence<S: RunStore>(store: 
     };
     assert!(
         !store
-            .record(&stale, &zombie, Some(&mail), T0 + 20)
+            .record_run(&stale, &zombie, Some(&mail), T0 + 20)
             .await
             .unwrap(),
         "a write with another fence is refused"
     );
     let mut tx = store.begin().await.unwrap();
     assert!(
-        !S::record_in(&mut tx, &stale, &zombie, Some(&mail), T0 + 20)
+        !S::record_run_in(&mut tx, &stale, &zombie, Some(&mail), T0 + 20)
             .await
             .unwrap(),
         "in a transaction too"
@@ -199,7 +199,12 @@ pub async fn fenced_writes_land_only_with_the_current_fence<S: RunStore>(store: 
         attention: Some(Some(("charge", "outcome unknown"))),
         ..RunChange::default()
     };
-    assert!(store.record(&lease, &block, None, T0 + 30).await.unwrap());
+    assert!(
+        store
+            .record_run(&lease, &block, None, T0 + 30)
+            .await
+            .unwrap()
+    );
     let blocked = load(&store, &lease.run).await;
     assert_eq!(blocked.failure, Some(failure), "the first failure is kept");
     assert_eq!(blocked.blocked_step.as_deref(), Some("charge"));
@@ -210,7 +215,12 @@ pub async fn fenced_writes_land_only_with_the_current_fence<S: RunStore>(store: 
         bump_fence: true,
         ..RunChange::default()
     };
-    assert!(store.record(&lease, &clear, None, T0 + 40).await.unwrap());
+    assert!(
+        store
+            .record_run(&lease, &clear, None, T0 + 40)
+            .await
+            .unwrap()
+    );
     let cleared = load(&store, &lease.run).await;
     assert_eq!((cleared.blocked_step, cleared.attention), (None, None));
     assert_eq!(
@@ -220,7 +230,7 @@ pub async fn fenced_writes_land_only_with_the_current_fence<S: RunStore>(store: 
     );
     assert!(
         !store
-            .record(&lease, &RunChange::default(), None, T0 + 50)
+            .record_run(&lease, &RunChange::default(), None, T0 + 50)
             .await
             .unwrap(),
         "the executor that held the run is fenced out by it"
@@ -246,7 +256,7 @@ pub async fn takeover_needs_an_expired_lease<S: RunStore>(store: S) {
         locked_until_ms: Some(T0 + 2 * LEASE_MS),
         ..RunChange::default()
     };
-    assert!(store.record(&a, &beat, None, T0 + 5).await.unwrap());
+    assert!(store.record_run(&a, &beat, None, T0 + 5).await.unwrap());
     assert!(
         store
             .take_over(&a.run, "exec-b", T0 + LEASE_MS, T0 + 3 * LEASE_MS)
@@ -267,13 +277,13 @@ pub async fn takeover_needs_an_expired_lease<S: RunStore>(store: S) {
     let b = taken.lease().unwrap();
     assert!(
         !store
-            .record(&a, &RunChange::default(), None, T0)
+            .record_run(&a, &RunChange::default(), None, T0)
             .await
             .unwrap()
     );
     assert!(
         store
-            .record(&b, &RunChange::default(), None, T0)
+            .record_run(&b, &RunChange::default(), None, T0)
             .await
             .unwrap()
     );
@@ -284,7 +294,7 @@ pub async fn takeover_needs_an_expired_lease<S: RunStore>(store: S) {
         locked_until_ms: Some(T0 + 5 * LEASE_MS),
         ..RunChange::default()
     };
-    assert!(store.record(&b, &release, None, T0).await.unwrap());
+    assert!(store.record_run(&b, &release, None, T0).await.unwrap());
     let released = load(&store, &b.run).await;
     assert_eq!(released.holder, None);
     assert!(
@@ -299,7 +309,7 @@ pub async fn takeover_needs_an_expired_lease<S: RunStore>(store: S) {
         state: Some(RunState::Completed),
         ..RunChange::default()
     };
-    assert!(store.record(&b, &done, None, T0).await.unwrap());
+    assert!(store.record_run(&b, &done, None, T0).await.unwrap());
     assert!(
         store
             .take_over(&b.run, "exec-c", i64::MAX - 1, i64::MAX - 1)
@@ -380,7 +390,7 @@ pub async fn final_runs_expire_with_their_key<S: RunStore>(store: S) {
         let st = step(name, i as i64 + 1, StepState::Done, 1, lease.fence);
         assert!(
             store
-                .record(&lease, &RunChange::default(), Some(&st), T0)
+                .record_run(&lease, &RunChange::default(), Some(&st), T0)
                 .await
                 .unwrap()
         );
@@ -392,7 +402,7 @@ pub async fn final_runs_expire_with_their_key<S: RunStore>(store: S) {
     };
     assert!(
         store
-            .record(&lease, &RunChange::default(), Some(&again), T0 + 1)
+            .record_run(&lease, &RunChange::default(), Some(&again), T0 + 1)
             .await
             .unwrap()
     );
@@ -414,7 +424,7 @@ pub async fn final_runs_expire_with_their_key<S: RunStore>(store: S) {
         ..RunChange::default()
     };
     assert!(
-        S::record_in(&mut tx, &lease, &done, None, T0 + 100)
+        S::record_run_in(&mut tx, &lease, &done, None, T0 + 100)
             .await
             .unwrap()
     );
@@ -453,7 +463,7 @@ pub async fn final_runs_expire_with_their_key<S: RunStore>(store: S) {
         ..RunChange::default()
     };
     assert!(
-        S::record_in(
+        S::record_run_in(
             &mut tx,
             &first,
             &end,
@@ -486,7 +496,7 @@ pub async fn final_runs_expire_with_their_key<S: RunStore>(store: S) {
     );
     assert!(
         !store
-            .record(&first, &RunChange::default(), None, T0)
+            .record_run(&first, &RunChange::default(), None, T0)
             .await
             .unwrap(),
         "the old run's executor cannot write into the new run"
@@ -547,7 +557,7 @@ pub async fn send_once_ledger_holds_one_sender<S: RunStore>(store: S) {
         message: Some(("confirm-ord_1", MessageState::Sent)),
         ..RunChange::default()
     };
-    assert!(store.record(&a, &sent, None, T0 + 3).await.unwrap());
+    assert!(store.record_run(&a, &sent, None, T0 + 3).await.unwrap());
     let row = store.message("confirm-ord_1").await.unwrap().unwrap();
     assert_eq!(
         (row.state, row.sent_at_ms),
@@ -561,7 +571,7 @@ pub async fn send_once_ledger_holds_one_sender<S: RunStore>(store: S) {
         message: Some(("confirm-ord_1", MessageState::NotSent)),
         ..RunChange::default()
     };
-    assert!(store.record(&b, &steal, None, T0 + 5).await.unwrap());
+    assert!(store.record_run(&b, &steal, None, T0 + 5).await.unwrap());
     assert_eq!(
         store.message("confirm-ord_1").await.unwrap().unwrap().state,
         MessageState::Sent,
@@ -572,7 +582,7 @@ pub async fn send_once_ledger_holds_one_sender<S: RunStore>(store: S) {
         message: Some(("sms-1", MessageState::NotSent)),
         ..RunChange::default()
     };
-    assert!(store.record(&a, &not_sent, None, T0 + 6).await.unwrap());
+    assert!(store.record_run(&a, &not_sent, None, T0 + 6).await.unwrap());
     let taken = claim(&store, "sms-1", &b.run, T0 + 7).await;
     assert_eq!(
         (taken.run_id.as_str(), taken.state, taken.attempts),
@@ -616,7 +626,7 @@ pub async fn runs_are_listed_by_state<S: RunStore>(store: S) {
     };
     assert!(
         store
-            .record(&leases[1], &attention, None, T0)
+            .record_run(&leases[1], &attention, None, T0)
             .await
             .unwrap()
     );

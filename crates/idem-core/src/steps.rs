@@ -756,7 +756,7 @@ impl Default for RunFilter {
 /// Runs and steps, stored in the same database as the key records and the
 /// business data.
 ///
-/// Every write of a run ([`RunStore::record_in`], [`RunStore::record`]) is
+/// Every write of a run ([`RunStore::record_run_in`], [`RunStore::record_run`]) is
 /// conditional on the writer's fence and reports `Ok(false)`, writing
 /// nothing, when the fence moved. Takeovers ([`RunStore::take_over`],
 /// [`RunStore::claim_due`]) only take a live run whose lease expired, add one
@@ -778,7 +778,7 @@ pub trait RunStore: KeyStore {
     /// In `tx`: applies `change` to the run and upserts `step`, if the run's
     /// fence is still `lease.fence`; `Ok(false)` and nothing written when it
     /// is not. With `change.expires_at_ms` the key record's expiry moves too.
-    fn record_in<'a>(
+    fn record_run_in<'a>(
         tx: &'a mut Self::Tx,
         lease: &'a Lease,
         change: &'a RunChange<'a>,
@@ -786,8 +786,8 @@ pub trait RunStore: KeyStore {
         now_ms: i64,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send + 'a;
 
-    /// [`RunStore::record_in`] as a transaction of its own.
-    fn record(
+    /// [`RunStore::record_run_in`] as a transaction of its own.
+    fn record_run(
         &self,
         lease: &Lease,
         change: &RunChange<'_>,

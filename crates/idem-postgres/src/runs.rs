@@ -253,7 +253,7 @@ impl RunStore for PgStore {
         })
     }
 
-    async fn record_in(
+    async fn record_run_in(
         tx: &mut PgTx,
         lease: &Lease,
         change: &RunChange<'_>,
@@ -267,7 +267,7 @@ impl RunStore for PgStore {
         written(&row)
     }
 
-    async fn record(
+    async fn record_run(
         &self,
         lease: &Lease,
         change: &RunChange<'_>,

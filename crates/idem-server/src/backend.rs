@@ -5,16 +5,22 @@
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use idem_core::KeyStore;
 use idem_core::inbox::InboxStore;
 use idem_core::outbox::{OutboxStore, Wake};
+use idem_core::patterns::PatternExec;
+use idem_core::steps::RunStore;
 use idem_core::webhooks::WebhookStore;
 use idem_postgres::{PgConfig, PgStore};
 use idem_sqlite::{SqliteConfig, SqliteStore};
 
 use crate::demo::{self, sql::DemoSql, sql::demo_sql};
 
-/// Every store capability the server uses, from one database.
-pub trait Backend: InboxStore + OutboxStore + WebhookStore + DemoSql {
+/// Every store capability the server uses, from one database: runs and
+/// steps included, whose transactions run the database patterns.
+pub trait Backend:
+    InboxStore + OutboxStore + WebhookStore + RunStore + KeyStore<Tx: PatternExec> + DemoSql
+{
     /// What wakes the relay when a row is written to the outbox.
     type OutboxWake: Wake + 'static;
 

@@ -13,7 +13,9 @@ use anyhow::bail;
 use idem_core::Policy;
 
 use crate::admin::AdminToken;
+use crate::commands::CheckoutArgs;
 use crate::demo::DemoConfig;
+use crate::demo::checkout::CheckoutConfig;
 use crate::http_server::Limits;
 use crate::messaging::{ConsumeConfig, DUPLICATE_WINDOW};
 use crate::webhooks::WebhookConfig;
@@ -40,6 +42,8 @@ pub struct ServerConfig {
     pub consume: Option<ConsumeConfig>,
     /// `--config`: webhook endpoints and workers.
     pub webhooks: Option<WebhookConfig>,
+    /// `--provider-url` and the checkout's other flags.
+    pub checkout: Option<CheckoutConfig>,
 }
 
 /// The largest configuration file read.
@@ -161,6 +165,62 @@ pub fn demo(
         handler_timeout,
         ..DemoConfig::default()
     })
+}
+
+/// The checkout's settings from its flags; `None` without `--provider-url`.
+pub fn checkout(args: &CheckoutArgs) -> anyhow::Result<Option<CheckoutConfig>> {
+    use crate::demo::checkout::clients::base_url;
+    let hour = Duration::from_secs(3600);
+    let lease = check(within(
+        "--run-lease",
+        args.run_lease,
+        Duration::from_secs(1),
+        hour,
+    ))?;
+    let deadline = check(within(
+        "--order-deadline",
+        args.order_deadline,
+        Duration::from_secs(1),
+        Duration::from_secs(30 * 24 * 3600),
+    ))?;
+    let call_timeout = check(within(
+        "--call-timeout",
+        args.call_timeout,
+        Duration::from_millis(100),
+        Duration::from_secs(300),
+    ))?;
+    let respond_within = check(within(
+        "--respond-within",
+        args.respond_within,
+        Duration::ZERO,
+        Duration::from_secs(60),
+    ))?;
+    if !(1..=10_000).contains(&args.max_runs) {
+        bail!(
+            "--max-runs must be between 1 and 10000, got {}",
+            args.max_runs
+        );
+    }
+    let mail_url = match &args.mail_url {
+        Some(url) => Some(base_url("--mail-url", url)?),
+        None => None,
+    };
+    let Some(provider) = &args.provider_url else {
+        if mail_url.is_some() {
+            bail!("--mail-url needs --provider-url: confirmations are sent for orders");
+        }
+        return Ok(None);
+    };
+    Ok(Some(CheckoutConfig {
+        provider_url: base_url("--provider-url", provider)?,
+        mail_url,
+        mail_delivery: args.mail_delivery,
+        lease,
+        deadline,
+        call_timeout,
+        respond_within,
+        max_runs: args.max_runs,
+    }))
 }
 
 /// The ledger consumer's settings from `--ack-wait` and `--max-deliver`.

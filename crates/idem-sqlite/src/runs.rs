@@ -320,7 +320,7 @@ impl RunStore for SqliteStore {
         Self::create_run_on(tx, run).await
     }
 
-    async fn record_in(
+    async fn record_run_in(
         tx: &mut SqliteTx,
         lease: &Lease,
         change: &RunChange<'_>,
@@ -330,7 +330,7 @@ impl RunStore for SqliteStore {
         record_on(tx, lease, change, step, now_ms).await
     }
 
-    async fn record(
+    async fn record_run(
         &self,
         lease: &Lease,
         change: &RunChange<'_>,

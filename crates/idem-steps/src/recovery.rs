@@ -78,7 +78,7 @@ impl<S: RunStore> Recovery<S> {
                         locked_until_ms: Some(now),
                         ..RunChange::default()
                     };
-                    let _ = shared.store.record(&lease, &change, None, now).await;
+                    let _ = shared.store.record_run(&lease, &change, None, now).await;
                 }
             }
         }

@@ -107,7 +107,10 @@ pub async fn resolve<S: RunStore>(
         message: message.as_ref().map(|(id, s)| (id.as_str(), *s)),
         ..RunChange::default()
     };
-    if !store.record(&lease, &change, step.as_ref(), now_ms).await? {
+    if !store
+        .record_run(&lease, &change, step.as_ref(), now_ms)
+        .await?
+    {
         return Err(ResolveError::Changed(id.to_string()));
     }
     tracing::info!(run = %id, step = %step_name, ?resolution, "resolved by an operator");

@@ -335,11 +335,7 @@ impl<S: RunStore> Run<S> {
     /// `needs_attention` for an operator (`idem steps resolve RUN --as
     /// sent|not-sent`). Only a [`StepError::Retry`] — certainly not sent —
     /// is tried again.
-    pub fn send_at_most_once<F, Fut>(
-        &mut self,
-        name: &str,
-        send: F,
-    ) -> SendStep<'_, S, NoVerify, F>
+    pub fn send_at_most_once<F, Fut>(&mut self, name: &str, send: F) -> SendStep<'_, S, NoVerify, F>
     where
         F: Fn(SendCtx) -> Fut,
         Fut: Future<Output = Result<(), StepError>>,
@@ -437,11 +433,11 @@ impl<S: RunStore> Run<S> {
     ) -> Result<(), Stop> {
         let now = self.now();
         let written = match self.open.as_mut() {
-            Some(tx) => S::record_in(tx, &self.lease, change, step, now).await,
+            Some(tx) => S::record_run_in(tx, &self.lease, change, step, now).await,
             None => {
                 self.shared
                     .store
-                    .record(&self.lease, change, step, now)
+                    .record_run(&self.lease, change, step, now)
                     .await
             }
         };
@@ -1113,9 +1109,11 @@ impl<S: RunStore> Run<S> {
 
     /// Stops at `step` for an operator; recorded if the run exists.
     pub(crate) async fn block(&mut self, step: &str, reason: &str) -> Result<(), Stop> {
+        // Nobody executes it until an operator acts: no holder.
         let change = RunChange {
             state: Some(RunState::NeedsAttention),
             attention: Some(Some((step, reason))),
+            release: true,
             ..RunChange::default()
         };
         self.write_now(&change, None).await
@@ -1133,9 +1131,10 @@ impl<S: RunStore> Run<S> {
         let change = RunChange {
             state: Some(state),
             expires_at_ms: Some(now.saturating_add(self.record.ttl_ms)),
+            release: true,
             ..RunChange::default()
         };
-        match S::record_in(&mut tx, &self.lease, &change, None, now).await {
+        match S::record_run_in(&mut tx, &self.lease, &change, None, now).await {
             Ok(true) => {}
             Ok(false) => return Err(Stop::LeaseLost),
             Err(e) => return Err(Stop::Store(e)),

@@ -533,7 +533,7 @@ async fn heartbeat<S: RunStore>(
             locked_until_ms: Some(until),
             ..RunChange::default()
         };
-        match shared.store.record(&lease, &change, None, now).await {
+        match shared.store.record_run(&lease, &change, None, now).await {
             Ok(true) => beat.locked_until_ms.store(until, Ordering::SeqCst),
             Ok(false) => {
                 tracing::warn!(run = %lease.run, fence = %lease.fence, "heartbeat fenced out: another executor took the run over");
@@ -605,7 +605,7 @@ async fn drive<S: RunStore>(
             };
             let _ = shared
                 .store
-                .record(&lease, &change, None, shared.clock.now_ms())
+                .record_run(&lease, &change, None, shared.clock.now_ms())
                 .await;
             Ended::NeedsAttention {
                 step: "-".into(),

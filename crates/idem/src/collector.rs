@@ -1,12 +1,14 @@
 //! [`Collector`]: deletes what has served its purpose — expired key records,
-//! inbox records and webhook receipts, and sent outbox messages past their
-//! retention — in bounded batches.
+//! inbox records and webhook receipts, sent outbox messages past their
+//! retention, final runs (with their steps) and send-once ledger entries past
+//! theirs — in bounded batches.
 
 use std::future::Future;
 use std::time::Duration;
 
 use idem_core::inbox::InboxStore;
 use idem_core::outbox::OutboxStore;
+use idem_core::steps::RunStore;
 use idem_core::webhooks::WebhookStore;
 use idem_core::{Clock, ConfigError, KeyStore, Pause, RoundLoop, Rounds, StoreError, SystemClock};
 
@@ -61,17 +63,21 @@ pub struct Collected {
     pub receipts: u64,
     /// Sent outbox messages older than the retention.
     pub sent: u64,
+    /// Final runs (with their steps) whose key record expired.
+    pub runs: u64,
+    /// Send-once ledger entries past their retention.
+    pub messages: u64,
 }
 
 impl Collected {
     /// All kinds together.
     pub fn total(&self) -> u64 {
-        self.keys + self.inbox + self.receipts + self.sent
+        self.keys + self.inbox + self.receipts + self.sent + self.runs + self.messages
     }
 }
 
-/// Purges expired keys, inbox records, webhook receipts and sent outbox
-/// messages of one database, in bounded batches. Several instances may run
+/// Purges expired keys, inbox records, webhook receipts, sent outbox
+/// messages, final runs and send-once ledger entries of one database, in bounded batches. Several instances may run
 /// against one PostgreSQL database (deletes skip locked rows).
 ///
 /// Run [`Collector::run`] in a task for the life of the service, or
@@ -113,7 +119,7 @@ pub struct Collector<S, C = SystemClock> {
 
 impl<S> Collector<S>
 where
-    S: KeyStore + InboxStore + OutboxStore + WebhookStore,
+    S: KeyStore + InboxStore + OutboxStore + WebhookStore + RunStore,
 {
     /// A collector on the system clock; `config` is validated.
     pub fn new(store: S, config: CollectorConfig) -> Result<Self, ConfigError> {
@@ -123,7 +129,7 @@ where
 
 impl<S, C> Collector<S, C>
 where
-    S: KeyStore + InboxStore + OutboxStore + WebhookStore,
+    S: KeyStore + InboxStore + OutboxStore + WebhookStore + RunStore,
     C: Clock,
 {
     /// A collector on its own clock (tests use a
@@ -143,7 +149,7 @@ where
     }
 
     /// One run: for each kind in turn (keys, inbox records, receipts, sent
-    /// messages), deletes batches of [`CollectorConfig::batch_size`] until
+    /// messages, final runs, ledger entries), deletes batches of [`CollectorConfig::batch_size`] until
     /// one comes back short or [`CollectorConfig::max_batches`] ran. Stops
     /// at the first store error; what was deleted before it stays deleted.
     ///
@@ -159,11 +165,15 @@ where
         let retention = i64::try_from(self.config.sent_retention.as_millis()).unwrap_or(i64::MAX);
         let before = now.saturating_sub(retention);
         let sent = self.batches(|n| s.purge_sent(before, n)).await?;
+        let runs = self.batches(|n| s.purge_runs(now, n)).await?;
+        let messages = self.batches(|n| s.purge_messages(now, n)).await?;
         Ok(Collected {
             keys,
             inbox,
             receipts,
             sent,
+            runs,
+            messages,
         })
     }
 
@@ -209,7 +219,7 @@ struct CollectRounds<'a, S, C> {
 
 impl<S, C> Rounds for CollectRounds<'_, S, C>
 where
-    S: KeyStore + InboxStore + OutboxStore + WebhookStore,
+    S: KeyStore + InboxStore + OutboxStore + WebhookStore + RunStore,
     C: Clock,
 {
     async fn round(&mut self) -> Pause {
@@ -220,6 +230,8 @@ where
                 inbox = c.inbox,
                 receipts = c.receipts,
                 sent = c.sent,
+                runs = c.runs,
+                messages = c.messages,
                 "expired records deleted"
             ),
             Err(e) => tracing::warn!(

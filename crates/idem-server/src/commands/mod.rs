@@ -12,10 +12,12 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 pub mod bench;
 pub mod consume;
 pub mod gc;
+pub mod mail_sink;
 pub mod migrate;
 pub mod relay;
 pub mod serve;
 pub mod stats;
+pub mod steps;
 pub mod webhooks;
 
 /// The command line.
@@ -107,6 +109,13 @@ pub enum Command {
     Gc(DbArgs),
     /// Print the outbox lag figures as JSON.
     Stats(DbArgs),
+    /// Inspect, resolve and recover multi-step runs (the checkout's orders).
+    Steps {
+        #[command(subcommand)]
+        action: steps::StepsAction,
+    },
+    /// Run the demo mail relay (no deduplication) for the checkout tour.
+    MailSink(mail_sink::MailSinkArgs),
 }
 
 impl Command {
@@ -121,6 +130,8 @@ impl Command {
             Command::Bench(args) => args.run().await,
             Command::Gc(db) => gc::run(db).await,
             Command::Stats(db) => stats::run(db).await,
+            Command::Steps { action } => action.run().await,
+            Command::MailSink(args) => args.run().await,
         }
     }
 }
@@ -132,6 +143,46 @@ pub struct DbArgs {
     /// missing SQLite file; the other commands refuse one.
     #[arg(long, env = "IDEM_DATABASE_URL", default_value = "sqlite://idem.db")]
     pub database_url: String,
+}
+
+/// The checkout's flags (`idem serve`, `idem steps recover`).
+#[derive(clap::Args, Clone)]
+pub struct CheckoutArgs {
+    /// The payment provider of the checkout demo (`http://HOST:PORT`: the
+    /// demo payments API of another `idem serve`). Enables `/v1/orders` and
+    /// the recovery of their runs.
+    #[arg(long, env = "IDEM_PROVIDER_URL")]
+    pub provider_url: Option<String>,
+    /// The mail relay order confirmations go through (`http://HOST:PORT`,
+    /// `POST /messages` and `GET /messages/{id}`, such as `idem mail-sink`).
+    /// Without it no confirmation is sent.
+    #[arg(long, env = "IDEM_MAIL_URL")]
+    pub mail_url: Option<String>,
+    /// How confirmations go out: `verify` asks the relay before sending
+    /// again after an unknown outcome; `at-most-once` never sends again and
+    /// waits for an operator (`idem steps resolve`).
+    #[arg(long, env = "IDEM_MAIL_DELIVERY", value_enum, default_value = "verify")]
+    pub mail_delivery: crate::demo::checkout::MailDelivery,
+    /// How long a run's lease holds without a heartbeat: a run whose
+    /// process died is resumed this long after (1s to 1h).
+    #[arg(long, env = "IDEM_RUN_LEASE", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub run_lease: Duration,
+    /// From an order's start: after it, a provider that still fails makes
+    /// the order compensate (refund, release) and fail (1s to 30days).
+    #[arg(long, env = "IDEM_ORDER_DEADLINE", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub order_deadline: Duration,
+    /// The longest one exchange with the provider or the relay may take;
+    /// past it its outcome is unknown and it is retried with the same key
+    /// (100ms to 5min).
+    #[arg(long, env = "IDEM_CALL_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub call_timeout: Duration,
+    /// How long an order request waits for its run before `202 Accepted`
+    /// (the run goes on) (0s to 60s).
+    #[arg(long, env = "IDEM_RESPOND_WITHIN", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub respond_within: Duration,
+    /// Runs executed at once by this process (1 to 10000).
+    #[arg(long, env = "IDEM_MAX_RUNS", default_value_t = 64)]
+    pub max_runs: usize,
 }
 
 /// The ledger consumer's flags (`idem consume`, `idem serve --consume`).

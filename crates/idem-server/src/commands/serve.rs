@@ -9,7 +9,7 @@ use anyhow::Context;
 use axum::Router;
 use tokio::sync::watch;
 
-use super::{ConsumerArgs, DbArgs};
+use super::{CheckoutArgs, ConsumerArgs, DbArgs};
 use crate::admin::outbox::RelaySlot;
 use crate::backend::{Backend, Db, Job};
 use crate::config::{self, ServerConfig};
@@ -79,6 +79,8 @@ pub struct ServeArgs {
     consume: bool,
     #[command(flatten)]
     consumer: ConsumerArgs,
+    #[command(flatten)]
+    checkout: CheckoutArgs,
     /// A TOML file: webhook endpoints (`[webhooks.<name>]`), their workers
     /// (`[worker]`) and defaults for these flags (`[server]`; the
     /// environment and the flags win).
@@ -111,6 +113,7 @@ impl ServeArgs {
             self.handler_timeout,
         )?;
         let gc_interval = config::gc_interval(self.gc_interval)?;
+        let checkout = config::checkout(&self.checkout)?;
         let limits = Limits {
             header_read_timeout: self.header_read_timeout,
             idle_timeout: self.idle_timeout,
@@ -130,6 +133,7 @@ impl ServeArgs {
             nats_url: self.nats_url.clone(),
             consume: self.consume.then_some(consume),
             webhooks,
+            checkout,
         })
     }
 
@@ -180,9 +184,38 @@ impl Job for Start<'_> {
             shutdown,
         );
         Ok(crate::demo::router(store.clone(), &config.demo)
+            .merge(start_checkout(&store, config, shutdown)?)
             .merge(crate::admin::outbox::router(store.clone(), relay))
             .merge(start_webhooks(&store, config.webhooks.as_ref(), shutdown)))
     }
+}
+
+/// The stock routes, and with `--provider-url` the order routes and the
+/// recovery worker that resumes orders whose process died.
+fn start_checkout<B: Backend>(
+    store: &B,
+    config: &ServerConfig,
+    shutdown: &watch::Receiver<bool>,
+) -> anyhow::Result<Router> {
+    let runs = match &config.checkout {
+        Some(checkout) => {
+            let runs = checkout.runs(store.clone())?;
+            tokio::spawn(runs.recovery().run(stopped(shutdown.clone())));
+            tracing::info!(
+                provider = checkout.provider_url,
+                mail = checkout.mail_url.as_deref().unwrap_or("none"),
+                holder = runs.holder(),
+                "orders enabled at /v1/orders; recovering their runs"
+            );
+            Some(runs)
+        }
+        None => None,
+    };
+    let respond_within = config
+        .checkout
+        .as_ref()
+        .map_or(std::time::Duration::from_secs(10), |c| c.respond_within);
+    crate::demo::checkout::routes::router(store.clone(), runs, &config.demo, respond_within)
 }
 
 /// Starts the relay (and the consumer) in the background when a NATS URL is

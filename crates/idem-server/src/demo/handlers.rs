@@ -21,6 +21,9 @@ use super::{
 };
 use crate::respond::{db_error, internal, invalid, json_response, ok, within};
 
+/// Customers whose id starts with this get `402 card-declined`.
+pub const DECLINED_CUSTOMERS: &str = "cus_decline";
+
 struct App<S> {
     store: S,
     tenant: TenantSource,
@@ -93,6 +96,19 @@ async fn create<S: DemoSql>(
         Ok(p) => p,
         Err(r) => return r,
     };
+    // Stripe-style test cards: these customers' cards are declined. A 402
+    // is a business answer: stored with the key and replayed, nothing paid.
+    if p.customer.starts_with(DECLINED_CUSTOMERS) {
+        return idem_http::problem(
+            StatusCode::PAYMENT_REQUIRED,
+            "card-declined",
+            "The card was declined",
+            Some(
+                "customers whose id starts with cus_decline are declined (a test rule of the demo)",
+            ),
+            None,
+        );
+    }
     let Ok(mut tx) = tx.lock().await else {
         return internal("transaction finished");
     };

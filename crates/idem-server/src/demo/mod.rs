@@ -9,8 +9,10 @@ use serde_json::{Value, json};
 
 use crate::respond::{invalid, rfc3339};
 
+pub mod checkout;
 pub mod handlers;
 mod ledger;
+pub mod mail_sink;
 pub mod sql;
 
 pub use handlers::{router, router_with_clock};
@@ -27,6 +29,11 @@ const DEMO_EFFECTS: Migration = Migration {
     name: "demo_effects",
     sql: include_str!("../../migrations/0002_demo_effects.sql"),
 };
+const DEMO_CHECKOUT: Migration = Migration {
+    version: 4,
+    name: "demo_checkout",
+    sql: include_str!("../../migrations/0004_demo_checkout.sql"),
+};
 
 /// The demo's tables on SQLite.
 pub const SQLITE_MIGRATIONS: &[Migration] = &[
@@ -37,6 +44,7 @@ pub const SQLITE_MIGRATIONS: &[Migration] = &[
         name: "demo_refund_check",
         sql: include_str!("../../migrations/sqlite/0003_demo_refund_check.sql"),
     },
+    DEMO_CHECKOUT,
 ];
 
 /// The demo's tables on PostgreSQL.
@@ -48,6 +56,7 @@ pub const POSTGRES_MIGRATIONS: &[Migration] = &[
         name: "demo_refund_check",
         sql: include_str!("../../migrations/postgres/0003_demo_refund_check.sql"),
     },
+    DEMO_CHECKOUT,
 ];
 
 /// The largest amount (in minor units) a payment or refund may have, so that

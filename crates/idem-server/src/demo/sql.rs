@@ -11,6 +11,25 @@ pub type PaymentRow = (String, i64, String, String, Option<String>, i64, i64);
 /// A refund row as `(id, payment_id, amount, created)`.
 pub type RefundRow = (String, String, i64, i64);
 
+/// An order row as `(id, customer, sku, quantity, amount, currency, email,
+/// status, reason, payment_id, created)`.
+pub type OrderRow = (
+    String,
+    String,
+    String,
+    i64,
+    i64,
+    String,
+    String,
+    String,
+    Option<String>,
+    Option<String>,
+    i64,
+);
+
+/// A stock row as `(sku, available, reserved, version)`.
+pub type StockRow = (String, i64, i64, i64);
+
 /// How a payment is looked up.
 #[derive(Debug, Clone, Copy)]
 pub enum PaymentKey {
@@ -114,7 +133,39 @@ pub trait DemoSql: OutboxWriter {
         tenant: &str,
         id: &str,
     ) -> impl Future<Output = Result<(i64, i64), StoreError>> + Send;
+
+    /// An order.
+    fn order(
+        &self,
+        tenant: &str,
+        id: &str,
+    ) -> impl Future<Output = Result<Option<OrderRow>, StoreError>> + Send;
+
+    /// A customer's orders, oldest first, at most 1000.
+    fn orders_of(
+        &self,
+        tenant: &str,
+        customer: &str,
+    ) -> impl Future<Output = Result<Vec<OrderRow>, StoreError>> + Send;
+
+    /// A SKU's stock.
+    fn stock(
+        &self,
+        tenant: &str,
+        sku: &str,
+    ) -> impl Future<Output = Result<Option<StockRow>, StoreError>> + Send;
 }
+
+const ORDER_COLUMNS: &str = "id, customer, sku, quantity, amount, currency, email, status, \
+     reason, payment_id, created_at_ms";
+
+/// `SELECT … FROM demo_orders WHERE tenant_id = $1 AND <filter>`.
+pub fn select_orders(filter: &str) -> String {
+    format!("SELECT {ORDER_COLUMNS} FROM demo_orders WHERE tenant_id = $1 AND {filter}")
+}
+
+pub const SELECT_STOCK: &str = "SELECT sku, available, reserved, version FROM demo_inventory \
+     WHERE tenant_id = $1 AND sku = $2";
 
 const PAYMENT_COLUMNS: &str =
     "id, amount, currency, customer, reference, amount_refunded, created_at_ms";
@@ -302,6 +353,47 @@ macro_rules! demo_sql {
                         .bind(tenant)
                         .bind(id)
                         .fetch_one(self.pool())
+                        .await
+                        .map_err($map_err)
+                }
+
+                async fn order(
+                    &self,
+                    tenant: &str,
+                    id: &str,
+                ) -> Result<Option<OrderRow>, StoreError> {
+                    sqlx::query_as(&select_orders("id = $2"))
+                        .bind(tenant)
+                        .bind(id)
+                        .fetch_optional(self.pool())
+                        .await
+                        .map_err($map_err)
+                }
+
+                async fn orders_of(
+                    &self,
+                    tenant: &str,
+                    customer: &str,
+                ) -> Result<Vec<OrderRow>, StoreError> {
+                    sqlx::query_as(&select_orders(
+                        "customer = $2 ORDER BY created_at_ms, id LIMIT 1000",
+                    ))
+                    .bind(tenant)
+                    .bind(customer)
+                    .fetch_all(self.pool())
+                    .await
+                    .map_err($map_err)
+                }
+
+                async fn stock(
+                    &self,
+                    tenant: &str,
+                    sku: &str,
+                ) -> Result<Option<StockRow>, StoreError> {
+                    sqlx::query_as(SELECT_STOCK)
+                        .bind(tenant)
+                        .bind(sku)
+                        .fetch_optional(self.pool())
                         .await
                         .map_err($map_err)
                 }

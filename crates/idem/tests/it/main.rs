@@ -10,6 +10,9 @@ use idem::{
 };
 use idem_core::inbox::{InboxStore, MessageId, Subscriber};
 use idem_core::outbox::{OutboxMessage, OutboxStore, OutboxWriter, Topic};
+use idem_core::steps::{
+    Lease, MessageClaim, MessageState, NewRun, RunChange, RunId, RunState, RunStore,
+};
 use idem_core::webhooks::{NewReceipt, WebhookStore};
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -17,7 +20,7 @@ const HOUR: Duration = Duration::from_secs(3600);
 /// One expired row of each kind, one live row of each kind.
 async fn seed<S>(store: &S, clock: &ManualClock, tag: &str)
 where
-    S: InboxStore + OutboxStore + OutboxWriter + WebhookStore,
+    S: InboxStore + OutboxStore + OutboxWriter + WebhookStore + RunStore,
 {
     let now = idem::Clock::now_ms(clock);
     let hour_ms = 3_600_000;
@@ -57,8 +60,7 @@ where
     let sub = Subscriber::new("mailer").unwrap();
     let mid = MessageId::new(format!("m-{tag}")).unwrap();
     assert!(
-        store
-            .record(&mut tx, &sub, &mid, now, now + hour_ms)
+        InboxStore::record(store, &mut tx, &sub, &mid, now, now + hour_ms)
             .await
             .unwrap()
     );
@@ -89,7 +91,7 @@ where
 
 async fn purges_each_kind_in_bounded_batches<S>(store: S)
 where
-    S: InboxStore + OutboxStore + OutboxWriter + WebhookStore,
+    S: InboxStore + OutboxStore + OutboxWriter + WebhookStore + RunStore,
 {
     let clock = ManualClock::new(1_000_000_000_000);
     seed(&store, &clock, "a").await;
@@ -110,7 +112,9 @@ where
             keys: 1,
             inbox: 1,
             receipts: 0,
-            sent: 1
+            sent: 1,
+            runs: 0,
+            messages: 0,
         },
         "one batch of one row per kind; the receipts are not expired yet"
     );
@@ -120,7 +124,9 @@ where
             keys: 1,
             inbox: 1,
             receipts: 0,
-            sent: 1
+            sent: 1,
+            runs: 0,
+            messages: 0,
         },
         "the rest comes at the next run"
     );
@@ -151,10 +157,127 @@ where
     );
 }
 
+/// Starts the run of key `key`, and finishes it (expiring one hour later)
+/// unless `live`, in which case it stays running.
+async fn run_of<S: RunStore>(store: &S, clock: &ManualClock, key: &str, live: bool) -> RunId {
+    let now = idem::Clock::now_ms(clock);
+    let engine = Engine::with_clock(store.clone(), clock.clone());
+    let op = Operation::new("orders.create").unwrap();
+    let scope = Scope::new(
+        Tenant::new("acme").unwrap(),
+        op.clone(),
+        IdempotencyKey::new(key).unwrap(),
+    );
+    let fp = FingerprintSpec::default().fingerprint(&RequestParts {
+        method: "POST",
+        operation: &op,
+        target: "/orders",
+        json: false,
+        body: b"",
+    });
+    let idem::Begun::Fresh(mut claimed) =
+        engine.begin(&scope, &fp, &Policy::default()).await.unwrap()
+    else {
+        panic!("a new key is claimed");
+    };
+    let id = RunId::of(&scope);
+    let fence = S::create_run(
+        &mut claimed.tx,
+        &NewRun {
+            id: &id,
+            scope: &scope,
+            input: b"",
+            holder: "exec",
+            locked_until_ms: now + 1000,
+            deadline_ms: now + 1000,
+            ttl_ms: 3_600_000,
+            now_ms: now,
+        },
+    )
+    .await
+    .unwrap();
+    let lease = Lease {
+        run: id.clone(),
+        holder: "exec".into(),
+        fence,
+    };
+    let message = format!("m-{key}");
+    S::claim_message(
+        &mut claimed.tx,
+        &MessageClaim {
+            message_id: &message,
+            run: &id,
+            step: "mail",
+            now_ms: now,
+            expires_at_ms: now + 3_600_000,
+        },
+    )
+    .await
+    .unwrap();
+    if live {
+        store.commit(claimed.tx).await.unwrap();
+        return id;
+    }
+    let end = RunChange {
+        state: Some(RunState::Completed),
+        expires_at_ms: Some(now + 3_600_000),
+        message: Some((&message, MessageState::Sent)),
+        ..RunChange::default()
+    };
+    assert!(
+        S::record_run_in(&mut claimed.tx, &lease, &end, None, now)
+            .await
+            .unwrap()
+    );
+    let response = StoredResponse {
+        status: 201,
+        headers: vec![],
+        body: b"{}".to_vec(),
+    };
+    engine
+        .finish(claimed, &Completion::completed(response))
+        .await
+        .unwrap();
+    id
+}
+
+/// Final runs go with their key records (their steps with them); live runs
+/// stay whatever their age, and so do their keys; ledger entries go after
+/// their retention.
+async fn purges_final_runs_and_the_ledger<S>(store: S)
+where
+    S: InboxStore + OutboxStore + OutboxWriter + WebhookStore + RunStore,
+{
+    let clock = ManualClock::new(1_000_000_000_000);
+    let done = run_of(&store, &clock, "r-done", false).await;
+    let live = run_of(&store, &clock, "r-live", true).await;
+    clock.advance(2 * HOUR);
+    let collector =
+        Collector::with_clock(store.clone(), CollectorConfig::default(), clock.clone()).unwrap();
+    let c = collector.collect_once().await.unwrap();
+    assert_eq!(
+        (c.keys, c.runs, c.messages),
+        (1, 1, 2),
+        "the final run and its key; both ledger entries"
+    );
+    assert!(store.load_run(&done).await.unwrap().is_none());
+    assert!(
+        store.load_run(&live).await.unwrap().is_some(),
+        "a live run stays"
+    );
+    clock.advance(400 * 24 * HOUR);
+    let c = collector.collect_once().await.unwrap();
+    assert_eq!(
+        (c.keys, c.runs),
+        (0, 0),
+        "nor does its key record ever expire"
+    );
+}
+
 /// `run` collects at once and stops promptly at shutdown.
 async fn runs_until_shutdown<S>(store: S)
 where
-    S: InboxStore + OutboxStore + OutboxWriter + WebhookStore,
+    S: InboxStore + OutboxStore + OutboxWriter + WebhookStore + RunStore,
 {
     let clock = ManualClock::new(1_000_000_000_000);
     seed(&store, &clock, "a").await;
@@ -225,6 +348,12 @@ mod sqlite {
         let dir = TempDir::new("collector-it");
         super::runs_until_shutdown(store(&dir).await).await;
     }
+
+    #[tokio::test]
+    async fn purges_final_runs_and_the_ledger() {
+        let dir = TempDir::new("collector-it");
+        super::purges_final_runs_and_the_ledger(store(&dir).await).await;
+    }
 }
 
 mod postgres {
@@ -249,5 +378,11 @@ mod postgres {
     async fn runs_until_shutdown() {
         let db = PgDatabase::create("idem_collector_it").await;
         super::runs_until_shutdown(store(&db).await).await;
+    }
+
+    #[tokio::test]
+    async fn purges_final_runs_and_the_ledger() {
+        let db = PgDatabase::create("idem_collector_it").await;
+        super::purges_final_runs_and_the_ledger(store(&db).await).await;
     }
 }

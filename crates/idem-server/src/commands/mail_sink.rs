@@ -1,0 +1,35 @@
+//! `idem mail-sink`: the demo mail relay of the checkout tour.
+
+use std::net::SocketAddr;
+
+use anyhow::Context;
+
+use crate::config;
+use crate::demo::mail_sink::{Sink, router};
+use crate::http_server::{self, Limits};
+use crate::shutdown::{self, stopped};
+
+/// `idem mail-sink`'s flags.
+#[derive(clap::Args)]
+pub struct MailSinkArgs {
+    /// Address to listen on (IP:PORT or HOST:PORT).
+    #[arg(long, env = "IDEM_MAIL_SINK_LISTEN", default_value = "127.0.0.1:8025", value_parser = config::listen_address)]
+    listen: SocketAddr,
+}
+
+impl MailSinkArgs {
+    /// Serves until Ctrl-C or SIGTERM.
+    pub async fn run(self) -> anyhow::Result<()> {
+        let listener = tokio::net::TcpListener::bind(self.listen)
+            .await
+            .with_context(|| format!("failed to listen on {}", self.listen))?;
+        let bound = listener
+            .local_addr()
+            .context("failed to read the bound address")?;
+        let app = crate::routes::service(router(Sink::default()), None);
+        tracing::info!(listen = %bound, "demo mail relay: POST /messages, GET /messages/{{id}}, GET /messages");
+        let shutdown = shutdown::on_signal();
+        http_server::serve(listener, app, Limits::default(), stopped(shutdown)).await;
+        Ok(())
+    }
+}

@@ -1,0 +1,307 @@
+//! The checkout's clients of other systems: the payment provider (which
+//! honours `Idempotency-Key`) and the mail relay (which does not
+//! deduplicate). Each exchange is bounded in time and in the bytes read, and
+//! each failure is classified by what it says about the effect
+//! ([`StepError`]): a refused connection certainly did nothing; a timeout, a
+//! broken answer or a 5xx may have done it.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::{Method, Request, StatusCode, Uri};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use idem_steps::StepError;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+/// Answers read, at most.
+const MAX_ANSWER_BYTES: usize = 64 << 10;
+
+/// An `http://` base URL and a pooled client with a per-exchange timeout.
+#[derive(Debug, Clone)]
+pub struct Endpoint {
+    base: String,
+    client: Client<HttpConnector, Full<Bytes>>,
+    timeout: Duration,
+}
+
+/// Checks a base URL given on the command line: `http://host:port[/path]`.
+pub fn base_url(flag: &str, url: &str) -> anyhow::Result<String> {
+    let uri: Uri = url
+        .parse()
+        .map_err(|e| anyhow::anyhow!("{flag}: not a URL ({e}); expected http://HOST:PORT"))?;
+    if uri.scheme_str() != Some("http") || uri.host().is_none() {
+        anyhow::bail!("{flag} must be an http:// URL with a host, got {url}");
+    }
+    if uri.query().is_some() {
+        anyhow::bail!("{flag} must not have a query string");
+    }
+    Ok(url.trim_end_matches('/').to_owned())
+}
+
+impl Endpoint {
+    /// A client of `base` (already checked by [`base_url`]).
+    pub fn new(base: String, timeout: Duration) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(timeout));
+        Self {
+            base,
+            client: Client::builder(TokioExecutor::new()).build(connector),
+            timeout,
+        }
+    }
+
+    /// The base URL.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    /// One exchange: the status and at most [`MAX_ANSWER_BYTES`] of the
+    /// answer, within the timeout.
+    async fn exchange(
+        &self,
+        method: Method,
+        path: &str,
+        key: Option<&str>,
+        body: Option<Value>,
+    ) -> Result<(StatusCode, Bytes), StepError> {
+        let mut req = Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.base));
+        if let Some(key) = key {
+            req = req.header("idempotency-key", key);
+        }
+        let body = match body {
+            Some(v) => {
+                req = req.header("content-type", "application/json");
+                Full::new(Bytes::from(v.to_string()))
+            }
+            None => Full::new(Bytes::new()),
+        };
+        let req = req
+            .body(body)
+            .map_err(|e| StepError::Permanent(format!("cannot build the request: {e}")))?;
+        let exchange = async {
+            let res = self.client.request(req).await.map_err(|e| {
+                let why = idem_core::ErrorChain(&e).to_string();
+                if e.is_connect() {
+                    // Nothing was sent.
+                    StepError::Retry(format!("unreachable: {why}"))
+                } else {
+                    StepError::Unknown(format!("the exchange broke: {why}"))
+                }
+            })?;
+            let status = res.status();
+            let bytes = Limited::new(res.into_body(), MAX_ANSWER_BYTES)
+                .collect()
+                .await
+                .map_err(|e| StepError::Unknown(format!("the answer could not be read: {e}")))?
+                .to_bytes();
+            Ok((status, bytes))
+        };
+        match tokio::time::timeout(self.timeout, exchange).await {
+            Ok(result) => result,
+            Err(_) => Err(StepError::Unknown(format!(
+                "no complete answer within {:?}",
+                self.timeout
+            ))),
+        }
+    }
+}
+
+fn text(bytes: &Bytes) -> String {
+    String::from_utf8_lossy(&bytes[..bytes.len().min(300)]).into_owned()
+}
+
+/// What the provider said to a charge.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum Charge {
+    /// Paid: the provider's payment id.
+    Paid {
+        /// The payment.
+        payment_id: String,
+    },
+    /// The card was declined (`402`).
+    Declined,
+}
+
+/// The payment provider: the demo payments API of another `idem serve`, or
+/// any API with its contract.
+#[derive(Debug, Clone)]
+pub struct Provider(pub Endpoint);
+
+impl Provider {
+    /// `POST /v1/payments` with `key` as `Idempotency-Key`; the order id is
+    /// the payment's `reference` (the provider's natural key).
+    pub async fn charge(
+        &self,
+        key: &str,
+        customer: &str,
+        amount: i64,
+        currency: &str,
+        order_id: &str,
+    ) -> Result<Charge, StepError> {
+        let body = json!({"amount": amount, "currency": currency, "customer": customer,
+                          "reference": order_id});
+        let (status, answer) = self
+            .0
+            .exchange(Method::POST, "/v1/payments", Some(key), Some(body))
+            .await?;
+        match status.as_u16() {
+            200 | 201 => {
+                let v: Value = serde_json::from_slice(&answer).map_err(|e| {
+                    StepError::Unknown(format!("the provider's answer is not JSON: {e}"))
+                })?;
+                match v.get("id").and_then(Value::as_str) {
+                    Some(id) if crate::demo::valid_id(id) => Ok(Charge::Paid {
+                        payment_id: id.to_owned(),
+                    }),
+                    _ => Err(StepError::Unknown(
+                        "the provider's answer has no payment id".into(),
+                    )),
+                }
+            }
+            402 => Ok(Charge::Declined),
+            s => Err(classify("charge", status, s, &answer)),
+        }
+    }
+
+    /// `POST /v1/payments/{id}/refunds` of `amount`, with its own key.
+    pub async fn refund(&self, key: &str, payment_id: &str, amount: i64) -> Result<(), StepError> {
+        if !crate::demo::valid_id(payment_id) {
+            return Err(StepError::Permanent(format!(
+                "not a payment id: {payment_id:?}"
+            )));
+        }
+        let path = format!("/v1/payments/{payment_id}/refunds");
+        let (status, answer) = self
+            .0
+            .exchange(
+                Method::POST,
+                &path,
+                Some(key),
+                Some(json!({"amount": amount})),
+            )
+            .await?;
+        match status.as_u16() {
+            200 | 201 => Ok(()),
+            s => Err(classify("refund", status, s, &answer)),
+        }
+    }
+}
+
+/// A failure answer: in flight elsewhere, rate-limited or a server error may
+/// pass (a 5xx may also have done the work: its outcome is unknown); any
+/// other 4xx will not.
+fn classify(what: &str, status: StatusCode, code: u16, answer: &Bytes) -> StepError {
+    let message = format!("{what}: the provider answered {status}: {}", text(answer));
+    match code {
+        409 | 425 | 429 => StepError::Retry(message),
+        500..=599 => StepError::Unknown(message),
+        _ => StepError::Permanent(message),
+    }
+}
+
+/// The mail relay: `POST /messages` (`202`, no deduplication) and `GET
+/// /messages/{id}` (`200` when it has the id, `404` otherwise).
+#[derive(Debug, Clone)]
+pub struct Mail(pub Endpoint);
+
+impl Mail {
+    /// Sends one message.
+    pub async fn send(
+        &self,
+        id: &str,
+        to: &str,
+        subject: &str,
+        body: &str,
+    ) -> Result<(), StepError> {
+        let message = json!({"id": id, "to": to, "subject": subject, "body": body});
+        let (status, answer) = self
+            .0
+            .exchange(Method::POST, "/messages", None, Some(message))
+            .await?;
+        match status.as_u16() {
+            200..=299 => Ok(()),
+            400..=499 if status != StatusCode::TOO_MANY_REQUESTS => Err(StepError::Permanent(
+                format!("the relay refused the message: {status}: {}", text(&answer)),
+            )),
+            _ => Err(StepError::Unknown(format!(
+                "the relay answered {status}: {}",
+                text(&answer)
+            ))),
+        }
+    }
+
+    /// Whether the relay accepted a message with this id.
+    pub async fn has(&self, id: &str) -> Result<bool, StepError> {
+        if !id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'))
+        {
+            return Err(StepError::Permanent(format!(
+                "message id {id:?} cannot be looked up"
+            )));
+        }
+        let (status, answer) = self
+            .0
+            .exchange(Method::GET, &format!("/messages/{id}"), None, None)
+            .await?;
+        match status.as_u16() {
+            200 => Ok(true),
+            404 => Ok(false),
+            _ => Err(StepError::Unknown(format!(
+                "the relay could not say: {status}: {}",
+                text(&answer)
+            ))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base_urls_are_checked() {
+        assert_eq!(
+            base_url("--provider-url", "http://127.0.0.1:9/").unwrap(),
+            "http://127.0.0.1:9"
+        );
+        assert!(base_url("--provider-url", "https://x").is_err());
+        assert!(base_url("--provider-url", "ftp://x").is_err());
+        assert!(base_url("--provider-url", "x").is_err());
+        assert!(base_url("--provider-url", "http://x/?a=1").is_err());
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_did_nothing_and_may_be_retried() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let p = Provider(Endpoint::new(
+            format!("http://127.0.0.1:{port}"),
+            Duration::from_secs(2),
+        ));
+        let e = p
+            .charge("k", "cus_1", 100, "EUR", "ord_1")
+            .await
+            .unwrap_err();
+        assert!(matches!(e, StepError::Retry(_)), "{e:?}");
+    }
+
+    #[test]
+    fn failures_say_what_they_know() {
+        let b = Bytes::from_static(b"{}");
+        let c = |s: u16| classify("charge", StatusCode::from_u16(s).unwrap(), s, &b);
+        assert!(matches!(c(409), StepError::Retry(_)));
+        assert!(matches!(c(503), StepError::Unknown(_)));
+        assert!(matches!(c(422), StepError::Permanent(_)));
+    }
+}
