@@ -745,9 +745,11 @@ impl<S: RunStore> Run<S> {
                 attempt: rec.attempts,
             };
             let answer = self.timed(call(ctx)).await?;
-            failpoint::hit("steps.after_call");
             match answer {
                 Ok(value) => {
+                    // Drill 7's window: the other system did it, nothing
+                    // is recorded yet.
+                    failpoint::hit("steps.after_call");
                     let bytes = Self::encode(&step, &value)?;
                     let rec = self.done(rec, bytes);
                     self.write_now(
@@ -939,9 +941,9 @@ impl<S: RunStore> Run<S> {
             }
             failpoint::hit("steps.before_send");
             let answer = self.timed(send(ctx)).await?;
-            failpoint::hit("steps.after_send");
             match answer {
                 Ok(()) => {
+                    failpoint::hit("steps.after_send");
                     let rec = self.done(rec, Self::encode(&step, &Sent::Now)?);
                     let change = RunChange {
                         recovery_point: Some(step.as_str()),
@@ -1078,9 +1080,9 @@ impl<S: RunStore> Run<S> {
                     };
                     failpoint::hit("steps.undo.before_call");
                     let answer = self.timed(f(ctx, result.as_deref())).await?;
-                    failpoint::hit("steps.undo.after_call");
                     match answer {
                         Ok(()) => {
+                            failpoint::hit("steps.undo.after_call");
                             let rec = self.done(rec, b"null".to_vec());
                             self.write_now(&RunChange::default(), Some(&rec)).await?;
                             return Ok(());

@@ -3,6 +3,8 @@
 //! binary started, killed with SIGKILL and restarted (`process`).
 #![allow(clippy::unwrap_used, missing_docs)]
 
+mod checkout;
+mod fakes;
 mod hardening;
 mod history;
 mod messaging;
