@@ -48,7 +48,7 @@ where
         while let Ok((stream, _)) = listener.accept().await {
             let handle = handle.clone();
             tokio::spawn(async move {
-                let service = service_fn(move |req| handle(req));
+                let service = service_fn(handle);
                 let _ = hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(stream), service)
                     .await;
