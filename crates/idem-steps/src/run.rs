@@ -481,6 +481,22 @@ impl<S: RunStore> Run<S> {
         self.commit_open().await
     }
 
+    /// A fenced write into the open transaction, opening one if needed: it
+    /// commits with the next write made durable (the next attempt's start,
+    /// the end of the run). For results that are safe to lose in a crash —
+    /// the step runs again with the same key, or asks its sink first — so a
+    /// step's result and the next step's start cost one commit, not two.
+    async fn write_lazily(
+        &mut self,
+        change: &RunChange<'_>,
+        step: Option<&StepRecord>,
+    ) -> Result<(), Stop> {
+        if self.open.is_none() {
+            self.open = Some(self.shared.store.begin().await.map_err(Stop::Store)?);
+        }
+        self.write(change, step).await
+    }
+
     /// The open transaction, or a new one.
     async fn tx(&mut self) -> Result<S::Tx, Stop> {
         match self.open.take() {
@@ -752,14 +768,13 @@ impl<S: RunStore> Run<S> {
                     failpoint::hit("steps.after_call");
                     let bytes = Self::encode(&step, &value)?;
                     let rec = self.done(rec, bytes);
-                    self.write_now(
-                        &RunChange {
-                            recovery_point: Some(step.as_str()),
-                            ..RunChange::default()
-                        },
-                        Some(&rec),
-                    )
-                    .await?;
+                    let change = RunChange {
+                        recovery_point: Some(step.as_str()),
+                        ..RunChange::default()
+                    };
+                    // Durable before the next step starts; lost in a crash
+                    // before that, the call runs again with the same key.
+                    self.write_lazily(&change, Some(&rec)).await?;
                     return Ok(value);
                 }
                 Err(StepError::Permanent(e)) => {
@@ -950,7 +965,14 @@ impl<S: RunStore> Run<S> {
                         message: Some((message_id.as_str(), MessageState::Sent)),
                         ..RunChange::default()
                     };
-                    self.write_now(&change, Some(&rec)).await?;
+                    if kind == StepKind::Send {
+                        // Lost in a crash, the sink is asked before any resend.
+                        self.write_lazily(&change, Some(&rec)).await?;
+                    } else {
+                        // At most once: an unrecorded success would wait for
+                        // an operator after a crash; durable now.
+                        self.write_now(&change, Some(&rec)).await?;
+                    }
                     return Ok(Sent::Now);
                 }
                 Err(StepError::Permanent(e)) => {

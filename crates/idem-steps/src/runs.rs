@@ -492,7 +492,9 @@ impl<S: RunStore> Runs<S> {
 
 fn log_end(id: &RunId, ended: &Ended) {
     match ended {
-        Ended::Finished(c) => tracing::info!(run = %id, status = c.response.status, "run finished"),
+        Ended::Finished(c) => {
+            tracing::debug!(run = %id, status = c.response.status, "run finished")
+        }
         Ended::Discarded(c) => {
             tracing::debug!(run = %id, status = c.response.status, "run discarded before its first commit")
         }

@@ -8,6 +8,7 @@ use std::time::Duration;
 pub mod keys;
 pub mod measure;
 pub mod messaging;
+pub mod steps;
 pub mod webhooks;
 
 /// Runs every benchmark and prints its tables.
@@ -23,6 +24,7 @@ pub async fn run(
     println!("|---|---|---|---:|---:|---:|---:|---:|");
     keys::run(sqlite_url, postgres_url, duration, run_id).await?;
     webhooks(sqlite_url, postgres_url, duration, run_id).await?;
+    steps(sqlite_url, postgres_url, duration, run_id).await?;
     if let Some(url) = nats_url {
         messaging(sqlite_url, postgres_url, url, run_id).await?;
     }
@@ -50,6 +52,33 @@ async fn webhooks(
         let store = idem_postgres::PgStore::connect(url, config).await?;
         store.migrate().await?;
         w::run("postgres", store, duration, run_id).await?;
+    }
+    Ok(())
+}
+
+async fn steps(
+    sqlite_url: &str,
+    postgres_url: Option<&str>,
+    duration: Duration,
+    run_id: u64,
+) -> anyhow::Result<()> {
+    use self::steps as s;
+    println!();
+    s::header();
+    let store =
+        idem_sqlite::SqliteStore::connect(sqlite_url, idem_sqlite::SqliteConfig::default()).await?;
+    store.migrate().await?;
+    s::run("sqlite", store, duration, run_id).await?;
+    if let Some(url) = postgres_url {
+        let config = idem_postgres::PgConfig {
+            max_connections: 40,
+            ..Default::default()
+        };
+        let store = idem_postgres::PgStore::connect(url, config).await?;
+        store.migrate().await?;
+        s::run("postgres", store, duration, run_id).await?;
+        println!();
+        s::costs(url, run_id, 200).await?;
     }
     Ok(())
 }
