@@ -20,6 +20,9 @@
 //! | `inbox` | [`inbox`] as well | the `Inbox` and `Consumer`: effects once per subscriber |
 //! | `nats` | `idem::nats` | NATS JetStream `NatsPublisher` and `NatsSource` |
 //! | `webhooks` | [`webhooks`] as well | signature schemes, `Receiver`, `Processor`, `Forward` |
+//! | (always) | [`steps`], [`patterns`] | runs and steps (`RunStore`, `StepKey`, `Fence`, …); the idempotent database patterns |
+//! | `steps` | [`steps`] as well | `Runs`, `Workflow`, `Run` (phases, calls, sends, compensations), `Recovery`, `resolve` |
+//! | `steps-http` | [`steps`] as well | `WorkflowService`: a multi-step operation behind the `Idempotency-Key` contract |
 //!
 //! ```toml
 //! [dependencies]
@@ -95,4 +98,13 @@ pub mod webhooks {
     pub use idem_core::webhooks::*;
     #[cfg(feature = "webhooks")]
     pub use idem_webhooks::*;
+}
+
+/// Runs and steps of operations that call other systems: the types and the
+/// store ([`idem_core::steps`]) and, with the `steps` feature, the executor
+/// (`idem_steps`).
+pub mod steps {
+    pub use idem_core::steps::*;
+    #[cfg(feature = "steps")]
+    pub use idem_steps::*;
 }

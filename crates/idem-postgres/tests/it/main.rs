@@ -96,6 +96,7 @@ conformance! {
     final_runs_expire_with_their_key;
     send_once_ledger_holds_one_sender;
     runs_are_listed_by_state;
+    patterns_hold_on_a_real_table;
 }
 
 #[tokio::test]

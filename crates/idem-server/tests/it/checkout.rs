@@ -702,6 +702,41 @@ pub async fn tour() {
         (200, Some(5))
     );
     assert_eq!(put.header("etag").as_deref(), Some("\"1\""));
+    // With If-Match, only over the version read: a writer that read an older
+    // version changes nothing.
+    let if_match = |version: &'static str, n: i64| async move {
+        let body = format!(r#"{{"available":{n}}}"#);
+        let req = crate::request("PUT", "/v1/inventory/tee-m", None, &body).replacen(
+            "Host: test\r\n",
+            &format!("Host: test\r\nIf-Match: {version}\r\n"),
+            1,
+        );
+        let mut c = tokio::net::TcpStream::connect(s).await.unwrap();
+        tokio::io::AsyncWriteExt::write_all(&mut c, req.as_bytes())
+            .await
+            .unwrap();
+        let mut raw = String::new();
+        tokio::io::AsyncReadExt::read_to_string(&mut c, &mut raw)
+            .await
+            .unwrap();
+        raw
+    };
+    let moved = if_match("\"1\"", 6).await;
+    assert!(
+        moved.starts_with("HTTP/1.1 200") && moved.contains("etag: \"2\""),
+        "{moved}"
+    );
+    let stale = if_match("\"1\"", 9).await;
+    assert!(
+        stale.starts_with("HTTP/1.1 412") && stale.contains("precondition-failed"),
+        "{stale}"
+    );
+    assert!(if_match("nope", 9).await.starts_with("HTTP/1.1 400"));
+    let put = call(s, "PUT", "/v1/inventory/tee-m", None, r#"{"available": 5}"#).await;
+    assert_eq!(
+        (put.status, put.header("etag").as_deref()),
+        (200, Some("\"3\""))
+    );
     let o = r#"{"customer":"cus_1","sku":"tee-m","quantity":2,"amount":3000,"currency":"EUR","email":"ada@example.com"}"#;
     let first = call(s, "POST", "/v1/orders", Some("o-1"), o).await;
     assert_eq!(
