@@ -447,15 +447,25 @@ impl<S: RunStore> Run<S> {
                 Ok(())
             }
             Ok(false) => {
-                self.open = None;
+                self.rollback_open().await;
                 tracing::warn!(run = %self.record.id, fence = %self.lease.fence,
                                "fenced out: another executor holds the run; stopping");
                 Err(Stop::LeaseLost)
             }
             Err(e) => {
-                self.open = None;
+                self.rollback_open().await;
                 Err(Stop::Store(e))
             }
+        }
+    }
+
+    /// Rolls the open transaction back, if any — explicitly: a dropped
+    /// transaction rolls back only when its connection is next used, and
+    /// holds its locks until then (the key's claim among them, which would
+    /// keep a retry with the key waiting).
+    pub(crate) async fn rollback_open(&mut self) {
+        if let Some(tx) = self.open.take() {
+            let _ = self.shared.store.rollback(tx).await;
         }
     }
 
@@ -680,7 +690,7 @@ impl<S: RunStore> Run<S> {
                 Ok(value)
             }
             Err(e) => {
-                drop(tx);
+                let _ = self.shared.store.rollback(tx).await;
                 Err(self.phase_error(&step, e))
             }
         }
@@ -1076,7 +1086,7 @@ impl<S: RunStore> Run<S> {
                             return Ok(());
                         }
                         Err(e) => {
-                            drop(tx);
+                            let _ = self.shared.store.rollback(tx).await;
                             match self.phase_error(&undo.name, e) {
                                 Stop::Attention { reason, .. } => last_error = Some(reason),
                                 stop => return Err(stop),

@@ -591,6 +591,7 @@ async fn drive<S: RunStore>(
             // A panic in the workflow would repeat on every resume: the run
             // waits for an operator instead.
             let claim_open = run.claim_open;
+            run.rollback_open().await;
             drop(run);
             tracing::error!(run = %lease.run, "the workflow panicked");
             if claim_open {
@@ -631,7 +632,7 @@ async fn execute<S: RunStore>(run: &mut Run<S>, workflow: &dyn Workflow<S>, keep
         Ok(_) if resumed_failing => fail(run, workflow, None).await,
         Ok(completion) => {
             if run.claim_open && !keep(&completion) {
-                run.open = None;
+                run.rollback_open().await;
                 return Ended::Discarded(completion);
             }
             let state = match completion.state {
@@ -640,13 +641,13 @@ async fn execute<S: RunStore>(run: &mut Run<S>, workflow: &dyn Workflow<S>, keep
             };
             match run.finish(&completion, state).await {
                 Ok(()) => Ended::Finished(completion),
-                Err(stop) => stopped(run, stop),
+                Err(stop) => stopped(run, stop).await,
             }
         }
         Err(Stop::Fail(failure)) => fail(run, workflow, Some(failure)).await,
         Err(Stop::Compensating) => fail(run, workflow, None).await,
         Err(Stop::Attention { step, reason }) => block(run, step, reason).await,
-        Err(stop) => stopped(run, stop),
+        Err(stop) => stopped(run, stop).await,
     }
 }
 
@@ -682,7 +683,7 @@ async fn fail<S: RunStore>(
     {
         Ok(()) => {}
         Err(Stop::Attention { step, reason }) => return block(run, step, reason).await,
-        Err(stop) => return stopped(run, stop),
+        Err(stop) => return stopped(run, stop).await,
     }
     run.mode = Mode::Finishing;
     let answer = guarded(&mut lost, workflow.failed(run, &failure))
@@ -697,17 +698,17 @@ async fn fail<S: RunStore>(
             };
             match run.finish(&completion, RunState::Failed).await {
                 Ok(()) => Ended::Finished(completion),
-                Err(stop) => stopped(run, stop),
+                Err(stop) => stopped(run, stop).await,
             }
         }
         Err(Stop::Attention { step, reason }) => block(run, step, reason).await,
-        Err(stop) => stopped(run, stop),
+        Err(stop) => stopped(run, stop).await,
     }
 }
 
 async fn block<S: RunStore>(run: &mut Run<S>, step: String, reason: String) -> Ended {
     if run.claim_open {
-        run.open = None;
+        run.rollback_open().await;
         return Ended::Aborted {
             error: format!("step {step}: {reason}"),
             retryable: false,
@@ -715,13 +716,13 @@ async fn block<S: RunStore>(run: &mut Run<S>, step: String, reason: String) -> E
     }
     match run.block(&step, &reason).await {
         Ok(()) => Ended::NeedsAttention { step, reason },
-        Err(stop) => stopped(run, stop),
+        Err(stop) => stopped(run, stop).await,
     }
 }
 
-fn stopped<S: RunStore>(run: &mut Run<S>, stop: Stop) -> Ended {
+async fn stopped<S: RunStore>(run: &mut Run<S>, stop: Stop) -> Ended {
     let claim_open = run.claim_open;
-    run.open = None;
+    run.rollback_open().await;
     match stop {
         Stop::Store(e) if claim_open => Ended::Aborted {
             retryable: e.retryable(),

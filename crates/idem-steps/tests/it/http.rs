@@ -115,6 +115,18 @@ pub async fn the_key_contract_holds_for_runs<S: TestStore>(db: Db) {
         store.fetch(&scope("h-2")).await.unwrap().is_none(),
         "the key is not used up"
     );
+    // At once: the discarded claim was rolled back, not left holding the key.
+    for _ in 0..5 {
+        let invalid = post(&app, Some("h-3"), "invalid").await;
+        assert_eq!(invalid.status, StatusCode::BAD_REQUEST);
+    }
+    let valid = post(&app, Some("h-3"), "{}").await;
+    assert_eq!(
+        valid.status,
+        StatusCode::CREATED,
+        "{}",
+        String::from_utf8_lossy(&valid.body)
+    );
 }
 
 /// A run that outlives the request: 202 for the request that started it,
