@@ -1008,6 +1008,95 @@ pub async fn history(db: ShopDb, orders: usize) {
     );
 }
 
+/// Drill 8 for orders: once the key's record expired and was collected, the
+/// same intent is a new request; its run finds the order it would create
+/// (the order id is derived from the key) and answers `409 order-exists`
+/// with its `Location` — no second reservation, charge or mail.
+pub async fn late_retry_after_the_ttl(db: ShopDb) {
+    let w = World::new(db).await;
+    let shop = w
+        .shop(&["--key-ttl", "1s", "--gc-interval", "1s"], None)
+        .await;
+    set_stock(shop.addr, "tee", 10).await;
+    let body = order_body("cus_late", "tee", 2, 1200);
+    let first = settle(shop.addr, "late", &body, Duration::from_secs(30)).await;
+    assert_eq!(first.status, 201);
+    let order = first.json()["id"].as_str().unwrap().to_owned();
+    let mut late = None;
+    for _ in 0..100 {
+        let r = call(shop.addr, "POST", "/v1/orders", Some("late"), &body).await;
+        if !r.replayed() {
+            late = Some(r);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let late = late.expect("the key record expired and was collected within 10 s");
+    assert_eq!(late.status, 409, "{}", String::from_utf8_lossy(&late.body));
+    assert_eq!(
+        late.problem_type(),
+        "https://idem.dev/problems/order-exists"
+    );
+    assert_eq!(late.header("location"), Some(format!("/v1/orders/{order}")));
+    assert_eq!(late.json()["order"], order.as_str());
+    assert_eq!(w.payments().await.len(), 1, "no second charge");
+    assert_eq!(w.relay.accepted().len(), 1, "no second mail");
+    assert_eq!(stock(shop.addr, "tee").await, (8, 0), "reserved once");
+}
+
+/// `idem steps` refuses what it cannot use, with one line and exit code 1.
+#[test]
+fn steps_commands_refuse_bad_input() {
+    let dir = TempDir::new("steps-cli");
+    let url = dir.sqlite_url();
+    assert!(idem(&["migrate", "--database-url", &url]).status.success());
+    for (args, says) in [
+        (vec!["steps", "show", "not-a-run"], "run id must be run_"),
+        (
+            vec!["steps", "show", "run_0123456789abcdef0123456789abcdef"],
+            "no run run_0123456789abcdef0123456789abcdef",
+        ),
+        (
+            vec!["steps", "list", "--state", "bogus"],
+            "--state bogus: expected",
+        ),
+        (
+            vec!["steps", "list", "--limit", "0"],
+            "--limit must be between 1 and 1000",
+        ),
+        (
+            vec![
+                "steps",
+                "resolve",
+                "ord_0123456789abcdef0123456789abcdef",
+                "--as",
+                "sent",
+            ],
+            "no run run_0123456789abcdef0123456789abcdef",
+        ),
+        (vec!["steps", "recover"], "needs --provider-url"),
+        (
+            vec!["steps", "recover", "--provider-url", "ftp://x"],
+            "--provider-url must be an http:// URL",
+        ),
+    ] {
+        let mut full = args.clone();
+        full.extend(["--database-url", &url]);
+        let out = idem(&full);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: one line: {err}");
+    }
+    let missing = idem(&[
+        "steps",
+        "list",
+        "--database-url",
+        "sqlite:///tmp/idem-no-such-dir-x/none.db",
+    ]);
+    assert_eq!(missing.status.code(), Some(1));
+}
+
 macro_rules! on_both {
     ($($name:ident $(, $arg:expr)*;)*) => {
         mod sqlite {
@@ -1035,6 +1124,7 @@ on_both! {
     zombie;
     at_most_once_needs_attention;
     bad_input_and_hostile_providers;
+    late_retry_after_the_ttl;
     history, 200;
 }
 
