@@ -890,13 +890,17 @@ impl<S: RunStore> Run<S> {
                 now_ms: now,
                 expires_at_ms: now.saturating_add(retention),
             };
-            let entry = match S::claim_message(&mut tx, &claim).await {
+            let claimed = S::claim_message(&mut tx, &claim).await;
+            self.open = Some(tx);
+            let entry = match claimed {
                 Ok(entry) => entry,
-                Err(e) => return Err(Stop::Store(e)),
+                Err(e) => {
+                    self.rollback_open().await;
+                    return Err(Stop::Store(e));
+                }
             };
             let theirs = entry.run_id != self.record.id.as_str();
             let mut rec = self.attempt_record(&step, kind, &message_id);
-            self.open = Some(tx);
             if entry.state == MessageState::Sent {
                 let rec = self.done(rec, Self::encode(&step, &Sent::Before)?);
                 self.write_now(
