@@ -22,6 +22,7 @@ const LEASE_MS: i64 = 10_000;
 /// Claims `scope`'s key and creates its run, held by `holder`, in one
 /// transaction; returns the lease.
 async fn start<S: RunStore>(store: &S, s: &Scope, holder: &str, now: i64) -> Lease {
+    let namespace = store.namespace().await.unwrap();
     let engine = Engine::with_clock(store.clone(), ManualClock::new(now));
     let Begun::Fresh(mut claimed) = engine
         .begin(s, &fingerprint("{}"), &Policy::default())
@@ -30,7 +31,7 @@ async fn start<S: RunStore>(store: &S, s: &Scope, holder: &str, now: i64) -> Lea
     else {
         panic!("a fresh key is claimed");
     };
-    let id = RunId::of(s);
+    let id = RunId::of(&namespace, s);
     let fence = S::create_run(
         &mut claimed.tx,
         &NewRun {
@@ -61,6 +62,7 @@ fn step(name: &str, seq: i64, state: StepState, attempts: u32, fence: Fence) -> 
         kind: StepKind::Call,
         state,
         attempts,
+        failures: 0,
         key: format!("idem:{name}:0"),
         fence,
         result: (state == StepState::Done).then(|| b"{\"id\":\"p1\"}".to_vec()),
@@ -73,6 +75,18 @@ fn step(name: &str, seq: i64, state: StepState, attempts: u32, fence: Fence) -> 
 
 async fn load<S: RunStore>(store: &S, id: &RunId) -> RunRecord {
     store.load_run(id).await.unwrap().expect("the run exists")
+}
+
+/// The namespace is drawn once and kept: every call gives the same one.
+pub async fn the_namespace_is_drawn_once<S: RunStore>(store: S) {
+    let first = store.namespace().await.unwrap();
+    let (a, b) = tokio::join!(store.namespace(), store.namespace());
+    assert_eq!(
+        (a.unwrap(), b.unwrap()),
+        (first.clone(), first.clone()),
+        "stable"
+    );
+    assert_eq!(first.as_str().len(), 32);
 }
 
 /// A run is created in its key's transaction, held by its creator at fence
@@ -107,7 +121,7 @@ pub async fn runs_are_created_with_their_key<S: RunStore>(store: S) {
     else {
         panic!("fresh");
     };
-    let id = RunId::of(&other);
+    let id = RunId::of(&store.namespace().await.unwrap(), &other);
     S::create_run(
         &mut claimed.tx,
         &NewRun {
@@ -376,7 +390,7 @@ pub async fn claims_of_due_runs_are_never_shared<S: RunStore>(store: S, runs: us
         assert!(claimed.contains_key(id));
     }
     assert!(
-        !claimed.contains_key(&RunId::of(&other_op)),
+        !claimed.contains_key(&RunId::of(&store.namespace().await.unwrap(), &other_op)),
         "only the operations asked for"
     );
 }

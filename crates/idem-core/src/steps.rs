@@ -12,9 +12,9 @@
 //! paused past it, partitioned — records nothing.
 //!
 //! Downstream keys are derived, never drawn: [`StepKey::derive`] hashes the
-//! run's scope and the step's *name*, so every attempt of a step, by any
-//! executor, sends the same key. [`RunId::of`] derives the run's id the same
-//! way.
+//! installation's [`Namespace`], the run's scope and the step's *name*, so
+//! every attempt of a step, by any executor, sends the same key. [`RunId::of`]
+//! derives the run's id the same way.
 //!
 //! This module holds the types and the [`RunStore`] capability a backend
 //! implements (`idem-sqlite`, `idem-postgres`); the executor is the
@@ -22,14 +22,18 @@
 //!
 //! ```
 //! use idem_core::{IdempotencyKey, Operation, Scope, Tenant};
-//! use idem_core::steps::{RunId, StepKey, StepName};
+//! use idem_core::steps::{Namespace, RunId, StepKey, StepName};
+//! let ns = Namespace::new("shop-eu-1")?;   // each database draws its own
 //! let scope = Scope::new(Tenant::new("acme")?, Operation::new("orders.create")?,
 //!                        IdempotencyKey::new("k-1")?);
 //! let charge = StepName::new("charge")?;
-//! // The same scope and step name give the same key, whoever computes it, whenever.
-//! assert_eq!(StepKey::derive(&scope, &charge), StepKey::derive(&scope, &charge));
-//! assert!(StepKey::derive(&scope, &charge).as_str().starts_with("idem:charge:"));
-//! assert_eq!(RunId::of(&scope), RunId::parse(RunId::of(&scope).as_str())?);
+//! // The same installation, scope and step name give the same key, whoever
+//! // computes it, whenever; another installation gets another key.
+//! assert_eq!(StepKey::derive(&ns, &scope, &charge), StepKey::derive(&ns, &scope, &charge));
+//! assert_ne!(StepKey::derive(&Namespace::new("staging")?, &scope, &charge),
+//!            StepKey::derive(&ns, &scope, &charge));
+//! assert!(StepKey::derive(&ns, &scope, &charge).as_str().starts_with("idem:charge:"));
+//! assert_eq!(RunId::of(&ns, &scope), RunId::parse(RunId::of(&ns, &scope).as_str())?);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
@@ -56,6 +60,9 @@ pub enum NameError {
     /// A message id must be 1 to 255 visible ASCII characters.
     #[error("message id must be 1 to 255 visible ASCII characters")]
     MessageId,
+    /// A namespace must be 1 to 64 characters of `[A-Za-z0-9._-]`.
+    #[error("namespace must be 1 to 64 characters of [A-Za-z0-9._-], got {0:?}")]
+    Namespace(String),
 }
 
 /// SHA-256 over length-prefixed parts, after a domain tag: no two different
@@ -78,19 +85,54 @@ fn hex(bytes: &[u8]) -> String {
     })
 }
 
-/// A run's id: `run_` and 32 hex digits derived from its scope, so every
-/// retry of one intent names the same run.
+/// The installation a run belongs to: part of every id it derives, so two
+/// installations that share a provider (staging and production, two shops
+/// on one merchant account) never send each other's keys for a client key
+/// they happen to share. Each database draws its own once
+/// ([`RunStore::namespace`]); 1 to 64 characters of `[A-Za-z0-9._-]`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Namespace(String);
+
+impl Namespace {
+    /// Validates a namespace.
+    pub fn new(value: impl Into<String>) -> Result<Self, NameError> {
+        let value = value.into();
+        let ok = (1..=64).contains(&value.len())
+            && value
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+        if ok {
+            Ok(Self(value))
+        } else {
+            Err(NameError::Namespace(value.chars().take(80).collect()))
+        }
+    }
+
+    /// A new random one (32 hex digits).
+    pub fn generate() -> Self {
+        Self(uuid::Uuid::new_v4().simple().to_string())
+    }
+
+    /// The namespace as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A run's id: `run_` and 32 hex digits derived from its installation's
+/// namespace and its scope, so every retry of one intent names the same run.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RunId(String);
 
 impl RunId {
     const PREFIX: &'static str = "run_";
 
-    /// The id of the run of `scope`.
-    pub fn of(scope: &Scope) -> Self {
+    /// The id of the run of `scope` in installation `namespace`.
+    pub fn of(namespace: &Namespace, scope: &Scope) -> Self {
         let d = digest(
-            "idem.run.v1",
+            "idem.run.v2",
             &[
+                namespace.as_str(),
                 scope.tenant.as_str(),
                 scope.operation.as_str(),
                 scope.key.as_str(),
@@ -177,18 +219,20 @@ impl fmt::Display for StepName {
 }
 
 /// The key a step sends downstream (as `Idempotency-Key`, a message id):
-/// `idem:<step>:<32 hex digits>`, derived from the run's scope and the step's
-/// name — never from a position, a run attempt, a random draw or the time.
-/// A valid [`IdempotencyKey`] (at most 102 characters).
+/// `idem:<step>:<32 hex digits>`, derived from the installation's namespace,
+/// the run's scope and the step's name — never from a position, a run
+/// attempt, a random draw or the time. A valid
+/// [`IdempotencyKey`](crate::IdempotencyKey) (at most 102 characters).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct StepKey(String);
 
 impl StepKey {
-    /// The key of step `step` of the run of `scope`.
-    pub fn derive(scope: &Scope, step: &StepName) -> Self {
+    /// The key of step `step` of the run of `scope` in `namespace`.
+    pub fn derive(namespace: &Namespace, scope: &Scope, step: &StepName) -> Self {
         let d = digest(
-            "idem.step.v1",
+            "idem.step.v2",
             &[
+                namespace.as_str(),
                 scope.tenant.as_str(),
                 scope.operation.as_str(),
                 scope.key.as_str(),
@@ -356,6 +400,9 @@ pub struct StepRecord {
     pub state: StepState,
     /// Attempts started so far.
     pub attempts: u32,
+    /// Attempts that failed (answered with an error, or timed out); what a
+    /// retry budget counts. An attempt cut short by a crash is not one.
+    pub failures: u32,
     /// The key it sends downstream (or its message id).
     pub key: String,
     /// The fence of the executor that wrote this record last.
@@ -505,8 +552,8 @@ pub const RUN_COLUMNS: &str = "id, tenant_id, operation, idempotency_key, state,
     takeovers, deadline_ms, ttl_ms, created_at_ms, updated_at_ms, finished_at_ms";
 
 /// The columns of `idem_run_steps`, in the order every backend selects them.
-pub const STEP_COLUMNS: &str = "run_id, name, seq, kind, state, attempts, step_key, fence, \
-    result, error, started_at_ms, finished_at_ms, updated_at_ms";
+pub const STEP_COLUMNS: &str = "run_id, name, seq, kind, state, attempts, failures, step_key, \
+    fence, result, error, started_at_ms, finished_at_ms, updated_at_ms";
 
 fn corrupt(detail: String) -> StoreError {
     StoreError::Corrupt { detail }
@@ -563,6 +610,7 @@ pub struct StepColumns {
     pub kind: String,
     pub state: String,
     pub attempts: i64,
+    pub failures: i64,
     pub step_key: String,
     pub fence: i64,
     pub result: Option<Vec<u8>>,
@@ -583,6 +631,7 @@ impl StepColumns {
             name: self.name,
             seq: self.seq,
             attempts: u32::try_from(self.attempts).unwrap_or(u32::MAX),
+            failures: u32::try_from(self.failures).unwrap_or(u32::MAX),
             key: self.step_key,
             fence: Fence(self.fence),
             result: self.result,
@@ -763,6 +812,10 @@ impl Default for RunFilter {
 /// to its fence, and never hand one run to two claimers (PostgreSQL: `FOR
 /// UPDATE SKIP LOCKED`; SQLite: one writer at a time).
 pub trait RunStore: KeyStore {
+    /// This database's [`Namespace`]: drawn at random the first time it is
+    /// asked for, kept for good. Every id an executor derives includes it.
+    fn namespace(&self) -> impl Future<Output = Result<Namespace, StoreError>> + Send;
+
     /// In the transaction that claimed the run's key: creates the run (state
     /// `running`, the lease held by `run.holder`) and returns its fence: 1,
     /// or one more than the fence of a final run of the same id left from an
@@ -873,31 +926,49 @@ mod tests {
         )
     }
 
+    fn ns() -> Namespace {
+        Namespace::new("prod").unwrap()
+    }
+
     #[test]
-    fn derived_keys_depend_on_scope_and_name_only() {
+    fn derived_keys_depend_on_namespace_scope_and_name_only() {
         let s = scope("acme", "k-1");
         let charge = StepName::new("charge").unwrap();
-        let key = StepKey::derive(&s, &charge);
-        assert_eq!(key, StepKey::derive(&s.clone(), &charge));
-        assert_ne!(key, StepKey::derive(&scope("other", "k-1"), &charge));
-        assert_ne!(key, StepKey::derive(&scope("acme", "k-2"), &charge));
-        assert_ne!(key, StepKey::derive(&s, &StepName::new("refund").unwrap()));
+        let key = StepKey::derive(&ns(), &s, &charge);
+        assert_eq!(key, StepKey::derive(&ns(), &s.clone(), &charge));
+        assert_ne!(
+            key,
+            StepKey::derive(&Namespace::new("staging").unwrap(), &s, &charge)
+        );
+        assert_ne!(key, StepKey::derive(&ns(), &scope("other", "k-1"), &charge));
+        assert_ne!(key, StepKey::derive(&ns(), &scope("acme", "k-2"), &charge));
+        assert_ne!(
+            key,
+            StepKey::derive(&ns(), &s, &StepName::new("refund").unwrap())
+        );
         // Length-prefixed: moving a character between parts changes the key.
         assert_ne!(
-            StepKey::derive(&scope("ab", "c"), &charge),
-            StepKey::derive(&scope("a", "bc"), &charge)
+            StepKey::derive(&ns(), &scope("ab", "c"), &charge),
+            StepKey::derive(&ns(), &scope("a", "bc"), &charge)
         );
         let long = StepName::new("x".repeat(64)).unwrap();
-        let k = StepKey::derive(&s, &long);
+        let k = StepKey::derive(&ns(), &s, &long);
         assert!(IdempotencyKey::new(k.as_str()).is_ok(), "{k}");
+        assert!(Namespace::new("").is_err() && Namespace::new("a b").is_err());
+        assert_ne!(Namespace::generate(), Namespace::generate());
+        assert!(Namespace::new(Namespace::generate().as_str()).is_ok());
     }
 
     #[test]
     fn run_ids_round_trip_and_refuse_anything_else() {
-        let id = RunId::of(&scope("acme", "k-1"));
+        let id = RunId::of(&ns(), &scope("acme", "k-1"));
         assert_eq!(RunId::parse(id.as_str()), Ok(id.clone()));
         assert_eq!(RunId::from_suffix(id.suffix()), Ok(id.clone()));
-        assert_ne!(id, RunId::of(&scope("acme", "k-2")));
+        assert_ne!(id, RunId::of(&ns(), &scope("acme", "k-2")));
+        assert_ne!(
+            id,
+            RunId::of(&Namespace::new("other").unwrap(), &scope("acme", "k-1"))
+        );
         for bad in [
             "",
             "run_",
@@ -959,7 +1030,7 @@ mod tests {
     fn columns_decode_or_say_what_is_wrong() {
         let s = scope("acme", "k-1");
         let good = RunColumns {
-            id: RunId::of(&s).as_str().into(),
+            id: RunId::of(&ns(), &s).as_str().into(),
             tenant_id: "acme".into(),
             operation: "orders.create".into(),
             idempotency_key: "k-1".into(),

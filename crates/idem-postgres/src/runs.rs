@@ -8,9 +8,9 @@
 use idem_core::Operation;
 use idem_core::StoreError;
 use idem_core::steps::{
-    Fence, Lease, MESSAGE_COLUMNS, MessageClaim, MessageColumns, NewRun, RUN_COLUMNS, RunChange,
-    RunColumns, RunFilter, RunId, RunRecord, RunStore, STEP_COLUMNS, SentMessage, StepColumns,
-    StepRecord, attach_steps,
+    Fence, Lease, MESSAGE_COLUMNS, MessageClaim, MessageColumns, Namespace, NewRun, RUN_COLUMNS,
+    RunChange, RunColumns, RunFilter, RunId, RunRecord, RunStore, STEP_COLUMNS, SentMessage,
+    StepColumns, StepRecord, attach_steps,
 };
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
@@ -55,6 +55,7 @@ fn decode_step(row: &PgRow) -> Result<(String, StepRecord), StoreError> {
         kind: column(row, "kind")?,
         state: column(row, "state")?,
         attempts: i64::from(column::<i32>(row, "attempts")?),
+        failures: i64::from(column::<i32>(row, "failures")?),
         step_key: column(row, "step_key")?,
         fence: column(row, "fence")?,
         result: column(row, "result")?,
@@ -104,11 +105,13 @@ WITH r AS (
     RETURNING id, tenant_id, operation, idempotency_key),
 s AS (
     INSERT INTO idem_run_steps (run_id, name, seq, kind, state, attempts, step_key, fence,
-                                result, error, started_at_ms, finished_at_ms, updated_at_ms)
-    SELECT r.id, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $14
+                                result, error, started_at_ms, finished_at_ms, updated_at_ms,
+                                failures)
+    SELECT r.id, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $14, $28
     FROM r WHERE $15::text IS NOT NULL
     ON CONFLICT (run_id, name) DO UPDATE SET
-        state = excluded.state, attempts = excluded.attempts, fence = excluded.fence,
+        state = excluded.state, attempts = excluded.attempts, failures = excluded.failures,
+        fence = excluded.fence,
         result = excluded.result, error = excluded.error,
         started_at_ms = COALESCE(idem_run_steps.started_at_ms, excluded.started_at_ms),
         finished_at_ms = excluded.finished_at_ms, updated_at_ms = excluded.updated_at_ms),
@@ -165,6 +168,7 @@ fn record_query<'q>(
         .bind(step.and_then(|s| s.finished_at_ms))
         .bind(message)
         .bind(message_state)
+        .bind(step.map(|s| i32::try_from(s.failures).unwrap_or(i32::MAX)))
 }
 
 fn written(row: &PgRow) -> Result<bool, StoreError> {
@@ -232,6 +236,36 @@ ON CONFLICT (message_id) DO UPDATE SET
 RETURNING message_id, run_id, step, state, attempts, created_at_ms, sent_at_ms";
 
 impl RunStore for PgStore {
+    async fn namespace(&self) -> Result<Namespace, StoreError> {
+        let kept: Option<String> = self
+            .bounded(async {
+                sqlx::query_scalar("SELECT value FROM idem_meta WHERE name = 'namespace'")
+                    .fetch_optional(self.pool())
+                    .await
+                    .map_err(map_err)
+            })
+            .await?;
+        if let Some(value) = kept {
+            return Namespace::new(value).map_err(|e| StoreError::Corrupt {
+                detail: e.to_string(),
+            });
+        }
+        let drawn = Namespace::generate();
+        let value: String = self
+            .bounded_write(
+                sqlx::query_scalar(
+                    "INSERT INTO idem_meta (name, value) VALUES ('namespace', $1)
+                     ON CONFLICT (name) DO UPDATE SET value = idem_meta.value RETURNING value",
+                )
+                .bind(drawn.as_str())
+                .fetch_one(self.pool()),
+            )
+            .await?;
+        Namespace::new(value).map_err(|e| StoreError::Corrupt {
+            detail: e.to_string(),
+        })
+    }
+
     async fn create_run(tx: &mut PgTx, run: &NewRun<'_>) -> Result<Fence, StoreError> {
         let fence: Option<i64> = sqlx::query_scalar(CREATE_RUN)
             .bind(run.id.as_str())

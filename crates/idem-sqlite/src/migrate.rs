@@ -37,6 +37,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "idem_runs",
         sql: include_str!("../migrations/0006_idem_runs.sql"),
     },
+    Migration {
+        version: 7,
+        name: "idem_runs_namespace",
+        sql: include_str!("../migrations/0007_idem_runs_namespace.sql"),
+    },
 ];
 
 /// Applies `migrations` of `component` that this database has not seen, each in

@@ -5,9 +5,9 @@
 
 use idem_core::StoreError;
 use idem_core::steps::{
-    Fence, Lease, MESSAGE_COLUMNS, MessageClaim, MessageColumns, NewRun, RUN_COLUMNS, RunChange,
-    RunColumns, RunFilter, RunId, RunRecord, RunStore, STEP_COLUMNS, SentMessage, StepColumns,
-    StepRecord, attach_steps,
+    Fence, Lease, MESSAGE_COLUMNS, MessageClaim, MessageColumns, Namespace, NewRun, RUN_COLUMNS,
+    RunChange, RunColumns, RunFilter, RunId, RunRecord, RunStore, STEP_COLUMNS, SentMessage,
+    StepColumns, StepRecord, attach_steps,
 };
 use idem_core::{Operation, Scope};
 use sqlx::SqliteConnection;
@@ -52,6 +52,7 @@ fn decode_step(row: &SqliteRow) -> Result<(String, StepRecord), StoreError> {
         kind: column(row, "kind")?,
         state: column(row, "state")?,
         attempts: column(row, "attempts")?,
+        failures: column(row, "failures")?,
         step_key: column(row, "step_key")?,
         fence: column(row, "fence")?,
         result: column(row, "result")?,
@@ -97,10 +98,11 @@ RETURNING tenant_id, operation, idempotency_key";
 
 const UPSERT_STEP: &str = "\
 INSERT INTO idem_run_steps (run_id, name, seq, kind, state, attempts, step_key, fence, result,
-                            error, started_at_ms, finished_at_ms, updated_at_ms)
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)
+                            error, started_at_ms, finished_at_ms, updated_at_ms, failures)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)
 ON CONFLICT (run_id, name) DO UPDATE SET
-    state = excluded.state, attempts = excluded.attempts, fence = excluded.fence,
+    state = excluded.state, attempts = excluded.attempts, failures = excluded.failures,
+    fence = excluded.fence,
     result = excluded.result, error = excluded.error,
     started_at_ms = COALESCE(idem_run_steps.started_at_ms, excluded.started_at_ms),
     finished_at_ms = excluded.finished_at_ms, updated_at_ms = excluded.updated_at_ms";
@@ -186,6 +188,7 @@ async fn record_on(
             .bind(s.started_at_ms)
             .bind(s.finished_at_ms)
             .bind(now_ms)
+            .bind(i64::from(s.failures))
             .execute(&mut *conn)
             .await
             .map_err(map_err)?;
@@ -316,6 +319,32 @@ impl SqliteStore {
 }
 
 impl RunStore for SqliteStore {
+    async fn namespace(&self) -> Result<Namespace, StoreError> {
+        // Read first: a read takes no write lock (the caller may hold it).
+        let kept: Option<String> =
+            sqlx::query_scalar("SELECT value FROM idem_meta WHERE name = 'namespace'")
+                .fetch_optional(self.pool())
+                .await
+                .map_err(|e| self.map(e))?;
+        if let Some(value) = kept {
+            return Namespace::new(value).map_err(|e| StoreError::Corrupt {
+                detail: e.to_string(),
+            });
+        }
+        let drawn = Namespace::generate();
+        let value: String = sqlx::query_scalar(
+            "INSERT INTO idem_meta (name, value) VALUES ('namespace', ?1)
+             ON CONFLICT (name) DO UPDATE SET value = idem_meta.value RETURNING value",
+        )
+        .bind(drawn.as_str())
+        .fetch_one(self.pool())
+        .await
+        .map_err(|e| self.map(e))?;
+        Namespace::new(value).map_err(|e| StoreError::Corrupt {
+            detail: e.to_string(),
+        })
+    }
+
     async fn create_run(tx: &mut SqliteTx, run: &NewRun<'_>) -> Result<Fence, StoreError> {
         Self::create_run_on(tx, run).await
     }

@@ -85,6 +85,7 @@ conformance! {
     webhook_failures_replay_and_gc;
     webhook_content_dedupe;
     cancelled_calls_leave_connections_clean;
+    the_namespace_is_drawn_once;
     runs_are_created_with_their_key;
     fenced_writes_land_only_with_the_current_fence;
     takeover_needs_an_expired_lease;
