@@ -18,10 +18,12 @@ pub struct RunsConfig {
     /// Delays between attempts of a step. Default 250 ms doubling to 30 s;
     /// `initial` 1 ms to 1 h, `max` at least `initial`, at most 1 h.
     pub backoff: Backoff,
-    /// Attempts of one step by one executor, when retrying is not bounded
-    /// by the run's deadline (after the point of no return, and in
-    /// compensation); then the run waits for an operator. Default 10, 1 to
-    /// 1000.
+    /// Failed attempts of one step, counted over every executor that
+    /// resumed the run, when retrying is not bounded by the run's deadline
+    /// (after the point of no return, and in compensation); then the run
+    /// waits for an operator. Attempts cut short by a crash or a lost lease
+    /// are not failures; [`CUT_SHORT_FACTOR`](crate::CUT_SHORT_FACTOR) times
+    /// as many of them stop the run too. Default 10, 1 to 1000.
     pub max_attempts: u32,
     /// The longest one attempt of an external call may take; past it the
     /// attempt's outcome is unknown. Default 30 s, 10 ms to 1 h.

@@ -15,8 +15,12 @@
 //!   executor — recorded before it starts and after it answers;
 //! - [`Run::send`] (verify-then-send) and [`Run::send_at_most_once`]:
 //!   effects on sinks without keys, claimed in a send-once ledger;
-//! - `.undo(…)`: a compensation, itself a recorded step with its own key,
-//!   run newest first when the run fails (before its point of no return).
+//! - `.undo(…)`: a compensation, itself a recorded step with its own derived
+//!   key, run newest first when the run fails (before its point of no
+//!   return). It gets the step's result, or `None` when the step's outcome is
+//!   unknown (find out with the step's own key, [`UndoCtx::undone`]); a step
+//!   that never started, failed for good, or whose every attempt certainly
+//!   did nothing ([`StepError::Retry`]) is not compensated.
 //!
 //! Every write of a run is conditional on the **fence** of the lease its
 //! executor holds, so an executor paused past its lease records nothing
@@ -113,6 +117,8 @@ pub use error::{Ended, ResolveError, StartError, StepError, Stop};
 pub use http::{ResponseFuture, ServiceError, WorkflowService};
 pub use recovery::Recovery;
 pub use resolve::{Resolution, Resolved, resolve};
-pub use run::{Call, NoVerify, Phase, Run, SendCtx, SendStep, Sent, StepCtx, UndoCtx};
+pub use run::{
+    CUT_SHORT_FACTOR, Call, NoVerify, Phase, Run, SendCtx, SendStep, Sent, StepCtx, UndoCtx,
+};
 pub use runs::{Keep, RunHandle, Runs, RunsBuilder, Started};
 pub use workflow::Workflow;

@@ -47,6 +47,7 @@ impl<S: RunStore> Recovery<S> {
         if free == 0 {
             return Ok(0);
         }
+        let namespace = shared.namespace().await?;
         let now = shared.clock.now_ms();
         let runs = shared
             .store
@@ -68,7 +69,15 @@ impl<S: RunStore> Recovery<S> {
                     tracing::info!(run = %record.id, fence = %record.fence, state = %record.state,
                                    "recovering a run whose lease expired");
                     let keep: Keep = std::sync::Arc::new(|_| true);
-                    drop(self.runs.spawn(record, lease, None, keep, permit, true));
+                    drop(self.runs.spawn(
+                        namespace.clone(),
+                        record,
+                        lease,
+                        None,
+                        keep,
+                        permit,
+                        true,
+                    ));
                 }
                 Err(_) => {
                     // No room after all (a request took the slot): give it

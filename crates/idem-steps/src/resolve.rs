@@ -14,8 +14,8 @@ pub enum Resolution {
     /// never attempted again. Only for steps without a result the workflow
     /// needs: sends, at-most-once effects, compensations.
     Sent,
-    /// It did not happen: it may be attempted (once more, for an
-    /// at-most-once effect).
+    /// It did not happen: it may be attempted again (once more, for an
+    /// at-most-once effect); its failures count starts over.
     NotSent,
 }
 
@@ -83,6 +83,9 @@ pub async fn resolve<S: RunStore>(
         }
         (Some(rec), Resolution::NotSent) => {
             rec.state = StepState::NotSent;
+            // Its retries start over: the operator's decision resets the
+            // budget that sent it here (its attempts stay on record).
+            rec.failures = 0;
             rec.error = Some("resolved by an operator: not sent".into());
             matches!(rec.kind, StepKind::Send | StepKind::AtMostOnce)
                 .then(|| (rec.key.clone(), MessageState::NotSent))

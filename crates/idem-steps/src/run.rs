@@ -1,7 +1,7 @@
 //! [`Run`]: what a [`Workflow`](crate::Workflow) works through — phases,
 //! calls, sends, compensations — and how each is recorded.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::future::{Future, IntoFuture};
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
 use idem_core::failpoint;
 use idem_core::steps::{
-    Failure, Fence, Lease, MessageClaim, MessageState, RunChange, RunId, RunRecord, RunState,
-    RunStore, StepKey, StepKind, StepName, StepRecord, StepState,
+    Failure, Fence, Lease, MessageClaim, MessageState, Namespace, RunChange, RunId, RunRecord,
+    RunState, RunStore, StepKey, StepKind, StepName, StepRecord, StepState,
 };
 use idem_core::{BoxError, BoxFuture, Scope, StoreError};
 use serde::de::DeserializeOwned;
@@ -19,6 +19,11 @@ use tokio::sync::watch;
 
 use crate::error::{StepError, Stop};
 use crate::runs::Shared;
+
+/// Where retries are bounded by attempts, how many times `max_attempts`
+/// attempts may be cut short (a crash, a lost lease) before the run waits for
+/// an operator: a step that keeps killing its process does not loop forever.
+pub const CUT_SHORT_FACTOR: u32 = 3;
 
 /// What a step's closure gets: the key to send downstream, the fence to pass
 /// to systems that accept one, and which attempt this is (1, 2, …).
@@ -133,6 +138,8 @@ pub(crate) struct Beat {
 ///   `.undo(…)` run, newest first.
 pub struct Run<S: RunStore> {
     pub(crate) shared: Arc<Shared<S>>,
+    /// The installation's namespace, in every key the run derives.
+    namespace: Namespace,
     pub(crate) record: RunRecord,
     pub(crate) lease: Lease,
     pub(crate) beat: Arc<Beat>,
@@ -144,9 +151,6 @@ pub struct Run<S: RunStore> {
     pub(crate) mode: Mode,
     pub(crate) undo: Vec<Undo<S::Tx>>,
     seen: HashSet<String>,
-    /// Attempts per step by this executor, for the bound of
-    /// [`RunsConfig::max_attempts`](crate::RunsConfig::max_attempts).
-    tries: HashMap<String, u32>,
 }
 
 impl<S: RunStore> std::fmt::Debug for Run<S> {
@@ -190,6 +194,7 @@ fn store_stop(e: BoxError) -> Result<StoreError, BoxError> {
 impl<S: RunStore> Run<S> {
     pub(crate) fn new(
         shared: Arc<Shared<S>>,
+        namespace: Namespace,
         record: RunRecord,
         lease: Lease,
         claim: Option<S::Tx>,
@@ -202,6 +207,7 @@ impl<S: RunStore> Run<S> {
         });
         Self {
             shared,
+            namespace,
             record,
             lease,
             beat,
@@ -211,7 +217,6 @@ impl<S: RunStore> Run<S> {
             mode: Mode::Forward,
             undo: Vec::new(),
             seen: HashSet::new(),
-            tries: HashMap::new(),
         }
     }
 
@@ -246,7 +251,7 @@ impl<S: RunStore> Run<S> {
             step: name.chars().take(64).collect(),
             reason: e.to_string(),
         })?;
-        Ok(StepKey::derive(&self.record.scope, &name))
+        Ok(StepKey::derive(&self.namespace, &self.record.scope, &name))
     }
 
     /// Why the run fails, when it does.
@@ -392,6 +397,7 @@ impl<S: RunStore> Run<S> {
                 kind,
                 state: StepState::Started,
                 attempts: 1,
+                failures: 0,
                 key: key.to_owned(),
                 fence: self.lease.fence,
                 result: None,
@@ -432,6 +438,13 @@ impl<S: RunStore> Run<S> {
         step: Option<&StepRecord>,
     ) -> Result<(), Stop> {
         let now = self.now();
+        // A step's record says when it was last written: an attempt's start,
+        // or its failure (whence a successor counts its backoff).
+        let step = step.map(|s| StepRecord {
+            updated_at_ms: now,
+            ..s.clone()
+        });
+        let step = step.as_ref();
         let written = match self.open.as_mut() {
             Some(tx) => S::record_run_in(tx, &self.lease, change, step, now).await,
             None => {
@@ -553,44 +566,106 @@ impl<S: RunStore> Run<S> {
         Ok(())
     }
 
-    /// Counts an attempt by this executor; where retries are not bounded by
-    /// the deadline, past the budget the run waits for an operator.
-    fn count_try(
-        &mut self,
+    /// The number of the attempt about to be made (the step's recorded
+    /// attempts, over every executor, plus one), once the budget allows it:
+    /// where retries are not bounded by the deadline (after the point of no
+    /// return, and in compensation), after
+    /// [`RunsConfig::max_attempts`](crate::RunsConfig::max_attempts) failed
+    /// attempts the run waits for an operator instead. Failures are counted
+    /// over every executor; attempts cut short by a crash are not failures,
+    /// but a step that keeps taking its process down (more than
+    /// [`CUT_SHORT_FACTOR`] times `max_attempts` attempts cut short) waits
+    /// for an operator too.
+    fn next_attempt(
+        &self,
         step: &StepName,
         bounded: bool,
         last_error: Option<&str>,
     ) -> Result<u32, Stop> {
-        let n = self.tries.entry(step.as_str().to_owned()).or_insert(0);
-        *n += 1;
-        if bounded && *n > self.shared.config.max_attempts {
+        let rec = self.existing(step);
+        let failures = rec.as_ref().map_or(0, |r| r.failures);
+        if bounded && failures >= self.shared.config.max_attempts {
             return Err(Stop::Attention {
                 step: step.as_str().to_owned(),
                 reason: format!(
-                    "{} attempts failed{}",
-                    self.shared.config.max_attempts,
+                    "{failures} attempts failed{}",
                     last_error
+                        .or(rec.as_ref().and_then(|r| r.error.as_deref()))
                         .map(|e| format!(", the last: {e}"))
                         .unwrap_or_default()
                 ),
             });
         }
-        Ok(*n)
+        let attempts = rec.as_ref().map_or(0, |r| r.attempts);
+        let cut_short = attempts.saturating_sub(failures);
+        if bounded
+            && cut_short
+                >= self
+                    .shared
+                    .config
+                    .max_attempts
+                    .saturating_mul(CUT_SHORT_FACTOR)
+        {
+            return Err(Stop::Attention {
+                step: step.as_str().to_owned(),
+                reason: format!(
+                    "{cut_short} attempts were cut short (their process died or lost the run)"
+                ),
+            });
+        }
+        Ok(attempts.saturating_add(1))
     }
 
-    /// Waits before the next attempt; a long wait gives the run back.
-    async fn pause(&mut self, tries: u32) -> Result<(), Stop> {
-        let delay = self.shared.config.backoff.delay(tries, jitter());
+    /// Waits until `at_ms`; a long wait gives the run back, due then.
+    async fn wait_until(&mut self, at_ms: i64) -> Result<(), Stop> {
+        let left = at_ms - self.now();
+        if left <= 0 {
+            return Ok(());
+        }
+        let left = std::time::Duration::from_millis(u64::try_from(left).unwrap_or(0));
+        if left > self.shared.config.release_after {
+            self.release_until(at_ms).await?;
+        }
+        let mut lost = self.lost.clone();
+        guarded(&mut lost, tokio::time::sleep(left)).await
+    }
+
+    /// Gives the run back, due at `until_ms` for any executor.
+    async fn release_until(&mut self, until_ms: i64) -> Result<(), Stop> {
+        self.beat.active.store(false, Ordering::SeqCst);
+        let change = RunChange {
+            release: true,
+            locked_until_ms: Some(until_ms),
+            ..RunChange::default()
+        };
+        self.write_now(&change, None).await?;
+        Err(Stop::Released { until_ms })
+    }
+
+    /// A step resumed after failures waits out the backoff its last failure
+    /// started (from when it was recorded), so a run that keeps changing
+    /// hands is not retried faster than one that does not.
+    async fn resume_backoff(&mut self, step: &StepName) -> Result<(), Stop> {
+        let Some(rec) = self.existing(step) else {
+            return Ok(());
+        };
+        if rec.failures == 0 || matches!(rec.state, StepState::Done | StepState::Failed) {
+            return Ok(());
+        }
+        let delay = self.shared.config.backoff.delay(rec.failures, 0.0);
+        let due = rec
+            .updated_at_ms
+            .saturating_add(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX / 2));
+        self.wait_until(due).await
+    }
+
+    /// Waits before the next attempt, after `failures` failures; a long
+    /// wait gives the run back.
+    async fn pause(&mut self, failures: u32) -> Result<(), Stop> {
+        let delay = self.shared.config.backoff.delay(failures, jitter());
+        let until_ms = self.now() + i64::try_from(delay.as_millis()).unwrap_or(i64::MAX / 2);
         if delay > self.shared.config.release_after {
-            let until_ms = self.now() + i64::try_from(delay.as_millis()).unwrap_or(i64::MAX / 2);
-            self.beat.active.store(false, Ordering::SeqCst);
-            let change = RunChange {
-                release: true,
-                locked_until_ms: Some(until_ms),
-                ..RunChange::default()
-            };
-            self.write_now(&change, None).await?;
-            return Err(Stop::Released { until_ms });
+            return self.release_until(until_ms).await;
         }
         let mut lost = self.lost.clone();
         guarded(&mut lost, tokio::time::sleep(delay)).await
@@ -678,7 +753,7 @@ impl<S: RunStore> Run<S> {
         match work(&mut tx).await {
             Ok(value) => {
                 let bytes = Self::encode(&step, &value)?;
-                let key = StepKey::derive(&self.record.scope, &step);
+                let key = StepKey::derive(&self.namespace, &self.record.scope, &step);
                 let rec = self.attempt_record(&step, StepKind::Phase, key.as_str());
                 let rec = self.done(rec, bytes);
                 self.open = Some(tx);
@@ -753,11 +828,18 @@ impl<S: RunStore> Run<S> {
         if self.mode != Mode::Forward {
             return Err(Stop::Compensating);
         }
-        let key = StepKey::derive(&self.record.scope, &step);
+        let key = StepKey::derive(&self.namespace, &self.record.scope, &step);
+        // Whether an attempt so far may have had its effect (an unknown
+        // outcome, or a crash in the middle): then a compensation must find
+        // out. Attempts that certainly did nothing leave the step clean.
+        let mut uncertain = self
+            .existing(&step)
+            .is_some_and(|r| r.state == StepState::Started);
         let mut last_error: Option<String> = None;
+        self.resume_backoff(&step).await?;
         loop {
             self.check_deadline(&step, last_error.as_deref())?;
-            let tries = self.count_try(
+            self.next_attempt(
                 &step,
                 self.record.no_return || no_return,
                 last_error.as_deref(),
@@ -797,10 +879,15 @@ impl<S: RunStore> Run<S> {
                 Err(e) => {
                     tracing::info!(run = %self.record.id, step = %step, attempt = rec.attempts,
                                    error = %e, "step attempt failed; retrying with the same key");
+                    uncertain |= matches!(e, StepError::Unknown(_));
+                    if !uncertain {
+                        rec.state = StepState::NotSent;
+                    }
                     rec.error = Some(e.to_string());
+                    rec.failures = rec.failures.saturating_add(1);
                     self.write_now(&RunChange::default(), Some(&rec)).await?;
                     last_error = rec.error;
-                    self.pause(tries).await?;
+                    self.pause(rec.failures).await?;
                 }
             }
         }
@@ -848,7 +935,7 @@ impl<S: RunStore> Run<S> {
                     reason: "its message id is not 1 to 255 visible ASCII characters".into(),
                 });
             }
-            None => StepKey::derive(&self.record.scope, &step)
+            None => StepKey::derive(&self.namespace, &self.record.scope, &step)
                 .as_str()
                 .to_owned(),
         };
@@ -856,6 +943,13 @@ impl<S: RunStore> Run<S> {
         let mut unknown = previous
             .as_ref()
             .is_some_and(|r| r.state == StepState::Started);
+        // When the attempt whose outcome is unknown was last heard of: a
+        // request still travelling to the sink when we ask it would be a
+        // duplicate, so we ask only once it had a call's time to land.
+        let mut quiet_since = previous
+            .as_ref()
+            .filter(|r| r.state == StepState::Started)
+            .map(|r| r.updated_at_ms);
         let mut last_error: Option<String> = previous.and_then(|r| r.error);
         if unknown && kind == StepKind::AtMostOnce {
             return Err(Stop::Attention {
@@ -870,13 +964,26 @@ impl<S: RunStore> Run<S> {
                 ),
             });
         }
+        self.resume_backoff(&step).await?;
         loop {
             self.check_deadline(&step, last_error.as_deref())?;
-            let tries = self.count_try(
+            self.next_attempt(
                 &step,
                 self.record.no_return || no_return,
                 last_error.as_deref(),
             )?;
+            if unknown
+                && verify.is_some()
+                && let Some(since) = quiet_since.take()
+            {
+                // Before the next attempt is recorded: a wait that gives the
+                // run back leaves the step as it was, so whoever resumes it
+                // waits for the same moment, not a later one.
+                let landing = i64::try_from(self.shared.config.call_timeout.as_millis())
+                    .unwrap_or(i64::MAX / 4);
+                self.wait_until(since.saturating_add(landing)).await?;
+                continue;
+            }
             self.ensure_lease()?;
             // Claim the message id and record the attempt, in one transaction.
             let mut tx = self.tx().await?;
@@ -954,16 +1061,18 @@ impl<S: RunStore> Run<S> {
                             entry.run_id
                         ));
                         rec.error = last_error.clone();
+                        rec.failures = rec.failures.saturating_add(1);
                         self.write_now(&RunChange::default(), Some(&rec)).await?;
-                        self.pause(tries).await?;
+                        self.pause(rec.failures).await?;
                         continue;
                     }
                     Err(e) => {
                         // The sink cannot say: never send blind.
                         last_error = Some(format!("verify: {e}"));
                         rec.error = last_error.clone();
+                        rec.failures = rec.failures.saturating_add(1);
                         self.write_now(&RunChange::default(), Some(&rec)).await?;
-                        self.pause(tries).await?;
+                        self.pause(rec.failures).await?;
                         continue;
                     }
                 }
@@ -1004,27 +1113,32 @@ impl<S: RunStore> Run<S> {
                     // Certainly not sent: the next attempt needs no check.
                     rec.state = StepState::NotSent;
                     rec.error = Some(e);
+                    rec.failures = rec.failures.saturating_add(1);
                     let change = RunChange {
                         message: Some((message_id.as_str(), MessageState::NotSent)),
                         ..RunChange::default()
                     };
                     self.write_now(&change, Some(&rec)).await?;
                     unknown = false;
+                    quiet_since = None;
                     last_error = rec.error;
-                    self.pause(tries).await?;
+                    self.pause(rec.failures).await?;
                 }
                 Err(e @ StepError::Unknown(_)) => {
                     rec.error = Some(e.to_string());
+                    rec.failures = rec.failures.saturating_add(1);
                     self.write_now(&RunChange::default(), Some(&rec)).await?;
                     if kind == StepKind::AtMostOnce {
                         return Err(Stop::Attention {
                             step: step.as_str().to_owned(),
-                            reason: format!("the attempt's outcome is unknown: {e}"),
+                            reason: format!("the attempt's outcome is unknown: {}", e.detail()),
                         });
                     }
                     unknown = true;
+                    // Abandoned now, it may still land: give it time first.
+                    quiet_since = Some(self.now());
                     last_error = rec.error;
-                    self.pause(tries).await?;
+                    self.pause(rec.failures).await?;
                 }
             }
         }
@@ -1057,8 +1171,11 @@ impl<S: RunStore> Run<S> {
         };
         let (applies, result) = match &undo.action {
             UndoAction::Phase(_) => (target.state == StepState::Done, target.result.clone()),
+            // A call that never started, failed for good, or only ever
+            // certainly did nothing has nothing to undo.
             UndoAction::Call(_) => (
-                target.attempts > 0 && target.state != StepState::Failed,
+                target.attempts > 0
+                    && !matches!(target.state, StepState::Failed | StepState::NotSent),
                 (target.state == StepState::Done)
                     .then(|| target.result.clone())
                     .flatten(),
@@ -1073,10 +1190,11 @@ impl<S: RunStore> Run<S> {
         {
             return Ok(());
         }
-        let key = StepKey::derive(&self.record.scope, &undo.name);
+        let key = StepKey::derive(&self.namespace, &self.record.scope, &undo.name);
         let mut last_error: Option<String> = None;
+        self.resume_backoff(&undo.name).await?;
         loop {
-            let tries = self.count_try(&undo.name, true, last_error.as_deref())?;
+            self.next_attempt(&undo.name, true, last_error.as_deref())?;
             match &undo.action {
                 UndoAction::Phase(f) => {
                     let mut tx = self.tx().await?;
@@ -1091,11 +1209,20 @@ impl<S: RunStore> Run<S> {
                         }
                         Err(e) => {
                             let _ = self.shared.store.rollback(tx).await;
-                            match self.phase_error(&undo.name, e) {
-                                Stop::Attention { reason, .. } => last_error = Some(reason),
+                            let reason = match self.phase_error(&undo.name, e) {
+                                Stop::Attention { reason, .. } => reason,
                                 stop => return Err(stop),
-                            }
-                            self.pause(tries).await?;
+                            };
+                            // Rolled back, so certainly not done; counted, so
+                            // the budget holds across executors.
+                            let mut rec =
+                                self.attempt_record(&undo.name, StepKind::UndoPhase, key.as_str());
+                            rec.state = StepState::NotSent;
+                            rec.error = Some(reason.clone());
+                            rec.failures = rec.failures.saturating_add(1);
+                            self.write_now(&RunChange::default(), Some(&rec)).await?;
+                            last_error = Some(reason);
+                            self.pause(rec.failures).await?;
                         }
                     }
                 }
@@ -1105,6 +1232,7 @@ impl<S: RunStore> Run<S> {
                     let ctx = UndoCtx {
                         key: key.clone(),
                         undone: StepKey::derive(
+                            &self.namespace,
                             &self.record.scope,
                             &StepName::new(undo.target.clone()).map_err(|e| Stop::Attention {
                                 step: undo.target.clone(),
@@ -1133,9 +1261,10 @@ impl<S: RunStore> Run<S> {
                         }
                         Err(e) => {
                             rec.error = Some(e.to_string());
+                            rec.failures = rec.failures.saturating_add(1);
                             self.write_now(&RunChange::default(), Some(&rec)).await?;
                             last_error = rec.error;
-                            self.pause(tries).await?;
+                            self.pause(rec.failures).await?;
                         }
                     }
                 }

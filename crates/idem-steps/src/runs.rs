@@ -8,7 +8,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::FutureExt;
-use idem_core::steps::{Failure, Lease, NewRun, RunChange, RunId, RunRecord, RunState, RunStore};
+use idem_core::steps::{
+    Failure, Lease, Namespace, NewRun, RunChange, RunId, RunRecord, RunState, RunStore,
+};
 use idem_core::{
     Begun, Clock, Completion, ConfigError, Engine, Error, Fingerprint, Operation, Policy,
     RecordState, Scope, StoredRecord, SystemClock,
@@ -39,6 +41,8 @@ pub(crate) struct Shared<S: RunStore> {
     pub(crate) holder: String,
     pub(crate) workflows: HashMap<Operation, Registered<S>>,
     pub(crate) permits: Arc<Semaphore>,
+    /// The database's namespace, read once.
+    namespace: tokio::sync::OnceCell<Namespace>,
     /// Runs executing in this process, for a retry that arrives meanwhile.
     waiters: Mutex<HashMap<RunId, watch::Receiver<Option<Ended>>>>,
 }
@@ -46,6 +50,14 @@ pub(crate) struct Shared<S: RunStore> {
 impl<S: RunStore> Shared<S> {
     pub(crate) fn lease_ms(&self) -> i64 {
         i64::try_from(self.config.lease.as_millis()).unwrap_or(i64::MAX / 4)
+    }
+
+    /// The database's namespace (read, or drawn, on first use).
+    pub(crate) async fn namespace(&self) -> Result<Namespace, idem_core::StoreError> {
+        self.namespace
+            .get_or_try_init(|| self.store.namespace())
+            .await
+            .cloned()
     }
 }
 
@@ -137,6 +149,7 @@ impl<S: RunStore> RunsBuilder<S> {
                 holder,
                 workflows: self.workflows,
                 permits,
+                namespace: tokio::sync::OnceCell::new(),
                 waiters: Mutex::default(),
             }),
         })
@@ -196,6 +209,13 @@ impl RunHandle {
             Err(_) => None,
         }
     }
+}
+
+/// What [`Runs::busy`] found.
+enum Busy {
+    Answer(Started),
+    /// Ask the key again: its run ended meanwhile.
+    Again,
 }
 
 fn keep_all() -> Keep {
@@ -280,98 +300,120 @@ impl<S: RunStore> Runs<S> {
         let Some(registered) = shared.workflows.get(&scope.operation) else {
             return Err(StartError::NotRegistered(scope.operation.to_string()));
         };
-        let permit = tokio::time::timeout(policy.wait, shared.permits.clone().acquire_owned())
-            .await
-            .ok()
-            .and_then(Result::ok)
-            .ok_or(StartError::AtCapacity {
-                retry_after: Duration::from_secs(1),
-            })?;
-        match shared.engine.begin(scope, fingerprint, policy).await {
-            Ok(Begun::Fresh(mut claimed)) => {
-                let now = shared.clock.now_ms();
-                let id = RunId::of(scope);
-                let deadline = i64::try_from(registered.policy.deadline.as_millis()).unwrap_or(0);
-                let ttl_ms = i64::try_from(policy.ttl.as_millis()).unwrap_or(i64::MAX / 4);
-                let locked_until_ms = now + shared.lease_ms();
-                let deadline_ms = now.saturating_add(deadline);
-                let new = NewRun {
-                    id: &id,
-                    scope,
-                    input: &input,
-                    holder: &shared.holder,
-                    locked_until_ms,
-                    deadline_ms,
-                    ttl_ms,
-                    now_ms: now,
-                };
-                let fence = match S::create_run(&mut claimed.tx, &new).await {
-                    Ok(fence) => fence,
-                    Err(e) => {
-                        let _ = shared.engine.abort(claimed).await;
-                        return Err(StartError::Store(e));
+        let namespace = shared.namespace().await?;
+        // Twice at most: a run of this key that just ended here leaves the
+        // key replayable (or free again, if it ended before its first commit).
+        for _ in 0..2 {
+            let permit = tokio::time::timeout(policy.wait, shared.permits.clone().acquire_owned())
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .ok_or(StartError::AtCapacity {
+                    retry_after: Duration::from_secs(1),
+                })?;
+            match shared.engine.begin(scope, fingerprint, policy).await {
+                Ok(Begun::Fresh(mut claimed)) => {
+                    let now = shared.clock.now_ms();
+                    let id = RunId::of(&namespace, scope);
+                    let deadline =
+                        i64::try_from(registered.policy.deadline.as_millis()).unwrap_or(0);
+                    let ttl_ms = i64::try_from(policy.ttl.as_millis()).unwrap_or(i64::MAX / 4);
+                    let locked_until_ms = now + shared.lease_ms();
+                    let deadline_ms = now.saturating_add(deadline);
+                    let new = NewRun {
+                        id: &id,
+                        scope,
+                        input: &input,
+                        holder: &shared.holder,
+                        locked_until_ms,
+                        deadline_ms,
+                        ttl_ms,
+                        now_ms: now,
+                    };
+                    let fence = match S::create_run(&mut claimed.tx, &new).await {
+                        Ok(fence) => fence,
+                        Err(e) => {
+                            let _ = shared.engine.abort(claimed).await;
+                            return Err(StartError::Store(e));
+                        }
+                    };
+                    let record = RunRecord {
+                        id: id.clone(),
+                        scope: scope.clone(),
+                        state: RunState::Running,
+                        input,
+                        recovery_point: None,
+                        failure: None,
+                        blocked_step: None,
+                        attention: None,
+                        no_return: false,
+                        holder: Some(shared.holder.clone()),
+                        locked_until_ms,
+                        fence,
+                        takeovers: 0,
+                        deadline_ms,
+                        ttl_ms,
+                        created_at_ms: now,
+                        updated_at_ms: now,
+                        finished_at_ms: None,
+                        steps: Vec::new(),
+                    };
+                    let lease = Lease {
+                        run: id,
+                        holder: shared.holder.clone(),
+                        fence,
+                    };
+                    return Ok(Started::Running(self.spawn(
+                        namespace,
+                        record,
+                        lease,
+                        Some(claimed.tx),
+                        keep,
+                        permit,
+                        false,
+                    )));
+                }
+                Ok(Begun::Replay(record)) => return Ok(Started::Replay(record)),
+                Err(Error::FingerprintMismatch) => return Err(StartError::FingerprintMismatch),
+                Err(Error::InFlight { retry_after }) => {
+                    // A retry holds no slot while it waits: only a takeover
+                    // takes one.
+                    drop(permit);
+                    match self.busy(&namespace, scope, policy, retry_after).await? {
+                        Busy::Answer(started) => return Ok(started),
+                        Busy::Again => continue,
                     }
-                };
-                let record = RunRecord {
-                    id: id.clone(),
-                    scope: scope.clone(),
-                    state: RunState::Running,
-                    input,
-                    recovery_point: None,
-                    failure: None,
-                    blocked_step: None,
-                    attention: None,
-                    no_return: false,
-                    holder: Some(shared.holder.clone()),
-                    locked_until_ms,
-                    fence,
-                    takeovers: 0,
-                    deadline_ms,
-                    ttl_ms,
-                    created_at_ms: now,
-                    updated_at_ms: now,
-                    finished_at_ms: None,
-                    steps: Vec::new(),
-                };
-                let lease = Lease {
-                    run: id,
-                    holder: shared.holder.clone(),
-                    fence,
-                };
-                Ok(Started::Running(self.spawn(
-                    record,
-                    lease,
-                    Some(claimed.tx),
-                    keep,
-                    permit,
-                    false,
-                )))
+                }
+                Err(Error::Store(e)) => return Err(StartError::Store(e)),
+                Err(other) => {
+                    return Err(StartError::Store(idem_core::StoreError::Database {
+                        source: other.to_string().into(),
+                    }));
+                }
             }
-            Ok(Begun::Replay(record)) => Ok(Started::Replay(record)),
-            Err(Error::FingerprintMismatch) => Err(StartError::FingerprintMismatch),
-            Err(Error::InFlight { retry_after }) => {
-                self.busy(scope, fingerprint, policy, retry_after, permit)
-                    .await
-            }
-            Err(Error::Store(e)) => Err(StartError::Store(e)),
-            Err(other) => Err(StartError::Store(idem_core::StoreError::Database {
-                source: other.to_string().into(),
-            })),
         }
+        Ok(Started::Busy {
+            retry_after: Duration::from_secs(1),
+            attention: None,
+        })
+    }
+
+    /// The id of the run of `scope` here (in this database's namespace).
+    pub async fn run_id(&self, scope: &Scope) -> Result<RunId, idem_core::StoreError> {
+        Ok(RunId::of(&self.shared.namespace().await?, scope))
     }
 
     /// The key is pending: its run executes here (wait for it), elsewhere
     /// (busy), waits for an operator, or lost its executor (take it over).
     async fn busy(
         &self,
+        namespace: &Namespace,
         scope: &Scope,
-        fingerprint: &Fingerprint,
         policy: &Policy,
         retry_after: Duration,
-        permit: OwnedSemaphorePermit,
-    ) -> Result<Started, StartError> {
+    ) -> Result<Busy, StartError> {
         let shared = &self.shared;
-        let id = RunId::of(scope);
+        let id = RunId::of(namespace, scope);
         let local = shared
             .waiters
             .lock()
@@ -379,30 +421,33 @@ impl<S: RunStore> Runs<S> {
             .get(&id)
             .cloned();
         if let Some(mut rx) = local {
-            // Executing in this process: wait for its end (bounded), then
-            // the stored outcome is the answer.
-            let _ = tokio::time::timeout(policy.wait, rx.wait_for(Option::is_some)).await;
-            if let Ok(Begun::Replay(record)) = shared.engine.begin(scope, fingerprint, policy).await
-            {
-                return Ok(Started::Replay(record));
-            }
+            // Executing in this process: wait for its end (bounded); then its
+            // outcome is stored, or the key is free again.
+            let ended = tokio::time::timeout(policy.wait, rx.wait_for(Option::is_some)).await;
+            return Ok(match ended {
+                Ok(_) => Busy::Again,
+                Err(_) => Busy::Answer(Started::Busy {
+                    retry_after: Duration::from_secs(1),
+                    attention: None,
+                }),
+            });
         }
         let Some(run) = shared.store.load_run(&id).await? else {
             // The claim has not committed yet.
-            return Ok(Started::Busy {
+            return Ok(Busy::Answer(Started::Busy {
                 retry_after,
                 attention: None,
-            });
+            }));
         };
         let now = shared.clock.now_ms();
-        match run.state {
-            RunState::NeedsAttention => Ok(Started::Busy {
+        Ok(match run.state {
+            RunState::NeedsAttention => Busy::Answer(Started::Busy {
                 retry_after: Duration::from_secs(60),
                 attention: run
                     .attention
                     .or(Some("an operator must resolve a step".into())),
             }),
-            state if state.is_live() && run.locked_until_ms > now => Ok(Started::Busy {
+            state if state.is_live() && run.locked_until_ms > now => Busy::Answer(Started::Busy {
                 retry_after: Duration::from_millis(
                     u64::try_from(run.locked_until_ms - now).unwrap_or(1000),
                 )
@@ -410,49 +455,52 @@ impl<S: RunStore> Runs<S> {
                 attention: None,
             }),
             state if state.is_live() => {
+                let Ok(permit) = shared.permits.clone().try_acquire_owned() else {
+                    return Ok(Busy::Answer(Started::Busy {
+                        retry_after: Duration::from_secs(1),
+                        attention: None,
+                    }));
+                };
                 let until = now + shared.lease_ms();
                 match shared
                     .store
                     .take_over(&id, &shared.holder, now, until)
                     .await?
                 {
-                    Some(record) => {
-                        tracing::info!(run = %id, fence = %record.fence, "took over a run whose lease expired");
-                        let Some(lease) = record.lease() else {
-                            return Ok(Started::Busy {
-                                retry_after,
-                                attention: None,
-                            });
-                        };
-                        Ok(Started::Running(self.spawn(
-                            record,
-                            lease,
-                            None,
-                            keep_all(),
-                            permit,
-                            true,
-                        )))
-                    }
-                    None => Ok(Started::Busy {
+                    Some(record) => match record.lease() {
+                        Some(lease) => {
+                            tracing::info!(run = %id, fence = %record.fence, "took over a run whose lease expired");
+                            Busy::Answer(Started::Running(self.spawn(
+                                namespace.clone(),
+                                record,
+                                lease,
+                                None,
+                                keep_all(),
+                                permit,
+                                true,
+                            )))
+                        }
+                        None => Busy::Answer(Started::Busy {
+                            retry_after,
+                            attention: None,
+                        }),
+                    },
+                    None => Busy::Answer(Started::Busy {
                         retry_after: Duration::from_secs(1),
                         attention: None,
                     }),
                 }
             }
-            // It finished between the claim and now.
-            _ => match shared.engine.begin(scope, fingerprint, policy).await {
-                Ok(Begun::Replay(record)) => Ok(Started::Replay(record)),
-                _ => Ok(Started::Busy {
-                    retry_after,
-                    attention: None,
-                }),
-            },
-        }
+            // It finished between the claim and now: its outcome is stored.
+            _ => Busy::Again,
+        })
     }
 
     /// Executes a run whose lease this process holds, in a task of its own.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn spawn(
         &self,
+        namespace: Namespace,
         record: RunRecord,
         lease: Lease,
         claim: Option<S::Tx>,
@@ -470,7 +518,7 @@ impl<S: RunStore> Runs<S> {
         let shared = self.shared.clone();
         let task_id = id.clone();
         tokio::spawn(async move {
-            let ended = drive(shared.clone(), record, lease, claim, keep).await;
+            let ended = drive(shared.clone(), namespace, record, lease, claim, keep).await;
             log_end(&task_id, &ended);
             shared
                 .waiters
@@ -559,6 +607,7 @@ async fn heartbeat<S: RunStore>(
 /// an operator, or a stop.
 async fn drive<S: RunStore>(
     shared: Arc<Shared<S>>,
+    namespace: Namespace,
     record: RunRecord,
     lease: Lease,
     claim: Option<S::Tx>,
@@ -572,7 +621,14 @@ async fn drive<S: RunStore>(
         return Ended::NotRegistered;
     };
     let (lost_tx, lost_rx) = watch::channel(false);
-    let mut run = Run::new(shared.clone(), record, lease.clone(), claim, lost_rx);
+    let mut run = Run::new(
+        shared.clone(),
+        namespace,
+        record,
+        lease.clone(),
+        claim,
+        lost_rx,
+    );
     let outcome = {
         let beat = heartbeat(shared.clone(), lease.clone(), run.beat.clone(), lost_tx);
         let work = AssertUnwindSafe(execute(&mut run, &*workflow, keep)).catch_unwind();

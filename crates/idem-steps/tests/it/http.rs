@@ -105,7 +105,7 @@ pub async fn the_key_contract_holds_for_runs<S: TestStore>(db: Db) {
     assert_eq!(invalid.status, StatusCode::BAD_REQUEST);
     assert!(
         store
-            .load_run(&RunId::of(&scope("h-2")))
+            .load_run(&RunId::of(&store.namespace().await.unwrap(), &scope("h-2")))
             .await
             .unwrap()
             .is_none(),
@@ -138,6 +138,7 @@ pub async fn a_slow_run_is_accepted_then_replayed<S: TestStore>(db: Db) {
         hold_charge: Some(gate.clone()),
         ..Plan::default()
     });
+    let ns = store.namespace().await.unwrap();
     let app = app(
         store,
         flow,
@@ -146,7 +147,10 @@ pub async fn a_slow_run_is_accepted_then_replayed<S: TestStore>(db: Db) {
     );
     let first = post(&app, Some("h-slow"), "{}").await;
     assert_eq!(first.status, StatusCode::ACCEPTED);
-    assert_eq!(first.json()["run"], RunId::of(&scope("h-slow")).as_str());
+    assert_eq!(
+        first.json()["run"],
+        RunId::of(&ns, &scope("h-slow")).as_str()
+    );
     let busy = post(&app, Some("h-slow"), "{}").await;
     assert_eq!(
         (busy.status, busy.problem().as_str()),

@@ -41,6 +41,10 @@ on_both! {
     steps::compensations_run_newest_first_once;
     steps::a_crash_during_compensation_resumes_without_repeating;
     steps::past_its_deadline_a_run_compensates;
+    steps::a_call_that_never_happened_is_not_compensated;
+    steps::retries_are_bounded_across_executors;
+    steps::a_step_that_keeps_crashing_waits_for_an_operator;
+    steps::a_successor_keeps_the_backoff;
     steps::past_the_point_of_no_return_a_failure_waits_for_an_operator;
     steps::an_unknown_at_most_once_effect_waits_for_an_operator;
     steps::verify_then_send_asks_before_sending_again;

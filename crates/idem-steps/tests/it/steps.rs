@@ -27,9 +27,13 @@ fn status(ended: &Ended) -> u16 {
     }
 }
 
+async fn rid<S: TestStore>(store: &S, key: &str) -> RunId {
+    RunId::of(&store.namespace().await.unwrap(), &scope(key))
+}
+
 async fn run_of<S: TestStore>(store: &S, key: &str) -> idem_core::steps::RunRecord {
     store
-        .load_run(&RunId::of(&scope(key)))
+        .load_run(&rid(store, key).await)
         .await
         .unwrap()
         .unwrap()
@@ -369,6 +373,111 @@ pub async fn a_crash_during_compensation_resumes_without_repeating<S: TestStore>
     assert_eq!(record.response.unwrap().status, 402);
 }
 
+/// An executor that dies while backing off does not hand its successor a
+/// faster retry: the next attempt waits out the backoff the last failure
+/// started, however soon the lease lapsed.
+pub async fn a_successor_keeps_the_backoff<S: TestStore>(db: Db) {
+    let store = S::open(&db.url()).await;
+    let world = Flow::new(Plan::default());
+    world.provider.0.lock().unwrap().lose_charge_answers_until =
+        Some(Instant::now() + Duration::from_secs(60));
+    let backoff = Duration::from_secs(3);
+    let config = RunsConfig {
+        backoff: idem_core::Backoff {
+            initial: backoff,
+            max: backoff,
+        },
+        ..quick()
+    };
+    let doomed = Doomed::start::<S>(
+        db.url(),
+        world.clone(),
+        config.clone(),
+        vec!["k-slow".into()],
+    );
+    let id = rid(&store, "k-slow").await;
+    eventually!("the first attempt failed", {
+        store
+            .load_run(&id)
+            .await
+            .unwrap()
+            .is_some_and(|r| r.step("charge").is_some_and(|c| c.failures == 1))
+    });
+    doomed.crash();
+    let failed_at = run_of(&store, "k-slow")
+        .await
+        .step("charge")
+        .unwrap()
+        .updated_at_ms;
+    let runs = runs(store.clone(), world.clone(), config);
+    let mut recovery = runs.recovery();
+    eventually!("the successor tried again", {
+        let _ = recovery.recover_once().await;
+        world.provider.charges(None) == 2
+    });
+    let retried_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let least = i64::try_from(backoff.as_millis()).unwrap() / 2;
+    assert!(
+        retried_at - failed_at >= least,
+        "retried {} ms after the failure, the backoff is at least {least} ms (the lease: 1 s)",
+        retried_at - failed_at
+    );
+}
+
+/// A compensation that keeps taking its process down does not loop for
+/// ever: after `max_attempts` × `CUT_SHORT_FACTOR` attempts cut short, the
+/// run waits for an operator and nothing is sent again.
+pub async fn a_step_that_keeps_crashing_waits_for_an_operator<S: TestStore>(db: Db) {
+    let store = S::open(&db.url()).await;
+    let world = Flow::new(Plan {
+        ship: Ship::Permanent,
+        ..Plan::default()
+    });
+    let config = RunsConfig {
+        max_attempts: 1,
+        ..quick()
+    };
+    let crashing = Plan {
+        ship: Ship::Permanent,
+        hold_refund: Some(Gate::new()),
+        ..Plan::default()
+    };
+    let refunds = |world: &Flow| {
+        world
+            .provider
+            .state(|s| s.requests.iter().filter(|(op, _)| op == "refund").count())
+    };
+    let mut doomed = Doomed::start::<S>(
+        db.url(),
+        world.with_plan(crashing.clone()),
+        config.clone(),
+        vec!["k-poison".into()],
+    );
+    for cut in 1..=idem_steps::CUT_SHORT_FACTOR as usize {
+        eventually!("the refund went out again", refunds(&world) == cut);
+        doomed.crash();
+        doomed =
+            Doomed::recovering::<S>(db.url(), world.with_plan(crashing.clone()), config.clone());
+    }
+    eventually!("the run stops for an operator", {
+        run_of(&store, "k-poison").await.state == RunState::NeedsAttention
+    });
+    doomed.crash();
+    let run = run_of(&store, "k-poison").await;
+    assert_eq!(run.blocked_step.as_deref(), Some("refund"));
+    let reason = run.attention.unwrap();
+    assert!(reason.contains("cut short"), "{reason}");
+    assert_eq!(
+        refunds(&world),
+        idem_steps::CUT_SHORT_FACTOR as usize,
+        "no attempt after the bound"
+    );
+    assert_eq!(world.provider.state(|s| s.refunds.len()), 1, "one refund");
+}
+
 /// Retried with its key until the deadline, a call whose outcome stays
 /// unknown makes the run compensate; its compensation learns the outcome
 /// with the call's key and refunds: no net charge.
@@ -410,6 +519,85 @@ pub async fn past_its_deadline_a_run_compensates<S: TestStore>(db: Db) {
     );
     assert_eq!(store.stock().await, STOCK);
     assert_eq!(run.failure.unwrap().step.as_deref(), Some("charge"));
+}
+
+/// A call whose every attempt certainly did nothing (a refused connection)
+/// has nothing to undo: past the deadline the run compensates the rest
+/// without asking the provider anything.
+pub async fn a_call_that_never_happened_is_not_compensated<S: TestStore>(db: Db) {
+    let store = S::open(&db.url()).await;
+    let flow = Flow::new(Plan::default());
+    let deadline = Duration::from_secs(1);
+    flow.provider.0.lock().unwrap().refuse_charges_until =
+        Some(Instant::now() + Duration::from_secs(60));
+    let runs = runs_with(
+        store.clone(),
+        flow.clone(),
+        quick(),
+        WorkflowPolicy { deadline },
+    );
+    let mut h = start(&runs, "k-never").await;
+    let ended = ended(&mut h).await;
+    assert_eq!(body(&ended)["failed"], "deadline");
+    assert_eq!(
+        flow.provider.charges(None),
+        0,
+        "nothing reached the provider, before or after"
+    );
+    assert!(
+        flow.log().iter().all(|l| l != "refund"),
+        "no refund: {:?}",
+        flow.log()
+    );
+    assert_eq!(store.stock().await, STOCK, "the stock is released");
+    let run = run_of(&store, "k-never").await;
+    let charge = run.step("charge").unwrap();
+    assert!(charge.attempts > 1);
+    assert_eq!(charge.state, StepState::NotSent, "certainly not done");
+    assert!(run.step("refund").is_none(), "no compensation of it");
+}
+
+/// Retries that are not bounded by the deadline are bounded by attempts,
+/// counted over every executor that resumed the run.
+pub async fn retries_are_bounded_across_executors<S: TestStore>(db: Db) {
+    let store = S::open(&db.url()).await;
+    let flow = Flow::new(Plan {
+        mail: Mail::Verify,
+        ponr: true,
+        unknown_after_mail: true,
+        ..Plan::default()
+    });
+    // Every retry gives the run back; the recovery worker resumes it.
+    let config = RunsConfig {
+        release_after: Duration::ZERO,
+        max_attempts: 3,
+        ..quick()
+    };
+    let runs = runs(store.clone(), flow.clone(), config);
+    let mut h = start(&runs, "k-budget").await;
+    assert!(matches!(ended(&mut h).await, Ended::Released { .. }));
+    let mut recovery = runs.recovery();
+    eventually!("the run stops for an operator", {
+        let _ = recovery.recover_once().await;
+        run_of(&store, "k-budget").await.state == RunState::NeedsAttention
+    });
+    let run = run_of(&store, "k-budget").await;
+    assert_eq!(run.blocked_step.as_deref(), Some("after"));
+    assert_eq!(run.step("after").unwrap().failures, 3);
+    assert!(
+        run.takeovers >= 2,
+        "resumed by several executions: {}",
+        run.takeovers
+    );
+    assert!(run.attention.unwrap().starts_with("3 attempts failed"));
+    resolve(&store, &run.id, Resolution::NotSent, now())
+        .await
+        .unwrap();
+    let after = run_of(&store, "k-budget").await;
+    let after = after.step("after").unwrap();
+    assert_eq!(after.failures, 0, "its budget starts over");
+    assert!(after.attempts >= 3, "its attempts stay on record");
+    assert_eq!(after.state, StepState::NotSent);
 }
 
 /// After the point of no return a failure is not compensated: the run waits
@@ -493,7 +681,7 @@ pub async fn an_unknown_at_most_once_effect_waits_for_an_operator<S: TestStore>(
         assert_eq!(runs.recovery().recover_once().await.unwrap(), 0);
     }
     assert_eq!(flow.sink.accepted().len(), 1, "never re-sent");
-    let id = RunId::of(&scope("k-amo"));
+    let id = rid(&store, "k-amo").await;
     let resolved = resolve(&store, &id, Resolution::Sent, now()).await.unwrap();
     assert_eq!(
         (resolved.step.as_str(), resolved.state),
@@ -527,7 +715,7 @@ pub async fn an_unknown_at_most_once_effect_waits_for_an_operator<S: TestStore>(
     assert!(flow.sink.accepted().len() == 1, "nothing arrived");
     resolve(
         &store,
-        &RunId::of(&scope("k-amo-2")),
+        &rid(&store, "k-amo-2").await,
         Resolution::NotSent,
         now(),
     )
@@ -541,7 +729,7 @@ pub async fn an_unknown_at_most_once_effect_waits_for_an_operator<S: TestStore>(
     assert_eq!(flow.sink.accepted().len(), 2, "sent exactly once more");
     let err = resolve(
         &store,
-        &RunId::of(&scope("k-amo-2")),
+        &rid(&store, "k-amo-2").await,
         Resolution::Sent,
         now(),
     )
@@ -563,9 +751,19 @@ pub async fn verify_then_send_asks_before_sending_again<S: TestStore>(db: Db) {
         ..Plan::default()
     });
     flow.sink.0.lock().unwrap().lose_answers = 1;
-    let runs = runs(store.clone(), flow.clone(), quick());
+    let call_timeout = Duration::from_millis(300);
+    let config = RunsConfig {
+        call_timeout,
+        ..quick()
+    };
+    let runs = runs(store.clone(), flow.clone(), config);
+    let began = std::time::Instant::now();
     let mut h = start(&runs, "k-verify").await;
     assert_eq!(status(&ended(&mut h).await), 201);
+    assert!(
+        began.elapsed() >= call_timeout,
+        "the sink was asked only after the lost send had a call's time to land"
+    );
     assert_eq!(
         flow.sink.accepted().len(),
         1,
@@ -620,7 +818,7 @@ pub async fn the_send_once_ledger_spans_runs<S: TestStore>(db: Db) {
         (entry.state, entry.run_id),
         (
             MessageState::Sent,
-            RunId::of(&scope("k-ledger-1")).to_string()
+            rid(&store, "k-ledger-1").await.to_string()
         )
     );
 }

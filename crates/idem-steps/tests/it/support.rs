@@ -151,6 +151,8 @@ pub struct ProviderState {
     pub max_in_flight: u32,
     /// Until then, charges take effect but their answers are lost.
     pub lose_charge_answers_until: Option<Instant>,
+    /// Until then, charges are refused before anything happens.
+    pub refuse_charges_until: Option<Instant>,
     /// How long a charge takes.
     pub charge_delay: Duration,
 }
@@ -172,6 +174,9 @@ impl Provider {
     pub async fn charge(&self, key: &str) -> Result<String, StepError> {
         let delay = {
             let mut s = self.0.lock().unwrap();
+            if s.refuse_charges_until.is_some_and(|t| Instant::now() < t) {
+                return Err(StepError::Retry("connection refused".into()));
+            }
             s.requests.push(("charge".into(), key.into()));
             let n = s.in_flight.entry(key.into()).or_default();
             *n += 1;
@@ -276,6 +281,8 @@ pub struct Plan {
     pub ponr: bool,
     /// A step after the mail fails for good.
     pub fail_after_mail: bool,
+    /// A step after the mail never learns its outcome.
+    pub unknown_after_mail: bool,
 }
 
 /// reserve (phase, undo: release) → charge (call, undo: refund) → ship
@@ -439,6 +446,12 @@ impl<S: TestStore> Workflow<S> for Flow {
                 })
                 .await?;
             }
+            if self.plan.unknown_after_mail {
+                run.call("after", |_| async {
+                    Err::<(), _>(StepError::Unknown("the warehouse does not answer".into()))
+                })
+                .await?;
+            }
             Ok(Completion::completed(json(
                 201,
                 serde_json::json!({"payment": payment, "reserved": reserved}),
@@ -547,11 +560,27 @@ pub struct Doomed {
 }
 
 impl Doomed {
+    /// Starts the runs of `keys`.
     pub fn start<S: TestStore>(
         url: String,
         flow: Flow,
         config: RunsConfig,
         keys: Vec<String>,
+    ) -> Self {
+        Self::launch::<S>(url, flow, config, keys, false)
+    }
+
+    /// A recovery worker: takes over the runs whose lease lapsed.
+    pub fn recovering<S: TestStore>(url: String, flow: Flow, config: RunsConfig) -> Self {
+        Self::launch::<S>(url, flow, config, Vec::new(), true)
+    }
+
+    fn launch<S: TestStore>(
+        url: String,
+        flow: Flow,
+        config: RunsConfig,
+        keys: Vec<String>,
+        recover: bool,
     ) -> Self {
         let (crash, crashed) = tokio::sync::oneshot::channel::<()>();
         let (up, is_up) = std::sync::mpsc::channel::<()>();
@@ -566,6 +595,15 @@ impl Doomed {
                 let runs = runs(store, flow, config);
                 for key in &keys {
                     drop(start(&runs, key).await);
+                }
+                if recover {
+                    let mut recovery = runs.recovery();
+                    tokio::spawn(async move {
+                        loop {
+                            let _ = recovery.recover_once().await;
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                    });
                 }
                 let _ = up.send(());
                 let _ = crashed.await;

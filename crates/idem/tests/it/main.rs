@@ -161,6 +161,7 @@ where
 /// unless `live`, in which case it stays running.
 async fn run_of<S: RunStore>(store: &S, clock: &ManualClock, key: &str, live: bool) -> RunId {
     let now = idem::Clock::now_ms(clock);
+    let namespace = store.namespace().await.unwrap();
     let engine = Engine::with_clock(store.clone(), clock.clone());
     let op = Operation::new("orders.create").unwrap();
     let scope = Scope::new(
@@ -180,7 +181,7 @@ async fn run_of<S: RunStore>(store: &S, clock: &ManualClock, key: &str, live: bo
     else {
         panic!("a new key is claimed");
     };
-    let id = RunId::of(&scope);
+    let id = RunId::of(&namespace, &scope);
     let fence = S::create_run(
         &mut claimed.tx,
         &NewRun {
