@@ -145,9 +145,10 @@ impl Rejection {
                 the request may or may not have taken effect; retry with the same \
                 Idempotency-Key to get its outcome"
                 .into(),
-            Self::NeedsAttention(_) => "a step of this request has an unknown outcome and \
-                cannot be repeated safely; an operator resolves it, and then the request \
-                finishes and its answer is replayed to this Idempotency-Key"
+            Self::NeedsAttention(_) => "a step of this request cannot go on by itself (its \
+                outcome is unknown, or it failed where it may not be undone); an operator \
+                resolves it, and then the request finishes and its answer is replayed to this \
+                Idempotency-Key"
                 .into(),
             Self::AtCapacity(_) => "nothing was written; retry later".into(),
             Self::HandlerTimeout(d) => format!(

@@ -15,7 +15,7 @@ use idem_core::Policy;
 use crate::admin::AdminToken;
 use crate::commands::CheckoutArgs;
 use crate::demo::DemoConfig;
-use crate::demo::checkout::CheckoutConfig;
+use crate::demo::checkout::{CheckoutConfig, MailDelivery};
 use crate::http_server::Limits;
 use crate::messaging::{ConsumeConfig, DUPLICATE_WINDOW};
 use crate::webhooks::WebhookConfig;
@@ -44,6 +44,8 @@ pub struct ServerConfig {
     pub webhooks: Option<WebhookConfig>,
     /// `--provider-url` and the checkout's other flags.
     pub checkout: Option<CheckoutConfig>,
+    /// `--respond-within`: how long an order request waits for its run.
+    pub respond_within: Duration,
 }
 
 /// The largest configuration file read.
@@ -189,12 +191,6 @@ pub fn checkout(args: &CheckoutArgs) -> anyhow::Result<Option<CheckoutConfig>> {
         Duration::from_millis(100),
         Duration::from_secs(300),
     ))?;
-    let respond_within = check(within(
-        "--respond-within",
-        args.respond_within,
-        Duration::ZERO,
-        Duration::from_secs(60),
-    ))?;
     if !(1..=10_000).contains(&args.max_runs) {
         bail!(
             "--max-runs must be between 1 and 10000, got {}",
@@ -205,6 +201,9 @@ pub fn checkout(args: &CheckoutArgs) -> anyhow::Result<Option<CheckoutConfig>> {
         Some(url) => Some(base_url("--mail-url", url)?),
         None => None,
     };
+    if args.mail_delivery.is_some() && mail_url.is_none() {
+        bail!("--mail-delivery needs --mail-url: it says how confirmations go out");
+    }
     let Some(provider) = &args.provider_url else {
         if mail_url.is_some() {
             bail!("--mail-url needs --provider-url: confirmations are sent for orders");
@@ -214,13 +213,22 @@ pub fn checkout(args: &CheckoutArgs) -> anyhow::Result<Option<CheckoutConfig>> {
     Ok(Some(CheckoutConfig {
         provider_url: base_url("--provider-url", provider)?,
         mail_url,
-        mail_delivery: args.mail_delivery,
+        mail_delivery: args.mail_delivery.unwrap_or(MailDelivery::Verify),
         lease,
         deadline,
         call_timeout,
-        respond_within,
         max_runs: args.max_runs,
     }))
+}
+
+/// `--respond-within`.
+pub fn respond_within(wait: Duration) -> anyhow::Result<Duration> {
+    check(within(
+        "--respond-within",
+        wait,
+        Duration::ZERO,
+        Duration::from_secs(60),
+    ))
 }
 
 /// The ledger consumer's settings from `--ack-wait` and `--max-deliver`.

@@ -148,21 +148,22 @@ pub struct DbArgs {
 /// The checkout's flags (`idem serve`, `idem steps recover`).
 #[derive(clap::Args, Clone)]
 pub struct CheckoutArgs {
-    /// The payment provider of the checkout demo (`http://HOST:PORT`: the
-    /// demo payments API of another `idem serve`). Enables `/v1/orders` and
+    /// The payment provider of the checkout demo (`http://HOST:PORT[/PREFIX]`:
+    /// the demo payments API of another `idem serve`). Enables `/v1/orders` and
     /// the recovery of their runs.
     #[arg(long, env = "IDEM_PROVIDER_URL")]
     pub provider_url: Option<String>,
-    /// The mail relay order confirmations go through (`http://HOST:PORT`,
+    /// The mail relay order confirmations go through (`http://HOST:PORT[/PREFIX]`,
     /// `POST /messages` and `GET /messages/{id}`, such as `idem mail-sink`).
     /// Without it no confirmation is sent.
     #[arg(long, env = "IDEM_MAIL_URL")]
     pub mail_url: Option<String>,
-    /// How confirmations go out: `verify` asks the relay before sending
-    /// again after an unknown outcome; `at-most-once` never sends again and
-    /// waits for an operator (`idem steps resolve`).
-    #[arg(long, env = "IDEM_MAIL_DELIVERY", value_enum, default_value = "verify")]
-    pub mail_delivery: crate::demo::checkout::MailDelivery,
+    /// How confirmations go out (needs --mail-url): `verify` (the default)
+    /// asks the relay before sending again after an unknown outcome;
+    /// `at-most-once` never sends again and waits for an operator (`idem
+    /// steps resolve`).
+    #[arg(long, env = "IDEM_MAIL_DELIVERY", value_enum)]
+    pub mail_delivery: Option<crate::demo::checkout::MailDelivery>,
     /// How long a run's lease holds without a heartbeat: a run whose
     /// process died is resumed this long after (1s to 1h).
     #[arg(long, env = "IDEM_RUN_LEASE", default_value = "10s", value_parser = humantime::parse_duration)]
@@ -176,10 +177,6 @@ pub struct CheckoutArgs {
     /// (100ms to 5min).
     #[arg(long, env = "IDEM_CALL_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
     pub call_timeout: Duration,
-    /// How long an order request waits for its run before `202 Accepted`
-    /// (the run goes on) (0s to 60s).
-    #[arg(long, env = "IDEM_RESPOND_WITHIN", default_value = "10s", value_parser = humantime::parse_duration)]
-    pub respond_within: Duration,
     /// Runs executed at once by this process (1 to 10000).
     #[arg(long, env = "IDEM_MAX_RUNS", default_value_t = 64)]
     pub max_runs: usize,

@@ -81,6 +81,10 @@ pub struct ServeArgs {
     consumer: ConsumerArgs,
     #[command(flatten)]
     checkout: CheckoutArgs,
+    /// How long an order request waits for its run before `202 Accepted`
+    /// (the run goes on) (0s to 60s).
+    #[arg(long, env = "IDEM_RESPOND_WITHIN", default_value = "10s", value_parser = humantime::parse_duration)]
+    respond_within: Duration,
     /// A TOML file: webhook endpoints (`[webhooks.<name>]`), their workers
     /// (`[worker]`) and defaults for these flags (`[server]`; the
     /// environment and the flags win).
@@ -114,6 +118,7 @@ impl ServeArgs {
         )?;
         let gc_interval = config::gc_interval(self.gc_interval)?;
         let checkout = config::checkout(&self.checkout)?;
+        let respond_within = config::respond_within(self.respond_within)?;
         let limits = Limits {
             header_read_timeout: self.header_read_timeout,
             idle_timeout: self.idle_timeout,
@@ -134,6 +139,7 @@ impl ServeArgs {
             consume: self.consume.then_some(consume),
             webhooks,
             checkout,
+            respond_within,
         })
     }
 
@@ -211,11 +217,7 @@ fn start_checkout<B: Backend>(
         }
         None => None,
     };
-    let respond_within = config
-        .checkout
-        .as_ref()
-        .map_or(std::time::Duration::from_secs(10), |c| c.respond_within);
-    crate::demo::checkout::routes::router(store.clone(), runs, &config.demo, respond_within)
+    crate::demo::checkout::routes::router(store.clone(), runs, &config.demo, config.respond_within)
 }
 
 /// Starts the relay (and the consumer) in the background when a NATS URL is

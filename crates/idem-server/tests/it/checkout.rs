@@ -53,14 +53,7 @@ pub struct World {
 
 /// The shop's settings in these drills: leases of 1 s, so a dead shop's
 /// runs are taken over within a second or two.
-const SHOP: &[&str] = &[
-    "--run-lease",
-    "1s",
-    "--call-timeout",
-    "2s",
-    "--respond-within",
-    "5s",
-];
+const SHOP: &[&str] = &["--run-lease", "1s", "--call-timeout", "2s"];
 
 impl World {
     pub async fn new(db: ShopDb) -> Self {
@@ -148,6 +141,35 @@ impl World {
     }
 
     /// Runs not final: live or waiting for an operator.
+    /// The runs in `state`, with their steps.
+    pub async fn runs_in(&self, state: RunState) -> Vec<RunRecord> {
+        async fn of<S: RunStore>(store: S, state: RunState) -> Vec<RunRecord> {
+            let filter = RunFilter {
+                state: Some(state),
+                limit: 1000,
+            };
+            let mut runs = Vec::new();
+            for r in store.list_runs(&filter).await.unwrap() {
+                runs.extend(store.load_run(&r.id).await.unwrap());
+            }
+            runs
+        }
+        match &self.db {
+            ShopDb::Sqlite(_) => {
+                let store = idem_sqlite::SqliteStore::connect(&self.db.url(), Default::default())
+                    .await
+                    .unwrap();
+                of(store, state).await
+            }
+            ShopDb::Postgres(_) => {
+                let store = idem_postgres::PgStore::connect(&self.db.url(), Default::default())
+                    .await
+                    .unwrap();
+                of(store, state).await
+            }
+        }
+    }
+
     pub async fn unfinished_runs(&self) -> usize {
         let mut n = 0;
         for state in [
@@ -155,32 +177,42 @@ impl World {
             RunState::Compensating,
             RunState::NeedsAttention,
         ] {
-            let filter = RunFilter {
-                state: Some(state),
-                limit: 1000,
-            };
-            n += match &self.db {
-                ShopDb::Sqlite(_) => {
-                    idem_sqlite::SqliteStore::connect(&self.db.url(), Default::default())
-                        .await
-                        .unwrap()
-                        .list_runs(&filter)
-                        .await
-                        .unwrap()
-                        .len()
-                }
-                ShopDb::Postgres(_) => {
-                    idem_postgres::PgStore::connect(&self.db.url(), Default::default())
-                        .await
-                        .unwrap()
-                        .list_runs(&filter)
-                        .await
-                        .unwrap()
-                        .len()
-                }
-            };
+            n += self.runs_in(state).await.len();
         }
         n
+    }
+
+    /// What the runs waiting for an operator say, with their steps and what
+    /// the provider saw of each step's key, for a failure's message.
+    pub async fn attention(&self) -> Vec<String> {
+        let seen = self.proxy.seen();
+        self.runs_in(RunState::NeedsAttention)
+            .await
+            .iter()
+            .map(|r| {
+                let steps: Vec<String> = r
+                    .steps
+                    .iter()
+                    .map(|st| {
+                        let sent: Vec<String> = seen
+                            .iter()
+                            .filter(|x| x.key.as_deref() == Some(st.key.as_str()))
+                            .map(|x| format!("{} {} {:?}", x.method, x.path, x.status))
+                            .collect();
+                        format!(
+                            "{} {:?} attempts={} failures={} error={:?} provider={sent:?}",
+                            st.name, st.state, st.attempts, st.failures, st.error
+                        )
+                    })
+                    .collect();
+                format!(
+                    "{} at {:?}: {:?} {steps:#?}",
+                    r.id,
+                    r.blocked_step,
+                    r.attention.as_deref()
+                )
+            })
+            .collect()
     }
 }
 
@@ -224,17 +256,31 @@ fn is_final(r: &Reply) -> bool {
 /// answer (a shop that is down, restarting, busy or still running is asked
 /// again).
 pub async fn settle(shop: SocketAddr, key: &str, body: &str, within: Duration) -> Reply {
+    match try_settle(shop, key, body, within).await {
+        Ok(r) => r,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// [`settle`], or why there was no final answer in time.
+pub async fn try_settle(
+    shop: SocketAddr,
+    key: &str,
+    body: &str,
+    within: Duration,
+) -> Result<Reply, String> {
     let until = Instant::now() + within;
     loop {
-        if let Ok(r) = try_call(shop, "POST", "/v1/orders", Some(key), body).await
-            && is_final(&r)
-        {
-            return r;
+        let last = match try_call(shop, "POST", "/v1/orders", Some(key), body).await {
+            Ok(r) if is_final(&r) => return Ok(r),
+            Ok(r) => format!("{} {}", r.status, String::from_utf8_lossy(&r.body)),
+            Err(e) => e.to_string(),
+        };
+        if Instant::now() >= until {
+            return Err(format!(
+                "{key} got no final answer within {within:?}; last: {last}"
+            ));
         }
-        assert!(
-            Instant::now() < until,
-            "{key} got no final answer within {within:?}"
-        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -692,7 +738,14 @@ pub async fn tour() {
     let mail_url = format!("http://{sink_addr}");
     let shop = Server::start(
         &shop_dir.sqlite_url(),
-        &["--provider-url", &provider_url, "--mail-url", &mail_url],
+        &[
+            "--provider-url",
+            &provider_url,
+            "--mail-url",
+            &mail_url,
+            "--max-body-bytes",
+            "4096",
+        ],
     )
     .await;
     let s = shop.addr;
@@ -732,6 +785,12 @@ pub async fn tour() {
         "{stale}"
     );
     assert!(if_match("nope", 9).await.starts_with("HTTP/1.1 400"));
+    // The stock's body is bounded by --max-body-bytes like every other.
+    let big = format!(r#"{{"available": 7, "pad": "{}"}}"#, "x".repeat(5000));
+    let too_large = call(s, "PUT", "/v1/inventory/tee-m", None, &big).await;
+    assert_eq!(too_large.status, 413);
+    assert!(too_large.problem_type().ends_with("/body-too-large"));
+    assert_eq!(stock(s, "tee-m").await.0, 6, "nothing changed");
     let put = call(s, "PUT", "/v1/inventory/tee-m", None, r#"{"available": 5}"#).await;
     assert_eq!(
         (put.status, put.header("etag").as_deref()),
@@ -809,7 +868,7 @@ pub async fn history(db: ShopDb, orders: usize) {
     let rng = Arc::new(Rng::new(seed));
     let w = World::new(db).await;
     w.proxy.lose_percent(10, seed);
-    w.proxy.latency(Duration::from_millis(20));
+    w.proxy.latency(Duration::from_millis(40));
     w.relay.lose_percent(10, seed ^ 0x5555);
     // A short deadline: outages of the provider (below) make some orders
     // compensate — refund what went through, release the stock.
@@ -820,9 +879,10 @@ pub async fn history(db: ShopDb, orders: usize) {
     }
     let addr = shop.addr;
     let next = Arc::new(AtomicUsize::new(0));
+    let stuck = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     let mut clients = Vec::new();
     for _ in 0..6 {
-        let (next, rng) = (next.clone(), rng.clone());
+        let (next, rng, stuck) = (next.clone(), rng.clone(), stuck.clone());
         clients.push(tokio::spawn(async move {
             let mut done = Vec::new();
             loop {
@@ -843,8 +903,13 @@ pub async fn history(db: ShopDb, orders: usize) {
                 };
                 let quantity = rng.range(1, 4) as i64;
                 let body = order_body(&customer, sku, quantity, 100 + i as i64);
-                let r = settle(addr, &format!("h-{i}"), &body, Duration::from_secs(120)).await;
-                done.push((i, sku, quantity, r));
+                match try_settle(addr, &format!("h-{i}"), &body, Duration::from_secs(120)).await {
+                    Ok(r) => done.push((i, sku, quantity, r)),
+                    Err(e) => {
+                        stuck.lock().unwrap().push(e);
+                        return done;
+                    }
+                }
             }
         }));
     }
@@ -858,23 +923,31 @@ pub async fn history(db: ShopDb, orders: usize) {
             "steps.before_call",
         ];
         async move {
-            let (mut kills, mut armed, mut outages) = (0usize, 0usize, 0usize);
+            let (mut kills, mut armed, mut outages) = (0usize, 0usize, 1usize);
+            // One provider outage early on, so some orders always reach
+            // their deadline with a charge that went through: refunds.
+            tokio::time::sleep(Duration::from_millis(rng.range(500, 1500))).await;
+            proxy.lose_charges_for(Duration::from_millis(rng.range(4500, 6000)));
             while finished.load(Ordering::SeqCst) == 0 {
                 tokio::time::sleep(Duration::from_millis(rng.range(200, 800))).await;
                 if finished.load(Ordering::SeqCst) != 0 {
                     break;
                 }
-                match rng.range(0, 100) {
-                    // The provider takes charges but its answers are lost.
-                    0..=9 => {
-                        outages += 1;
-                        proxy.lose_charges_for(Duration::from_millis(rng.range(3000, 6000)));
-                        continue;
+                // A shop that aborted at its failpoint is restarted at once.
+                let aborted = !shop.proc().alive();
+                if !aborted {
+                    match rng.range(0, 100) {
+                        // The provider takes charges but its answers are lost.
+                        0..=9 => {
+                            outages += 1;
+                            proxy.lose_charges_for(Duration::from_millis(rng.range(3000, 6000)));
+                            continue;
+                        }
+                        10..=29 => continue,
+                        _ => {}
                     }
-                    10..=29 => continue,
-                    _ => {}
+                    kills += 1;
                 }
-                kills += 1;
                 let failpoint = rng
                     .chance(50)
                     .then(|| format!("{}={}", points[rng.range(0, 4) as usize], rng.range(1, 4)));
@@ -891,7 +964,6 @@ pub async fn history(db: ShopDb, orders: usize) {
                     }
                     tokio::time::sleep(Duration::from_millis(25)).await;
                 }
-                // An armed shop that aborted is restarted by the next turn.
             }
             (shop, kills, armed, outages)
         }
@@ -903,6 +975,12 @@ pub async fn history(db: ShopDb, orders: usize) {
     }
     finished.store(1, Ordering::SeqCst);
     let (mut shop, kills, armed, outages) = chaos.await.unwrap();
+    let stuck = stuck.lock().unwrap().clone();
+    assert!(
+        stuck.is_empty(),
+        "seed {seed}: {stuck:?}; waiting for an operator: {:?}",
+        w.attention().await
+    );
     // Calm: a shop without failpoints finishes what is left.
     shop.restart().await;
     let until = Instant::now() + Duration::from_secs(60);
@@ -1011,7 +1089,8 @@ pub async fn history(db: ShopDb, orders: usize) {
 /// Drill 8 for orders: once the key's record expired and was collected, the
 /// same intent is a new request; its run finds the order it would create
 /// (the order id is derived from the key) and answers `409 order-exists`
-/// with its `Location` — no second reservation, charge or mail.
+/// with its `Location` — no second reservation, charge or mail. The key
+/// reused for another order is refused with `422`.
 pub async fn late_retry_after_the_ttl(db: ShopDb) {
     let w = World::new(db).await;
     let shop = w
@@ -1042,6 +1121,29 @@ pub async fn late_retry_after_the_ttl(db: ShopDb) {
     assert_eq!(w.payments().await.len(), 1, "no second charge");
     assert_eq!(w.relay.accepted().len(), 1, "no second mail");
     assert_eq!(stock(shop.addr, "tee").await, (8, 0), "reserved once");
+    // The key reused for another order, once expired again: the run finds an
+    // order with other fields under it and refuses, changing nothing.
+    let other = order_body("cus_late", "tee", 3, 1800);
+    let mut refused = None;
+    for _ in 0..100 {
+        let r = call(shop.addr, "POST", "/v1/orders", Some("late"), &other).await;
+        assert_eq!(r.status, 422, "{}", String::from_utf8_lossy(&r.body));
+        assert_eq!(
+            r.problem_type(),
+            "https://idem.dev/problems/idempotency-key-reused"
+        );
+        if r.json()["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("other fields"))
+        {
+            refused = Some(r);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(refused.is_some(), "the key expired again within 10 s");
+    assert_eq!(w.payments().await.len(), 1, "no charge for the other order");
+    assert_eq!(stock(shop.addr, "tee").await, (8, 0), "nothing reserved");
 }
 
 /// `idem steps` refuses what it cannot use, with one line and exit code 1.
@@ -1079,6 +1181,26 @@ fn steps_commands_refuse_bad_input() {
             vec!["steps", "recover", "--provider-url", "ftp://x"],
             "--provider-url must be an http:// URL",
         ),
+        (
+            vec![
+                "steps",
+                "recover",
+                "--provider-url",
+                "http://user:secret@127.0.0.1:9",
+            ],
+            "must not hold credentials",
+        ),
+        (
+            vec![
+                "steps",
+                "recover",
+                "--provider-url",
+                "http://127.0.0.1:9",
+                "--mail-delivery",
+                "at-most-once",
+            ],
+            "--mail-delivery needs --mail-url",
+        ),
     ] {
         let mut full = args.clone();
         full.extend(["--database-url", &url]);
@@ -1087,6 +1209,10 @@ fn steps_commands_refuse_bad_input() {
         assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
         assert!(err.contains(says), "{args:?}: {err}");
         assert_eq!(err.trim().lines().count(), 1, "{args:?}: one line: {err}");
+        assert!(
+            !err.contains("secret"),
+            "{args:?}: no credentials in errors: {err}"
+        );
     }
     let missing = idem(&[
         "steps",

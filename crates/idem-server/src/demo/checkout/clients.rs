@@ -39,6 +39,10 @@ pub fn base_url(flag: &str, url: &str) -> anyhow::Result<String> {
     if uri.query().is_some() {
         anyhow::bail!("{flag} must not have a query string");
     }
+    if uri.authority().is_some_and(|a| a.as_str().contains('@')) {
+        // It would be logged with the URL; the demo's peers take none.
+        anyhow::bail!("{flag} must not hold credentials (user:password@)");
+    }
     Ok(url.trim_end_matches('/').to_owned())
 }
 
@@ -276,6 +280,12 @@ mod tests {
         assert!(base_url("--provider-url", "ftp://x").is_err());
         assert!(base_url("--provider-url", "x").is_err());
         assert!(base_url("--provider-url", "http://x/?a=1").is_err());
+        let creds = base_url("--provider-url", "http://user:pw@127.0.0.1:9").unwrap_err();
+        assert!(creds.to_string().contains("credentials") && !creds.to_string().contains("pw"));
+        assert_eq!(
+            base_url("--mail-url", "http://127.0.0.1:9/relay").unwrap(),
+            "http://127.0.0.1:9/relay"
+        );
     }
 
     #[tokio::test]

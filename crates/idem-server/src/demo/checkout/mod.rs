@@ -124,6 +124,9 @@ enum Reserved {
     /// The order exists already (its key expired and the intent came again):
     /// nothing written.
     Exists,
+    /// An order with other fields exists under this key (its key expired and
+    /// was reused for another order): nothing written.
+    Other,
 }
 
 /// The checkout workflow.
@@ -258,6 +261,16 @@ where
                         .headers
                         .push(("location".into(), format!("/v1/orders/{id}")));
                     return Ok(Completion::failed(answer));
+                }
+                Reserved::Other => {
+                    return Ok(Completion::failed(problem_answer(
+                        422,
+                        "idempotency-key-reused",
+                        "Idempotency-Key was used with a different request",
+                        "an order with other fields was created with this key earlier; \
+                         its key expired since",
+                        None,
+                    )));
                 }
             }
 
@@ -401,26 +414,33 @@ where
                 })
             })
             .await?;
-            let answer = if reason == "card_declined" {
-                problem_answer(
+            // The client learns what happened to its order, not the
+            // internals of the failure (those are in the run's record).
+            let answer = match reason {
+                "card_declined" => problem_answer(
                     402,
                     "card-declined",
                     "The card was declined",
-                    "the payment provider declined the card; nothing was charged and the stock was released",
+                    "the payment provider declined the card; nothing was charged and the stock \
+                     was released",
                     Some(&id),
-                )
-            } else {
-                let detail = format!(
-                    "the payment could not be completed ({}); anything charged was refunded and the stock released",
-                    failure.detail.as_deref().unwrap_or(&failure.reason)
-                );
-                problem_answer(
+                ),
+                "payment_unavailable" => problem_answer(
                     424,
                     "payment-failed",
                     "The payment could not be completed",
-                    &detail,
+                    "the payment provider could not be reached, or did not answer, before the \
+                     order's deadline; anything charged was refunded and the stock released",
                     Some(&id),
-                )
+                ),
+                _ => problem_answer(
+                    424,
+                    "payment-failed",
+                    "The payment could not be completed",
+                    "the payment provider refused the payment; anything charged was refunded \
+                     and the stock released",
+                    Some(&id),
+                ),
             };
             Ok(Completion::failed(answer))
         })
@@ -446,12 +466,25 @@ async fn reserve<E: PatternExec + ?Sized>(
 ) -> Result<Reserved, BoxError> {
     let exists = tx
         .fetch_text(
-            "SELECT status FROM demo_orders WHERE tenant_id = $1 AND id = $2",
-            &[Value::Text(tenant), Value::Text(id)],
+            "SELECT CASE WHEN customer = $3 AND sku = $4 AND quantity = $5 AND amount = $6 \
+             AND currency = $7 AND email = $8 THEN 'same' ELSE 'other' END \
+             FROM demo_orders WHERE tenant_id = $1 AND id = $2",
+            &[
+                Value::Text(tenant),
+                Value::Text(id),
+                Value::Text(&o.customer),
+                Value::Text(&o.sku),
+                Value::Int(o.quantity),
+                Value::Int(o.amount),
+                Value::Text(&o.currency),
+                Value::Text(&o.email),
+            ],
         )
         .await?;
-    if exists.is_some() {
-        return Ok(Reserved::Exists);
+    match exists.as_deref() {
+        Some("same") => return Ok(Reserved::Exists),
+        Some(_) => return Ok(Reserved::Other),
+        None => {}
     }
     let now = now_ms();
     let moved = tx
@@ -598,8 +631,6 @@ pub struct CheckoutConfig {
     pub deadline: Duration,
     /// `--call-timeout`: one exchange with the provider or the relay.
     pub call_timeout: Duration,
-    /// How long an order request waits for its run before `202`.
-    pub respond_within: Duration,
     /// `--max-runs`.
     pub max_runs: usize,
 }

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{Path, Query, State};
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::Response;
 use axum::routing::{get, post_service};
@@ -319,10 +319,13 @@ pub fn router<S: Backend>(
         .bumping("version")?,
         versioned: Versioned::new("demo_inventory", &["tenant_id", "sku"], "version")?,
     };
-    let mut router = Router::new().route(
-        "/v1/inventory/{sku}",
-        get(show_stock::<S>).put(put_stock::<S>),
-    );
+    // The stock's body is read by the handler: bounded like every other.
+    let mut router = Router::new()
+        .route(
+            "/v1/inventory/{sku}",
+            get(show_stock::<S>).put(put_stock::<S>),
+        )
+        .layer(DefaultBodyLimit::max(config.max_body_bytes));
     if let Some(runs) = runs {
         let mut route = RouteConfig::required(super::Checkout::operation()?, tenant);
         route.max_request_bytes = config.max_body_bytes;
