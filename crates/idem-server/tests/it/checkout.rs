@@ -927,7 +927,13 @@ pub async fn history(db: ShopDb, orders: usize) {
             // One provider outage early on, so some orders always reach
             // their deadline with a charge that went through: refunds.
             tokio::time::sleep(Duration::from_millis(rng.range(500, 1500))).await;
-            proxy.lose_charges_for(Duration::from_millis(rng.range(4500, 6000)));
+            let first = Duration::from_millis(rng.range(4500, 6000));
+            proxy.lose_charges_for(first);
+            // Outages are episodes, apart and few: a compensation retries a
+            // refund for about 90 s before it waits for an operator (the
+            // failures budget), and outages that never end would (rightly)
+            // send it there.
+            let mut calm_from = Instant::now() + first + Duration::from_secs(5);
             while finished.load(Ordering::SeqCst) == 0 {
                 tokio::time::sleep(Duration::from_millis(rng.range(200, 800))).await;
                 if finished.load(Ordering::SeqCst) != 0 {
@@ -938,9 +944,11 @@ pub async fn history(db: ShopDb, orders: usize) {
                 if !aborted {
                     match rng.range(0, 100) {
                         // The provider takes charges but its answers are lost.
-                        0..=9 => {
+                        0..=9 if outages < 6 && Instant::now() >= calm_from => {
                             outages += 1;
-                            proxy.lose_charges_for(Duration::from_millis(rng.range(3000, 6000)));
+                            let d = Duration::from_millis(rng.range(3000, 6000));
+                            proxy.lose_charges_for(d);
+                            calm_from = Instant::now() + d + Duration::from_secs(5);
                             continue;
                         }
                         10..=29 => continue,
