@@ -24,7 +24,9 @@
 //! ```
 #![allow(clippy::unwrap_used)]
 
+mod leased;
 mod runs;
+pub use leased::*;
 pub use runs::*;
 
 use std::sync::Arc;

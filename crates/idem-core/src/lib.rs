@@ -32,6 +32,9 @@
 //!   [`steps::RunRecord`], [`steps::StepRecord`], leases with a
 //!   [`steps::Fence`], derived downstream keys ([`steps::StepKey`]) and the
 //!   [`steps::RunStore`] the `idem-steps` executor works through.
+//! - [`leased`]: keys claimed with a lease and committed at once, for work
+//!   outside the database (the gateway's forwards): [`leased::LeaseToken`],
+//!   the pure [`leased::leased_decision`] and the [`leased::LeasedKeyStore`].
 //! - [`patterns`]: the database patterns that make a write idempotent by
 //!   itself — a state-machine transition, an update conditional on a
 //!   version, an absolute-value upsert — as SQL builders with typed
@@ -54,6 +57,7 @@ pub mod failpoint;
 pub mod headers;
 pub mod inbox;
 pub mod keys;
+pub mod leased;
 pub mod outbox;
 pub mod patterns;
 pub mod steps;

@@ -87,6 +87,7 @@ pub const MIGRATIONS: &[Migration] = &[
 ];
 
 mod inbox;
+mod leased;
 pub mod outbox;
 pub mod patterns;
 mod runs;
@@ -670,7 +671,7 @@ where
     })
 }
 
-fn decode(row: &PgRow) -> Result<StoredRecord, StoreError> {
+pub(crate) fn decode(row: &PgRow) -> Result<StoredRecord, StoreError> {
     RecordColumns {
         request_hash: column(row, "request_hash")?,
         state: column(row, "state")?,

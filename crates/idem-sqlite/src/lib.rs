@@ -32,6 +32,7 @@
 
 mod gate;
 mod inbox;
+mod leased;
 mod migrate;
 pub mod outbox;
 pub mod patterns;
@@ -428,7 +429,7 @@ where
     })
 }
 
-fn decode(row: &SqliteRow) -> Result<StoredRecord, StoreError> {
+pub(crate) fn decode(row: &SqliteRow) -> Result<StoredRecord, StoreError> {
     RecordColumns {
         request_hash: column(row, "request_hash")?,
         state: column(row, "state")?,

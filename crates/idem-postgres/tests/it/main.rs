@@ -90,6 +90,11 @@ conformance! {
     webhook_content_dedupe;
     cancelled_calls_leave_connections_clean;
     the_namespace_is_drawn_once;
+    leased_claims_commit_and_only_the_holder_writes;
+    a_released_lease_frees_the_key;
+    an_abandoned_lease_is_taken_over_by_one, 20;
+    operators_resolve_only_abandoned_leases;
+    leased_and_transactional_claims_share_keys;
     runs_are_created_with_their_key;
     fenced_writes_land_only_with_the_current_fence;
     takeover_needs_an_expired_lease;
