@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use idem_core::KeyStore;
 use idem_core::inbox::InboxStore;
+use idem_core::leased::LeasedKeyStore;
 use idem_core::outbox::{OutboxStore, Wake};
 use idem_core::patterns::PatternExec;
 use idem_core::steps::RunStore;
@@ -19,7 +20,13 @@ use crate::demo::{self, sql::DemoSql, sql::demo_sql};
 /// Every store capability the server uses, from one database: runs and
 /// steps included, whose transactions run the database patterns.
 pub trait Backend:
-    InboxStore + OutboxStore + WebhookStore + RunStore + KeyStore<Tx: PatternExec> + DemoSql
+    InboxStore
+    + OutboxStore
+    + WebhookStore
+    + RunStore
+    + LeasedKeyStore
+    + KeyStore<Tx: PatternExec>
+    + DemoSql
 {
     /// What wakes the relay when a row is written to the outbox.
     type OutboxWake: Wake + 'static;

@@ -46,6 +46,9 @@ pub struct ServerConfig {
     pub checkout: Option<CheckoutConfig>,
     /// `--respond-within`: how long an order request waits for its run.
     pub respond_within: Duration,
+    /// `--upstream` and the file's `[gateway]`: serve as a gateway in front
+    /// of that API instead of the demo.
+    pub gateway: Option<crate::gateway::config::GatewayConfig>,
 }
 
 /// The largest configuration file read.

@@ -7,6 +7,8 @@
 //!   everything else is generic over [`backend::Backend`].
 //! - [`config`]: flags and files validated into the libraries' configs.
 //! - [`demo`]: the payments API and its ledger consumer.
+//! - [`gateway`]: `idem serve --upstream`, the contract in front of any HTTP
+//!   API (keys claimed with a lease, forwards with a derived key).
 //! - [`admin`]: `/admin` — the guard, the routes and their JSON shapes.
 //! - [`respond`]: responses every route shares; [`routes`]: the app around
 //!   them (404/405, panics as problem+json); [`http_server`]: the hyper loop
@@ -26,6 +28,7 @@ pub mod commands;
 pub mod config;
 pub mod config_error;
 pub mod demo;
+pub mod gateway;
 pub mod http_server;
 pub mod logging;
 pub mod messaging;

@@ -16,13 +16,18 @@ use idem_http::RequestOutcome;
 use crate::admin::{self, AdminToken};
 
 /// `api` with `/healthz`, `/admin/…` behind the admin guard, and every error
-/// as problem+json (404, 405, axum's rejections, panics).
-pub fn service(api: Router, admin_token: Option<AdminToken>) -> Router {
+/// as problem+json (404, 405, axum's rejections, panics). Paths `api` does
+/// not serve go to `fallback` (the gateway) if given, else 404.
+pub fn service(api: Router, admin_token: Option<AdminToken>, fallback: Option<Router>) -> Router {
     let app = Router::new()
         .route("/healthz", get(|| async { "ok" }))
-        .merge(api)
-        .fallback(not_found)
-        .method_not_allowed_fallback(method_not_allowed);
+        .merge(api);
+    let app = match fallback {
+        Some(gateway) => app.fallback_service(gateway),
+        None => app
+            .fallback(not_found)
+            .method_not_allowed_fallback(method_not_allowed),
+    };
     admin::guarded(app, admin_token)
         .layer(axum::middleware::from_fn(problem_errors))
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(

@@ -20,6 +20,9 @@ struct FileConfig {
     /// `[server]`: read by [`crate::config::file_defaults`].
     #[allow(dead_code)]
     server: Option<toml::Table>,
+    /// `[gateway]`: read by [`crate::gateway::config::load`].
+    #[allow(dead_code)]
+    gateway: Option<toml::Table>,
 }
 
 /// `[worker]`: how stored deliveries are processed.

@@ -26,7 +26,7 @@ impl MailSinkArgs {
         let bound = listener
             .local_addr()
             .context("failed to read the bound address")?;
-        let app = crate::routes::service(router(Sink::default()), None);
+        let app = crate::routes::service(router(Sink::default()), None, None);
         tracing::info!(listen = %bound, "demo mail relay: POST /messages, GET /messages/{{id}}, GET /messages");
         let shutdown = shutdown::on_signal();
         http_server::serve(listener, app, Limits::default(), stopped(shutdown)).await;

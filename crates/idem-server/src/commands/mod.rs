@@ -12,6 +12,7 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 pub mod bench;
 pub mod consume;
 pub mod gc;
+pub mod keys;
 pub mod mail_sink;
 pub mod migrate;
 pub mod relay;
@@ -116,6 +117,12 @@ pub enum Command {
     },
     /// Run the demo mail relay (no deduplication) for the checkout tour.
     MailSink(mail_sink::MailSinkArgs),
+    /// Show a key's record, and resolve a gateway forward whose outcome is
+    /// unknown.
+    Keys {
+        #[command(subcommand)]
+        action: keys::KeysAction,
+    },
 }
 
 impl Command {
@@ -132,6 +139,7 @@ impl Command {
             Command::Stats(db) => stats::run(db).await,
             Command::Steps { action } => action.run().await,
             Command::MailSink(args) => args.run().await,
+            Command::Keys { action } => action.run().await,
         }
     }
 }

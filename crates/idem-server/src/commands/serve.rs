@@ -85,6 +85,12 @@ pub struct ServeArgs {
     /// (the run goes on) (0s to 60s).
     #[arg(long, env = "IDEM_RESPOND_WITHIN", default_value = "10s", value_parser = humantime::parse_duration)]
     respond_within: Duration,
+    /// Serve as an idempotency gateway in front of this HTTP API
+    /// (`http://HOST:PORT[/PREFIX]`) instead of the demo: every POST and
+    /// PATCH is keyed (the key optional) unless the `--config` file's
+    /// `[gateway]` table lists routes; other requests pass through.
+    #[arg(long, env = "IDEM_UPSTREAM")]
+    upstream: Option<String>,
     /// A TOML file: webhook endpoints (`[webhooks.<name>]`), their workers
     /// (`[worker]`) and defaults for these flags (`[server]`; the
     /// environment and the flags win).
@@ -119,6 +125,21 @@ impl ServeArgs {
         let gc_interval = config::gc_interval(self.gc_interval)?;
         let checkout = config::checkout(&self.checkout)?;
         let respond_within = config::respond_within(self.respond_within)?;
+        let file = match (&self.config, &self.file_text) {
+            (Some(path), Some(text)) => Some((path.clone(), text.clone())),
+            (Some(path), None) => Some((path.clone(), config::read_file(path)?)),
+            (None, _) => None,
+        };
+        let gateway = crate::gateway::config::load(
+            self.upstream.as_deref(),
+            file.as_ref().map(|(p, t)| (p.as_path(), t.as_str())),
+            self.max_body_bytes,
+        )?;
+        if gateway.is_some() && checkout.is_some() {
+            anyhow::bail!(
+                "--upstream (a gateway) and --provider-url (the checkout demo) are two different servers; start one of them"
+            );
+        }
         let limits = Limits {
             header_read_timeout: self.header_read_timeout,
             idle_timeout: self.idle_timeout,
@@ -140,6 +161,7 @@ impl ServeArgs {
             webhooks,
             checkout,
             respond_within,
+            gateway,
         })
     }
 
@@ -147,7 +169,7 @@ impl ServeArgs {
     pub async fn run(self) -> anyhow::Result<()> {
         let config = self.config()?;
         let shutdown = shutdown::on_signal();
-        let api = Db::open(&self.db.database_url)
+        let (api, gateway) = Db::open(&self.db.database_url)
             .await?
             .run(Start {
                 config: &config,
@@ -165,8 +187,16 @@ impl ServeArgs {
                 "admin routes disabled: start with --admin-token (or IDEM_ADMIN_TOKEN) to use /admin"
             );
         }
-        let app = crate::routes::service(api, config.admin_token.clone());
-        tracing::info!(listen = %bound, "idem serving the demo payments API");
+        match &config.gateway {
+            Some(g) => tracing::info!(
+                listen = %bound,
+                upstream = %format!("http://{}{}", g.upstream.authority, g.upstream.prefix),
+                routes = g.routes.len(),
+                "idem serving as a gateway"
+            ),
+            None => tracing::info!(listen = %bound, "idem serving the demo payments API"),
+        }
+        let app = crate::routes::service(api, config.admin_token.clone(), gateway);
         http_server::serve(listener, app, config.limits.clone(), stopped(shutdown)).await;
         Ok(())
     }
@@ -179,7 +209,8 @@ struct Start<'a> {
 }
 
 impl Job for Start<'_> {
-    type Output = anyhow::Result<Router>;
+    /// Idem's own routes, and the gateway's fallback when there is one.
+    type Output = anyhow::Result<(Router, Option<Router>)>;
     async fn run<B: Backend>(self, store: B) -> Self::Output {
         let Start { config, shutdown } = self;
         super::gc::spawn(store.clone(), config.gc_interval, shutdown)?;
@@ -189,10 +220,23 @@ impl Job for Start<'_> {
             config.consume.clone(),
             shutdown,
         );
-        Ok(crate::demo::router(store.clone(), &config.demo)
-            .merge(start_checkout(&store, config, shutdown)?)
-            .merge(crate::admin::outbox::router(store.clone(), relay))
-            .merge(start_webhooks(&store, config.webhooks.as_ref(), shutdown)))
+        let own = crate::admin::outbox::router(store.clone(), relay).merge(start_webhooks(
+            &store,
+            config.webhooks.as_ref(),
+            shutdown,
+        ));
+        if let Some(gateway) = &config.gateway {
+            // The upstream's paths are the upstream's: no demo routes.
+            let namespace = store.namespace().await?;
+            let gateway = crate::gateway::Gateway::new(store.clone(), namespace, gateway.clone())?;
+            return Ok((own, Some(gateway.into_router())));
+        }
+        Ok((
+            crate::demo::router(store.clone(), &config.demo)
+                .merge(start_checkout(&store, config, shutdown)?)
+                .merge(own),
+            None,
+        ))
     }
 }
 

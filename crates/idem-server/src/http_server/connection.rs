@@ -88,6 +88,7 @@ pub(super) async fn connection(
         in_flight: AtomicUsize::new(0),
         write_stalled_since: Mutex::new(None),
     });
+    let peer = stream.peer_addr().ok().map(super::Peer);
     let io = TokioIo::new(Watched {
         inner: stream,
         conn: conn.clone(),
@@ -98,7 +99,11 @@ pub(super) async fn connection(
             conn.head_complete();
             let (app, conn) = (app.clone(), conn.clone());
             async move {
-                let res = app.oneshot(req.map(Body::new)).await;
+                let mut req = req.map(Body::new);
+                if let Some(peer) = peer {
+                    req.extensions_mut().insert(peer);
+                }
+                let res = app.oneshot(req).await;
                 conn.answered();
                 res
             }

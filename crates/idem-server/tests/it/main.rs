@@ -5,6 +5,7 @@
 
 mod checkout;
 mod fakes;
+mod gateway;
 mod hardening;
 mod history;
 mod messaging;
@@ -40,6 +41,14 @@ impl Reply {
     pub fn problem_type(&self) -> String {
         self.json()["type"].as_str().unwrap_or_default().to_owned()
     }
+}
+
+/// Runs `idem ARGS` to its end.
+pub fn idem_cli(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(args)
+        .output()
+        .unwrap()
 }
 
 pub fn request(method: &str, path: &str, key: Option<&str>, body: &str) -> String {

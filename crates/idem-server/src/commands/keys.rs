@@ -1,0 +1,148 @@
+//! `idem keys show|resolve`: one key record, for operators — above all a
+//! gateway forward whose outcome is unknown (its gateway died, and the
+//! route says `on_unknown = "reject"`).
+
+use anyhow::{Context, bail};
+use clap::Subcommand;
+use idem_core::leased::Resolution;
+use idem_core::{
+    Clock, Completion, IdempotencyKey, KeyStore, Operation, Scope, StoredResponse, SystemClock,
+    Tenant,
+};
+use serde_json::json;
+
+use super::DbArgs;
+use crate::backend::{Backend, Db, Job};
+use crate::respond::rfc3339;
+
+/// `--as` of `idem keys resolve`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ResolveAs {
+    /// The upstream did not act on it: delete the record; the next retry
+    /// forwards the request again (with the same derived key).
+    NotSent,
+    /// The upstream acted on it and its answer is lost: every retry gets
+    /// 409 `outcome-resolved` saying so (look the result up upstream).
+    Sent,
+}
+
+/// Which key.
+#[derive(clap::Args)]
+pub struct KeyArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    /// The tenant (the gateway's default is `default`).
+    #[arg(long, default_value = crate::gateway::config::DEFAULT_TENANT)]
+    tenant: String,
+    /// The operation (the route's `operation`; `gateway` for `--upstream` alone).
+    #[arg(long)]
+    operation: String,
+    /// The client's Idempotency-Key.
+    key: String,
+}
+
+impl KeyArgs {
+    fn scope(&self) -> anyhow::Result<Scope> {
+        Ok(Scope::new(
+            Tenant::new(&self.tenant).context("--tenant")?,
+            Operation::new(&self.operation).context("--operation")?,
+            IdempotencyKey::new(&self.key).context("KEY")?,
+        ))
+    }
+}
+
+/// `idem keys`'s subcommands.
+#[derive(Subcommand)]
+pub enum KeysAction {
+    /// Show a key's record: state, lease, stored status, dates.
+    Show(KeyArgs),
+    /// End a record whose holder died with its outcome unknown (a pending
+    /// record whose lease ran out), after checking the upstream:
+    /// `--as not-sent` (forward again on the next retry) or `--as sent`
+    /// (every retry is told it happened).
+    Resolve {
+        #[command(flatten)]
+        key: KeyArgs,
+        /// What the operator found upstream.
+        #[arg(long = "as", value_enum)]
+        resolution: ResolveAs,
+    },
+}
+
+impl KeysAction {
+    /// Runs the subcommand.
+    pub async fn run(self) -> anyhow::Result<()> {
+        let (KeysAction::Show(key) | KeysAction::Resolve { key, .. }) = &self;
+        key.scope()?;
+        Db::open_existing(&key.db.database_url)
+            .await?
+            .run(self)
+            .await
+    }
+}
+
+/// The answer retries get after `--as sent`.
+fn resolved_sent() -> Completion {
+    let body = json!({
+        "type": format!("{}outcome-resolved", idem_http::TYPE_BASE),
+        "title": "The request was carried out; its answer is lost",
+        "status": 409,
+        "detail": "an operator confirmed that the upstream acted on the first request with this \
+                   Idempotency-Key; its answer was lost; look its result up there",
+    });
+    Completion::failed(StoredResponse {
+        status: 409,
+        headers: vec![("content-type".into(), "application/problem+json".into())],
+        body: body.to_string().into_bytes(),
+    })
+}
+
+impl Job for KeysAction {
+    type Output = anyhow::Result<()>;
+    async fn run<B: Backend>(self, store: B) -> anyhow::Result<()> {
+        match self {
+            KeysAction::Show(key) => {
+                let scope = key.scope()?;
+                let Some(r) = KeyStore::fetch(&store, &scope).await? else {
+                    bail!("no record for this key (never used, released, or expired)");
+                };
+                let now = SystemClock.now_ms();
+                let abandoned = r.state == idem_core::RecordState::Pending
+                    && r.locked_until_ms.is_some_and(|t| t <= now);
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&json!({
+                        "tenant": key.tenant, "operation": key.operation, "key": key.key,
+                        "state": r.state.as_str(),
+                        "lease_until": r.locked_until_ms.map(rfc3339),
+                        "abandoned": abandoned,
+                        "status": r.response.as_ref().map(|s| s.status),
+                        "created_at": rfc3339(r.created_at_ms),
+                        "expires_at": rfc3339(r.expires_at_ms),
+                    }))?
+                );
+            }
+            KeysAction::Resolve { key, resolution } => {
+                let scope = key.scope()?;
+                let how = match resolution {
+                    ResolveAs::NotSent => Resolution::Release,
+                    ResolveAs::Sent => Resolution::Answer(resolved_sent()),
+                };
+                let now = SystemClock.now_ms();
+                if !store.resolve_abandoned(&scope, &how, now).await? {
+                    bail!(
+                        "nothing to resolve: the key has no pending record whose lease ran out \
+                         (it finished, it is still being forwarded, or it does not exist); \
+                         see idem keys show"
+                    );
+                }
+                println!(
+                    "{}",
+                    json!({"tenant": key.tenant, "operation": key.operation, "key": key.key,
+                           "resolved_as": match resolution { ResolveAs::NotSent => "not-sent", ResolveAs::Sent => "sent" }})
+                );
+            }
+        }
+        Ok(())
+    }
+}
