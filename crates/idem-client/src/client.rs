@@ -7,7 +7,7 @@ use bytes::Bytes;
 use http::{Method, Uri, uri::Scheme};
 use http_body_util::Full;
 use hyper_util::client::legacy::connect::{Connect, HttpConnector};
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use crate::{ClientError, RequestBuilder, RetryPolicy};
 
@@ -177,8 +177,12 @@ impl ClientBuilder {
             });
         }
         let base = parse_base(base_url)?;
-        let http =
-            hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(connector);
+        // The timer lets the pool drop connections idle for longer than its
+        // idle timeout (90 s) instead of keeping them until the server
+        // closes them.
+        let http = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .build(connector);
         Ok(Client {
             inner: Arc::new(Inner {
                 http,

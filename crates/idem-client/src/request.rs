@@ -119,7 +119,8 @@ where
     }
 
     /// Use this idempotency key instead of the generated one: 1 to 255
-    /// visible ASCII characters. Give a key when the intent already has an
+    /// visible ASCII characters (an invalid one makes [`send`](Self::send)
+    /// fail with [`ClientError::InvalidKey`]). Give a key when the intent already has an
     /// identity (an order id, a key derived from a workflow step) so that a
     /// retry from another process carries the same key.
     pub fn key(mut self, key: impl Into<String>) -> Self {
