@@ -118,6 +118,10 @@ impl Upstream {
                 let _ = rx.wait_for(|open| *open).await;
                 json_answer(201, &p)
             }
+            ("POST", "/flaky") if self.seen_at("/flaky").len() <= 2 => {
+                json_answer(503, &json!({"error": "warming up"}))
+            }
+            ("POST", "/flaky") => json_answer(201, &create(self)),
             ("POST", "/fail") => {
                 let mut r = json_answer(503, &json!({"error": "busy"}))?;
                 r.headers_mut().insert("retry-after", "7".parse().unwrap());
@@ -522,6 +526,41 @@ pub async fn killed_mid_forward(db: ShopDb, on_unknown: &'static str) {
     );
 }
 
+/// `idem-client` through the gateway: the upstream's 503s are retried with
+/// the client's one key; the gateway forwards one derived key each time;
+/// one effect, and the same intent sent again is a replay.
+pub async fn a_retrying_client_through_the_gateway(db: ShopDb) {
+    let up = Upstream::start().await;
+    let dir = idem_testkit::TempDir::new("gateway");
+    let config = config_file(&dir, &up, "reforward");
+    let gw = gateway(&db, &config, None).await;
+    let mut policy = idem_client::RetryPolicy::default();
+    policy.initial_backoff = Duration::from_millis(20);
+    let client = idem_client::Client::builder()
+        .retry_policy(policy)
+        .build(&format!("http://{}", gw.addr))
+        .unwrap();
+    let intent = client.post("/flaky").json(&json!({"amount": 7}));
+    let first = intent.send().await.unwrap();
+    assert_eq!(first.status.as_u16(), 201);
+    assert_eq!(first.attempts, 3, "two 503s retried");
+    assert!(!first.replayed);
+    let again = intent.send().await.unwrap();
+    assert!(again.replayed, "the same intent is a replay");
+    assert_eq!(again.body, first.body);
+    assert_eq!(up.effects(), 1);
+    let keys: Vec<_> = up
+        .seen_at("/flaky")
+        .iter()
+        .map(|s| s.key().unwrap().to_owned())
+        .collect();
+    assert_eq!(keys.len(), 3);
+    assert!(
+        keys.iter().all(|k| *k == keys[0]),
+        "one derived key for one intent"
+    );
+}
+
 /// Two gateways on one PostgreSQL: concurrent requests with one key spread
 /// over both make one effect.
 pub async fn two_gateways_on_postgres() {
@@ -588,6 +627,7 @@ gateway_on_both! {
     upstream_failures;
     killed_mid_forward_reforward;
     killed_mid_forward_reject;
+    a_retrying_client_through_the_gateway;
 }
 
 async fn killed_mid_forward_reforward(db: ShopDb) {
