@@ -13,6 +13,7 @@ pub mod checkout;
 pub mod handlers;
 mod ledger;
 pub mod mail_sink;
+pub mod upstream;
 pub mod sql;
 
 pub use handlers::{router, router_with_clock};
