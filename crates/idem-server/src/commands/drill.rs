@@ -119,9 +119,8 @@ impl DrillArgs {
         config.progress = true;
         let report = drill::run(config).await.map_err(usage)?;
         if let Some(path) = &self.junit {
-            std::fs::write(path, report.junit()).map_err(|e| {
-                usage(format!("failed to write {}: {e}", path.display()))
-            })?;
+            std::fs::write(path, report.junit())
+                .map_err(|e| usage(format!("failed to write {}: {e}", path.display())))?;
         }
         if self.json {
             println!("{}", report.json());

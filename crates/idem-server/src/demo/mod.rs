@@ -13,8 +13,8 @@ pub mod checkout;
 pub mod handlers;
 mod ledger;
 pub mod mail_sink;
-pub mod upstream;
 pub mod sql;
+pub mod upstream;
 
 pub use handlers::{router, router_with_clock};
 pub use ledger::Ledger;

@@ -297,7 +297,9 @@ impl Client {
                 .collect()
                 .await
                 .map_err(|e| {
-                    if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
+                    if e.downcast_ref::<http_body_util::LengthLimitError>()
+                        .is_some()
+                    {
                         SendError::TooLarge
                     } else {
                         SendError::Transport(e.to_string())
@@ -521,8 +523,7 @@ impl LosingProxy {
             else {
                 return log;
             };
-            let Ok(Ok(mut upstream)) =
-                tokio::time::timeout(wait, TcpStream::connect(target)).await
+            let Ok(Ok(mut upstream)) = tokio::time::timeout(wait, TcpStream::connect(target)).await
             else {
                 return log;
             };
@@ -569,7 +570,10 @@ mod tests {
             b"HTTP/1.1 400 Bad Request\r\nContent-Length: 2\r\nIdempotent-Replayed: true\r\n\r\n{}",
         )
         .unwrap();
-        assert_eq!((a.status, &a.body[..], a.replayed()), (400, &b"{}"[..], true));
+        assert_eq!(
+            (a.status, &a.body[..], a.replayed()),
+            (400, &b"{}"[..], true)
+        );
         let c = parse_answer(
             b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n",
         )

@@ -86,7 +86,11 @@ impl Target {
                      proxy in front for https)"
                 ));
             }
-            None => return usage(format!("TARGET must be http://HOST:PORT[/PREFIX], got {text:?}")),
+            None => {
+                return usage(format!(
+                    "TARGET must be http://HOST:PORT[/PREFIX], got {text:?}"
+                ));
+            }
         }
         let Some(auth) = uri.authority() else {
             return usage(format!("TARGET {text:?} has no host"));
@@ -158,14 +162,19 @@ fn json_template(flag: &str, text: &str) -> Result<String, UsageError> {
     }
     let sample = text.replace(UNIQUE, "drill-x").replace(ID, "id");
     if let Err(e) = serde_json::from_str::<Value>(&sample) {
-        return usage(format!("{flag} is not valid JSON (with {UNIQUE} replaced): {e}"));
+        return usage(format!(
+            "{flag} is not valid JSON (with {UNIQUE} replaced): {e}"
+        ));
     }
     Ok(text.to_owned())
 }
 
 fn duration(flag: &str, text: &str) -> Result<Duration, UsageError> {
-    humantime::parse_duration(text)
-        .map_err(|e| UsageError(format!("{flag}: {text:?} is not a duration such as 10s: {e}")))
+    humantime::parse_duration(text).map_err(|e| {
+        UsageError(format!(
+            "{flag}: {text:?} is not a duration such as 10s: {e}"
+        ))
+    })
 }
 
 /// Everything a run needs, validated.
@@ -226,11 +235,9 @@ impl DrillSpec {
             v.ok_or_else(|| UsageError(format!("{flag} is required (a flag or in --config)")))
         };
         let target = Target::parse(&required(self.target, "TARGET")?)?;
-        let request = RequestLine::parse("--request", &required(self.request, "--request")?, false)?;
-        let body = self
-            .body
-            .map(|b| json_template("--body", &b))
-            .transpose()?;
+        let request =
+            RequestLine::parse("--request", &required(self.request, "--request")?, false)?;
+        let body = self.body.map(|b| json_template("--body", &b)).transpose()?;
         let effects = RequestLine::parse("--effects", &required(self.effects, "--effects")?, true)?;
         if effects.method != Method::GET {
             return usage("--effects must be a GET");
@@ -410,10 +417,7 @@ impl Fields {
             return (Fields(f).render(), what);
         }
         f.push(("idem_drill_other".into(), Value::Bool(true)));
-        (
-            Fields(f).render(),
-            "an extra field idem_drill_other".into(),
-        )
+        (Fields(f).render(), "an extra field idem_drill_other".into())
     }
 }
 
@@ -438,18 +442,90 @@ mod tests {
         assert_eq!(c.target.authority, "127.0.0.1:8080");
         assert_eq!(c.concurrency, 50);
         let cases: Vec<(DrillSpec, &str)> = vec![
-            (DrillSpec { request: Some("POST".into()), ..spec() }, "--request"),
-            (DrillSpec { request: Some("P OST /x".into()), ..spec() }, "--request"),
-            (DrillSpec { body: Some("{\"a\":".into()), ..spec() }, "--body"),
-            (DrillSpec { count: Some("data".into()), ..spec() }, "--count"),
-            (DrillSpec { effects: Some("/v1/payments".into()), ..spec() }, "--effects"),
-            (DrillSpec { target: Some("https://x".into()), ..spec() }, "TARGET"),
-            (DrillSpec { target: Some("ftp:/x".into()), ..spec() }, "TARGET"),
-            (DrillSpec { headers: vec!["nocolon".into()], ..spec() }, "--header"),
-            (DrillSpec { concurrency: Some(1), ..spec() }, "--concurrency"),
-            (DrillSpec { timeout: Some("soon".into()), ..spec() }, "--timeout"),
-            (DrillSpec { mutate_body: Some("{}".into()), ..spec() }, "--mutate"),
-            (DrillSpec { max_requests: Some(0), ..spec() }, "--max-requests"),
+            (
+                DrillSpec {
+                    request: Some("POST".into()),
+                    ..spec()
+                },
+                "--request",
+            ),
+            (
+                DrillSpec {
+                    request: Some("P OST /x".into()),
+                    ..spec()
+                },
+                "--request",
+            ),
+            (
+                DrillSpec {
+                    body: Some("{\"a\":".into()),
+                    ..spec()
+                },
+                "--body",
+            ),
+            (
+                DrillSpec {
+                    count: Some("data".into()),
+                    ..spec()
+                },
+                "--count",
+            ),
+            (
+                DrillSpec {
+                    effects: Some("/v1/payments".into()),
+                    ..spec()
+                },
+                "--effects",
+            ),
+            (
+                DrillSpec {
+                    target: Some("https://x".into()),
+                    ..spec()
+                },
+                "TARGET",
+            ),
+            (
+                DrillSpec {
+                    target: Some("ftp:/x".into()),
+                    ..spec()
+                },
+                "TARGET",
+            ),
+            (
+                DrillSpec {
+                    headers: vec!["nocolon".into()],
+                    ..spec()
+                },
+                "--header",
+            ),
+            (
+                DrillSpec {
+                    concurrency: Some(1),
+                    ..spec()
+                },
+                "--concurrency",
+            ),
+            (
+                DrillSpec {
+                    timeout: Some("soon".into()),
+                    ..spec()
+                },
+                "--timeout",
+            ),
+            (
+                DrillSpec {
+                    mutate_body: Some("{}".into()),
+                    ..spec()
+                },
+                "--mutate",
+            ),
+            (
+                DrillSpec {
+                    max_requests: Some(0),
+                    ..spec()
+                },
+                "--max-requests",
+            ),
         ];
         for (s, flag) in cases {
             let e = s.validate().unwrap_err().to_string();
@@ -461,7 +537,10 @@ mod tests {
     fn fields_keep_their_order_reverse_and_change() {
         let f = Fields::of(r#"{"b":1,"a":"x","c":{"z":1,"y":2}}"#).unwrap();
         assert_eq!(f.render(), r#"{"b":1,"a":"x","c":{"y":2,"z":1}}"#);
-        assert_eq!(f.reversed().unwrap(), r#"{"c":{"y":2,"z":1},"a":"x","b":1}"#);
+        assert_eq!(
+            f.reversed().unwrap(),
+            r#"{"c":{"y":2,"z":1},"a":"x","b":1}"#
+        );
         assert_eq!(f.changed("u").0, r#"{"b":2,"a":"x","c":{"y":2,"z":1}}"#);
         let s = Fields::of(r#"{"a":"u1","b":"x"}"#).unwrap();
         assert_eq!(s.changed("u1").0, r#"{"a":"u1","b":"x-other"}"#);

@@ -77,7 +77,10 @@ pub const DRILLS: &[(&str, &str)] = &[
         "control-key",
         "keys holding a tab and a \\x01 byte (sent raw): 400, no effect",
     ),
-    ("duplicate-key", "two Idempotency-Key headers: 400, no effect"),
+    (
+        "duplicate-key",
+        "two Idempotency-Key headers: 400, no effect",
+    ),
     (
         "replay-after-mutation",
         "with --mutate: after the created resource is changed, the replay still answers the original body",
@@ -263,7 +266,9 @@ impl Runner {
         if before != 0 {
             return Ok((
                 Outcome::Fail,
-                format!("{before} effects before any request: --effects/--count do not count one case's effects"),
+                format!(
+                    "{before} effects before any request: --effects/--count do not count one case's effects"
+                ),
             ));
         }
         let a = self.send(&u, Key::One(&self.key("baseline"))).await?;
@@ -271,7 +276,10 @@ impl Runner {
         if !a.success() {
             return Ok((
                 Outcome::Fail,
-                format!("the request was refused ({}): check --request, --body and --header", a.status),
+                format!(
+                    "the request was refused ({}): check --request, --body and --header",
+                    a.status
+                ),
             ));
         }
         let n = self.effects(&u, ev).await?;
@@ -279,7 +287,9 @@ impl Runner {
             1 => (Outcome::Pass, "a 2xx and one effect".into()),
             n => (
                 Outcome::Fail,
-                format!("a 2xx and {n} effects: --effects/--count must count this request's effect once"),
+                format!(
+                    "a 2xx and {n} effects: --effects/--count must count this request's effect once"
+                ),
             ),
         })
     }
@@ -330,13 +340,22 @@ impl Runner {
         ));
         let n = self.effects(&u, ev).await?;
         Ok(if n == 1 && first.success() && second.same(&first) {
-            (Outcome::Pass, "one effect; the retries got the same 2xx".into())
+            (
+                Outcome::Pass,
+                "one effect; the retries got the same 2xx".into(),
+            )
         } else if n != 1 {
             (Outcome::Fail, format!("{n} effects for one intent"))
         } else if !first.success() {
-            (Outcome::Fail, format!("the retry was answered {}", first.status))
+            (
+                Outcome::Fail,
+                format!("the retry was answered {}", first.status),
+            )
         } else {
-            (Outcome::Fail, "the second retry answered differently".into())
+            (
+                Outcome::Fail,
+                "the second retry answered differently".into(),
+            )
         })
     }
 
@@ -374,7 +393,11 @@ impl Runner {
         for a in &answers {
             match a {
                 Ok(a) => {
-                    let label = format!("{}{}", a.status, if a.replayed() { " replayed" } else { "" });
+                    let label = format!(
+                        "{}{}",
+                        a.status,
+                        if a.replayed() { " replayed" } else { "" }
+                    );
                     *tally.entry(label).or_default() += 1;
                     if a.success() {
                         successes.push(a);
@@ -401,34 +424,57 @@ impl Runner {
             ev.note(format!("{} other answers, first: {o}", others.len()));
         }
         if let Some(e) = errors.first() {
-            ev.note(format!("{} requests got no answer, first: {e}", errors.len()));
+            ev.note(format!(
+                "{} requests got no answer, first: {e}",
+                errors.len()
+            ));
         }
         let effects = self.effects(&u, ev).await?;
         Ok(
             if effects == 1 && distinct.len() <= 1 && others.is_empty() && errors.is_empty() {
                 (
                     Outcome::Pass,
-                    format!("one effect; {} × the same 2xx, the rest 409", successes.len()),
+                    format!(
+                        "one effect; {} × the same 2xx, the rest 409",
+                        successes.len()
+                    ),
                 )
             } else if effects != 1 {
-                (Outcome::Fail, format!("{effects} effects for {n} requests with one key"))
+                (
+                    Outcome::Fail,
+                    format!("{effects} effects for {n} requests with one key"),
+                )
             } else if distinct.len() > 1 {
-                (Outcome::Fail, format!("{} different 2xx answers to one key", distinct.len()))
+                (
+                    Outcome::Fail,
+                    format!("{} different 2xx answers to one key", distinct.len()),
+                )
             } else {
-                (Outcome::Fail, "answers other than the same 2xx or 409".into())
+                (
+                    Outcome::Fail,
+                    "answers other than the same 2xx or 409".into(),
+                )
             },
         )
     }
 
     /// The first request of a drill that needs a stored answer: a 2xx or
     /// the verdict that the drill cannot go on.
-    async fn first(&self, u: &str, key: &str, ev: &mut Evidence) -> Result<Result<Answer, (Outcome, String)>, Stop> {
+    async fn first(
+        &self,
+        u: &str,
+        key: &str,
+        ev: &mut Evidence,
+    ) -> Result<Result<Answer, (Outcome, String)>, Stop> {
         let a = self.send(u, Key::One(key)).await?;
         ev.note(format!("first: {}", a.brief()));
         Ok(if a.success() {
             Ok(a)
         } else {
-            Err((Outcome::Fail, format!("the first request was answered {}", a.status)))
+            Err((
+                Outcome::Fail,
+                format!("the first request was answered {}", a.status),
+            ))
         })
     }
 
@@ -453,15 +499,24 @@ impl Runner {
             422 => (Outcome::Pass, "422 and no new effect".into()),
             400..=499 => (
                 Outcome::Pass,
-                format!("{} and no new effect (note: 422 is the usual answer)", a.status),
+                format!(
+                    "{} and no new effect (note: 422 is the usual answer)",
+                    a.status
+                ),
             ),
-            s if a.success() => (Outcome::Fail, format!("{s}: another payload under a used key was accepted")),
+            s if a.success() => (
+                Outcome::Fail,
+                format!("{s}: another payload under a used key was accepted"),
+            ),
             s => (Outcome::Fail, format!("{s}: expected 422")),
         })
     }
 
     async fn reordered(&self, ev: &mut Evidence) -> Verdict {
-        let (u, key) = (self.unique("reordered-fields"), self.key("reordered-fields"));
+        let (u, key) = (
+            self.unique("reordered-fields"),
+            self.key("reordered-fields"),
+        );
         let Some(reversed) = self.fields(&u).and_then(|f| f.reversed()) else {
             return Ok((
                 Outcome::Skip,
@@ -475,17 +530,27 @@ impl Runner {
         let a = self.send_body(&u, Key::One(&key), &reversed).await?;
         ev.note(format!(
             "fields reversed: {}",
-            if a.same(&first) { "the same status and body".to_owned() } else { a.brief() }
+            if a.same(&first) {
+                "the same status and body".to_owned()
+            } else {
+                a.brief()
+            }
         ));
         let n = self.effects(&u, ev).await?;
         Ok(if n == 1 && a.same(&first) {
             (Outcome::Pass, "a replay; one effect".into())
         } else if n != 1 {
-            (Outcome::Fail, format!("{n} effects: the reordered body ran again"))
+            (
+                Outcome::Fail,
+                format!("{n} effects: the reordered body ran again"),
+            )
         } else {
             (
                 Outcome::Fail,
-                format!("answered {} instead of a replay: the same JSON in another order is another request here", a.status),
+                format!(
+                    "answered {} instead of a replay: the same JSON in another order is another request here",
+                    a.status
+                ),
             )
         })
     }
@@ -505,7 +570,13 @@ impl Runner {
     }
 
     /// Every answer must be 400 and the case must have no effect.
-    async fn refused(&self, name: &str, u: &str, answers: Vec<Answer>, ev: &mut Evidence) -> Verdict {
+    async fn refused(
+        &self,
+        name: &str,
+        u: &str,
+        answers: Vec<Answer>,
+        ev: &mut Evidence,
+    ) -> Verdict {
         for a in &answers {
             ev.note(format!("answer: {}", a.brief()));
         }
@@ -514,9 +585,15 @@ impl Runner {
         Ok(if n == 0 && answers.iter().all(|a| a.status == 400) {
             (Outcome::Pass, "400 and no effect".into())
         } else if n != 0 {
-            (Outcome::Fail, format!("{n} effects from a request with a bad key ({name})"))
+            (
+                Outcome::Fail,
+                format!("{n} effects from a request with a bad key ({name})"),
+            )
         } else {
-            (Outcome::Fail, format!("answered {} (expected 400)", statuses.join(", ")))
+            (
+                Outcome::Fail,
+                format!("answered {} (expected 400)", statuses.join(", ")),
+            )
         })
     }
 
@@ -524,7 +601,10 @@ impl Runner {
         let Some((line, body)) = &self.config.mutate else {
             return Ok((Outcome::Skip, "needs --mutate".into()));
         };
-        let (u, key) = (self.unique("replay-after-mutation"), self.key("replay-after-mutation"));
+        let (u, key) = (
+            self.unique("replay-after-mutation"),
+            self.key("replay-after-mutation"),
+        );
         let first = match self.first(&u, &key, ev).await? {
             Ok(a) => a,
             Err(v) => return Ok(v),
@@ -532,25 +612,50 @@ impl Runner {
         let id = match first.json().as_ref().and_then(|v| v.get("id")) {
             Some(serde_json::Value::String(s)) => s.clone(),
             Some(serde_json::Value::Number(n)) => n.to_string(),
-            _ => return Ok((Outcome::Fail, "the first answer has no JSON \"id\" for {id}".into())),
+            _ => {
+                return Ok((
+                    Outcome::Fail,
+                    "the first answer has no JSON \"id\" for {id}".into(),
+                ));
+            }
         };
-        if id.bytes().any(|b| !b.is_ascii_alphanumeric() && !b"-_.~".contains(&b)) {
-            return Ok((Outcome::Fail, format!("the id {id:?} cannot go in a path as is")));
+        if id
+            .bytes()
+            .any(|b| !b.is_ascii_alphanumeric() && !b"-_.~".contains(&b))
+        {
+            return Ok((
+                Outcome::Fail,
+                format!("the id {id:?} cannot go in a path as is"),
+            ));
         }
         let path = line.path.replace(ID, &id).replace(UNIQUE, &u);
-        let body = body.as_ref().map(|b| b.replace(ID, &id).replace(UNIQUE, &u));
+        let body = body
+            .as_ref()
+            .map(|b| b.replace(ID, &id).replace(UNIQUE, &u));
         let m = self
             .client
-            .send(&line.method, &path, Key::One(&self.key("mutation")), body.as_deref())
+            .send(
+                &line.method,
+                &path,
+                Key::One(&self.key("mutation")),
+                body.as_deref(),
+            )
             .await?;
         ev.note(format!("{} {path}: {}", line.method, m.brief()));
         if !m.success() {
-            return Ok((Outcome::Fail, format!("the mutation was answered {}", m.status)));
+            return Ok((
+                Outcome::Fail,
+                format!("the mutation was answered {}", m.status),
+            ));
         }
         let replay = self.send(&u, Key::One(&key)).await?;
         ev.note(format!(
             "replay: {}",
-            if replay.same(&first) { "the original status and body".to_owned() } else { replay.brief() }
+            if replay.same(&first) {
+                "the original status and body".to_owned()
+            } else {
+                replay.brief()
+            }
         ));
         let n = self.effects(&u, ev).await?;
         Ok(if replay.same(&first) && n == 1 {
@@ -558,7 +663,10 @@ impl Runner {
         } else if n != 1 {
             (Outcome::Fail, format!("{n} effects"))
         } else {
-            (Outcome::Fail, "the replay differs from the original answer".into())
+            (
+                Outcome::Fail,
+                "the replay differs from the original answer".into(),
+            )
         })
     }
 
@@ -580,9 +688,14 @@ impl Runner {
         let what = if late.same(&first) && n == 1 {
             "replayed: the record outlived --ttl".to_owned()
         } else if n >= 2 {
-            format!("executed again ({n} effects): past its TTL a key protects nothing; a business natural key is the second line of defence")
+            format!(
+                "executed again ({n} effects): past its TTL a key protects nothing; a business natural key is the second line of defence"
+            )
         } else {
-            format!("answered {} with {n} effect(s): not a replay, no second effect", late.status)
+            format!(
+                "answered {} with {n} effect(s): not a replay, no second effect",
+                late.status
+            )
         };
         Ok((Outcome::Info, what))
     }
@@ -601,9 +714,16 @@ impl Runner {
             None => "no Idempotent-Replayed".to_owned(),
         };
         let summary = if n != 1 || !second.same(&first) {
-            format!("no replay happened ({n} effects); the second answer has {}", marked(&second))
+            format!(
+                "no replay happened ({n} effects); the second answer has {}",
+                marked(&second)
+            )
         } else {
-            format!("first answer: {}; replay: {}", marked(&first), marked(&second))
+            format!(
+                "first answer: {}; replay: {}",
+                marked(&first),
+                marked(&second)
+            )
         };
         Ok((Outcome::Info, summary))
     }
@@ -616,11 +736,17 @@ impl Runner {
         let second = self.send_body(&u, Key::One(&key), invalid).await?;
         ev.note(format!("again with the key: {}", second.brief()));
         let summary = if first.success() {
-            format!("the target accepted a body that is not JSON ({})", first.status)
+            format!(
+                "the target accepted a body that is not JSON ({})",
+                first.status
+            )
         } else if second.replayed() {
             format!("the {} is stored with the key and replayed", first.status)
         } else if second.same(&first) {
-            format!("the {} is answered again (the same bytes, not marked as a replay): not stored, or replayed without the marker", first.status)
+            format!(
+                "the {} is answered again (the same bytes, not marked as a replay): not stored, or replayed without the marker",
+                first.status
+            )
         } else {
             format!("{} then {}: not stored", first.status, second.status)
         };
@@ -668,9 +794,10 @@ pub async fn run(config: DrillConfig) -> Result<Report, RunError> {
                     return Err(RunError::Unreachable(e.to_string()));
                 }
                 Err(Stop::Send(e)) => (Outcome::Fail, format!("no answer: {e}")),
-                Err(Stop::Effects(e)) => {
-                    (Outcome::Fail, format!("the effects could not be counted: {e}"))
-                }
+                Err(Stop::Effects(e)) => (
+                    Outcome::Fail,
+                    format!("the effects could not be counted: {e}"),
+                ),
             },
         };
         if i == 0 && outcome == Outcome::Fail {
