@@ -60,11 +60,15 @@ impl Answer {
 
     /// `201 replayed {"id":…}` (the body truncated), for evidence.
     pub fn brief(&self) -> String {
+        let body = if self.body.is_empty() {
+            "(no body)".to_owned()
+        } else {
+            super::report::truncate(&String::from_utf8_lossy(&self.body), 160)
+        };
         format!(
-            "{}{} {}",
+            "{}{} {body}",
             self.status,
             if self.replayed() { " replayed" } else { "" },
-            super::report::truncate(&String::from_utf8_lossy(&self.body), 160)
         )
     }
 

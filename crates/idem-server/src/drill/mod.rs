@@ -119,6 +119,11 @@ impl From<SendError> for Stop {
     }
 }
 
+/// `1 effect`, `3 effects`.
+fn effects_text(n: u64) -> String {
+    format!("{n} effect{}", if n == 1 { "" } else { "s" })
+}
+
 /// What a drill collects as it goes.
 #[derive(Default)]
 struct Evidence {
@@ -263,6 +268,9 @@ impl Runner {
     async fn baseline(&self, ev: &mut Evidence) -> Verdict {
         let u = self.unique("baseline");
         let before = self.effects(&u, ev).await?;
+        if let Some(line) = ev.lines.last_mut() {
+            *line = format!("effects before: {before}");
+        }
         if before != 0 {
             return Ok((
                 Outcome::Fail,
@@ -345,7 +353,7 @@ impl Runner {
                 "one effect; the retries got the same 2xx".into(),
             )
         } else if n != 1 {
-            (Outcome::Fail, format!("{n} effects for one intent"))
+            (Outcome::Fail, format!("{} for one intent", effects_text(n)))
         } else if !first.success() {
             (
                 Outcome::Fail,
@@ -442,7 +450,7 @@ impl Runner {
             } else if effects != 1 {
                 (
                     Outcome::Fail,
-                    format!("{effects} effects for {n} requests with one key"),
+                    format!("{} for {n} requests with one key", effects_text(effects)),
                 )
             } else if distinct.len() > 1 {
                 (
@@ -495,7 +503,10 @@ impl Runner {
         ev.note(format!("same key, {what}: {}", a.brief()));
         let n = self.effects(&u, ev).await?;
         Ok(match a.status {
-            _ if n != 1 => (Outcome::Fail, format!("{n} effects: the other payload ran")),
+            _ if n != 1 => (
+                Outcome::Fail,
+                format!("{}: the other payload ran", effects_text(n)),
+            ),
             422 => (Outcome::Pass, "422 and no new effect".into()),
             400..=499 => (
                 Outcome::Pass,
@@ -542,7 +553,7 @@ impl Runner {
         } else if n != 1 {
             (
                 Outcome::Fail,
-                format!("{n} effects: the reordered body ran again"),
+                format!("{}: the reordered body ran again", effects_text(n)),
             )
         } else {
             (
@@ -563,7 +574,10 @@ impl Runner {
             let n = self.effects(&u, ev).await?;
             return Ok((
                 Outcome::Skip,
-                format!("the key is optional here: accepted without one ({n} effect)"),
+                format!(
+                    "the key is optional here: accepted without one ({})",
+                    effects_text(n)
+                ),
             ));
         }
         self.refused("missing-key", &u, vec![a], ev).await
@@ -587,7 +601,7 @@ impl Runner {
         } else if n != 0 {
             (
                 Outcome::Fail,
-                format!("{n} effects from a request with a bad key ({name})"),
+                format!("{} from a request with a bad key ({name})", effects_text(n)),
             )
         } else {
             (
@@ -661,7 +675,7 @@ impl Runner {
         Ok(if replay.same(&first) && n == 1 {
             (Outcome::Pass, "the replay answers the original body".into())
         } else if n != 1 {
-            (Outcome::Fail, format!("{n} effects"))
+            (Outcome::Fail, format!("{} for one intent", effects_text(n)))
         } else {
             (
                 Outcome::Fail,
@@ -693,8 +707,9 @@ impl Runner {
             )
         } else {
             format!(
-                "answered {} with {n} effect(s): not a replay, no second effect",
-                late.status
+                "answered {} with {}: not a replay, no second effect",
+                late.status,
+                effects_text(n)
             )
         };
         Ok((Outcome::Info, what))
@@ -715,7 +730,8 @@ impl Runner {
         };
         let summary = if n != 1 || !second.same(&first) {
             format!(
-                "no replay happened ({n} effects); the second answer has {}",
+                "no replay happened ({}); the second answer has {}",
+                effects_text(n),
                 marked(&second)
             )
         } else {
