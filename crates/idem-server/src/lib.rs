@@ -15,7 +15,8 @@
 //!   and its limits; [`shutdown`]; [`logging`].
 //! - [`messaging`], [`webhooks`]: NATS streams, the relay and consumer; the
 //!   webhook configuration file and workers.
-//! - [`bench`](mod@bench): `idem bench`.
+//! - [`bench`](mod@bench): `idem bench`; [`drill`]: `idem drill`, the
+//!   black-box conformance runner, also callable in-process ([`drill::run`]).
 #![allow(missing_docs)]
 // Demo handlers return early with a ready `Response` as their error; it is built
 // once per rejected request, so its size does not matter.
@@ -28,6 +29,7 @@ pub mod commands;
 pub mod config;
 pub mod config_error;
 pub mod demo;
+pub mod drill;
 pub mod gateway;
 pub mod http_server;
 pub mod logging;

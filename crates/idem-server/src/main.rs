@@ -37,9 +37,17 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         // One line, whatever RUST_BACKTRACE says: these are the operator's
         // errors (a bad flag, an unreachable database), not the program's.
-        Err(e) => {
-            eprintln!("error: {}", idem_core::ErrorChain(e.as_ref()));
-            ExitCode::FAILURE
-        }
+        Err(e) => match e.downcast_ref::<idem_server::commands::Exit>() {
+            Some(exit) => {
+                if let Some(message) = &exit.message {
+                    eprintln!("{message}");
+                }
+                ExitCode::from(exit.code)
+            }
+            None => {
+                eprintln!("error: {}", idem_core::ErrorChain(e.as_ref()));
+                ExitCode::FAILURE
+            }
+        },
     }
 }

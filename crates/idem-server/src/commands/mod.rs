@@ -11,6 +11,7 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 pub mod bench;
 pub mod consume;
+pub mod drill;
 pub mod gc;
 pub mod keys;
 pub mod mail_sink;
@@ -19,6 +20,7 @@ pub mod relay;
 pub mod serve;
 pub mod stats;
 pub mod steps;
+pub mod upstream;
 pub mod webhooks;
 
 /// The command line.
@@ -123,6 +125,24 @@ pub enum Command {
         #[command(subcommand)]
         action: keys::KeysAction,
     },
+    /// Check an HTTP API's Idempotency-Key support with failure drills.
+    #[command(after_help = drill::drills_help())]
+    Drill(Box<drill::DrillArgs>),
+    /// Serve a sample payments API that is NOT idempotent (a test and tour tool).
+    #[command(
+        long_about = "Serve a sample payments API that is deliberately NOT idempotent, in memory: \
+    a test and tour tool for `idem drill` and the gateway, never a real service.\n\n\
+    Routes: POST /v1/payments (any JSON object; 201 {id, ...fields}), \
+    GET /v1/payments?customer=X ({\"data\":[...]}), GET and PATCH /v1/payments/{id}, \
+    GET /_upstream/stats ({\"requests\":N,\"payments\":M}), GET /healthz.\n\n\
+    --mode naive ignores Idempotency-Key: every POST is a new payment. \
+    --mode check-then-act looks the key up, waits --delay, creates the payment and stores the \
+    answer under the key: a later retry is replayed (Idempotent-Replayed: true), concurrent \
+    requests with one key each create a payment.\n\n\
+    Bounds: bodies up to 1 MiB (413 above); at most 1,000,000 payments and 256 MiB of them \
+    (507 upstream-full above; nothing is dropped)."
+    )]
+    Upstream(upstream::UpstreamArgs),
 }
 
 impl Command {
@@ -140,9 +160,50 @@ impl Command {
             Command::Steps { action } => action.run().await,
             Command::MailSink(args) => args.run().await,
             Command::Keys { action } => action.run().await,
+            Command::Drill(args) => args.run().await,
+            Command::Upstream(args) => args.run().await,
         }
     }
 }
+
+/// An error that chooses the process's exit status (`idem drill`: 1 when
+/// a drill failed, 2 for bad usage), with the message to print, if any.
+#[derive(Debug)]
+pub struct Exit {
+    /// The exit status.
+    pub code: u8,
+    /// Printed on stderr as is; `None` when everything was said.
+    pub message: Option<String>,
+}
+
+impl Exit {
+    /// Exit with `code` after printing `message`.
+    pub fn new(code: u8, message: String) -> Self {
+        Self {
+            code,
+            message: Some(message),
+        }
+    }
+
+    /// Exit with `code`, printing nothing more.
+    pub fn silent(code: u8) -> Self {
+        Self {
+            code,
+            message: None,
+        }
+    }
+}
+
+impl std::fmt::Display for Exit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.message {
+            Some(m) => f.write_str(m),
+            None => write!(f, "exit status {}", self.code),
+        }
+    }
+}
+
+impl std::error::Error for Exit {}
 
 /// `--database-url`.
 #[derive(clap::Args)]

@@ -14,6 +14,7 @@ pub mod handlers;
 mod ledger;
 pub mod mail_sink;
 pub mod sql;
+pub mod upstream;
 
 pub use handlers::{router, router_with_clock};
 pub use ledger::Ledger;

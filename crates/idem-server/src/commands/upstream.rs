@@ -1,0 +1,58 @@
+//! `idem upstream`: the sample non-idempotent payments API
+//! ([`crate::demo::upstream`]).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::Context;
+
+use crate::config;
+use crate::demo::upstream::{Mode, Upstream, app};
+use crate::http_server::{self, Limits};
+use crate::shutdown::{self, stopped};
+
+/// The pause between lookup and write in check-then-act mode when
+/// `--delay` is not given: wide enough that concurrent retries all miss.
+const CHECK_THEN_ACT_DELAY: Duration = Duration::from_millis(50);
+/// The longest `--delay`.
+const MAX_DELAY: Duration = Duration::from_secs(60);
+
+/// `idem upstream`'s flags.
+#[derive(clap::Args)]
+pub struct UpstreamArgs {
+    /// Address to listen on (IP:PORT or HOST:PORT).
+    #[arg(long, default_value = "127.0.0.1:9000", value_parser = config::listen_address)]
+    listen: SocketAddr,
+    /// How `Idempotency-Key` is treated: `naive` ignores it,
+    /// `check-then-act` looks it up before writing (racy on purpose).
+    #[arg(long, value_enum, default_value = "naive")]
+    mode: Mode,
+    /// The pause between the key lookup and the write (check-then-act;
+    /// default 50ms, at most 60s).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    delay: Option<Duration>,
+}
+
+impl UpstreamArgs {
+    /// Serves until Ctrl-C or SIGTERM.
+    pub async fn run(self) -> anyhow::Result<()> {
+        let delay = match (self.mode, self.delay) {
+            (_, Some(d)) if d > MAX_DELAY => anyhow::bail!("--delay must be at most 60s"),
+            (_, Some(d)) => d,
+            (Mode::CheckThenAct, None) => CHECK_THEN_ACT_DELAY,
+            (Mode::Naive, None) => Duration::ZERO,
+        };
+        let listener = tokio::net::TcpListener::bind(self.listen)
+            .await
+            .with_context(|| format!("failed to listen on {}", self.listen))?;
+        let bound = listener
+            .local_addr()
+            .context("failed to read the bound address")?;
+        tracing::info!(listen = %bound, mode = ?self.mode, delay = %crate::duration_text(delay),
+            "sample upstream (NOT idempotent): POST/GET /v1/payments, GET/PATCH /v1/payments/{{id}}");
+        let shutdown = shutdown::on_signal();
+        let app = app(Upstream::new(self.mode, delay));
+        http_server::serve(listener, app, Limits::default(), stopped(shutdown)).await;
+        Ok(())
+    }
+}

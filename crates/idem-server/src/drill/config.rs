@@ -1,0 +1,559 @@
+//! What a drill run is told: [`DrillSpec`] as typed (flags or the TOML
+//! file), validated into a [`DrillConfig`] before anything is sent.
+
+use std::time::Duration;
+
+use hyper::http::{HeaderName, HeaderValue, Method};
+use serde::Deserialize;
+use serde_json::Value;
+
+/// The placeholder replaced with a fresh value per drill case.
+pub const UNIQUE: &str = "{unique}";
+/// The placeholder of `--mutate`, replaced with the first answer's `id`.
+pub const ID: &str = "{id}";
+
+/// The most concurrent requests `--concurrency` accepts.
+pub const MAX_CONCURRENCY: usize = 1000;
+/// The longest `--ttl` the late-retry drill waits.
+pub const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
+/// The largest request body template.
+pub const MAX_BODY_TEMPLATE: usize = 256 << 10;
+
+/// A drill run as typed: every flag, also the TOML form of `--config`
+/// (snake_case keys: `target`, `request`, `body`, `effects`, `count`,
+/// `headers`, `concurrency`, `timeout`, `max_requests`, `mutate`,
+/// `mutate_body`, `ttl`).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DrillSpec {
+    /// `http://HOST:PORT[/PREFIX]`.
+    pub target: Option<String>,
+    /// `METHOD /path` of the request under test (`{unique}` allowed).
+    pub request: Option<String>,
+    /// The JSON body template (`{unique}` allowed).
+    pub body: Option<String>,
+    /// `GET /path` (or `/path`) that lists the effects of one `{unique}`.
+    pub effects: Option<String>,
+    /// JSON pointer into the effects answer: an array (its length) or a number.
+    pub count: Option<String>,
+    /// `Name: value` headers sent with every request.
+    #[serde(default)]
+    pub headers: Vec<String>,
+    /// Requests of the concurrency drill (default 50).
+    pub concurrency: Option<usize>,
+    /// The longest one exchange may take (default 10s), humantime.
+    pub timeout: Option<String>,
+    /// A hard cap on the requests sent.
+    pub max_requests: Option<u64>,
+    /// `METHOD /path/{id}` changing the created resource.
+    pub mutate: Option<String>,
+    /// The body of `mutate` (JSON template).
+    pub mutate_body: Option<String>,
+    /// The key records' TTL: enables the late-retry drill, humantime.
+    pub ttl: Option<String>,
+}
+
+/// A bad setting, found before anything was sent.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct UsageError(pub String);
+
+fn usage<T>(msg: impl Into<String>) -> Result<T, UsageError> {
+    Err(UsageError(msg.into()))
+}
+
+/// The target: where every request goes.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// `HOST:PORT` to connect to (and the `Host` header).
+    pub authority: String,
+    /// Prefix of every path (no trailing `/`).
+    pub prefix: String,
+    /// As given, for reports.
+    pub text: String,
+}
+
+impl Target {
+    fn parse(text: &str) -> Result<Self, UsageError> {
+        let uri: hyper::Uri = text
+            .parse()
+            .map_err(|e| UsageError(format!("TARGET {text:?} is not a URL: {e}")))?;
+        match uri.scheme_str() {
+            Some("http") => {}
+            Some(other) => {
+                return usage(format!(
+                    "TARGET must be an http:// URL (got {other}://; put a TLS-terminating \
+                     proxy in front for https)"
+                ));
+            }
+            None => {
+                return usage(format!(
+                    "TARGET must be http://HOST:PORT[/PREFIX], got {text:?}"
+                ));
+            }
+        }
+        let Some(auth) = uri.authority() else {
+            return usage(format!("TARGET {text:?} has no host"));
+        };
+        if auth.as_str().contains('@') {
+            return usage("TARGET must not carry credentials (use --header)");
+        }
+        if uri.query().is_some() {
+            return usage("TARGET must not have a query string");
+        }
+        let authority = match auth.port_u16() {
+            Some(_) => auth.as_str().to_owned(),
+            None => format!("{}:80", auth.host()),
+        };
+        Ok(Self {
+            authority,
+            prefix: uri.path().trim_end_matches('/').to_owned(),
+            text: text.to_owned(),
+        })
+    }
+}
+
+/// `METHOD /path` with placeholders.
+#[derive(Debug, Clone)]
+pub struct RequestLine {
+    /// The method.
+    pub method: Method,
+    /// The path template (starts with `/`).
+    pub path: String,
+}
+
+impl RequestLine {
+    fn parse(flag: &str, text: &str, default_get: bool) -> Result<Self, UsageError> {
+        let text = text.trim();
+        let (method, path) = match text.split_once(' ') {
+            Some((m, p)) => (m, p.trim()),
+            None if default_get => ("GET", text),
+            None => return usage(format!("{flag} must be 'METHOD /path', got {text:?}")),
+        };
+        let method = Method::from_bytes(method.as_bytes())
+            .map_err(|_| UsageError(format!("{flag}: {method:?} is not an HTTP method")))?;
+        if !path.starts_with('/') || path.bytes().any(|b| !(0x21..=0x7e).contains(&b)) {
+            return usage(format!(
+                "{flag}: the path must start with / and be visible ASCII without spaces, got {path:?}"
+            ));
+        }
+        // The path with sample values must make a valid request target.
+        let sample = path.replace(UNIQUE, "drill-x").replace(ID, "id");
+        if sample.parse::<hyper::Uri>().is_err() {
+            return usage(format!("{flag}: {path:?} is not a valid request path"));
+        }
+        Ok(Self {
+            method,
+            path: path.to_owned(),
+        })
+    }
+
+    /// `METHOD /path` as typed.
+    pub fn text(&self) -> String {
+        format!("{} {}", self.method, self.path)
+    }
+}
+
+/// A JSON body template: valid JSON once `{unique}` (and `{id}`) are
+/// replaced, as the drills will replace them.
+fn json_template(flag: &str, text: &str) -> Result<String, UsageError> {
+    if text.len() > MAX_BODY_TEMPLATE {
+        return usage(format!("{flag} is over {MAX_BODY_TEMPLATE} bytes"));
+    }
+    let sample = text.replace(UNIQUE, "drill-x").replace(ID, "id");
+    if let Err(e) = serde_json::from_str::<Value>(&sample) {
+        return usage(format!(
+            "{flag} is not valid JSON (with {UNIQUE} replaced): {e}"
+        ));
+    }
+    Ok(text.to_owned())
+}
+
+fn duration(flag: &str, text: &str) -> Result<Duration, UsageError> {
+    humantime::parse_duration(text).map_err(|e| {
+        UsageError(format!(
+            "{flag}: {text:?} is not a duration such as 10s: {e}"
+        ))
+    })
+}
+
+/// Everything a run needs, validated.
+#[derive(Debug, Clone)]
+pub struct DrillConfig {
+    /// Where requests go.
+    pub target: Target,
+    /// The request under test.
+    pub request: RequestLine,
+    /// Its JSON body template, if it has one.
+    pub body: Option<String>,
+    /// The path that lists one case's effects.
+    pub effects: RequestLine,
+    /// JSON pointer to the effect count.
+    pub count: String,
+    /// Headers sent with every request.
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+    /// Requests of the concurrency drill.
+    pub concurrency: usize,
+    /// The longest one exchange may take.
+    pub timeout: Duration,
+    /// A hard cap on the requests sent.
+    pub max_requests: Option<u64>,
+    /// The mutation of the replay-after-mutation drill, and its body.
+    pub mutate: Option<(RequestLine, Option<String>)>,
+    /// The late-retry drill's wait.
+    pub ttl: Option<Duration>,
+    /// One line per drill on stderr while running.
+    pub progress: bool,
+}
+
+impl DrillSpec {
+    /// `other`'s settings over these (`headers` are appended).
+    pub fn overlay(mut self, other: DrillSpec) -> DrillSpec {
+        macro_rules! over {
+            ($($f:ident),*) => { $( if other.$f.is_some() { self.$f = other.$f; } )* };
+        }
+        over!(
+            target,
+            request,
+            body,
+            effects,
+            count,
+            concurrency,
+            timeout,
+            max_requests,
+            mutate,
+            mutate_body,
+            ttl
+        );
+        self.headers.extend(other.headers);
+        self
+    }
+
+    /// Checks every setting; the error names the flag.
+    pub fn validate(self) -> Result<DrillConfig, UsageError> {
+        let required = |v: Option<String>, flag: &str| {
+            v.ok_or_else(|| UsageError(format!("{flag} is required (a flag or in --config)")))
+        };
+        let target = Target::parse(&required(self.target, "TARGET")?)?;
+        let request =
+            RequestLine::parse("--request", &required(self.request, "--request")?, false)?;
+        let body = self.body.map(|b| json_template("--body", &b)).transpose()?;
+        let effects = RequestLine::parse("--effects", &required(self.effects, "--effects")?, true)?;
+        if effects.method != Method::GET {
+            return usage("--effects must be a GET");
+        }
+        if !effects.path.contains(UNIQUE) {
+            return usage(format!(
+                "--effects must contain {UNIQUE}, so each case's effects are counted apart"
+            ));
+        }
+        if !request.path.contains(UNIQUE) && !body.as_ref().is_some_and(|b| b.contains(UNIQUE)) {
+            return usage(format!(
+                "--request or --body must contain {UNIQUE}, so each case's effects are counted apart"
+            ));
+        }
+        let count = required(self.count, "--count")?;
+        if !(count.is_empty() || count.starts_with('/')) {
+            return usage(format!(
+                "--count must be a JSON pointer such as /data (or empty for the whole answer), got {count:?}"
+            ));
+        }
+        let mut headers = Vec::new();
+        for h in &self.headers {
+            let Some((name, value)) = h.split_once(':') else {
+                return usage(format!("--header must be 'Name: value', got {h:?}"));
+            };
+            let name = HeaderName::from_bytes(name.trim().as_bytes())
+                .map_err(|_| UsageError(format!("--header: {name:?} is not a header name")))?;
+            if matches!(
+                name.as_str(),
+                "host" | "content-length" | "transfer-encoding" | "connection" | "idempotency-key"
+            ) {
+                return usage(format!("--header: {name} is set by the drills"));
+            }
+            let value = HeaderValue::from_str(value.trim())
+                .map_err(|_| UsageError(format!("--header: the value of {name} is not valid")))?;
+            headers.push((name, value));
+        }
+        let concurrency = self.concurrency.unwrap_or(50);
+        if !(2..=MAX_CONCURRENCY).contains(&concurrency) {
+            return usage(format!(
+                "--concurrency must be between 2 and {MAX_CONCURRENCY}, got {concurrency}"
+            ));
+        }
+        let timeout = match self.timeout {
+            Some(t) => duration("--timeout", &t)?,
+            None => Duration::from_secs(10),
+        };
+        if !(Duration::from_millis(100)..=Duration::from_secs(600)).contains(&timeout) {
+            return usage("--timeout must be between 100ms and 10min");
+        }
+        if self.max_requests == Some(0) {
+            return usage("--max-requests must be at least 1");
+        }
+        let mutate = match (self.mutate, self.mutate_body) {
+            (Some(line), body) => {
+                let line = RequestLine::parse("--mutate", &line, false)?;
+                let body = body
+                    .map(|b| json_template("--mutate-body", &b))
+                    .transpose()?;
+                Some((line, body))
+            }
+            (None, Some(_)) => return usage("--mutate-body needs --mutate"),
+            (None, None) => None,
+        };
+        let ttl = self.ttl.map(|t| duration("--ttl", &t)).transpose()?;
+        if ttl.is_some_and(|t| t > MAX_TTL) {
+            return usage("--ttl must be at most 24h (the drill waits that long)");
+        }
+        Ok(DrillConfig {
+            target,
+            request,
+            body,
+            effects,
+            count,
+            headers,
+            concurrency,
+            timeout,
+            max_requests: self.max_requests,
+            mutate,
+            ttl,
+            progress: false,
+        })
+    }
+}
+
+/// The effect count at `pointer` in `answer`: an array's length or a
+/// non-negative integer.
+pub fn count_at(answer: &Value, pointer: &str) -> Result<u64, String> {
+    match answer.pointer(pointer) {
+        Some(Value::Array(a)) => Ok(a.len() as u64),
+        Some(Value::Number(n)) => n
+            .as_u64()
+            .ok_or_else(|| format!("{pointer} is {n}, not a count")),
+        Some(other) => Err(format!(
+            "{pointer} is neither an array nor a number: {}",
+            super::report::truncate(&other.to_string(), 80)
+        )),
+        None => Err(format!("{pointer:?} is not in the effects answer")),
+    }
+}
+
+/// A top-level JSON object with its fields in the order written.
+#[derive(Debug, Clone)]
+pub struct Fields(pub Vec<(String, Value)>);
+
+impl<'de> Deserialize<'de> for Fields {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Fields;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut m: A) -> Result<Fields, A::Error> {
+                let mut out = Vec::new();
+                while let Some((k, v)) = m.next_entry::<String, Value>()? {
+                    out.push((k, v));
+                }
+                Ok(Fields(out))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+impl Fields {
+    /// The fields of `body` if it is a JSON object.
+    pub fn of(body: &str) -> Option<Fields> {
+        serde_json::from_str(body).ok()
+    }
+
+    /// The object, in this order.
+    pub fn render(&self) -> String {
+        let parts: Vec<String> = self
+            .0
+            .iter()
+            .map(|(k, v)| format!("{}:{v}", Value::String(k.clone())))
+            .collect();
+        format!("{{{}}}", parts.join(","))
+    }
+
+    /// The same object with its fields in reverse order, when that is a
+    /// different order (two fields or more).
+    pub fn reversed(&self) -> Option<String> {
+        (self.0.len() >= 2).then(|| {
+            let mut r = self.0.clone();
+            r.reverse();
+            Fields(r).render()
+        })
+    }
+
+    /// Another payload of the same shape: the first number field plus one,
+    /// else the first string field (not the unique value) with `-other`
+    /// appended, else an extra field. What changed is said in the second
+    /// value.
+    pub fn changed(&self, unique: &str) -> (String, String) {
+        let mut f = self.0.clone();
+        if let Some((k, v)) = f.iter_mut().find(|(_, v)| v.is_number()) {
+            let new = if let Some(i) = v.as_i64().filter(|i| *i < i64::MAX) {
+                Value::from(i + 1)
+            } else if let Some(x) = v.as_f64() {
+                serde_json::Number::from_f64(x + 1.0).map_or(Value::from(1), Value::Number)
+            } else {
+                Value::from(1)
+            };
+            let what = format!("{k}: {v} → {new}");
+            *v = new;
+            return (Fields(f).render(), what);
+        }
+        if let Some((k, v)) = f
+            .iter_mut()
+            .find(|(_, v)| v.as_str().is_some_and(|s| !s.contains(unique)))
+        {
+            let new = Value::String(format!("{}-other", v.as_str().unwrap_or_default()));
+            let what = format!("{k}: {v} → {new}");
+            *v = new;
+            return (Fields(f).render(), what);
+        }
+        f.push(("idem_drill_other".into(), Value::Bool(true)));
+        (Fields(f).render(), "an extra field idem_drill_other".into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> DrillSpec {
+        DrillSpec {
+            target: Some("http://127.0.0.1:8080".into()),
+            request: Some("POST /v1/payments".into()),
+            body: Some(r#"{"amount":100,"currency":"EUR","customer":"{unique}"}"#.into()),
+            effects: Some("GET /v1/payments?customer={unique}".into()),
+            count: Some("/data".into()),
+            ..DrillSpec::default()
+        }
+    }
+
+    #[test]
+    fn a_good_spec_validates_and_bad_ones_name_their_flag() {
+        let c = spec().validate().unwrap();
+        assert_eq!(c.target.authority, "127.0.0.1:8080");
+        assert_eq!(c.concurrency, 50);
+        let cases: Vec<(DrillSpec, &str)> = vec![
+            (
+                DrillSpec {
+                    request: Some("POST".into()),
+                    ..spec()
+                },
+                "--request",
+            ),
+            (
+                DrillSpec {
+                    request: Some("P OST /x".into()),
+                    ..spec()
+                },
+                "--request",
+            ),
+            (
+                DrillSpec {
+                    body: Some("{\"a\":".into()),
+                    ..spec()
+                },
+                "--body",
+            ),
+            (
+                DrillSpec {
+                    count: Some("data".into()),
+                    ..spec()
+                },
+                "--count",
+            ),
+            (
+                DrillSpec {
+                    effects: Some("/v1/payments".into()),
+                    ..spec()
+                },
+                "--effects",
+            ),
+            (
+                DrillSpec {
+                    target: Some("https://x".into()),
+                    ..spec()
+                },
+                "TARGET",
+            ),
+            (
+                DrillSpec {
+                    target: Some("ftp:/x".into()),
+                    ..spec()
+                },
+                "TARGET",
+            ),
+            (
+                DrillSpec {
+                    headers: vec!["nocolon".into()],
+                    ..spec()
+                },
+                "--header",
+            ),
+            (
+                DrillSpec {
+                    concurrency: Some(1),
+                    ..spec()
+                },
+                "--concurrency",
+            ),
+            (
+                DrillSpec {
+                    timeout: Some("soon".into()),
+                    ..spec()
+                },
+                "--timeout",
+            ),
+            (
+                DrillSpec {
+                    mutate_body: Some("{}".into()),
+                    ..spec()
+                },
+                "--mutate",
+            ),
+            (
+                DrillSpec {
+                    max_requests: Some(0),
+                    ..spec()
+                },
+                "--max-requests",
+            ),
+        ];
+        for (s, flag) in cases {
+            let e = s.validate().unwrap_err().to_string();
+            assert!(e.contains(flag), "{e} should name {flag}");
+        }
+    }
+
+    #[test]
+    fn fields_keep_their_order_reverse_and_change() {
+        let f = Fields::of(r#"{"b":1,"a":"x","c":{"z":1,"y":2}}"#).unwrap();
+        assert_eq!(f.render(), r#"{"b":1,"a":"x","c":{"y":2,"z":1}}"#);
+        assert_eq!(
+            f.reversed().unwrap(),
+            r#"{"c":{"y":2,"z":1},"a":"x","b":1}"#
+        );
+        assert_eq!(f.changed("u").0, r#"{"b":2,"a":"x","c":{"y":2,"z":1}}"#);
+        let s = Fields::of(r#"{"a":"u1","b":"x"}"#).unwrap();
+        assert_eq!(s.changed("u1").0, r#"{"a":"u1","b":"x-other"}"#);
+        assert!(Fields::of("[1]").is_none());
+        assert!(Fields::of(r#"{"a":1}"#).unwrap().reversed().is_none());
+    }
+
+    #[test]
+    fn counts_are_array_lengths_or_numbers() {
+        let v = serde_json::json!({"data":[1,2],"n":3,"s":"x"});
+        assert_eq!(count_at(&v, "/data"), Ok(2));
+        assert_eq!(count_at(&v, "/n"), Ok(3));
+        assert!(count_at(&v, "/s").is_err());
+        assert!(count_at(&v, "/missing").is_err());
+    }
+}

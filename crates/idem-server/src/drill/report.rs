@@ -1,0 +1,266 @@
+//! A run's results and their three forms: a table, JSON, JUnit XML.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::json;
+
+/// How one drill ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    /// The property holds.
+    Pass,
+    /// The property does not hold: exit status 1.
+    Fail,
+    /// Not run (an option not given, the budget used up, the baseline
+    /// failed) or not applicable; the summary says why.
+    Skip,
+    /// An informational drill: what happened, never a failure.
+    Info,
+}
+
+impl Outcome {
+    /// `PASS`, `FAIL`, `SKIP`, `INFO`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Outcome::Pass => "PASS",
+            Outcome::Fail => "FAIL",
+            Outcome::Skip => "SKIP",
+            Outcome::Info => "INFO",
+        }
+    }
+}
+
+/// One drill's result.
+#[derive(Debug, Clone, Serialize)]
+pub struct DrillResult {
+    /// The drill's name (`lost-response`, …).
+    pub name: &'static str,
+    /// How it ended.
+    pub outcome: Outcome,
+    /// One line: why.
+    pub summary: String,
+    /// What was seen: statuses, bodies (truncated), effect counts.
+    pub evidence: Vec<String>,
+    /// The effects counted for the drill's case, when counted.
+    pub effects: Option<u64>,
+    /// How long it took.
+    pub elapsed_ms: u64,
+}
+
+/// A whole run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// The target, as given.
+    pub target: String,
+    /// The request under test, `METHOD /path`.
+    pub request: String,
+    /// One result per drill, in the order run.
+    pub drills: Vec<DrillResult>,
+    /// Requests sent to the target (the proxy's included).
+    pub requests_sent: u64,
+    /// `--max-requests`.
+    pub max_requests: Option<u64>,
+    /// How long the run took.
+    pub elapsed_ms: u64,
+}
+
+impl Report {
+    /// How many drills ended with `outcome`.
+    pub fn count(&self, outcome: Outcome) -> usize {
+        self.drills.iter().filter(|d| d.outcome == outcome).count()
+    }
+
+    /// Whether any drill failed.
+    pub fn failed(&self) -> bool {
+        self.count(Outcome::Fail) > 0
+    }
+
+    /// The result of drill `name`.
+    pub fn drill(&self, name: &str) -> Option<&DrillResult> {
+        self.drills.iter().find(|d| d.name == name)
+    }
+
+    /// `N drills: …`.
+    pub fn totals(&self) -> String {
+        format!(
+            "{} drills: {} pass, {} fail, {} skip, {} info; {} requests sent{}",
+            self.drills.len(),
+            self.count(Outcome::Pass),
+            self.count(Outcome::Fail),
+            self.count(Outcome::Skip),
+            self.count(Outcome::Info),
+            self.requests_sent,
+            self.max_requests
+                .map(|m| format!(" (--max-requests {m})"))
+                .unwrap_or_default()
+        )
+    }
+
+    /// The report as a table: a row per drill, the evidence indented below.
+    pub fn table(&self) -> String {
+        let width = self
+            .drills
+            .iter()
+            .map(|d| d.name.len())
+            .max()
+            .unwrap_or(5)
+            .max(5);
+        let mut out = format!(
+            "idem drill {} — {}\n\n{:width$}  RESULT  EVIDENCE\n",
+            self.target, self.request, "DRILL"
+        );
+        for d in &self.drills {
+            let _ = writeln!(
+                out,
+                "{:width$}  {:6}  {}",
+                d.name,
+                d.outcome.label(),
+                printable(&d.summary)
+            );
+            for e in &d.evidence {
+                let _ = writeln!(out, "{:width$}          {}", "", printable(e));
+            }
+        }
+        let _ = writeln!(out, "\n{}", self.totals());
+        out
+    }
+
+    /// The report as JSON: `target`, `request`, `result` (`pass` or
+    /// `fail`), `counts` per outcome, `requests_sent`, `max_requests`,
+    /// `elapsed_ms` and `drills` (`name`, `outcome`, `summary`,
+    /// `evidence`, `effects`, `elapsed_ms`).
+    pub fn json(&self) -> serde_json::Value {
+        json!({
+            "target": self.target,
+            "request": self.request,
+            "result": if self.failed() { "fail" } else { "pass" },
+            "counts": {
+                "pass": self.count(Outcome::Pass),
+                "fail": self.count(Outcome::Fail),
+                "skip": self.count(Outcome::Skip),
+                "info": self.count(Outcome::Info),
+            },
+            "requests_sent": self.requests_sent,
+            "max_requests": self.max_requests,
+            "elapsed_ms": self.elapsed_ms,
+            "drills": self.drills,
+        })
+    }
+
+    /// The report as JUnit XML: a test case per drill; FAIL is a
+    /// `<failure>`, SKIP `<skipped>`, the evidence in `<system-out>`.
+    pub fn junit(&self) -> String {
+        let secs = |ms: u64| format!("{:.3}", Duration::from_millis(ms).as_secs_f64());
+        let mut out = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
+        let _ = writeln!(
+            out,
+            "<testsuites name=\"idem drill\" tests=\"{}\" failures=\"{}\" skipped=\"{}\" errors=\"0\" time=\"{}\">",
+            self.drills.len(),
+            self.count(Outcome::Fail),
+            self.count(Outcome::Skip),
+            secs(self.elapsed_ms)
+        );
+        let _ = writeln!(
+            out,
+            "  <testsuite name=\"{}\" tests=\"{}\" failures=\"{}\" skipped=\"{}\" errors=\"0\" time=\"{}\">",
+            xml(&format!("idem drill {} {}", self.target, self.request)),
+            self.drills.len(),
+            self.count(Outcome::Fail),
+            self.count(Outcome::Skip),
+            secs(self.elapsed_ms)
+        );
+        for d in &self.drills {
+            let _ = writeln!(
+                out,
+                "    <testcase classname=\"idem.drill\" name=\"{}\" time=\"{}\">",
+                xml(d.name),
+                secs(d.elapsed_ms)
+            );
+            let evidence = xml(&d.evidence.join("\n"));
+            match d.outcome {
+                Outcome::Fail => {
+                    let _ = writeln!(
+                        out,
+                        "      <failure message=\"{}\" type=\"drill\">{evidence}</failure>",
+                        xml(&d.summary)
+                    );
+                }
+                Outcome::Skip => {
+                    let _ = writeln!(out, "      <skipped message=\"{}\"/>", xml(&d.summary));
+                }
+                Outcome::Pass | Outcome::Info => {}
+            }
+            let _ = writeln!(
+                out,
+                "      <system-out>{}: {}\n{evidence}</system-out>",
+                d.outcome.label(),
+                xml(&d.summary)
+            );
+            out.push_str("    </testcase>\n");
+        }
+        out.push_str("  </testsuite>\n</testsuites>\n");
+        out
+    }
+}
+
+/// `text` escaped for XML text and attribute values; characters XML 1.0
+/// cannot hold at all (most control characters) become `\u{…}` text.
+pub fn xml(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&apos;"),
+            '\t' | '\n' | '\r' => out.push(c),
+            c if (c as u32) < 0x20 || c == '\u{fffe}' || c == '\u{ffff}' => {
+                let _ = write!(out, "\\u{{{:x}}}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Control characters shown as escapes, so a body cannot move the
+/// terminal's cursor.
+fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
+/// At most `max` characters of `text`, with `…` when cut.
+pub fn truncate(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((i, _)) => format!("{}…", &text[..i]),
+        None => text.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn xml_escapes_markup_quotes_and_control_characters() {
+        assert_eq!(
+            xml("a<b>&\"c'\u{1}\td"),
+            "a&lt;b&gt;&amp;&quot;c&apos;\\u{1}\td"
+        );
+        assert_eq!(truncate("abcdef", 3), "abc…");
+        assert_eq!(truncate("abc", 3), "abc");
+        assert_eq!(printable("a\u{1b}[2J"), "a\\u{1b}[2J");
+    }
+}
