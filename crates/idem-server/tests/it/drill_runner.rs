@@ -527,3 +527,90 @@ async fn the_library_runs_in_process() {
     assert_eq!(race.outcome, Outcome::Fail);
     assert!(race.effects.unwrap() > 1, "{race:?}");
 }
+
+/// Round robin over `backends`: each new connection goes to the next one.
+async fn round_robin(backends: Vec<SocketAddr>) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut next = 0usize;
+        while let Ok((mut client, _)) = listener.accept().await {
+            let backend = backends[next % backends.len()];
+            next += 1;
+            tokio::spawn(async move {
+                if let Ok(mut server) = tokio::net::TcpStream::connect(backend).await {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// The acceptance run: `idem upstream --mode naive` fails the drills on
+/// its own; behind the gateway (`instances` of them on one database,
+/// connections spread round robin) every drill passes.
+async fn the_gateway_passes_every_drill(db: crate::checkout::ShopDb, instances: usize) {
+    let upstream = Upstream::start("naive").await;
+    let dir = TempDir::new("drill-gateway");
+    let config = dir.path().join("gateway.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[gateway]\nupstream = \"http://{}\"\n\n[[gateway.routes]]\nmethod = \"POST\"\n\
+             path = \"/v1/payments\"\noperation = \"payments.create\"\nlease = \"2s\"\n",
+            upstream.addr
+        ),
+    )
+    .unwrap();
+    let config = config.display().to_string();
+    let mut gateways = Vec::new();
+    for _ in 0..instances {
+        gateways.push(Server::start(&db.url(), &["--config", &config]).await);
+    }
+    let target = if instances == 1 {
+        gateways[0].addr
+    } else {
+        round_robin(gateways.iter().map(|g| g.addr).collect()).await
+    };
+    let mut args = drill_args(target);
+    args.push("--json".into());
+    let out = drill(args).await;
+    let r = report(&out);
+    assert_eq!(out.status.code(), Some(0), "{r:#}");
+    assert_eq!(r["counts"]["fail"], 0, "{r:#}");
+    for name in [
+        "baseline",
+        "lost-response",
+        "concurrency",
+        "key-reuse",
+        "reordered-fields",
+        "missing-key",
+        "empty-key",
+        "long-key",
+        "control-key",
+        "duplicate-key",
+    ] {
+        assert_eq!(outcome(&r, name), "pass", "{name}: {r:#}");
+    }
+    assert_eq!(drill_named(&r, "concurrency")["effects"], 1);
+    assert_eq!(drill_named(&r, "lost-response")["effects"], 1);
+    println!(
+        "gateway drill: instances={instances} pass={} skip={} info={} fail=0 requests_sent={} upstream_requests={}",
+        r["counts"]["pass"],
+        r["counts"]["skip"],
+        r["counts"]["info"],
+        r["requests_sent"],
+        upstream.requests().await
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_passes_every_drill_on_sqlite() {
+    the_gateway_passes_every_drill(crate::checkout::ShopDb::sqlite().await, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_on_postgres_pass_every_drill() {
+    the_gateway_passes_every_drill(crate::checkout::ShopDb::postgres().await, 2).await;
+}
