@@ -92,7 +92,8 @@ impl Cli {
 /// The commands.
 #[derive(Subcommand)]
 pub enum Command {
-    /// Serve the demo payments API.
+    /// Serve the demo payments API, or (with --upstream) the gateway in
+    /// front of another API.
     Serve(Box<serve::ServeArgs>),
     /// Inspect and replay stored webhook deliveries.
     Webhooks {

@@ -27,8 +27,9 @@ pub struct UpstreamArgs {
     /// `check-then-act` looks it up before writing (racy on purpose).
     #[arg(long, value_enum, default_value = "naive")]
     mode: Mode,
-    /// The pause between the key lookup and the write (check-then-act;
-    /// default 50ms, at most 60s).
+    /// check-then-act: the pause between the key lookup and the write
+    /// (default 50ms); naive: how long an answer waits after its payment
+    /// was created (default 0s; a slow answer to lose). At most 60s.
     #[arg(long, value_parser = humantime::parse_duration)]
     delay: Option<Duration>,
 }

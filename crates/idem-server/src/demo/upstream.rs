@@ -8,7 +8,9 @@
 //!   is honoured the naive way — look it up, and if absent wait
 //!   `delay`, create, and store the answer under the key — so a later retry
 //!   is replayed (`Idempotent-Replayed: true`) but concurrent requests with
-//!   one key all create a payment. Neither mode compares the payload.
+//!   one key all create a payment. Neither mode compares the payload. In
+//!   naive mode `delay` holds the answer after the payment was created. A
+//!   payment is created even when the client hangs up.
 //! - `GET /v1/payments?customer=X` → `{"data":[…]}`, the payments whose
 //!   field `customer` is the string X; `GET /v1/payments/{id}`;
 //!   `PATCH /v1/payments/{id}` merges a JSON object into the payment (not
@@ -166,9 +168,18 @@ async fn create(State(up): State<Upstream>, headers: HeaderMap, body: Bytes) -> 
             .get("idempotency-key")
             .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()),
     };
-    if let Some(key) = &key {
+    // In a task of its own: a client that hangs up (a gateway killed
+    // mid-forward) does not cancel the effect, as in a real service.
+    let task = tokio::spawn(async move {
+        let Some(key) = key else {
+            // Naive: the effect at once, the answer after `--delay` (a
+            // slow answer to lose).
+            let answer = insert(&up, fields, None);
+            tokio::time::sleep(up.0.delay).await;
+            return answer;
+        };
         // Check…
-        let stored = up.store().answers.get(key).cloned();
+        let stored = up.store().answers.get(&key).cloned();
         if let Some(answer) = stored {
             let id = serde_json::from_slice::<Value>(&answer)
                 .ok()
@@ -178,8 +189,17 @@ async fn create(State(up): State<Upstream>, headers: HeaderMap, body: Bytes) -> 
         }
         // …then act, after a pause that widens the race window.
         tokio::time::sleep(up.0.delay).await;
+        insert(&up, fields, Some(key))
+    });
+    match task.await {
+        Ok(res) => res,
+        Err(_) => crate::respond::problem(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "Internal error",
+            None,
+        ),
     }
-    insert(&up, fields, key)
 }
 
 async fn list(State(up): State<Upstream>, Query(q): Query<HashMap<String, String>>) -> Response {

@@ -213,7 +213,23 @@ struct RouteFile {
 
 #[derive(Debug, Deserialize)]
 struct File {
-    gateway: Option<toml::Spanned<GatewayFile>>,
+    // Not `Spanned`: a table that only `[[gateway.routes]]` creates has no
+    // span of its own.
+    gateway: Option<GatewayFile>,
+}
+
+/// The offset of the table's first line: `[gateway]`, else its first
+/// `[[gateway.routes]]`.
+fn table_start(text: &str) -> usize {
+    let mut offset = 0;
+    for line in text.split_inclusive('\n') {
+        let t = line.trim_start();
+        if t.starts_with("[gateway]") || t.starts_with("[[gateway.") || t.starts_with("[gateway.") {
+            return offset;
+        }
+        offset += line.len();
+    }
+    0
 }
 
 fn duration(what: &str, text: &str, lo: Duration, hi: Duration) -> anyhow::Result<Duration> {
@@ -244,9 +260,7 @@ pub fn load(
                     crate::config_error::redacted(text, &e)
                 )
             })?;
-            parsed
-                .gateway
-                .map(|g| (path, text, g.span().start, g.into_inner()))
+            parsed.gateway.map(|g| (path, text, table_start(text), g))
         }
         None => None,
     };
@@ -544,6 +558,21 @@ tenant_header = "X-Tenant-Id"  # set by a trusted component in front; default: o
             .unwrap_err()
         );
         assert!(err.contains("line 8") && err.contains("colour"), "{err}");
+    }
+
+    #[test]
+    fn routes_without_a_gateway_header_use_the_flag() {
+        let text = "[[gateway.routes]]\nmethod = \"POST\"\npath = \"/a\"\noperation = \"a\"\n";
+        let g = load(
+            Some("http://127.0.0.1:9000"),
+            Some((std::path::Path::new("x.toml"), text)),
+            1,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(g.routes.len(), 1);
+        let err = format!("{:#}", parse(text).unwrap_err());
+        assert!(err.contains("line 1") && err.contains("upstream"), "{err}");
     }
 
     #[test]
