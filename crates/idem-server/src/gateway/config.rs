@@ -309,6 +309,16 @@ pub fn load(
         let line = line_of(text, route.span().start);
         let route = route_of(route.into_inner())
             .with_context(|| format!("{}: gateway.routes[{i}]", place(line)))?;
+        if route.config.policy.ttl < config.timeout + route.lease {
+            bail!(
+                "{}: gateway.routes[{i}]: ttl must be at least the gateway's timeout plus the \
+                 route's lease ({} + {}): a key that expires during its forward is a second \
+                 forward",
+                place(line),
+                crate::duration_text(config.timeout),
+                crate::duration_text(route.lease)
+            );
+        }
         config.routes.push(route);
     }
     if config.routes.is_empty() {

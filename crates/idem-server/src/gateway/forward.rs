@@ -81,6 +81,34 @@ pub enum ForwardError {
 }
 
 impl ForwardError {
+    /// Whether the request was sent: the upstream may have acted on it.
+    pub fn may_have_acted(&self) -> bool {
+        !matches!(self, ForwardError::Unreachable(_))
+    }
+
+    /// The answer on a `reject` route, where the record is kept: the same
+    /// status, and a detail that says retries get outcome-unknown.
+    pub fn into_response_kept(self) -> Response {
+        let (status, slug) = match &self {
+            ForwardError::Timeout(_) => (StatusCode::GATEWAY_TIMEOUT, "upstream-timeout"),
+            ForwardError::TooLarge(_) => (StatusCode::BAD_GATEWAY, "upstream-response-too-large"),
+            _ => (StatusCode::BAD_GATEWAY, "upstream-unavailable"),
+        };
+        tracing::warn!(error = ?self, "a forward's outcome is unknown; the key is kept for an operator");
+        let res = idem_http::problem::<Body>(
+            status,
+            slug,
+            "The upstream's answer was lost",
+            Some(
+                "the request was sent and no usable answer came back: the upstream may have \
+                 acted on it; this route keeps the key, so retries get outcome-unknown until an \
+                 operator resolves it (idem keys resolve)",
+            ),
+            None,
+        );
+        RequestOutcome::NotStored.mark(res)
+    }
+
     /// 502 or 504, problem+json; the cause is logged, not sent.
     pub fn into_response(self) -> Response {
         let (status, slug, title, detail) = match &self {

@@ -202,6 +202,22 @@ impl<S: LeasedKeyStore> Gateway<S> {
             Err(_) => return reject(Rejection::Internal),
         };
         let lease_ms = millis(route.lease);
+        // A claim that took longer than its lease (a stalled database, a
+        // paused process) may have been taken over or resolved meanwhile:
+        // the lease is renewed, and so proven ours, right before sending.
+        let now = now_ms();
+        match self
+            .store
+            .renew_leased(scope, token, now + lease_ms, now)
+            .await
+        {
+            Ok(true) => {}
+            Ok(false) => return reject(Rejection::InFlight(Duration::from_secs(1))),
+            Err(e) => {
+                self.release(scope, token).await;
+                return reject(Rejection::for_store(&e));
+            }
+        }
         let heartbeat = async {
             loop {
                 tokio::time::sleep(route.lease / 3).await;
@@ -239,6 +255,12 @@ impl<S: LeasedKeyStore> Gateway<S> {
         idem_core::failpoint::hit("gateway.after_forward");
         let answer = match answer {
             Ok(a) => a,
+            // Sent and no whole answer: the upstream may have acted. A
+            // `reject` route keeps the record; its lease runs out and
+            // retries get outcome-unknown, for an operator.
+            Err(e) if route.on_unknown == OnAbandoned::Stop && e.may_have_acted() => {
+                return e.into_response_kept();
+            }
             Err(e) => {
                 self.release(scope, token).await;
                 return e.into_response();

@@ -561,6 +561,46 @@ pub async fn a_retrying_client_through_the_gateway(db: ShopDb) {
     );
 }
 
+/// On a `reject` route an upstream that times out may have acted: the key
+/// is kept, and the retry gets outcome-unknown, never a second forward.
+pub async fn a_timeout_on_a_reject_route_keeps_the_key(db: ShopDb) {
+    let up = Upstream::start().await;
+    let dir = idem_testkit::TempDir::new("gateway");
+    let config = config_file(&dir, &up, "reject");
+    let gw = gateway(&db, &config, None).await;
+    up.hold();
+    let first = post(gw.addr, "/hold", Some("t-1"), "{}").await;
+    assert_eq!(
+        first.status,
+        504,
+        "{}",
+        String::from_utf8_lossy(&first.body)
+    );
+    assert!(
+        first.json()["detail"]
+            .as_str()
+            .unwrap()
+            .contains("outcome-unknown")
+    );
+    up.open();
+    let retry = post(gw.addr, "/hold", Some("t-1"), "{}").await;
+    assert_eq!(
+        retry.status,
+        409,
+        "{}",
+        String::from_utf8_lossy(&retry.body)
+    );
+    assert_eq!(
+        retry.problem_type(),
+        "https://idem.dev/problems/outcome-unknown"
+    );
+    assert_eq!(
+        up.seen_at("/hold").len(),
+        1,
+        "never forwarded again by itself"
+    );
+}
+
 /// Two gateways on one PostgreSQL: concurrent requests with one key spread
 /// over both make one effect.
 pub async fn two_gateways_on_postgres() {
@@ -628,6 +668,7 @@ gateway_on_both! {
     killed_mid_forward_reforward;
     killed_mid_forward_reject;
     a_retrying_client_through_the_gateway;
+    a_timeout_on_a_reject_route_keeps_the_key;
 }
 
 async fn killed_mid_forward_reforward(db: ShopDb) {
