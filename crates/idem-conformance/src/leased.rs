@@ -437,3 +437,67 @@ pub async fn leased_and_transactional_claims_share_keys<S: LeasedKeyStore + KeyS
         LeasedDecision::Replay(_)
     ));
 }
+
+/// A record past its TTL (not collected yet) is claimed afresh, by any
+/// request: a new token, a new lease, the old outcome gone.
+pub async fn an_expired_leased_record_is_claimed_afresh<S: LeasedKeyStore>(store: S) {
+    let s = scope("acme", "lease-6");
+    let policy = Policy::with_ttl(std::time::Duration::from_secs(10));
+    let old = LeaseToken::new();
+    store
+        .claim_leased(
+            &s,
+            &Fingerprint::from_bytes([1; 32]),
+            &policy,
+            &old,
+            NOW + LEASE,
+            OnAbandoned::Stop,
+            NOW,
+        )
+        .await
+        .unwrap();
+    assert!(
+        store
+            .complete_leased(&s, &old, &answer(201, "{\"old\":true}"), NOW + 1)
+            .await
+            .unwrap()
+    );
+    let later = NOW + 10_000;
+    let other = Fingerprint::from_bytes([2; 32]);
+    let new = LeaseToken::new();
+    let claim = store
+        .claim_leased(
+            &s,
+            &other,
+            &policy,
+            &new,
+            later + LEASE,
+            OnAbandoned::Stop,
+            later,
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(claim, LeasedClaim::Claimed),
+        "expired: claimed afresh, {claim:?}"
+    );
+    let r = store.fetch(&s).await.unwrap().unwrap();
+    assert_eq!(
+        (r.state, r.response.is_none()),
+        (RecordState::Pending, true)
+    );
+    assert_eq!(r.fingerprint, other);
+    assert_eq!(r.expires_at_ms, later + 10_000);
+    assert!(
+        store
+            .renew_leased(&s, &new, later + 2 * LEASE, later + 1)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .renew_leased(&s, &old, later + 2 * LEASE, later + 1)
+            .await
+            .unwrap()
+    );
+}

@@ -174,6 +174,14 @@ pub struct Completion {
 }
 
 impl Completion {
+    /// The `resource_type` and `resource_id` columns.
+    pub fn resource_columns(&self) -> (Option<&str>, Option<&str>) {
+        self.resource
+            .as_ref()
+            .map(|r| (Some(r.kind.as_str()), Some(r.id.as_str())))
+            .unwrap_or((None, None))
+    }
+
     /// A successful outcome.
     pub fn completed(response: StoredResponse) -> Self {
         Self {

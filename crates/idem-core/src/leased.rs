@@ -123,6 +123,115 @@ pub fn leased_decision(
     }
 }
 
+/// What a claimer does with the record it found in its way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NextStep {
+    /// The record expired (not collected yet): claim the key afresh.
+    Reclaim,
+    /// The same request's lease ran out and takeovers are allowed.
+    TakeOver,
+    /// Leave it: it is the answer ([`leased_decision`] says what it means).
+    Keep,
+}
+
+/// What a claimer does with an existing record (pure logic, shared by every
+/// backend's [`LeasedKeyStore::claim_leased`]): a finished record, a live
+/// lease and another request's record are kept, so a replay writes nothing.
+pub fn next_step(
+    record: &StoredRecord,
+    fingerprint: &Fingerprint,
+    on_abandoned: OnAbandoned,
+    now_ms: i64,
+) -> NextStep {
+    if record.expires_at_ms <= now_ms {
+        NextStep::Reclaim
+    } else if on_abandoned == OnAbandoned::TakeOver
+        && record.fingerprint == *fingerprint
+        && record.state == RecordState::Pending
+        && record.locked_until_ms.is_some_and(|t| t <= now_ms)
+    {
+        NextStep::TakeOver
+    } else {
+        NextStep::Keep
+    }
+}
+
+/// The statements of [`LeasedKeyStore`], one text for both backends
+/// (`$n` placeholders; `$1`, `$2`, `$3` are always the tenant, the
+/// operation and the key). Every write after the claim is conditional on
+/// the token, or on the lease having run out.
+pub mod sql {
+    /// A fresh claim: `$4` request hash, `$5` lease deadline, `$6` token,
+    /// `$7` now, `$8` expiry. Nothing on a conflict (no row lock: a replay
+    /// writes nothing).
+    pub const INSERT: &str = "\
+INSERT INTO idem_keys (tenant_id, operation, idempotency_key, request_hash, state,
+                       locked_until_ms, lock_token, created_at_ms, updated_at_ms, expires_at_ms)
+VALUES ($1, $2, $3, $4, 'pending', $5, $6, $7, $7, $8)
+ON CONFLICT (tenant_id, operation, idempotency_key) DO NOTHING
+RETURNING 1";
+
+    /// A claim of an expired record not collected yet (parameters of
+    /// [`INSERT`]).
+    pub const RECLAIM_EXPIRED: &str = "\
+UPDATE idem_keys SET
+    request_hash = $4, state = 'pending', status_code = NULL, response_headers = NULL,
+    response_body = NULL, resource_type = NULL, resource_id = NULL, recovery_point = NULL,
+    locked_until_ms = $5, lock_token = $6, created_at_ms = $7, updated_at_ms = $7,
+    expires_at_ms = $8
+WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND expires_at_ms <= $7
+RETURNING 1";
+
+    /// A takeover of an abandoned lease of the same request: `$4` request
+    /// hash, `$5` new deadline, `$6` new token, `$7` now.
+    pub const TAKE_OVER: &str = "\
+UPDATE idem_keys SET locked_until_ms = $5, lock_token = $6, updated_at_ms = $7
+WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND request_hash = $4
+  AND state = 'pending' AND locked_until_ms IS NOT NULL AND locked_until_ms <= $7
+  AND expires_at_ms > $7
+RETURNING 1";
+
+    /// The record.
+    pub const SELECT: &str = "\
+SELECT request_hash, state, status_code, response_headers, response_body, resource_type,
+       resource_id, locked_until_ms, created_at_ms, expires_at_ms
+FROM idem_keys WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3";
+
+    /// `$4` token, `$5` new deadline, `$6` now.
+    pub const RENEW: &str = "\
+UPDATE idem_keys SET locked_until_ms = $5, updated_at_ms = $6
+WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND lock_token = $4
+  AND state = 'pending' AND expires_at_ms > $6";
+
+    /// `$4` token, `$5`..`$10` the outcome's columns, `$11` now.
+    pub const COMPLETE: &str = "\
+UPDATE idem_keys SET state = $5, status_code = $6, response_headers = $7, response_body = $8,
+       resource_type = $9, resource_id = $10, locked_until_ms = NULL, lock_token = NULL,
+       updated_at_ms = $11
+WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND lock_token = $4
+  AND state = 'pending' AND expires_at_ms > $11";
+
+    /// `$4` token.
+    pub const RELEASE: &str = "\
+DELETE FROM idem_keys
+WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND lock_token = $4
+  AND state = 'pending'";
+
+    /// `$4` now.
+    pub const RESOLVE_RELEASE: &str = "\
+DELETE FROM idem_keys
+WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND state = 'pending'
+  AND locked_until_ms IS NOT NULL AND locked_until_ms <= $4 AND expires_at_ms > $4";
+
+    /// `$4` now, `$5`..`$10` the outcome's columns.
+    pub const RESOLVE_ANSWER: &str = "\
+UPDATE idem_keys SET state = $5, status_code = $6, response_headers = $7, response_body = $8,
+       resource_type = $9, resource_id = $10, locked_until_ms = NULL, lock_token = NULL,
+       updated_at_ms = $4
+WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND state = 'pending'
+  AND locked_until_ms IS NOT NULL AND locked_until_ms <= $4 AND expires_at_ms > $4";
+}
+
 /// How an operator ends an abandoned record
 /// ([`LeasedKeyStore::resolve_abandoned`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -252,6 +361,29 @@ mod tests {
                 LeasedDecision::Mismatch
             );
         }
+    }
+
+    #[test]
+    fn only_expired_and_abandoned_records_are_written_over() {
+        let fp = Fingerprint::from_bytes([1; 32]);
+        let take = OnAbandoned::TakeOver;
+        let mut r = record([1; 32], RecordState::Pending, Some(500));
+        assert_eq!(next_step(&r, &fp, take, 400), NextStep::Keep, "live");
+        assert_eq!(next_step(&r, &fp, take, 500), NextStep::TakeOver);
+        assert_eq!(next_step(&r, &fp, OnAbandoned::Stop, 500), NextStep::Keep);
+        let other = Fingerprint::from_bytes([2; 32]);
+        assert_eq!(
+            next_step(&r, &other, take, 500),
+            NextStep::Keep,
+            "another request"
+        );
+        r.expires_at_ms = 500;
+        assert_eq!(
+            next_step(&r, &other, OnAbandoned::Stop, 500),
+            NextStep::Reclaim
+        );
+        let done = record([1; 32], RecordState::Completed, None);
+        assert_eq!(next_step(&done, &fp, take, 999), NextStep::Keep, "a replay");
     }
 
     #[test]

@@ -527,11 +527,7 @@ impl KeyStore for PgStore {
         completion: &Completion,
         now_ms: i64,
     ) -> Result<(), StoreError> {
-        let (kind, id) = completion
-            .resource
-            .as_ref()
-            .map(|r| (Some(r.kind.as_str()), Some(r.id.as_str())))
-            .unwrap_or((None, None));
+        let (kind, id) = completion.resource_columns();
         let update = sqlx::query(UPDATE_COMPLETE)
             .bind(scope.tenant.as_str())
             .bind(scope.operation.as_str())
@@ -671,7 +667,7 @@ where
     })
 }
 
-pub(crate) fn decode(row: &PgRow) -> Result<StoredRecord, StoreError> {
+fn decode(row: &PgRow) -> Result<StoredRecord, StoreError> {
     RecordColumns {
         request_hash: column(row, "request_hash")?,
         state: column(row, "state")?,

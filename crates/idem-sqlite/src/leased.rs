@@ -1,72 +1,41 @@
 //! Keys claimed with a lease on SQLite: [`LeasedKeyStore`] for
-//! [`SqliteStore`]. A claim is one `BEGIN IMMEDIATE` transaction (insert,
-//! or take over, or read), so two claimers never both win; every later
-//! write is one statement conditional on the lease token.
+//! [`SqliteStore`], with the statements of [`idem_core::leased::sql`]. A
+//! record that stays as it is (a replay, a live lease, another request) is
+//! read without the write lock; a claim is one `BEGIN IMMEDIATE`
+//! transaction (insert, or reclaim or take over what it found), so two
+//! claimers never both win; every later write is one statement conditional
+//! on the token.
 
-use idem_core::leased::{LeaseToken, LeasedClaim, LeasedKeyStore, OnAbandoned, Resolution};
-use idem_core::{Completion, Fingerprint, Policy, Scope, StoreError};
+use idem_core::leased::{
+    LeaseToken, LeasedClaim, LeasedKeyStore, NextStep, OnAbandoned, Resolution, next_step, sql,
+};
+use idem_core::{Completion, Fingerprint, KeyStore, Policy, Scope, StoreError};
+use sqlx::Sqlite;
+use sqlx::query::Query;
+use sqlx::sqlite::SqliteArguments;
 
 use crate::{SqliteStore, decode};
 
-const INSERT_LEASED: &str = "\
-INSERT INTO idem_keys (tenant_id, operation, idempotency_key, request_hash, state,
-                       locked_until_ms, lock_token, created_at_ms, updated_at_ms, expires_at_ms)
-VALUES ($1, $2, $3, $4, 'pending', $5, $6, $7, $7, $8)
-ON CONFLICT (tenant_id, operation, idempotency_key) DO UPDATE SET
-    request_hash = excluded.request_hash, state = 'pending', status_code = NULL,
-    response_headers = NULL, response_body = NULL, resource_type = NULL,
-    resource_id = NULL, recovery_point = NULL, locked_until_ms = excluded.locked_until_ms,
-    lock_token = excluded.lock_token, created_at_ms = excluded.created_at_ms,
-    updated_at_ms = excluded.updated_at_ms, expires_at_ms = excluded.expires_at_ms
-WHERE idem_keys.expires_at_ms <= excluded.created_at_ms
-RETURNING 1";
+/// `sql` with the scope bound as `$1`, `$2`, `$3`.
+fn scoped<'q>(sql: &'q str, scope: &'q Scope) -> Query<'q, Sqlite, SqliteArguments<'q>> {
+    sqlx::query(sql)
+        .bind(scope.tenant.as_str())
+        .bind(scope.operation.as_str())
+        .bind(scope.key.as_str())
+}
 
-const TAKE_OVER: &str = "\
-UPDATE idem_keys SET locked_until_ms = $5, lock_token = $6, updated_at_ms = $7
-WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND request_hash = $4
-  AND state = 'pending' AND locked_until_ms IS NOT NULL AND locked_until_ms <= $7
-  AND expires_at_ms > $7
-RETURNING 1";
-
-const SELECT_RECORD: &str = "\
-SELECT request_hash, state, status_code, response_headers, response_body, resource_type,
-       resource_id, locked_until_ms, created_at_ms, expires_at_ms
-FROM idem_keys WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3";
-
-const RENEW: &str = "\
-UPDATE idem_keys SET locked_until_ms = $5, updated_at_ms = $6
-WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND lock_token = $4
-  AND state = 'pending' AND expires_at_ms > $6";
-
-const COMPLETE: &str = "\
-UPDATE idem_keys SET state = $5, status_code = $6, response_headers = $7, response_body = $8,
-       resource_type = $9, resource_id = $10, locked_until_ms = NULL, lock_token = NULL,
-       updated_at_ms = $11
-WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND lock_token = $4
-  AND state = 'pending' AND expires_at_ms > $11";
-
-const RELEASE: &str = "\
-DELETE FROM idem_keys
-WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND lock_token = $4
-  AND state = 'pending'";
-
-const RESOLVE_RELEASE: &str = "\
-DELETE FROM idem_keys
-WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND state = 'pending'
-  AND locked_until_ms IS NOT NULL AND locked_until_ms <= $4 AND expires_at_ms > $4";
-
-const RESOLVE_ANSWER: &str = "\
-UPDATE idem_keys SET state = $5, status_code = $6, response_headers = $7, response_body = $8,
-       resource_type = $9, resource_id = $10, locked_until_ms = NULL, lock_token = NULL,
-       updated_at_ms = $4
-WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND state = 'pending'
-  AND locked_until_ms IS NOT NULL AND locked_until_ms <= $4 AND expires_at_ms > $4";
-
-fn resource(c: &Completion) -> (Option<&str>, Option<&str>) {
-    c.resource
-        .as_ref()
-        .map(|r| (Some(r.kind.as_str()), Some(r.id.as_str())))
-        .unwrap_or((None, None))
+/// The outcome's columns after the parameters before them.
+fn outcome<'q>(
+    q: Query<'q, Sqlite, SqliteArguments<'q>>,
+    c: &'q Completion,
+) -> Query<'q, Sqlite, SqliteArguments<'q>> {
+    let (kind, id) = c.resource_columns();
+    q.bind(c.state.as_str())
+        .bind(i64::from(c.response.status))
+        .bind(c.response.headers_json())
+        .bind(&c.response.body[..])
+        .bind(kind)
+        .bind(id)
 }
 
 impl LeasedKeyStore for SqliteStore {
@@ -80,55 +49,54 @@ impl LeasedKeyStore for SqliteStore {
         on_abandoned: OnAbandoned,
         now_ms: i64,
     ) -> Result<LeasedClaim, StoreError> {
+        // Replays and live leases: a read, without the write lock.
+        if let Some(record) = self.fetch(scope).await?
+            && next_step(&record, fingerprint, on_abandoned, now_ms) == NextStep::Keep
+        {
+            return Ok(LeasedClaim::Existing(record));
+        }
+        // `$4`..`$7`; the statements that (re)create the record add `$8`.
+        let claim = |sql: &'static str| {
+            scoped(sql, scope)
+                .bind(&fingerprint.as_bytes()[..])
+                .bind(locked_until_ms)
+                .bind(token.as_str())
+                .bind(now_ms)
+        };
+        let expiry = policy.expires_at_ms(now_ms);
         let mut tx = self.begin_immediate().await?;
-        let inserted = sqlx::query(INSERT_LEASED)
-            .bind(scope.tenant.as_str())
-            .bind(scope.operation.as_str())
-            .bind(scope.key.as_str())
-            .bind(&fingerprint.as_bytes()[..])
-            .bind(locked_until_ms)
-            .bind(token.as_str())
-            .bind(now_ms)
-            .bind(policy.expires_at_ms(now_ms))
+        let inserted = claim(sql::INSERT)
+            .bind(expiry)
             .fetch_optional(&mut *tx)
             .await
             .map_err(|e| self.map(e))?;
         let claim = if inserted.is_some() {
             LeasedClaim::Claimed
         } else {
-            let taken = match on_abandoned {
-                OnAbandoned::TakeOver => sqlx::query(TAKE_OVER)
-                    .bind(scope.tenant.as_str())
-                    .bind(scope.operation.as_str())
-                    .bind(scope.key.as_str())
-                    .bind(&fingerprint.as_bytes()[..])
-                    .bind(locked_until_ms)
-                    .bind(token.as_str())
-                    .bind(now_ms)
-                    .fetch_optional(&mut *tx)
-                    .await
-                    .map_err(|e| self.map(e))?
-                    .is_some(),
-                OnAbandoned::Stop => false,
+            let row = scoped(sql::SELECT, scope)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(|e| self.map(e))?;
+            let Some(row) = row else {
+                return Err(StoreError::Corrupt {
+                    detail: "conflicting key record vanished inside a write transaction".into(),
+                });
             };
-            if taken {
-                LeasedClaim::TakenOver
-            } else {
-                let row = sqlx::query(SELECT_RECORD)
-                    .bind(scope.tenant.as_str())
-                    .bind(scope.operation.as_str())
-                    .bind(scope.key.as_str())
-                    .fetch_optional(&mut *tx)
-                    .await
-                    .map_err(|e| self.map(e))?;
-                let _ = tx.rollback().await;
-                return match row {
-                    Some(row) => Ok(LeasedClaim::Existing(decode(&row)?)),
-                    None => Err(StoreError::Corrupt {
-                        detail: "conflicting key record vanished inside a write transaction".into(),
-                    }),
-                };
-            }
+            let record = decode(&row)?;
+            // The write lock is ours: what was read is what is written over.
+            let (statement, claim) = match next_step(&record, fingerprint, on_abandoned, now_ms) {
+                NextStep::Reclaim => (
+                    claim(sql::RECLAIM_EXPIRED).bind(expiry),
+                    LeasedClaim::Claimed,
+                ),
+                NextStep::TakeOver => (claim(sql::TAKE_OVER), LeasedClaim::TakenOver),
+                NextStep::Keep => {
+                    let _ = tx.rollback().await;
+                    return Ok(LeasedClaim::Existing(record));
+                }
+            };
+            statement.execute(&mut *tx).await.map_err(|e| self.map(e))?;
+            claim
         };
         self.commit_tx(tx).await?;
         Ok(claim)
@@ -141,10 +109,7 @@ impl LeasedKeyStore for SqliteStore {
         locked_until_ms: i64,
         now_ms: i64,
     ) -> Result<bool, StoreError> {
-        let done = sqlx::query(RENEW)
-            .bind(scope.tenant.as_str())
-            .bind(scope.operation.as_str())
-            .bind(scope.key.as_str())
+        let done = scoped(sql::RENEW, scope)
             .bind(token.as_str())
             .bind(locked_until_ms)
             .bind(now_ms)
@@ -161,18 +126,8 @@ impl LeasedKeyStore for SqliteStore {
         completion: &Completion,
         now_ms: i64,
     ) -> Result<bool, StoreError> {
-        let (kind, id) = resource(completion);
-        let done = sqlx::query(COMPLETE)
-            .bind(scope.tenant.as_str())
-            .bind(scope.operation.as_str())
-            .bind(scope.key.as_str())
-            .bind(token.as_str())
-            .bind(completion.state.as_str())
-            .bind(i64::from(completion.response.status))
-            .bind(completion.response.headers_json())
-            .bind(&completion.response.body[..])
-            .bind(kind)
-            .bind(id)
+        let q = scoped(sql::COMPLETE, scope).bind(token.as_str());
+        let done = outcome(q, completion)
             .bind(now_ms)
             .execute(self.pool())
             .await
@@ -181,10 +136,7 @@ impl LeasedKeyStore for SqliteStore {
     }
 
     async fn release_leased(&self, scope: &Scope, token: &LeaseToken) -> Result<bool, StoreError> {
-        let done = sqlx::query(RELEASE)
-            .bind(scope.tenant.as_str())
-            .bind(scope.operation.as_str())
-            .bind(scope.key.as_str())
+        let done = scoped(sql::RELEASE, scope)
             .bind(token.as_str())
             .execute(self.pool())
             .await
@@ -199,25 +151,8 @@ impl LeasedKeyStore for SqliteStore {
         now_ms: i64,
     ) -> Result<bool, StoreError> {
         let q = match resolution {
-            Resolution::Release => sqlx::query(RESOLVE_RELEASE)
-                .bind(scope.tenant.as_str())
-                .bind(scope.operation.as_str())
-                .bind(scope.key.as_str())
-                .bind(now_ms),
-            Resolution::Answer(c) => {
-                let (kind, id) = resource(c);
-                sqlx::query(RESOLVE_ANSWER)
-                    .bind(scope.tenant.as_str())
-                    .bind(scope.operation.as_str())
-                    .bind(scope.key.as_str())
-                    .bind(now_ms)
-                    .bind(c.state.as_str())
-                    .bind(i64::from(c.response.status))
-                    .bind(c.response.headers_json())
-                    .bind(c.response.body.clone())
-                    .bind(kind)
-                    .bind(id)
-            }
+            Resolution::Release => scoped(sql::RESOLVE_RELEASE, scope).bind(now_ms),
+            Resolution::Answer(c) => outcome(scoped(sql::RESOLVE_ANSWER, scope).bind(now_ms), c),
         };
         let done = q.execute(self.pool()).await.map_err(|e| self.map(e))?;
         Ok(done.rows_affected() == 1)

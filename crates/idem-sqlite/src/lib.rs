@@ -352,11 +352,7 @@ impl KeyStore for SqliteStore {
         completion: &Completion,
         now_ms: i64,
     ) -> Result<(), StoreError> {
-        let (kind, id) = completion
-            .resource
-            .as_ref()
-            .map(|r| (Some(r.kind.as_str()), Some(r.id.as_str())))
-            .unwrap_or((None, None));
+        let (kind, id) = completion.resource_columns();
         let done = sqlx::query(UPDATE_COMPLETE)
             .bind(scope.tenant.as_str())
             .bind(scope.operation.as_str())

@@ -95,6 +95,7 @@ conformance! {
     an_abandoned_lease_is_taken_over_by_one, 20;
     operators_resolve_only_abandoned_leases;
     leased_and_transactional_claims_share_keys;
+    an_expired_leased_record_is_claimed_afresh;
     runs_are_created_with_their_key;
     fenced_writes_land_only_with_the_current_fence;
     takeover_needs_an_expired_lease;
