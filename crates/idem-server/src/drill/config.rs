@@ -75,39 +75,10 @@ pub struct Target {
 
 impl Target {
     fn parse(text: &str) -> Result<Self, UsageError> {
-        let uri: hyper::Uri = text
-            .parse()
-            .map_err(|e| UsageError(format!("TARGET {text:?} is not a URL: {e}")))?;
-        match uri.scheme_str() {
-            Some("http") => {}
-            Some(other) => {
-                return usage(format!(
-                    "TARGET must be an http:// URL (got {other}://; put a TLS-terminating \
-                     proxy in front for https)"
-                ));
-            }
-            None => {
-                return usage(format!(
-                    "TARGET must be http://HOST:PORT[/PREFIX], got {text:?}"
-                ));
-            }
-        }
-        let Some(auth) = uri.authority() else {
-            return usage(format!("TARGET {text:?} has no host"));
-        };
-        if auth.as_str().contains('@') {
-            return usage("TARGET must not carry credentials (use --header)");
-        }
-        if uri.query().is_some() {
-            return usage("TARGET must not have a query string");
-        }
-        let authority = match auth.port_u16() {
-            Some(_) => auth.as_str().to_owned(),
-            None => format!("{}:80", auth.host()),
-        };
+        let base = crate::config::HttpBase::parse("TARGET", text).map_err(UsageError)?;
         Ok(Self {
-            authority,
-            prefix: uri.path().trim_end_matches('/').to_owned(),
+            authority: base.authority,
+            prefix: base.prefix,
             text: text.to_owned(),
         })
     }

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use axum::http::{HeaderName, Method, Uri};
+use axum::http::{HeaderName, Method};
 use idem_core::leased::OnAbandoned;
 use idem_core::{FingerprintSpec, Operation, Policy, Tenant};
 use idem_http::{RouteConfig, TenantSource};
@@ -36,48 +36,7 @@ pub struct GatewayConfig {
 }
 
 /// The upstream's base URL, split.
-#[derive(Debug, Clone)]
-pub struct Upstream {
-    /// `HOST:PORT`.
-    pub authority: String,
-    /// A path prefix without its trailing `/` (empty for none).
-    pub prefix: String,
-}
-
-impl Upstream {
-    /// Parses `http://HOST:PORT[/PREFIX]`; anything else is refused with the
-    /// reason (credentials, a query, another scheme).
-    pub fn parse(url: &str) -> anyhow::Result<Self> {
-        let uri: Uri = url
-            .parse()
-            .with_context(|| format!("upstream {url:?} is not a URL"))?;
-        match uri.scheme_str() {
-            Some("http") => {}
-            Some("https") => bail!(
-                "upstream {url:?}: https is not supported by the gateway yet; forward to the \
-                 service over http on a private network, or put a TLS proxy in between"
-            ),
-            _ => bail!("upstream {url:?}: expected http://HOST:PORT[/PREFIX]"),
-        }
-        let Some(authority) = uri.authority() else {
-            bail!("upstream {url:?}: no host");
-        };
-        if authority.as_str().contains('@') {
-            bail!("upstream URL must not carry credentials");
-        }
-        if uri.query().is_some() {
-            bail!("upstream {url:?}: a query string is not a prefix");
-        }
-        let authority = match authority.port_u16() {
-            Some(_) => authority.as_str().to_owned(),
-            None => format!("{}:80", authority.host()),
-        };
-        Ok(Self {
-            authority,
-            prefix: uri.path().trim_end_matches('/').to_owned(),
-        })
-    }
-}
+pub type Upstream = crate::config::HttpBase;
 
 /// A keyed route.
 #[derive(Debug, Clone)]
@@ -274,7 +233,15 @@ pub fn load(
         }
         return Ok(None);
     };
-    let upstream = Upstream::parse(url)?;
+    let upstream = Upstream::parse("upstream", url).map_err(|e| match &table {
+        // From the file: say where.
+        Some((path, text, at, _)) if upstream.is_none() => anyhow::anyhow!(
+            "invalid configuration in {} (line {}): gateway.{e}",
+            path.display(),
+            line_of(text, *at)
+        ),
+        _ => anyhow::anyhow!("--{e}"),
+    })?;
     let mut config = GatewayConfig {
         upstream,
         routes: Vec::new(),
@@ -597,6 +564,14 @@ tenant_header = "X-Tenant-Id"  # set by a trusted component in front; default: o
             let err = format!("{:#}", load(Some(url), None, 1).unwrap_err());
             assert!(err.contains(says), "{url}: {err}");
         }
+        let err = format!(
+            "{:#}",
+            parse("\n[gateway]\nupstream = \"ftp://x\"\n").unwrap_err()
+        );
+        assert!(
+            err.contains("line 2") && err.contains("gateway.upstream"),
+            "{err}"
+        );
         let err = format!("{:#}", parse("[gateway]\ntimeout = \"1s\"\n").unwrap_err());
         assert!(err.contains("line 1") && err.contains("upstream"), "{err}");
     }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::{Method, Request, StatusCode, Uri};
+use hyper::{Method, Request, StatusCode};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -30,19 +30,7 @@ pub struct Endpoint {
 
 /// Checks a base URL given on the command line: `http://host:port[/path]`.
 pub fn base_url(flag: &str, url: &str) -> anyhow::Result<String> {
-    let uri: Uri = url
-        .parse()
-        .map_err(|e| anyhow::anyhow!("{flag}: not a URL ({e}); expected http://HOST:PORT"))?;
-    if uri.scheme_str() != Some("http") || uri.host().is_none() {
-        anyhow::bail!("{flag} must be an http:// URL with a host, got {url}");
-    }
-    if uri.query().is_some() {
-        anyhow::bail!("{flag} must not have a query string");
-    }
-    if uri.authority().is_some_and(|a| a.as_str().contains('@')) {
-        // It would be logged with the URL; the demo's peers take none.
-        anyhow::bail!("{flag} must not hold credentials (user:password@)");
-    }
+    crate::config::HttpBase::parse(flag, url).map_err(anyhow::Error::msg)?;
     Ok(url.trim_end_matches('/').to_owned())
 }
 
