@@ -6,28 +6,18 @@ use http::HeaderValue;
 use crate::ClientError;
 
 /// The longest key, in characters (keys are ASCII, so also in bytes).
-pub const MAX_KEY_LEN: usize = 255;
+pub const MAX_KEY_LEN: usize = idem_core::IdempotencyKey::MAX_LEN;
 
-/// Checks a caller's key: 1 to 255 visible ASCII characters (`0x21..=0x7E`),
-/// the rule of the Idem server (DESIGN "Missing / bad key"). A space or a
-/// control character is refused here rather than by the server.
+/// Checks a caller's key with the server's own rule
+/// ([`idem_core::IdempotencyKey::new`]: 1 to 255 visible ASCII characters,
+/// `0x21..=0x7E`), so a key the server would refuse is refused here,
+/// before anything is sent.
 pub(crate) fn validate(key: &str) -> Result<(), ClientError> {
-    let invalid = |reason: String| Err(ClientError::InvalidKey { reason });
-    if key.is_empty() {
-        return invalid("empty".into());
-    }
-    if key.len() > MAX_KEY_LEN {
-        return invalid(format!(
-            "{} bytes long, at most {MAX_KEY_LEN} allowed",
-            key.len()
-        ));
-    }
-    if let Some(position) = key.bytes().position(|b| !(0x21..=0x7e).contains(&b)) {
-        return invalid(format!(
-            "byte {position} is not visible ASCII (0x21..=0x7E)"
-        ));
-    }
-    Ok(())
+    idem_core::IdempotencyKey::new(key)
+        .map(drop)
+        .map_err(|e| ClientError::InvalidKey {
+            reason: e.to_string(),
+        })
 }
 
 /// A generated key: a v4 UUID, hyphenated (36 characters).

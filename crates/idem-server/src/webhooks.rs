@@ -48,11 +48,6 @@ pub struct WebhookConfig {
     pub worker: ProcessorConfig,
 }
 
-/// Reads and validates the configuration file.
-pub fn load(path: &std::path::Path) -> anyhow::Result<WebhookConfig> {
-    from_text(path, &crate::config::read_file(path)?)
-}
-
 /// Validates the text read from the configuration file at `path`.
 pub fn from_text(path: &std::path::Path, text: &str) -> anyhow::Result<WebhookConfig> {
     parse(text).with_context(|| format!("invalid configuration in {}", path.display()))

@@ -2,8 +2,6 @@
 
 use std::net::SocketAddr;
 
-use anyhow::Context;
-
 use crate::config;
 use crate::demo::mail_sink::{Sink, router};
 use crate::http_server::{self, Limits};
@@ -20,12 +18,7 @@ pub struct MailSinkArgs {
 impl MailSinkArgs {
     /// Serves until Ctrl-C or SIGTERM.
     pub async fn run(self) -> anyhow::Result<()> {
-        let listener = tokio::net::TcpListener::bind(self.listen)
-            .await
-            .with_context(|| format!("failed to listen on {}", self.listen))?;
-        let bound = listener
-            .local_addr()
-            .context("failed to read the bound address")?;
+        let (listener, bound) = http_server::bind(self.listen).await?;
         let app = crate::routes::service(router(Sink::default()), None, None);
         tracing::info!(listen = %bound, "demo mail relay: POST /messages, GET /messages/{{id}}, GET /messages");
         let shutdown = shutdown::on_signal();

@@ -5,7 +5,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use axum::Router;
 use tokio::sync::watch;
 
@@ -108,11 +107,17 @@ impl ServeArgs {
         if let Some(url) = &self.nats_url {
             config::nats_url(url)?;
         }
-        let webhooks = match (&self.config, &self.file_text) {
-            (Some(path), Some(text)) => Some(crate::webhooks::from_text(path, text)?),
-            (Some(path), None) => Some(crate::webhooks::load(path)?),
+        // Read once (by `Cli::load`, or here when built otherwise): the
+        // webhooks and the gateway see one version of the file.
+        let file = match (&self.config, &self.file_text) {
+            (Some(path), Some(text)) => Some((path.as_path(), text.clone())),
+            (Some(path), None) => Some((path.as_path(), config::read_file(path)?)),
             (None, _) => None,
         };
+        let file = file.as_ref().map(|(p, t)| (*p, t.as_str()));
+        let webhooks = file
+            .map(|(path, text)| crate::webhooks::from_text(path, text))
+            .transpose()?;
         if self.consume && self.nats_url.is_none() {
             anyhow::bail!("--consume needs --nats-url");
         }
@@ -126,16 +131,8 @@ impl ServeArgs {
         let gc_interval = config::gc_interval(self.gc_interval)?;
         let checkout = config::checkout(&self.checkout)?;
         let respond_within = config::respond_within(self.respond_within)?;
-        let file = match (&self.config, &self.file_text) {
-            (Some(path), Some(text)) => Some((path.clone(), text.clone())),
-            (Some(path), None) => Some((path.clone(), config::read_file(path)?)),
-            (None, _) => None,
-        };
-        let gateway = crate::gateway::config::load(
-            self.upstream.as_deref(),
-            file.as_ref().map(|(p, t)| (p.as_path(), t.as_str())),
-            self.max_body_bytes,
-        )?;
+        let gateway =
+            crate::gateway::config::load(self.upstream.as_deref(), file, self.max_body_bytes)?;
         if gateway.is_some() && checkout.is_some() {
             anyhow::bail!(
                 "--upstream (a gateway) and --provider-url (the checkout demo) are two different servers; start one of them"
@@ -177,12 +174,7 @@ impl ServeArgs {
                 shutdown: &shutdown,
             })
             .await?;
-        let listener = tokio::net::TcpListener::bind(config.listen)
-            .await
-            .with_context(|| format!("failed to listen on {}", config.listen))?;
-        let bound = listener
-            .local_addr()
-            .context("failed to read the bound address")?;
+        let (listener, bound) = http_server::bind(config.listen).await?;
         if config.admin_token.is_none() {
             tracing::info!(
                 "admin routes disabled: start with --admin-token (or IDEM_ADMIN_TOKEN) to use /admin"

@@ -4,8 +4,6 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use anyhow::Context;
-
 use crate::config;
 use crate::demo::upstream::{Mode, Upstream, app};
 use crate::http_server::{self, Limits};
@@ -43,12 +41,7 @@ impl UpstreamArgs {
             (Mode::CheckThenAct, None) => CHECK_THEN_ACT_DELAY,
             (Mode::Naive, None) => Duration::ZERO,
         };
-        let listener = tokio::net::TcpListener::bind(self.listen)
-            .await
-            .with_context(|| format!("failed to listen on {}", self.listen))?;
-        let bound = listener
-            .local_addr()
-            .context("failed to read the bound address")?;
+        let (listener, bound) = http_server::bind(self.listen).await?;
         tracing::info!(listen = %bound, mode = ?self.mode, delay = %crate::duration_text(delay),
             "sample upstream (NOT idempotent): POST/GET /v1/payments, GET/PATCH /v1/payments/{{id}}");
         let shutdown = shutdown::on_signal();

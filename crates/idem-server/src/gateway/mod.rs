@@ -45,7 +45,7 @@ use idem_core::{Completion, StoredResponse};
 use idem_http::{Keyed, Rejection, RequestOutcome};
 
 use config::{GatewayConfig, Route};
-use forward::{Answer, ForwardError, Upstream};
+use forward::Upstream;
 
 /// The gateway over a store.
 pub struct Gateway<S> {
@@ -160,7 +160,7 @@ impl<S: LeasedKeyStore> Gateway<S> {
                 }
                 Ok(LeasedClaim::Existing(record)) => record,
             };
-            match leased_decision(record, &fingerprint, now) {
+            let retry_after = match leased_decision(record, &fingerprint, now) {
                 LeasedDecision::Replay(r) => {
                     return RequestOutcome::Replayed.mark(idem_http::replay(&r));
                 }
@@ -170,15 +170,11 @@ impl<S: LeasedKeyStore> Gateway<S> {
                 }
                 // Abandoned with takeovers allowed: another claimer got it
                 // between our statements; it is in flight.
-                LeasedDecision::Abandoned => {}
-                LeasedDecision::InFlight { retry_after } => {
-                    if Instant::now() + pause > waiting_until {
-                        return reject(Rejection::InFlight(retry_after));
-                    }
-                }
-            }
+                LeasedDecision::Abandoned => Duration::from_secs(1),
+                LeasedDecision::InFlight { retry_after } => retry_after,
+            };
             if Instant::now() + pause > waiting_until {
-                return reject(Rejection::InFlight(Duration::from_secs(1)));
+                return reject(Rejection::InFlight(retry_after));
             }
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Duration::from_millis(200));
@@ -218,30 +214,6 @@ impl<S: LeasedKeyStore> Gateway<S> {
                 return reject(Rejection::for_store(&e));
             }
         }
-        let heartbeat = async {
-            loop {
-                tokio::time::sleep(route.lease / 3).await;
-                let now = now_ms();
-                match self
-                    .store
-                    .renew_leased(scope, token, now + lease_ms, now)
-                    .await
-                {
-                    Ok(true) => {}
-                    Ok(false) => {
-                        tracing::warn!(
-                            "a forward lost its lease (it outlived it and a retry took over); \
-                             its answer will not be stored"
-                        );
-                        return std::future::pending::<()>().await;
-                    }
-                    Err(e) => tracing::warn!(
-                        error = &e as &(dyn std::error::Error + 'static),
-                        "could not renew a forward's lease"
-                    ),
-                }
-            }
-        };
         let sent = self.upstream.send_bounded(
             parts,
             body,
@@ -250,7 +222,7 @@ impl<S: LeasedKeyStore> Gateway<S> {
         );
         let answer = tokio::select! {
             answer = sent => answer,
-            () = heartbeat => unreachable_pending(),
+            never = self.heartbeat(route, scope, token) => match never {},
         };
         idem_core::failpoint::hit("gateway.after_forward");
         let answer = match answer {
@@ -306,6 +278,39 @@ impl<S: LeasedKeyStore> Gateway<S> {
         RequestOutcome::Executed.mark(answer.into_response())
     }
 
+    /// Renews the lease every third of it while a forward runs; never
+    /// ends. A lease lost (a retry took it over) is said once, and then
+    /// nothing is renewed any more.
+    async fn heartbeat(
+        &self,
+        route: &Route,
+        scope: &idem_core::Scope,
+        token: &LeaseToken,
+    ) -> std::convert::Infallible {
+        loop {
+            tokio::time::sleep(route.lease / 3).await;
+            let now = now_ms();
+            match self
+                .store
+                .renew_leased(scope, token, now + millis(route.lease), now)
+                .await
+            {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::warn!(
+                        "a forward lost its lease (it outlived it and a retry took over); \
+                         its answer will not be stored"
+                    );
+                    return std::future::pending().await;
+                }
+                Err(e) => tracing::warn!(
+                    error = &e as &(dyn std::error::Error + 'static),
+                    "could not renew a forward's lease"
+                ),
+            }
+        }
+    }
+
     async fn release(&self, scope: &idem_core::Scope, token: &LeaseToken) {
         if let Err(e) = self.store.release_leased(scope, token).await {
             // Not released: the lease runs out and a retry takes it over.
@@ -315,11 +320,6 @@ impl<S: LeasedKeyStore> Gateway<S> {
             );
         }
     }
-}
-
-/// `select!` needs a value from the heartbeat branch, which never ends.
-fn unreachable_pending() -> Result<Answer, ForwardError> {
-    Err(ForwardError::Broken("the heartbeat ended".into()))
 }
 
 fn reject(rejection: Rejection) -> Response {

@@ -141,6 +141,21 @@ fn check_descriptors(max_connections: usize) {
     }
 }
 
+/// Listens on `addr`; the listener and the address it is bound to (the
+/// port a `:0` drew), or an error naming the address.
+pub async fn bind(
+    addr: std::net::SocketAddr,
+) -> anyhow::Result<(TcpListener, std::net::SocketAddr)> {
+    use anyhow::Context;
+    let listener = TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("failed to listen on {addr}"))?;
+    let bound = listener
+        .local_addr()
+        .context("failed to read the bound address")?;
+    Ok((listener, bound))
+}
+
 /// Serves `app` on `listener` until `shutdown`, then stops accepting, lets
 /// requests in progress finish (at most 30 s) and returns.
 pub async fn serve(
