@@ -138,6 +138,7 @@ impl<S: LeasedKeyStore> Gateway<S> {
         let mut pause = Duration::from_millis(10);
         loop {
             let now = now_ms();
+            let claimed_at = Instant::now();
             let claim = self
                 .store
                 .claim_leased(
@@ -153,9 +154,8 @@ impl<S: LeasedKeyStore> Gateway<S> {
             let record = match claim {
                 Err(e) => return reject(Rejection::for_store(&e)),
                 Ok(LeasedClaim::Claimed | LeasedClaim::TakenOver) => {
-                    let key = StepKey::derive(&self.namespace, &scope, &self.step);
                     return self
-                        .forward_leased(route, parts, body, &scope, &token, &key)
+                        .forward_leased(route, parts, body, &scope, &token, claimed_at)
                         .await;
                 }
                 Ok(LeasedClaim::Existing(record)) => record,
@@ -190,28 +190,33 @@ impl<S: LeasedKeyStore> Gateway<S> {
         body: Bytes,
         scope: &idem_core::Scope,
         token: &LeaseToken,
-        key: &StepKey,
+        claimed_at: Instant,
     ) -> Response {
         idem_core::failpoint::hit("gateway.before_forward");
+        let key = StepKey::derive(&self.namespace, scope, &self.step);
         let key_header = match HeaderValue::from_str(key.as_str()) {
             Ok(v) => v,
             Err(_) => return reject(Rejection::Internal),
         };
         let lease_ms = millis(route.lease);
-        // A claim that took longer than its lease (a stalled database, a
-        // paused process) may have been taken over or resolved meanwhile:
-        // the lease is renewed, and so proven ours, right before sending.
-        let now = now_ms();
-        match self
-            .store
-            .renew_leased(scope, token, now + lease_ms, now)
-            .await
-        {
-            Ok(true) => {}
-            Ok(false) => return reject(Rejection::InFlight(Duration::from_secs(1))),
-            Err(e) => {
-                self.release(scope, token).await;
-                return reject(Rejection::for_store(&e));
+        // A lease is ours for its length from before the claim was sent.
+        // A claim that took longer than a heartbeat's period (a stalled
+        // database, a paused process) may have been taken over or resolved
+        // meanwhile: then the lease is renewed, and so proven ours, before
+        // sending. Otherwise no write is needed.
+        if claimed_at.elapsed() >= route.lease / 3 {
+            let now = now_ms();
+            match self
+                .store
+                .renew_leased(scope, token, now + lease_ms, now)
+                .await
+            {
+                Ok(true) => {}
+                Ok(false) => return reject(Rejection::InFlight(Duration::from_secs(1))),
+                Err(e) => {
+                    self.release(scope, token).await;
+                    return reject(Rejection::for_store(&e));
+                }
             }
         }
         let sent = self.upstream.send_bounded(

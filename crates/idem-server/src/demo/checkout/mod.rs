@@ -464,21 +464,23 @@ async fn reserve<E: PatternExec + ?Sized>(
     o: &NewOrder,
     created_at_ms: i64,
 ) -> Result<Reserved, BoxError> {
+    // The order's columns as `$1`..`$8`, for the comparison and the insert.
+    let order = [
+        Value::Text(tenant),
+        Value::Text(id),
+        Value::Text(&o.customer),
+        Value::Text(&o.sku),
+        Value::Int(o.quantity),
+        Value::Int(o.amount),
+        Value::Text(&o.currency),
+        Value::Text(&o.email),
+    ];
     let exists = tx
         .fetch_text(
             "SELECT CASE WHEN customer = $3 AND sku = $4 AND quantity = $5 AND amount = $6 \
              AND currency = $7 AND email = $8 THEN 'same' ELSE 'other' END \
              FROM demo_orders WHERE tenant_id = $1 AND id = $2",
-            &[
-                Value::Text(tenant),
-                Value::Text(id),
-                Value::Text(&o.customer),
-                Value::Text(&o.sku),
-                Value::Int(o.quantity),
-                Value::Int(o.amount),
-                Value::Text(&o.currency),
-                Value::Text(&o.email),
-            ],
+            &order,
         )
         .await?;
     match exists.as_deref() {
@@ -507,17 +509,7 @@ async fn reserve<E: PatternExec + ?Sized>(
         "INSERT INTO demo_orders (tenant_id, id, customer, sku, quantity, amount, currency, email, \
          status, created_at_ms, updated_at_ms) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'pending', $9, $9)",
-        &[
-            Value::Text(tenant),
-            Value::Text(id),
-            Value::Text(&o.customer),
-            Value::Text(&o.sku),
-            Value::Int(o.quantity),
-            Value::Int(o.amount),
-            Value::Text(&o.currency),
-            Value::Text(&o.email),
-            Value::Int(created_at_ms),
-        ],
+        &[&order[..], &[Value::Int(created_at_ms)]].concat(),
     )
     .await?;
     Ok(Reserved::Yes)
