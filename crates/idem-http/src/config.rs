@@ -4,8 +4,8 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use http::{HeaderName, Method, header};
-use idem_core::{FingerprintSpec, Operation, Policy, Tenant};
+use http::{HeaderMap, HeaderName, Method, header};
+use idem_core::{Completion, FingerprintSpec, Operation, Policy, StoredResponse, Tenant};
 
 use crate::problem::Rejection;
 
@@ -157,6 +157,25 @@ impl RouteConfig {
         match disposition {
             Some(d) => d == Disposition::Store,
             None => status < 400 || self.store_client_errors.contains(&status),
+        }
+    }
+
+    /// What is stored of a kept answer: its status, the headers this route
+    /// replays, its body; completed below 400, failed from 400.
+    pub fn completion(&self, status: u16, headers: &HeaderMap, body: &[u8]) -> Completion {
+        let response = StoredResponse {
+            status,
+            headers: headers
+                .iter()
+                .filter(|(n, _)| self.replays(n))
+                .filter_map(|(n, v)| Some((n.as_str().to_owned(), v.to_str().ok()?.to_owned())))
+                .collect(),
+            body: body.to_vec(),
+        };
+        if status < 400 {
+            Completion::completed(response)
+        } else {
+            Completion::failed(response)
         }
     }
 

@@ -9,8 +9,7 @@ use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, Limited};
 use idem_core::{
-    Begun, BoxError, Clock, Completion, Engine, Error, KeyStore, ResourceRef, StoredRecord,
-    StoredResponse,
+    Begun, BoxError, Clock, Engine, Error, KeyStore, ResourceRef, StoredRecord, StoredResponse,
 };
 
 use crate::admission::{Admitted, Keyed};
@@ -90,22 +89,7 @@ where
         let res = Response::from_parts(rparts, ResB::from(bytes));
         return Ok(RequestOutcome::NotStored.mark(res));
     }
-    let headers = rparts
-        .headers
-        .iter()
-        .filter(|(n, _)| config.replays(n))
-        .filter_map(|(n, v)| Some((n.as_str().to_owned(), v.to_str().ok()?.to_owned())))
-        .collect();
-    let response = StoredResponse {
-        status,
-        headers,
-        body: bytes.to_vec(),
-    };
-    let mut completion = if status < 400 {
-        Completion::completed(response)
-    } else {
-        Completion::failed(response)
-    };
+    let mut completion = config.completion(status, &rparts.headers, &bytes);
     completion.resource = rparts.extensions.remove::<ResourceRef>();
     if let Err(e) = engine.finish(claimed, &completion).await {
         return Ok(reject(Rejection::for_store(&e)));

@@ -86,40 +86,18 @@ impl ForwardError {
         !matches!(self, ForwardError::Unreachable(_))
     }
 
-    /// The answer on a `reject` route, where the record is kept: the same
-    /// status, and a detail that says retries get outcome-unknown.
-    pub fn into_response_kept(self) -> Response {
-        let (status, slug) = match &self {
-            ForwardError::Timeout(_) => (StatusCode::GATEWAY_TIMEOUT, "upstream-timeout"),
-            ForwardError::TooLarge(_) => (StatusCode::BAD_GATEWAY, "upstream-response-too-large"),
-            _ => (StatusCode::BAD_GATEWAY, "upstream-unavailable"),
-        };
-        tracing::warn!(error = ?self, "a forward's outcome is unknown; the key is kept for an operator");
-        let res = idem_http::problem::<Body>(
-            status,
-            slug,
-            "The upstream's answer was lost",
-            Some(
-                "the request was sent and no usable answer came back: the upstream may have \
-                 acted on it; this route keeps the key, so retries get outcome-unknown until an \
-                 operator resolves it (idem keys resolve)",
-            ),
-            None,
-        );
-        RequestOutcome::NotStored.mark(res)
-    }
-
-    /// 502 or 504, problem+json; the cause is logged, not sent.
-    pub fn into_response(self) -> Response {
-        let (status, slug, title, detail) = match &self {
+    /// 502 or 504, problem+json; the cause is logged, not sent. `kept`:
+    /// the key was kept for an operator (a `reject` route, the request
+    /// sent), else released.
+    pub fn into_response(self, kept: bool) -> Response {
+        let (status, slug, title, what) = match &self {
             ForwardError::Unreachable(why) => {
                 tracing::warn!(error = %why, "upstream unreachable");
                 (
                     StatusCode::BAD_GATEWAY,
                     "upstream-unavailable",
                     "The upstream service is unavailable",
-                    "nothing was stored; retrying with the same Idempotency-Key forwards the request again"
-                        .to_owned(),
+                    "the upstream could not be reached".to_owned(),
                 )
             }
             ForwardError::Broken(why) => {
@@ -128,29 +106,31 @@ impl ForwardError {
                     StatusCode::BAD_GATEWAY,
                     "upstream-unavailable",
                     "The upstream service is unavailable",
-                    "the exchange with the upstream broke before its answer; nothing was stored; \
-                     retrying with the same Idempotency-Key forwards the request again with the \
-                     same key"
-                        .to_owned(),
+                    "the exchange with the upstream broke before its answer".to_owned(),
                 )
             }
             ForwardError::Timeout(d) => (
                 StatusCode::GATEWAY_TIMEOUT,
                 "upstream-timeout",
                 "The upstream service did not answer in time",
-                format!(
-                    "no whole answer within {} ms; nothing was stored; retrying with the same \
-                     Idempotency-Key forwards the request again with the same key",
-                    d.as_millis()
-                ),
+                format!("no whole answer within {} ms", d.as_millis()),
             ),
             ForwardError::TooLarge(limit) => (
                 StatusCode::BAD_GATEWAY,
                 "upstream-response-too-large",
                 "The upstream's answer is too large",
-                format!("the answer is over {limit} bytes; it was not stored"),
+                format!("the answer is over {limit} bytes"),
             ),
         };
+        let then = if kept {
+            tracing::warn!("a forward's outcome is unknown; the key is kept for an operator");
+            "the upstream may have acted on the request; this route keeps the key, so retries \
+             get outcome-unknown until an operator resolves it (idem keys resolve)"
+        } else {
+            "nothing was stored; retrying with the same Idempotency-Key forwards the request \
+             again with the same key"
+        };
+        let detail = format!("{what}; {then}");
         let res = idem_http::problem::<Body>(status, slug, title, Some(&detail), None);
         RequestOutcome::NotStored.mark(res)
     }
@@ -174,16 +154,18 @@ impl Upstream {
         }
     }
 
-    /// Forwards with `key` as the only `Idempotency-Key` (none without),
-    /// reading at most [`PASS_THROUGH_MAX_ANSWER`] bytes back.
-    pub async fn send(
-        &self,
-        parts: &Parts,
-        body: Bytes,
-        key: Option<&HeaderValue>,
-    ) -> Result<Answer, ForwardError> {
-        self.send_bounded(parts, body, key, PASS_THROUGH_MAX_ANSWER)
+    /// Forwards a request whose answer is not stored (an unlisted route,
+    /// or no key where it is optional) with `key` as its only
+    /// `Idempotency-Key` (none without): the upstream's answer as it came,
+    /// at most [`PASS_THROUGH_MAX_ANSWER`] bytes, or 502/504.
+    pub async fn pass(&self, parts: &Parts, body: Bytes, key: Option<&HeaderValue>) -> Response {
+        match self
+            .send_bounded(parts, body, key, PASS_THROUGH_MAX_ANSWER)
             .await
+        {
+            Ok(answer) => RequestOutcome::Unkeyed.mark(answer.into_response()),
+            Err(e) => e.into_response(false),
+        }
     }
 
     /// Forwards, reading at most `max_answer` bytes back.

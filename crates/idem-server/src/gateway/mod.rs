@@ -41,7 +41,6 @@ use idem_core::leased::{
     LeaseToken, LeasedClaim, LeasedDecision, LeasedKeyStore, OnAbandoned, leased_decision,
 };
 use idem_core::steps::{Namespace, StepKey, StepName};
-use idem_core::{Completion, StoredResponse};
 use idem_http::{Keyed, Rejection, RequestOutcome};
 
 use config::{GatewayConfig, Route};
@@ -96,10 +95,7 @@ impl<S: LeasedKeyStore> Gateway<S> {
         let (parts, body) = (admitted.parts, admitted.body);
         match admitted.keyed {
             Some(keyed) => self.keyed(route, &parts, body, keyed).await,
-            None => match self.upstream.send(&parts, body, None).await {
-                Ok(answer) => RequestOutcome::Unkeyed.mark(answer.into_response()),
-                Err(e) => e.into_response(),
-            },
+            None => self.upstream.pass(&parts, body, None).await,
         }
     }
 
@@ -117,10 +113,7 @@ impl<S: LeasedKeyStore> Gateway<S> {
             Err(_) => return reject(Rejection::UnreadableBody),
         };
         let key = parts.headers.get(idem_http::IDEMPOTENCY_KEY).cloned();
-        match self.upstream.send(&parts, body, key.as_ref()).await {
-            Ok(answer) => RequestOutcome::Unkeyed.mark(answer.into_response()),
-            Err(e) => e.into_response(),
-        }
+        self.upstream.pass(&parts, body, key.as_ref()).await
     }
 
     async fn keyed(
@@ -198,19 +191,13 @@ impl<S: LeasedKeyStore> Gateway<S> {
             Ok(v) => v,
             Err(_) => return reject(Rejection::Internal),
         };
-        let lease_ms = millis(route.lease);
         // A lease is ours for its length from before the claim was sent.
         // A claim that took longer than a heartbeat's period (a stalled
         // database, a paused process) may have been taken over or resolved
         // meanwhile: then the lease is renewed, and so proven ours, before
         // sending. Otherwise no write is needed.
         if claimed_at.elapsed() >= route.lease / 3 {
-            let now = now_ms();
-            match self
-                .store
-                .renew_leased(scope, token, now + lease_ms, now)
-                .await
-            {
+            match self.renew(route, scope, token).await {
                 Ok(true) => {}
                 Ok(false) => return reject(Rejection::InFlight(Duration::from_secs(1))),
                 Err(e) => {
@@ -236,11 +223,11 @@ impl<S: LeasedKeyStore> Gateway<S> {
             // `reject` route keeps the record; its lease runs out and
             // retries get outcome-unknown, for an operator.
             Err(e) if route.on_unknown == OnAbandoned::Stop && e.may_have_acted() => {
-                return e.into_response_kept();
+                return e.into_response(true);
             }
             Err(e) => {
                 self.release(scope, token).await;
-                return e.into_response();
+                return e.into_response(false);
             }
         };
         let status = answer.status.as_u16();
@@ -248,21 +235,9 @@ impl<S: LeasedKeyStore> Gateway<S> {
             self.release(scope, token).await;
             return RequestOutcome::NotStored.mark(answer.into_response());
         }
-        let stored = StoredResponse {
-            status,
-            headers: answer
-                .headers
-                .iter()
-                .filter(|(name, _)| route.config.replays(name))
-                .filter_map(|(n, v)| Some((n.as_str().to_owned(), v.to_str().ok()?.to_owned())))
-                .collect(),
-            body: answer.body.to_vec(),
-        };
-        let completion = if status < 400 {
-            Completion::completed(stored)
-        } else {
-            Completion::failed(stored)
-        };
+        let completion = route
+            .config
+            .completion(status, &answer.headers, &answer.body);
         match self
             .store
             .complete_leased(scope, token, &completion, now_ms())
@@ -294,12 +269,7 @@ impl<S: LeasedKeyStore> Gateway<S> {
     ) -> std::convert::Infallible {
         loop {
             tokio::time::sleep(route.lease / 3).await;
-            let now = now_ms();
-            match self
-                .store
-                .renew_leased(scope, token, now + millis(route.lease), now)
-                .await
-            {
+            match self.renew(route, scope, token).await {
                 Ok(true) => {}
                 Ok(false) => {
                     tracing::warn!(
@@ -314,6 +284,19 @@ impl<S: LeasedKeyStore> Gateway<S> {
                 ),
             }
         }
+    }
+
+    /// Moves the lease a whole `lease` from now; whether it is still ours.
+    async fn renew(
+        &self,
+        route: &Route,
+        scope: &idem_core::Scope,
+        token: &LeaseToken,
+    ) -> Result<bool, idem_core::StoreError> {
+        let now = now_ms();
+        self.store
+            .renew_leased(scope, token, now + millis(route.lease), now)
+            .await
     }
 
     async fn release(&self, scope: &idem_core::Scope, token: &LeaseToken) {
