@@ -348,7 +348,9 @@ for backend in $BACKENDS; do
         measure "$backend" "gateway replays" "$c" "$GW_PORT" fixed "r-$RUN_ID-$c" replayed
     done
     stop "$GW_PID"
-    if grep -E '\b(WARN|ERROR)\b' "$WORK/gateway-$backend.log" >&2; then
+    # sqlx's "slow statement" (over 1 s) is latency, which the table shows;
+    # anything else logged as a warning or an error makes the figures void.
+    if grep -E '\b(WARN|ERROR)\b' "$WORK/gateway-$backend.log" | grep -v 'slow statement' >&2; then
         die "the $backend gateway logged warnings or errors (above)"
     fi
     for name in upstream proxy; do
@@ -362,20 +364,14 @@ done
 
 if [[ " $BACKENDS " == *" postgres "* && $RUN_PGBENCH == 1 ]]; then
     psql "$PG_URL" -qAtc "DROP TABLE IF EXISTS bench_keys; CREATE TABLE bench_keys (LIKE idem_keys INCLUDING ALL)" >/dev/null
-    # The lease claim (INSERT_LEASED) and the stored answer (COMPLETE) of
-    # crates/idem-postgres/src/leased.rs, as two autocommit statements.
+    # The lease claim (sql::INSERT) and the stored answer (sql::COMPLETE) of
+    # idem_core::leased, as two autocommit statements.
     cat >"$WORK/fresh.sql" <<'EOF'
 INSERT INTO bench_keys (tenant_id, operation, idempotency_key, request_hash, state,
                         locked_until_ms, lock_token, created_at_ms, updated_at_ms, expires_at_ms)
 VALUES ('default', 'gateway', gen_random_uuid()::text, decode(repeat('ab', 32), 'hex'), 'pending',
         1800000030000, '6f1c0e0a2b9d4c1e8a7b3c5d9e0f1a2b', 1800000000000, 1800000000000, 1800086400000)
-ON CONFLICT (tenant_id, operation, idempotency_key) DO UPDATE SET
-    request_hash = excluded.request_hash, state = 'pending', status_code = NULL,
-    response_headers = NULL, response_body = NULL, resource_type = NULL,
-    resource_id = NULL, recovery_point = NULL, locked_until_ms = excluded.locked_until_ms,
-    lock_token = excluded.lock_token, created_at_ms = excluded.created_at_ms,
-    updated_at_ms = excluded.updated_at_ms, expires_at_ms = excluded.expires_at_ms
-WHERE bench_keys.expires_at_ms <= excluded.created_at_ms
+ON CONFLICT (tenant_id, operation, idempotency_key) DO NOTHING
 RETURNING idempotency_key AS k \gset
 UPDATE bench_keys SET state = 'completed', status_code = 201,
        response_headers = '[["content-type","application/json"]]',

@@ -12,6 +12,8 @@ use idem_core::{FingerprintSpec, Operation, Policy, Tenant};
 use idem_http::{RouteConfig, TenantSource};
 use serde::Deserialize;
 
+use crate::config::HttpBase;
+
 /// The tenant of every request when the route names no other source.
 pub const DEFAULT_TENANT: &str = "default";
 /// The operation of the route `--upstream` alone sets up.
@@ -26,7 +28,7 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 #[derive(Debug, Clone)]
 pub struct GatewayConfig {
     /// `http://HOST:PORT[/PREFIX]`.
-    pub upstream: Upstream,
+    pub upstream: HttpBase,
     /// Keyed routes, the first match wins; anything else passes through.
     pub routes: Vec<Route>,
     /// The limit of one forward.
@@ -34,9 +36,6 @@ pub struct GatewayConfig {
     /// Largest request body passed through on an unlisted route.
     pub max_body_bytes: usize,
 }
-
-/// The upstream's base URL, split.
-pub type Upstream = crate::config::HttpBase;
 
 /// A keyed route.
 #[derive(Debug, Clone)]
@@ -233,7 +232,7 @@ pub fn load(
         }
         return Ok(None);
     };
-    let upstream = Upstream::parse("upstream", url).map_err(|e| match &table {
+    let upstream = HttpBase::parse("upstream", url).map_err(|e| match &table {
         // From the file: say where.
         Some((path, text, at, _)) if upstream.is_none() => anyhow::anyhow!(
             "invalid configuration in {} (line {}): gateway.{e}",

@@ -16,7 +16,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use idem_http::RequestOutcome;
 
-use super::config;
+use crate::config::HttpBase;
 use crate::http_server::Peer;
 
 /// The most bytes of an answer on a route that stores none (unlisted, or
@@ -138,7 +138,7 @@ impl ForwardError {
 
 impl Upstream {
     /// A client for `upstream` whose exchanges take at most `timeout`.
-    pub fn new(upstream: &config::Upstream, timeout: Duration) -> Self {
+    pub fn new(upstream: &HttpBase, timeout: Duration) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(timeout));
         connector.set_nodelay(true);
