@@ -22,7 +22,13 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    idem_server::logging::init();
+    let _logs = match idem_server::logging::init(cli.log_format, cli.otlp_endpoint.as_deref()) {
+        Ok(guard) => guard,
+        Err(e) => {
+            eprintln!("error: {}", idem_core::ErrorChain(e.as_ref()));
+            return ExitCode::FAILURE;
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -157,16 +157,40 @@ where
     /// Cancel safe: each batch is one statement, and a cancelled one deletes
     /// nothing more than it would have; the next run carries on.
     pub async fn collect_once(&self) -> Result<Collected, StoreError> {
+        self.collect_once_reporting(|_, _| {}).await
+    }
+
+    /// [`Collector::collect_once`], calling `report(kind, rows)` after each
+    /// batch with the rows it deleted; `kind` is one of `key records`,
+    /// `inbox records`, `webhook receipts`, `sent outbox messages`,
+    /// `finished runs` and `send-once entries` (for a progress display).
+    pub async fn collect_once_reporting(
+        &self,
+        mut report: impl FnMut(&'static str, u64),
+    ) -> Result<Collected, StoreError> {
         let now = self.clock.now_ms();
         let s = &self.store;
-        let keys = self.batches(|n| s.purge_expired(now, n)).await?;
-        let inbox = self.batches(|n| s.purge_expired_inbox(now, n)).await?;
-        let receipts = self.batches(|n| s.purge_expired_receipts(now, n)).await?;
+        let r = &mut report;
+        let keys = self
+            .batches("key records", r, |n| s.purge_expired(now, n))
+            .await?;
+        let inbox = self
+            .batches("inbox records", r, |n| s.purge_expired_inbox(now, n))
+            .await?;
+        let receipts = self
+            .batches("webhook receipts", r, |n| s.purge_expired_receipts(now, n))
+            .await?;
         let retention = i64::try_from(self.config.sent_retention.as_millis()).unwrap_or(i64::MAX);
         let before = now.saturating_sub(retention);
-        let sent = self.batches(|n| s.purge_sent(before, n)).await?;
-        let runs = self.batches(|n| s.purge_runs(now, n)).await?;
-        let messages = self.batches(|n| s.purge_messages(now, n)).await?;
+        let sent = self
+            .batches("sent outbox messages", r, |n| s.purge_sent(before, n))
+            .await?;
+        let runs = self
+            .batches("finished runs", r, |n| s.purge_runs(now, n))
+            .await?;
+        let messages = self
+            .batches("send-once entries", r, |n| s.purge_messages(now, n))
+            .await?;
         Ok(Collected {
             keys,
             inbox,
@@ -177,7 +201,12 @@ where
         })
     }
 
-    async fn batches<F, Fut>(&self, mut purge: F) -> Result<u64, StoreError>
+    async fn batches<F, Fut>(
+        &self,
+        kind: &'static str,
+        report: &mut impl FnMut(&'static str, u64),
+        mut purge: F,
+    ) -> Result<u64, StoreError>
     where
         F: FnMut(u32) -> Fut,
         Fut: Future<Output = Result<u64, StoreError>>,
@@ -187,6 +216,7 @@ where
         for _ in 0..self.config.max_batches {
             let n = purge(batch).await?;
             total += n;
+            report(kind, n);
             if n < u64::from(batch) {
                 break;
             }

@@ -7,6 +7,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::progress::Progress;
+
 pub type BoxFut = Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>>;
 pub type Op = Arc<dyn Fn(u64) -> BoxFut + Send + Sync>;
 
@@ -21,6 +23,7 @@ pub struct Stats {
 pub async fn measure(op: Op, concurrency: usize, duration: Duration) -> anyhow::Result<Stats> {
     // One sequence for the whole run, so ids never repeat across cases.
     static SEQ: AtomicU64 = AtomicU64::new(0);
+    report(0, &format!("measuring at concurrency {concurrency} …"));
     let deadline = Instant::now() + duration;
     let started = Instant::now();
     let mut tasks = Vec::new();
@@ -47,11 +50,29 @@ pub async fn measure(op: Op, concurrency: usize, duration: Duration) -> anyhow::
             .copied()
             .unwrap_or_default()
     };
-    Ok(Stats {
+    let stats = Stats {
         ops_per_sec: all.len() as f64 / elapsed,
         p50: pct(0.50),
         p99: pct(0.99),
-    })
+    };
+    report(
+        1,
+        &format!(
+            "cases measured; the last at concurrency {concurrency}: {:.0} ops/s",
+            stats.ops_per_sec
+        ),
+    );
+    Ok(stats)
+}
+
+/// The run's progress on stderr (stdout holds the tables): one count of
+/// the cases measured, over every table.
+fn report(cases: u64, what: &str) {
+    static PROGRESS: std::sync::OnceLock<std::sync::Mutex<Progress>> = std::sync::OnceLock::new();
+    let progress = PROGRESS.get_or_init(|| std::sync::Mutex::new(Progress::stderr("bench", None)));
+    if let Ok(mut p) = progress.lock() {
+        p.advance(cases, what);
+    }
 }
 
 /// Prints one table: for each concurrency, the baseline, the fresh key and

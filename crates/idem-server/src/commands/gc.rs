@@ -10,6 +10,7 @@ use tokio::sync::watch;
 
 use super::DbArgs;
 use crate::backend::{Backend, Db, Job};
+use crate::progress::Progress;
 use crate::shutdown::stopped;
 
 /// The collector with its default batches: 1000 rows per statement, at most
@@ -35,10 +36,15 @@ struct Gc;
 impl Job for Gc {
     type Output = anyhow::Result<idem::Collected>;
     async fn run<B: Backend>(self, store: B) -> Self::Output {
-        collector(store)?
-            .collect_once()
-            .await
-            .context("failed to delete expired records")
+        let mut progress = Progress::stderr("gc", None);
+        let collected = collector(store)?
+            .collect_once_reporting(|kind, rows| progress.advance(rows, kind))
+            .await;
+        match &collected {
+            Ok(c) => progress.finish(&format!("{} rows deleted", c.total())),
+            Err(_) => progress.abandon(),
+        }
+        collected.context("failed to delete expired records")
     }
 }
 

@@ -30,6 +30,22 @@ pub struct Cli {
     /// What to run.
     #[command(subcommand)]
     pub command: Command,
+    /// Log lines as `text` (colours on a terminal) or `json` (one object
+    /// per line).
+    #[arg(
+        long,
+        global = true,
+        env = "IDEM_LOG_FORMAT",
+        value_enum,
+        default_value_t
+    )]
+    pub log_format: crate::logging::LogFormat,
+    /// Send traces (a span per request and per message) to this
+    /// OpenTelemetry collector over OTLP/HTTP (`http://HOST:4318`; the path
+    /// `/v1/traces` is added when none is given). Needs a build with the
+    /// `otlp` feature.
+    #[arg(long, global = true, env = "IDEM_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
 }
 
 /// Settings of `idem serve` the `[server]` table of `--config` may not hold:

@@ -27,12 +27,13 @@
 //! # Ok(()) }
 //! ```
 
-use std::io::{IsTerminal, Write};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use hyper::http::Method;
+
+use crate::progress::Progress;
 
 mod client;
 mod config;
@@ -785,11 +786,11 @@ pub async fn run(config: DrillConfig) -> Result<Report, RunError> {
         client,
         config,
     };
-    let progress = Progress::new(runner.config.progress);
+    let mut progress = DrillProgress::new(runner.config.progress);
     let mut drills = Vec::new();
     let mut stopped: Option<String> = None;
     for (i, (name, _)) in DRILLS.iter().enumerate() {
-        progress.start(i, name);
+        progress.start(name);
         let t = Instant::now();
         let mut ev = Evidence::default();
         let (outcome, summary) = match &stopped {
@@ -840,55 +841,42 @@ pub async fn run(config: DrillConfig) -> Result<Report, RunError> {
     })
 }
 
-/// One line per drill on stderr; on a terminal the line shows the drill
-/// running first and is overwritten with its result.
-struct Progress {
-    on: bool,
-    tty: bool,
-}
+/// One line per drill on stderr; on a terminal a bar shows the drill
+/// running between them.
+struct DrillProgress(Option<Progress>);
 
-impl Progress {
+impl DrillProgress {
     fn new(on: bool) -> Self {
-        Self {
-            on,
-            tty: std::io::stderr().is_terminal(),
+        Self(on.then(|| Progress::stderr("drill", Some(DRILLS.len() as u64))))
+    }
+
+    fn start(&mut self, name: &str) {
+        if let Some(p) = &mut self.0 {
+            p.advance(0, &format!("{name} …"));
         }
     }
 
-    fn start(&self, i: usize, name: &str) {
-        if self.on && self.tty {
-            let mut e = std::io::stderr().lock();
-            let _ = write!(e, "\r\x1b[K[{}/{}] {name} …", i + 1, DRILLS.len());
-            let _ = e.flush();
-        }
-    }
-
-    fn done(&self, i: usize, r: &DrillResult) {
-        if !self.on {
+    fn done(&mut self, i: usize, r: &DrillResult) {
+        let Some(p) = &mut self.0 else {
             return;
-        }
-        let mut e = std::io::stderr().lock();
-        if self.tty {
-            let _ = write!(e, "\r\x1b[K");
-        }
-        let summary: String = report::truncate(&r.summary, 100)
-            .chars()
-            .map(|c| if c.is_control() { ' ' } else { c })
-            .collect();
-        let _ = writeln!(
-            e,
-            "[{}/{}] {} {} — {summary} ({})",
-            i + 1,
-            DRILLS.len(),
-            r.name,
-            r.outcome.label(),
-            crate::duration_text(Duration::from_millis(r.elapsed_ms))
+        };
+        let summary = report::truncate(&r.summary, 100);
+        p.complete(
+            1,
+            &format!(
+                "[{}/{}] {} {} — {summary} ({})",
+                i + 1,
+                DRILLS.len(),
+                r.name,
+                r.outcome.label(),
+                crate::duration_text(Duration::from_millis(r.elapsed_ms))
+            ),
         );
     }
 
-    fn abort(&self) {
-        if self.on && self.tty {
-            let _ = writeln!(std::io::stderr());
+    fn abort(&mut self) {
+        if let Some(p) = &mut self.0 {
+            p.abandon();
         }
     }
 }
