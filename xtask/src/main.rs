@@ -373,13 +373,29 @@ fn test(extra: &[String]) -> Result<()> {
     } else {
         Ok(())
     };
+    // The trace exporter is a feature of its own: its tests need a build
+    // with it (and the plain build tests that it is refused without).
+    let otlp = run(Command::new("cargo")
+        .args([
+            "test",
+            "-p",
+            "idem-server",
+            "--features",
+            "otlp",
+            "--test",
+            "it",
+            "otlp",
+        ])
+        .env("IDEM_TEST_POSTGRES_URL", pg.url())
+        .env("IDEM_TEST_NATS_URL", nats.url())
+        .env("IDEM_TEST_NATS_SERVER", &nats_bin));
     drop(nats);
     drop(pg);
     let fuzzing = match fuzz_secs {
         0 => Ok(()),
         secs => fuzz_targets(FUZZ_TARGETS, secs),
     };
-    result.and(docs).and(fuzzing)
+    result.and(docs).and(otlp).and(fuzzing)
 }
 
 /// Runs `idem bench` (release build) on SQLite, a throwaway PostgreSQL and a
