@@ -307,7 +307,8 @@ pub fn admin_token(token: Option<&str>, listen: SocketAddr) -> anyhow::Result<Op
         Some(t) => Ok(Some(AdminToken::new(t).map_err(anyhow::Error::msg)?)),
         None if !listen.ip().is_loopback() => bail!(
             "--listen {listen} is not a loopback address: set --admin-token (or \
-             IDEM_ADMIN_TOKEN) so the admin routes are not open to the network"
+             IDEM_ADMIN_TOKEN, 16 to 1024 characters) so the admin API, the console \
+             and /metrics are not open to the network"
         ),
         None => Ok(None),
     }

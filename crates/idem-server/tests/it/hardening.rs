@@ -147,13 +147,16 @@ fn off_loopback_without_a_token_or_with_a_weak_one_nothing_starts() {
             .output()
             .unwrap()
     };
-    let out = run(&["serve", "--database-url", &db, "--listen", "0.0.0.0:1"]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("not a loopback address") && err.contains("--admin-token"),
-        "{err}"
-    );
+    for listen in ["0.0.0.0:8080", "0.0.0.0:1", "[::]:8080"] {
+        let out = run(&["serve", "--database-url", &db, "--listen", listen]);
+        assert!(!out.status.success(), "{listen}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!("--listen {listen} is not a loopback address"))
+                && err.contains("--admin-token"),
+            "{err}"
+        );
+    }
     let out = run(&["serve", "--database-url", &db, "--admin-token", "short"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("16 to 1024 characters"));
