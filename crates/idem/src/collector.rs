@@ -76,6 +76,9 @@ impl Collected {
     }
 }
 
+/// The counter of expired key records the collector deleted.
+pub const KEYS_PURGED_TOTAL: &str = "idem_keys_purged_total";
+
 /// Purges expired keys, inbox records, webhook receipts, sent outbox
 /// messages, final runs and send-once ledger entries of one database, in bounded batches. Several instances may run
 /// against one PostgreSQL database (deletes skip locked rows).
@@ -160,6 +163,7 @@ where
         let now = self.clock.now_ms();
         let s = &self.store;
         let keys = self.batches(|n| s.purge_expired(now, n)).await?;
+        metrics::counter!(KEYS_PURGED_TOTAL).increment(keys);
         let inbox = self.batches(|n| s.purge_expired_inbox(now, n)).await?;
         let receipts = self.batches(|n| s.purge_expired_receipts(now, n)).await?;
         let retention = i64::try_from(self.config.sent_retention.as_millis()).unwrap_or(i64::MAX);
