@@ -1,0 +1,491 @@
+//! `GET /metrics` of the real `idem serve` process: every counter equals the
+//! number of requests, webhook deliveries and messages this test sent, on an
+//! SQLite file and on PostgreSQL; the gauges read the store; and the
+//! endpoint is behind the admin token unless `--public-metrics`.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use idem_testkit::{NatsServer, PgDatabase, TempDir};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::Reply;
+use crate::process::Server;
+use crate::webhooks::{deliver, now_s, payment, sign};
+
+const TOKEN: &str = "metrics-test-admin-token-0123456789";
+
+/// One sample of the exposition text: name, labels, value.
+#[derive(Debug)]
+struct Sample {
+    name: String,
+    labels: BTreeMap<String, String>,
+    value: f64,
+}
+
+/// Parses the Prometheus text format (0.0.4): comment lines skipped, label
+/// values unescaped (`\\`, `\"`, `\n`), every other line one sample.
+fn parse(text: &str) -> Vec<Sample> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let name_end = line
+            .find(|c: char| c == '{' || c == ' ')
+            .unwrap_or_else(|| panic!("no value on {line:?}"));
+        let name = line[..name_end].to_owned();
+        let mut labels = BTreeMap::new();
+        let mut rest = &line[name_end..];
+        if let Some(body) = rest.strip_prefix('{') {
+            let mut chars = body.char_indices();
+            let mut key = String::new();
+            let end = loop {
+                let (i, c) = chars
+                    .next()
+                    .unwrap_or_else(|| panic!("unclosed {{ in {line:?}"));
+                match c {
+                    '}' => break i,
+                    ',' | ' ' => {}
+                    '=' => {
+                        assert_eq!(chars.next().map(|(_, c)| c), Some('"'), "{line:?}");
+                        let mut value = String::new();
+                        loop {
+                            match chars.next().unwrap().1 {
+                                '"' => break,
+                                '\\' => match chars.next().unwrap().1 {
+                                    'n' => value.push('\n'),
+                                    other => value.push(other),
+                                },
+                                c => value.push(c),
+                            }
+                        }
+                        labels.insert(std::mem::take(&mut key), value);
+                    }
+                    c => key.push(c),
+                }
+            };
+            rest = &body[end + 1..];
+        }
+        let value = rest.split_whitespace().next().unwrap();
+        let value = match value {
+            "+Inf" => f64::INFINITY,
+            "-Inf" => f64::NEG_INFINITY,
+            v => v
+                .parse()
+                .unwrap_or_else(|_| panic!("bad value in {line:?}")),
+        };
+        out.push(Sample {
+            name,
+            labels,
+            value,
+        });
+    }
+    out
+}
+
+/// The scraped samples, with lookups by name and exact label set.
+struct Scraped(Vec<Sample>);
+
+impl Scraped {
+    /// The value of the sample `name{labels}` (exactly these labels).
+    fn get(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        let want: BTreeMap<String, String> = labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let found: Vec<&Sample> = self
+            .0
+            .iter()
+            .filter(|s| s.name == name && s.labels == want)
+            .collect();
+        assert!(found.len() <= 1, "{name}{want:?} appears twice");
+        found.first().map(|s| s.value)
+    }
+
+    /// Like `get`, 0 when absent (a counter never incremented is not shown).
+    fn count(&self, name: &str, labels: &[(&str, &str)]) -> u64 {
+        let v = self.get(name, labels).unwrap_or(0.0);
+        assert!(v >= 0.0 && v.fract() == 0.0, "{name} = {v}");
+        v as u64
+    }
+
+    /// The sum of every sample of `name` whose labels include `labels`.
+    fn sum(&self, name: &str, labels: &[(&str, &str)]) -> u64 {
+        self.0
+            .iter()
+            .filter(|s| {
+                s.name == name
+                    && labels
+                        .iter()
+                        .all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))
+            })
+            .map(|s| s.value as u64)
+            .sum()
+    }
+}
+
+/// `GET /metrics`, with `Authorization: Bearer <token>` when given.
+async fn get_metrics(addr: SocketAddr, token: Option<&str>) -> Reply {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    let req = format!("GET /metrics HTTP/1.1\r\nHost: t\r\nConnection: close\r\n{auth}\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).await.unwrap();
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    let head = String::from_utf8_lossy(&raw[..split]).into_owned();
+    Reply {
+        status: head[9..12].parse().unwrap(),
+        head,
+        body: raw[split + 4..].to_vec(),
+    }
+}
+
+async fn scrape(addr: SocketAddr) -> Scraped {
+    let r = get_metrics(addr, Some(TOKEN)).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert!(
+        r.header("content-type")
+            .is_some_and(|ct| ct.starts_with("text/plain; version=0.0.4")),
+        "{}",
+        r.head
+    );
+    Scraped(parse(&String::from_utf8(r.body).unwrap()))
+}
+
+/// Polls the scrape until `done` holds (background work: relay, consumer,
+/// webhook workers), for at most 30 s; returns the last scrape.
+async fn scrape_until(addr: SocketAddr, what: &str, done: impl Fn(&Scraped) -> bool) -> Scraped {
+    for _ in 0..300 {
+        let s = scrape(addr).await;
+        if done(&s) {
+            return s;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{what} within 30 s");
+}
+
+/// Webhook endpoints: `hooks` (GitHub: delivery ids, no timestamp) and
+/// `timed` (Stripe: signed timestamps), both forwarding to `upstream`.
+fn webhook_config(upstream: SocketAddr) -> String {
+    format!(
+        r#"
+        [webhooks.hooks]
+        scheme = "github"
+        secrets = ["hooks-secret"]
+        forward_to = "http://{upstream}/v1/payments"
+        max_body_bytes = 512
+        [webhooks.timed]
+        scheme = "stripe"
+        secrets = ["whsec_timed"]
+        forward_to = "http://{upstream}/v1/payments"
+        [worker]
+        poll_interval_ms = 50
+        "#
+    )
+}
+
+const F: usize = 5; // fresh keyed requests
+const R: usize = 4; // replays
+const M: usize = 3; // mismatches
+const MISSING: usize = 2;
+const MALFORMED: usize = 2;
+const TOO_LARGE: usize = 1;
+const W: usize = 4; // accepted webhooks
+const D: usize = 3; // duplicate deliveries
+const B: usize = 2; // bad signatures
+const S: usize = 3; // stale timestamps
+
+async fn counters_equal_what_was_sent(db_url: &str) {
+    let nats = NatsServer::start();
+    let (upstream, _up) = crate::webhooks::upstream().await;
+    let dir = TempDir::new("metrics-cfg");
+    let file = dir.path().join("idem.toml");
+    std::fs::write(&file, webhook_config(upstream)).unwrap();
+    let nats_url = nats.url();
+    let server = Server::start(
+        db_url,
+        &[
+            "--admin-token",
+            TOKEN,
+            "--config",
+            file.to_str().unwrap(),
+            "--nats-url",
+            &nats_url,
+            "--consume",
+            "--max-body-bytes",
+            "2048",
+        ],
+    )
+    .await;
+    let addr = server.addr;
+
+    // HTTP: the payments route, operation `payments.create`.
+    let body = |i: usize| {
+        format!(
+            r#"{{"amount":{},"currency":"EUR","customer":"cus_m"}}"#,
+            i + 1
+        )
+    };
+    for i in 0..F {
+        let r = crate::create(addr, &format!("fresh-{i}"), &body(i)).await;
+        assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
+    }
+    for i in 0..R {
+        let r = crate::create(addr, &format!("fresh-{}", i % F), &body(i % F)).await;
+        assert!(r.replayed(), "replay {i}");
+    }
+    for i in 0..M {
+        let r = crate::create(addr, &format!("fresh-{i}"), &body(i + 100)).await;
+        assert_eq!(r.status, 422, "mismatch {i}");
+    }
+    for _ in 0..MISSING {
+        let r = crate::call(addr, "POST", "/v1/payments", None, &body(0)).await;
+        assert_eq!(r.status, 400);
+        assert!(
+            r.problem_type().ends_with("missing-idempotency-key"),
+            "{}",
+            r.problem_type()
+        );
+    }
+    for key in ["\"unterminated", "has\\backslash"].iter().take(MALFORMED) {
+        let r = crate::create(addr, key, &body(0)).await;
+        assert_eq!(r.status, 400);
+        assert!(
+            r.problem_type().ends_with("malformed-idempotency-key"),
+            "{}",
+            r.problem_type()
+        );
+    }
+    for i in 0..TOO_LARGE {
+        let big = format!(
+            r#"{{"amount":1,"currency":"EUR","customer":"cus_m","pad":"{}"}}"#,
+            "x".repeat(4096)
+        );
+        let r = crate::create(addr, &format!("big-{i}"), &big).await;
+        assert_eq!(r.status, 413);
+    }
+
+    // Webhooks.
+    let hook_body = |i: usize| payment(&format!("cus_hook_{i}"), "");
+    for i in 0..W {
+        let h = sign::github("hooks-secret", &format!("w-{i}"), &hook_body(i));
+        assert_eq!(deliver(addr, "hooks", &h, &hook_body(i)).await.status, 202);
+    }
+    for i in 0..D {
+        let h = sign::github("hooks-secret", &format!("w-{}", i % W), &hook_body(i % W));
+        assert_eq!(
+            deliver(addr, "hooks", &h, &hook_body(i % W)).await.status,
+            200
+        );
+    }
+    for i in 0..B {
+        let h = sign::github("not-the-secret", &format!("b-{i}"), &hook_body(i));
+        assert_eq!(deliver(addr, "hooks", &h, &hook_body(i)).await.status, 401);
+    }
+    for i in 0..S {
+        let b = payment(&format!("cus_stale_{i}"), "");
+        let h = sign::stripe("whsec_timed", now_s() - 3600, &b);
+        assert_eq!(deliver(addr, "timed", &h, &b).await.status, 401);
+    }
+    let big = payment("cus_big", &format!(r#","pad":"{}""#, "x".repeat(600)));
+    let h = sign::github("hooks-secret", "big", &big);
+    assert_eq!(deliver(addr, "hooks", &h, &big).await.status, 413);
+
+    // Counted before each answer went out: exact at once.
+    let m = scrape(addr).await;
+    let http = |outcome: &str| {
+        m.count(
+            "idem_http_requests_total",
+            &[("operation", "payments.create"), ("outcome", outcome)],
+        )
+    };
+    assert_eq!(http("executed"), F as u64);
+    assert_eq!(http("replayed"), R as u64);
+    assert_eq!(http("mismatch"), M as u64);
+    assert_eq!(http("missing_key"), MISSING as u64);
+    assert_eq!(http("malformed_key"), MALFORMED as u64);
+    assert_eq!(http("too_large"), TOO_LARGE as u64);
+    assert_eq!(http("in_flight"), 0);
+    assert_eq!(
+        m.sum("idem_http_requests_total", &[]),
+        (F + R + M + MISSING + MALFORMED + TOO_LARGE) as u64,
+        "no request counted twice or under another outcome"
+    );
+    // The histogram counts the same requests.
+    assert_eq!(
+        m.count(
+            "idem_http_request_duration_seconds_count",
+            &[("operation", "payments.create"), ("outcome", "executed")],
+        ),
+        F as u64
+    );
+    assert_eq!(
+        m.count(
+            "idem_http_request_duration_seconds_bucket",
+            &[
+                ("operation", "payments.create"),
+                ("outcome", "replayed"),
+                ("le", "+Inf")
+            ],
+        ),
+        R as u64
+    );
+    let hook = |endpoint: &str, result: &str| {
+        m.count(
+            "idem_webhook_deliveries_total",
+            &[("endpoint", endpoint), ("result", result)],
+        )
+    };
+    assert_eq!(hook("hooks", "accepted"), W as u64);
+    assert_eq!(hook("hooks", "duplicate"), D as u64);
+    assert_eq!(hook("hooks", "bad_signature"), B as u64);
+    assert_eq!(hook("hooks", "too_large"), 1);
+    assert_eq!(hook("timed", "stale_timestamp"), S as u64);
+    assert_eq!(
+        m.sum("idem_webhook_deliveries_total", &[]),
+        (W + D + B + S + 1) as u64
+    );
+
+    // The relay, the consumer and the webhook workers run in the background:
+    // their counters and the store's gauges reach the numbers sent.
+    let m = scrape_until(
+        addr,
+        "events published and applied, receipts processed",
+        |m| {
+            m.count("idem_outbox_published_total", &[]) >= F as u64
+                && m.count(
+                    "idem_inbox_messages_total",
+                    &[("subscriber", "demo-ledger"), ("result", "applied")],
+                ) >= F as u64
+                && m.get(
+                    "idem_webhook_receipts",
+                    &[("endpoint", "hooks"), ("state", "processed")],
+                ) == Some(W as f64)
+                && m.get("idem_outbox_pending", &[]) == Some(0.0)
+        },
+    )
+    .await;
+    assert_eq!(m.count("idem_outbox_published_total", &[]), F as u64);
+    assert_eq!(
+        m.count(
+            "idem_inbox_messages_total",
+            &[("subscriber", "demo-ledger"), ("result", "applied")],
+        ),
+        F as u64
+    );
+    assert_eq!(
+        m.count(
+            "idem_inbox_messages_total",
+            &[("subscriber", "demo-ledger"), ("result", "dead")],
+        ),
+        0
+    );
+    assert_eq!(m.get("idem_outbox_dead", &[]), Some(0.0));
+    assert_eq!(
+        m.get("idem_outbox_oldest_pending_age_seconds", &[]),
+        Some(0.0)
+    );
+    assert_eq!(
+        m.get(
+            "idem_webhook_receipts",
+            &[("endpoint", "hooks"), ("state", "received")],
+        )
+        .unwrap_or(0.0),
+        0.0
+    );
+    // No multi-step runs in this process: every state is shown, at 0.
+    for state in [
+        "running",
+        "compensating",
+        "needs_attention",
+        "completed",
+        "failed",
+    ] {
+        assert_eq!(
+            m.get("idem_runs", &[("state", state)]),
+            Some(0.0),
+            "{state}"
+        );
+    }
+    // Neither the key nor a body shows anywhere.
+    let text = String::from_utf8(get_metrics(addr, Some(TOKEN)).await.body).unwrap();
+    assert!(!text.contains("fresh-0") && !text.contains("cus_m"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_counters_equal_what_was_sent_on_sqlite() {
+    let dir = TempDir::new("metrics");
+    counters_equal_what_was_sent(&dir.sqlite_url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_counters_equal_what_was_sent_on_postgres() {
+    let db = PgDatabase::create("idem_metrics").await;
+    counters_equal_what_was_sent(&db.url).await;
+}
+
+/// Without `--public-metrics` `/metrics` answers like `/admin`: 401 without
+/// the token or with a wrong one (and 401 admin-disabled when no token is
+/// configured); with it, 200 to anyone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_need_the_admin_token_unless_public() {
+    let dir = TempDir::new("metrics-auth");
+    let url = dir.sqlite_url();
+
+    let guarded = Server::start(&url, &["--admin-token", TOKEN]).await;
+    for token in [None, Some("wrong-token-0123456789abcdef")] {
+        let r = get_metrics(guarded.addr, token).await;
+        assert_eq!(r.status, 401, "{token:?}");
+        assert_eq!(
+            r.header("content-type").as_deref(),
+            Some("application/problem+json")
+        );
+        assert!(
+            r.problem_type().ends_with("/unauthorized"),
+            "{}",
+            r.problem_type()
+        );
+        assert!(!String::from_utf8_lossy(&r.body).contains("idem_"));
+    }
+    assert_eq!(get_metrics(guarded.addr, Some(TOKEN)).await.status, 200);
+    drop(guarded);
+
+    let no_token = Server::start(&url, &[]).await;
+    let r = get_metrics(no_token.addr, None).await;
+    assert_eq!(r.status, 401);
+    assert!(
+        r.problem_type().ends_with("/admin-disabled"),
+        "{}",
+        r.problem_type()
+    );
+    drop(no_token);
+
+    let public = Server::start(&url, &["--public-metrics"]).await;
+    let r = get_metrics(public.addr, None).await;
+    assert_eq!(r.status, 200);
+    let text = String::from_utf8(r.body).unwrap();
+    let m = Scraped(parse(&text));
+    assert_eq!(m.get("idem_outbox_pending", &[]), Some(0.0));
+    // The environment variable does the same.
+    drop(public);
+    let env = Server::start_env(&url, &[], None, &[("IDEM_PUBLIC_METRICS", "true")]).await;
+    assert_eq!(get_metrics(env.addr, None).await.status, 200);
+}
+
+#[test]
+fn the_exposition_parser_reads_labels_and_escapes() {
+    let text = "# HELP x y\n# TYPE x counter\nx{a=\"1\",b=\"q\\\"u\\\\o\"} 3\ny 0.5\nz_bucket{le=\"+Inf\"} 7\n";
+    let s = Scraped(parse(text));
+    assert_eq!(s.get("x", &[("a", "1"), ("b", "q\"u\\o")]), Some(3.0));
+    assert_eq!(s.get("y", &[]), Some(0.5));
+    assert_eq!(s.get("z_bucket", &[("le", "+Inf")]), Some(7.0));
+    assert_eq!(s.get("x", &[("a", "1")]), None, "labels match exactly");
+}
