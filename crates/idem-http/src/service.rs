@@ -170,7 +170,7 @@ where
             .unwrap_or(RequestOutcome::Internal),
         Err(_) => RequestOutcome::Internal,
     };
-    span.record("outcome", outcome.as_str());
+    span.record("outcome", tracing::field::display(outcome));
     outcome.record(&config.operation, started.elapsed());
     answer
 }
@@ -190,8 +190,11 @@ pub fn request_span(config: &RouteConfig) -> tracing::Span {
 
 /// Fills the span's tenant and key hash from an admitted request.
 pub fn record_admitted(span: &tracing::Span, admitted: &crate::Admitted) {
-    span.record("tenant", admitted.tenant.as_str());
+    span.record("tenant", tracing::field::display(&admitted.tenant));
     if let Some(keyed) = &admitted.keyed {
-        span.record("key_hash", keyed.scope.key.short_hash().as_str());
+        span.record(
+            "key_hash",
+            tracing::field::display(keyed.scope.key.short_hash()),
+        );
     }
 }

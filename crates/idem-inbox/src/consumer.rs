@@ -257,7 +257,9 @@ where
         };
         tracing::Span::current().record(
             "message_hash",
-            idem_core::short_hash(message.message_id.as_str().as_bytes()).as_str(),
+            tracing::field::display(idem_core::short_hash(
+                message.message_id.as_str().as_bytes(),
+            )),
         );
         let claim = match self
             .inbox

@@ -249,7 +249,7 @@ where
                 .get::<RequestOutcome>()
                 .copied()
                 .unwrap_or(RequestOutcome::Internal);
-            span.record("outcome", outcome.as_str());
+            span.record("outcome", tracing::field::display(outcome));
             outcome.record(&operation, started.elapsed());
             Ok(res)
         }))

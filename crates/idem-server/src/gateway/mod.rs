@@ -111,7 +111,7 @@ impl<S: LeasedKeyStore> Gateway<S> {
             .get::<RequestOutcome>()
             .copied()
             .unwrap_or(RequestOutcome::Internal);
-        span.record("outcome", outcome.as_str());
+        span.record("outcome", tracing::field::display(outcome));
         outcome.record(&route.config.operation, started.elapsed());
         res
     }

@@ -35,7 +35,7 @@ fn parse(text: &str) -> Vec<Sample> {
             continue;
         }
         let name_end = line
-            .find(|c: char| c == '{' || c == ' ')
+            .find(['{', ' '])
             .unwrap_or_else(|| panic!("no value on {line:?}"));
         let name = line[..name_end].to_owned();
         let mut labels = BTreeMap::new();
