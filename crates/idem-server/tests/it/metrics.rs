@@ -480,6 +480,107 @@ async fn metrics_need_the_admin_token_unless_public() {
     assert_eq!(get_metrics(env.addr, None).await.status, 200);
 }
 
+/// The checkout's runs through the real shop: one confirmed order, one
+/// declined (compensated) and a replay; the step, compensation and run
+/// figures equal what the saga did.
+async fn steps_are_counted(shop_url: &str) {
+    let provider_dir = TempDir::new("metrics-provider");
+    let provider = Server::start(&provider_dir.sqlite_url(), &[]).await;
+    let sink_addr: SocketAddr = format!("127.0.0.1:{}", crate::process::free_port())
+        .parse()
+        .unwrap();
+    let _sink = crate::process::Proc::spawn(
+        &["mail-sink".into(), "--listen".into(), sink_addr.to_string()],
+        None,
+    );
+    let provider_url = format!("http://{}", provider.addr);
+    let mail_url = format!("http://{sink_addr}");
+    let shop = Server::start(
+        shop_url,
+        &[
+            "--admin-token",
+            TOKEN,
+            "--provider-url",
+            &provider_url,
+            "--mail-url",
+            &mail_url,
+        ],
+    )
+    .await;
+    let s = shop.addr;
+    crate::checkout::set_stock(s, "tee-m", 5).await;
+    let ok = crate::checkout::order_body("cus_ok", "tee-m", 2, 3000);
+    let r = crate::call(s, "POST", "/v1/orders", Some("o-1"), &ok).await;
+    assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
+    assert!(
+        crate::call(s, "POST", "/v1/orders", Some("o-1"), &ok)
+            .await
+            .replayed()
+    );
+    // The demo provider declines customers named cus_decline_*.
+    let declined = crate::checkout::order_body("cus_decline_1", "tee-m", 1, 500);
+    let r = crate::call(s, "POST", "/v1/orders", Some("o-2"), &declined).await;
+    assert_eq!(r.status, 402, "{}", String::from_utf8_lossy(&r.body));
+
+    let m = scrape(s).await;
+    let attempts = |step: &str, result: &str| {
+        m.count(
+            "idem_step_attempts_total",
+            &[("step", step), ("result", result)],
+        )
+    };
+    assert_eq!(attempts("charge", "ok"), 2, "both charges answered");
+    assert_eq!(attempts("confirmation", "ok"), 1, "one confirmation sent");
+    assert_eq!(attempts("refund", "ok"), 1, "the declined charge's undo");
+    assert_eq!(
+        m.sum("idem_step_attempts_total", &[]),
+        4,
+        "no other attempt"
+    );
+    // The declined order undid its charge (nothing to refund) and released
+    // its stock: two compensations, none failed.
+    assert_eq!(
+        m.count("idem_compensations_total", &[("result", "done")]),
+        2
+    );
+    assert_eq!(
+        m.count("idem_compensations_total", &[("result", "failed")]),
+        0
+    );
+    assert_eq!(m.count("idem_lease_takeovers_total", &[]), 0);
+    assert_eq!(m.count("idem_fence_rejections_total", &[]), 0);
+    assert_eq!(m.get("idem_runs", &[("state", "completed")]), Some(1.0));
+    assert_eq!(m.get("idem_runs", &[("state", "failed")]), Some(1.0));
+    assert_eq!(m.get("idem_runs", &[("state", "running")]), Some(0.0));
+    // The runs' route is counted like the layer's.
+    let orders = |outcome: &str| {
+        m.count(
+            "idem_http_requests_total",
+            &[("operation", "orders.create"), ("outcome", outcome)],
+        )
+    };
+    assert_eq!(orders("replayed"), 1);
+    assert_eq!(
+        m.sum(
+            "idem_http_requests_total",
+            &[("operation", "orders.create")]
+        ),
+        3
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_steps_compensations_and_runs_on_sqlite() {
+    let dir = TempDir::new("metrics-shop");
+    steps_are_counted(&dir.sqlite_url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_steps_compensations_and_runs_on_postgres() {
+    let db = PgDatabase::create("idem_metrics_shop").await;
+    steps_are_counted(&db.url).await;
+}
+
 #[test]
 fn the_exposition_parser_reads_labels_and_escapes() {
     let text = "# HELP x y\n# TYPE x counter\nx{a=\"1\",b=\"q\\\"u\\\\o\"} 3\ny 0.5\nz_bucket{le=\"+Inf\"} 7\n";
