@@ -581,6 +581,58 @@ async fn metrics_count_steps_compensations_and_runs_on_postgres() {
     steps_are_counted(&db.url).await;
 }
 
+/// A shop killed after the provider answered a charge and before it was
+/// recorded: the restarted shop takes the run over; its takeover counter
+/// equals the takeovers the run's record holds, and the repeated charge is
+/// its one charge attempt.
+async fn takeovers_are_counted(db: crate::checkout::ShopDb) {
+    use crate::checkout::{World, order_body, set_stock, settle};
+    let w = World::new(db).await;
+    let mut shop = w
+        .shop(&["--admin-token", TOKEN], Some("steps.after_call=1"))
+        .await;
+    set_stock(shop.addr, "tee", 10).await;
+    let body = order_body("cus_takeover", "tee", 1, 3000);
+    let first = crate::try_call(shop.addr, "POST", "/v1/orders", Some("t-1"), &body).await;
+    assert!(first.is_err() || first.unwrap().status >= 500);
+    assert!(
+        shop.proc().exited_within(Duration::from_secs(10)).await,
+        "aborted at the failpoint"
+    );
+    shop.restart().await;
+    let done = settle(shop.addr, "t-1", &body, Duration::from_secs(30)).await;
+    assert_eq!(done.status, 201, "{}", String::from_utf8_lossy(&done.body));
+    let order = done.json()["id"].as_str().unwrap().to_owned();
+    let run = w.run(&order).await;
+    assert!(run.takeovers >= 1);
+    let m = scrape(shop.addr).await;
+    assert_eq!(
+        m.count("idem_lease_takeovers_total", &[]),
+        u64::from(run.takeovers),
+        "every takeover was this process's"
+    );
+    assert_eq!(
+        m.count(
+            "idem_step_attempts_total",
+            &[("step", "charge"), ("result", "ok")]
+        ),
+        1,
+        "the charge sent again"
+    );
+    assert_eq!(m.count("idem_fence_rejections_total", &[]), 0);
+    assert_eq!(m.get("idem_runs", &[("state", "completed")]), Some(1.0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_lease_takeovers_on_sqlite() {
+    takeovers_are_counted(crate::checkout::ShopDb::sqlite().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_lease_takeovers_on_postgres() {
+    takeovers_are_counted(crate::checkout::ShopDb::postgres().await).await;
+}
+
 #[test]
 fn the_exposition_parser_reads_labels_and_escapes() {
     let text = "# HELP x y\n# TYPE x counter\nx{a=\"1\",b=\"q\\\"u\\\\o\"} 3\ny 0.5\nz_bucket{le=\"+Inf\"} 7\n";
