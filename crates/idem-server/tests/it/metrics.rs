@@ -633,6 +633,53 @@ async fn metrics_count_lease_takeovers_on_postgres() {
     takeovers_are_counted(crate::checkout::ShopDb::postgres().await).await;
 }
 
+/// Key records past their TTL are deleted by the server's collector; the
+/// counter equals the records written.
+async fn purged_keys_are_counted(db_url: &str) {
+    let server = Server::start(
+        db_url,
+        &[
+            "--admin-token",
+            TOKEN,
+            "--key-ttl",
+            "1s",
+            "--gc-interval",
+            "1s",
+        ],
+    )
+    .await;
+    const N: u64 = 3;
+    for i in 0..N {
+        let b = format!(
+            r#"{{"amount":{},"currency":"EUR","customer":"cus_gc"}}"#,
+            i + 1
+        );
+        assert_eq!(
+            crate::create(server.addr, &format!("gc-{i}"), &b)
+                .await
+                .status,
+            201
+        );
+    }
+    let m = scrape_until(server.addr, "the expired keys purged", |m| {
+        m.count("idem_keys_purged_total", &[]) >= N
+    })
+    .await;
+    assert_eq!(m.count("idem_keys_purged_total", &[]), N);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_purged_keys_on_sqlite() {
+    let dir = TempDir::new("metrics-gc");
+    purged_keys_are_counted(&dir.sqlite_url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_purged_keys_on_postgres() {
+    let db = PgDatabase::create("idem_metrics_gc").await;
+    purged_keys_are_counted(&db.url).await;
+}
+
 #[test]
 fn the_exposition_parser_reads_labels_and_escapes() {
     let text = "# HELP x y\n# TYPE x counter\nx{a=\"1\",b=\"q\\\"u\\\\o\"} 3\ny 0.5\nz_bucket{le=\"+Inf\"} 7\n";
