@@ -680,6 +680,109 @@ async fn metrics_count_purged_keys_on_postgres() {
     purged_keys_are_counted(&db.url).await;
 }
 
+/// The gateway's routes are counted like the layer's, and a forward whose
+/// gateway was killed is taken over once its lease ran out: the in-flight
+/// answers before that, the takeover and the one execution are counted.
+async fn the_gateway_is_counted(db: crate::checkout::ShopDb) {
+    use crate::gateway::{Upstream, config_file};
+    let up = Upstream::start().await;
+    let dir = TempDir::new("metrics-gateway");
+    let config = config_file(&dir, &up, "reforward");
+    let args = ["--config", config.as_str(), "--admin-token", TOKEN];
+    let mut gw = Server::start(&db.url(), &args).await;
+
+    let body = r#"{"amount":100,"currency":"EUR","customer":"c1"}"#;
+    let post = |key: Option<&'static str>, body: &'static str| {
+        let addr = gw.addr;
+        async move { crate::call(addr, "POST", "/v1/payments", key, body).await }
+    };
+    assert_eq!(post(Some("k-1"), body).await.status, 201);
+    assert!(post(Some("k-1"), body).await.replayed());
+    assert_eq!(post(Some("k-1"), r#"{"amount":999}"#).await.status, 422);
+    assert_eq!(post(None, body).await.status, 400);
+    let m = scrape(gw.addr).await;
+    let counted = |outcome: &str| {
+        m.count(
+            "idem_http_requests_total",
+            &[("operation", "payments.create"), ("outcome", outcome)],
+        )
+    };
+    assert_eq!(
+        (
+            counted("executed"),
+            counted("replayed"),
+            counted("mismatch"),
+            counted("missing_key")
+        ),
+        (1, 1, 1, 1)
+    );
+    assert_eq!(m.sum("idem_http_requests_total", &[]), 4);
+
+    // A forward held by the upstream, its gateway killed.
+    up.hold();
+    let addr = gw.addr;
+    let first =
+        tokio::spawn(
+            async move { crate::try_call(addr, "POST", "/hold", Some("h-1"), "{}").await },
+        );
+    for _ in 0..500 {
+        if !up.seen_at("/hold").is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        up.seen_at("/hold").len(),
+        1,
+        "the forward reached the upstream"
+    );
+    gw.proc().kill9();
+    assert!(first.await.unwrap().is_err());
+    up.open();
+    gw.restart().await;
+    let mut in_flight = 0u64;
+    let answer = loop {
+        let r = crate::call(gw.addr, "POST", "/hold", Some("h-1"), "{}").await;
+        if r.status == 409 && r.problem_type().ends_with("/request-in-flight") {
+            in_flight += 1;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        }
+        break r;
+    };
+    assert_eq!(
+        answer.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&answer.body)
+    );
+    let m = scrape(gw.addr).await;
+    let hold = |outcome: &str| {
+        m.count(
+            "idem_http_requests_total",
+            &[("operation", "hold"), ("outcome", outcome)],
+        )
+    };
+    assert_eq!(hold("in_flight"), in_flight, "every 409 during the lease");
+    assert_eq!(hold("executed"), 1);
+    assert_eq!(
+        m.count("idem_lease_takeovers_total", &[]),
+        1,
+        "one takeover"
+    );
+    assert_eq!(m.count("idem_fence_rejections_total", &[]), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_the_gateway_and_its_takeovers_on_sqlite() {
+    the_gateway_is_counted(crate::checkout::ShopDb::sqlite().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_the_gateway_and_its_takeovers_on_postgres() {
+    the_gateway_is_counted(crate::checkout::ShopDb::postgres().await).await;
+}
+
 #[test]
 fn the_exposition_parser_reads_labels_and_escapes() {
     let text = "# HELP x y\n# TYPE x counter\nx{a=\"1\",b=\"q\\\"u\\\\o\"} 3\ny 0.5\nz_bucket{le=\"+Inf\"} 7\n";
