@@ -415,6 +415,36 @@ async fn counters_equal_what_was_sent(db_url: &str) {
             "{state}"
         );
     }
+    // Two events published again under new broker ids (an operator's
+    // replay: only the inbox catches them) and one message that does not
+    // decode (no message id): two duplicates and one dead letter.
+    let js = idem_nats::connect(&nats_url, "metrics-test", false)
+        .await
+        .unwrap();
+    assert_eq!(
+        crate::messaging::replay_stream(&js, |seq| seq <= 2).await,
+        2
+    );
+    js.publish("payments.bogus", "not an event".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let inbox = |m: &Scraped, result: &str| {
+        m.count(
+            "idem_inbox_messages_total",
+            &[("subscriber", "demo-ledger"), ("result", result)],
+        )
+    };
+    let m = scrape_until(
+        addr,
+        "the duplicates skipped and the bad message dead",
+        |m| inbox(m, "duplicate") >= 2 && inbox(m, "dead") >= 1,
+    )
+    .await;
+    assert_eq!(inbox(&m, "duplicate"), 2);
+    assert_eq!(inbox(&m, "dead"), 1);
+    assert_eq!(inbox(&m, "applied"), F as u64, "nothing applied twice");
     // Neither the key nor a body shows anywhere.
     let text = String::from_utf8(get_metrics(addr, Some(TOKEN)).await.body).unwrap();
     assert!(!text.contains("fresh-0") && !text.contains("cus_m"));
