@@ -448,6 +448,13 @@ async fn counters_equal_what_was_sent(db_url: &str) {
     // Neither the key nor a body shows anywhere.
     let text = String::from_utf8(get_metrics(addr, Some(TOKEN)).await.body).unwrap();
     assert!(!text.contains("fresh-0") && !text.contains("cus_m"));
+    let mut server = server;
+    let log = server.proc().log();
+    assert!(
+        log.contains("idem.message{subscriber=demo-ledger"),
+        "the dead letter's line is in its message span: {log}"
+    );
+    assert!(!log.contains("fresh-0"), "a raw key was logged: {log}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
