@@ -887,6 +887,31 @@ pub async fn webhook_claims_keep_entity_order<S: WebhookStore>(store: S) {
     );
 }
 
+/// Receipts are counted per endpoint and state, pairs with none left out.
+pub async fn webhook_receipts_are_counted_by_endpoint_and_state<S: WebhookStore>(store: S) {
+    assert_eq!(store.count_receipts().await.unwrap(), vec![], "none yet");
+    for (endpoint, delivery) in [("gh", "1"), ("gh", "2"), ("gh", "3"), ("other", "1")] {
+        let r = receipt(endpoint, delivery, None);
+        assert_eq!(
+            store.accept(&r, NOW, NOW + 1_000).await.unwrap(),
+            Accepted::New
+        );
+    }
+    let claimed = store.claim_receipts("gh", NOW, LEASE, 1).await.unwrap();
+    store
+        .finish(claimed[0].id, &Finish::Processed, NOW + 1)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.count_receipts().await.unwrap(),
+        vec![
+            ("gh".to_owned(), ReceiptState::Processed, 1),
+            ("gh".to_owned(), ReceiptState::Received, 2),
+            ("other".to_owned(), ReceiptState::Received, 1),
+        ]
+    );
+}
+
 /// Failures retry later, then die; an operator's replay requeues failed and
 /// dead receipts and leaves finished ones alone; GC deletes expired receipts.
 pub async fn webhook_failures_replay_and_gc<S: WebhookStore>(store: S) {

@@ -668,6 +668,40 @@ pub async fn runs_are_listed_by_state<S: RunStore>(store: S) {
     assert_eq!(two.len(), 2);
 }
 
+/// Runs are counted per state, states with none left out.
+pub async fn runs_are_counted_by_state<S: RunStore>(store: S) {
+    assert_eq!(store.count_runs().await.unwrap(), vec![], "none yet");
+    let mut leases = Vec::new();
+    for i in 0..3 {
+        leases.push(
+            start(
+                &store,
+                &scope("t1", &format!("count-{i}")),
+                "exec-a",
+                T0 + i,
+            )
+            .await,
+        );
+    }
+    let attention = RunChange {
+        state: Some(RunState::NeedsAttention),
+        attention: Some(Some(("mail", "unknown"))),
+        ..RunChange::default()
+    };
+    assert!(
+        store
+            .record_run(&leases[2], &attention, None, T0)
+            .await
+            .unwrap()
+    );
+    let mut counts = store.count_runs().await.unwrap();
+    counts.sort_by_key(|(s, _)| s.as_str());
+    assert_eq!(
+        counts,
+        vec![(RunState::NeedsAttention, 1), (RunState::Running, 2)]
+    );
+}
+
 /// The idempotent write patterns on a real table: an absolute upsert
 /// repeated changes nothing; a versioned update applies once per version
 /// read; a transition tells moved, already there, illegal and missing apart,

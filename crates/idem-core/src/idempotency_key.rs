@@ -48,6 +48,25 @@ impl IdempotencyKey {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// A short hash of the key for logs and traces ([`short_hash`]): never
+    /// log the key itself.
+    pub fn short_hash(&self) -> String {
+        short_hash(self.0.as_bytes())
+    }
+}
+
+/// The first 12 hex characters of the SHA-256 of `bytes`: enough to tell
+/// keys (or message ids) apart in logs and traces without revealing them.
+pub fn short_hash(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    use std::fmt::Write;
+    let digest = Sha256::digest(bytes);
+    let mut out = String::with_capacity(12);
+    for b in &digest[..6] {
+        let _ = write!(out, "{b:02x}");
+    }
+    out
 }
 
 impl fmt::Debug for IdempotencyKey {
@@ -114,6 +133,14 @@ fn parse_sf_string(value: &[u8]) -> Result<String, KeyError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn short_hash_is_twelve_hex_of_sha256() {
+        // SHA-256("abc") = ba7816bf8f01cfea…
+        assert_eq!(short_hash(b"abc"), "ba7816bf8f01");
+        let key = IdempotencyKey::new("abc").unwrap();
+        assert_eq!(key.short_hash(), "ba7816bf8f01");
+    }
 
     #[test]
     fn bare_and_quoted_forms_parse_to_the_same_key() {

@@ -80,7 +80,7 @@ pub use config::ConfigError;
 pub use engine::{Begun, BoxFuture, Claimed, Engine, Outcome};
 pub use error::{BoxError, Error, ErrorChain, KeyError, ScopeError, StoreError};
 pub use fingerprint::{Fingerprint, FingerprintSpec, RequestParts};
-pub use idempotency_key::IdempotencyKey;
+pub use idempotency_key::{IdempotencyKey, short_hash};
 pub use keys::{Completion, KeyStore, RecordState, ResourceRef, StoredRecord, StoredResponse};
 pub use policy::Policy;
 #[cfg(feature = "tokio")]

@@ -891,6 +891,10 @@ pub trait RunStore: KeyStore {
         id: &RunId,
     ) -> impl Future<Output = Result<Option<RunRecord>, StoreError>> + Send;
 
+    /// How many runs are in each state (states with none are left out):
+    /// one grouped `COUNT`, for the metrics gauges.
+    fn count_runs(&self) -> impl Future<Output = Result<Vec<(RunState, u64)>, StoreError>> + Send;
+
     /// Runs, newest first, without their steps.
     fn list_runs(
         &self,

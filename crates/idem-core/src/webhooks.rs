@@ -292,6 +292,13 @@ pub trait WebhookStore: Clone + Send + Sync + 'static {
         now_ms: i64,
         limit: u32,
     ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// How many receipts each endpoint holds in each state (the pairs with
+    /// none are left out), ordered by endpoint and state: one grouped
+    /// `COUNT`, for the metrics gauges.
+    fn count_receipts(
+        &self,
+    ) -> impl Future<Output = Result<Vec<(String, ReceiptState, u64)>, StoreError>> + Send;
 }
 
 #[cfg(test)]

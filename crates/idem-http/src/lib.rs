@@ -100,9 +100,9 @@ use http::HeaderName;
 pub use admission::{Admitted, Keyed, admit};
 pub use config::{Disposition, NEVER_REPLAYED, RouteConfig, RouteConfigError, TenantSource};
 pub use execution::{execute, replay, stored_response};
-pub use outcome::RequestOutcome;
+pub use outcome::{REQUEST_DURATION, REQUESTS_TOTAL, RequestOutcome};
 pub use problem::{Rejection, TYPE_BASE, problem, store_problem};
-pub use service::{Idempotency, IdempotencyLayer, ResponseFuture};
+pub use service::{Idempotency, IdempotencyLayer, ResponseFuture, record_admitted, request_span};
 pub use tx::{IdemTx, TxFinished};
 
 /// The header carrying the key.

@@ -1,9 +1,17 @@
 //! What the layer did with a request, as a response extension for logs and
 //! metrics.
 
+use std::time::Duration;
+
 use http::Response;
+use idem_core::Operation;
 
 use crate::problem::Rejection;
+
+/// The counter of requests the layer answered, by operation and outcome.
+pub const REQUESTS_TOTAL: &str = "idem_http_requests_total";
+/// The histogram of their durations in seconds, by operation and outcome.
+pub const REQUEST_DURATION: &str = "idem_http_request_duration_seconds";
 
 /// What the idempotency layer did with a request. Every response the layer
 /// produces or passes back carries one in its extensions (methods the layer
@@ -98,6 +106,22 @@ impl RequestOutcome {
             Rejection::ResponseTooLarge => Self::ResponseTooLarge,
             Rejection::Internal => Self::Internal,
         }
+    }
+
+    /// Counts a request that ended with this outcome on `operation`:
+    /// `idem_http_requests_total{operation,outcome}` and the histogram
+    /// `idem_http_request_duration_seconds{operation,outcome}`, through the
+    /// `metrics` facade (nothing is recorded until an application installs
+    /// a recorder). The layer calls it for every request it covers; a
+    /// service that uses [`admit`](crate::admit) and
+    /// [`execute`](crate::execute) on its own calls it too.
+    pub fn record(self, operation: &Operation, elapsed: Duration) {
+        let operation = operation.as_str().to_owned();
+        let outcome = self.as_str();
+        metrics::counter!(REQUESTS_TOTAL, "operation" => operation.clone(), "outcome" => outcome)
+            .increment(1);
+        metrics::histogram!(REQUEST_DURATION, "operation" => operation, "outcome" => outcome)
+            .record(elapsed.as_secs_f64());
     }
 
     /// Puts this outcome in the response's extensions.

@@ -10,9 +10,12 @@ use http::{Request, Response};
 use http_body::Body;
 use idem_core::{BoxError, Clock, Engine, KeyStore, SystemClock};
 
+use tracing::Instrument;
+
 use crate::admission::admit;
 use crate::config::RouteConfig;
 use crate::execution::{execute, reject};
+use crate::outcome::RequestOutcome;
 
 /// Applies the idempotency contract to a service. One layer per route: the
 /// [`RouteConfig`] names the operation keys are scoped to.
@@ -144,8 +147,54 @@ where
     ResB: Body + From<Bytes> + Send,
     ResB::Error: Into<BoxError>,
 {
-    match admit(&config, req).await {
-        Ok(admitted) => execute(&engine, &config, inner, admitted).await,
-        Err(rejection) => Ok(reject(rejection)),
+    let started = tokio::time::Instant::now();
+    let span = request_span(&config);
+    let answer = async {
+        match admit(&config, req).await {
+            Ok(admitted) => {
+                record_admitted(&span, &admitted);
+                execute(&engine, &config, inner, admitted).await
+            }
+            Err(rejection) => Ok(reject(rejection)),
+        }
+    }
+    .instrument(span.clone())
+    .await;
+    // A handler's own error (after its rollback) has no outcome of the
+    // layer's: it counts as `internal`.
+    let outcome = match &answer {
+        Ok(res) => res
+            .extensions()
+            .get::<RequestOutcome>()
+            .copied()
+            .unwrap_or(RequestOutcome::Internal),
+        Err(_) => RequestOutcome::Internal,
+    };
+    span.record("outcome", tracing::field::display(outcome));
+    outcome.record(&config.operation, started.elapsed());
+    answer
+}
+
+/// The `idem.request` span of one request: its operation now; its tenant
+/// and a short hash of its key once admission read them. Never the key
+/// itself, nor a body.
+pub fn request_span(config: &RouteConfig) -> tracing::Span {
+    tracing::info_span!(
+        "idem.request",
+        operation = %config.operation,
+        tenant = tracing::field::Empty,
+        key_hash = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+    )
+}
+
+/// Fills the span's tenant and key hash from an admitted request.
+pub fn record_admitted(span: &tracing::Span, admitted: &crate::Admitted) {
+    span.record("tenant", tracing::field::display(&admitted.tenant));
+    if let Some(keyed) = &admitted.keyed {
+        span.record(
+            "key_hash",
+            tracing::field::display(keyed.scope.key.short_hash()),
+        );
     }
 }

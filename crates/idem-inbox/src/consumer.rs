@@ -150,6 +150,10 @@ impl ConsumerConfig {
     }
 }
 
+/// The counter of settled messages by subscriber and result (`applied`,
+/// `duplicate`, `dead`).
+pub const MESSAGES_TOTAL: &str = "idem_inbox_messages_total";
+
 /// Counters since start.
 #[derive(Debug, Default)]
 pub struct ConsumerStats {
@@ -232,8 +236,16 @@ where
             .fetch(self.config.batch_size as usize, self.config.fetch_wait)
             .await?;
         for delivery in &batch {
-            let settle = self.apply(delivery).await;
-            self.settle(delivery, settle).await;
+            let span = tracing::info_span!(
+                "idem.message",
+                subscriber = %self.subscriber,
+                message_hash = tracing::field::Empty,
+            );
+            let one = async {
+                let settle = self.apply(delivery).await;
+                self.settle(delivery, settle).await;
+            };
+            tracing::Instrument::instrument(one, span).await;
         }
         Ok(batch.len())
     }
@@ -243,6 +255,12 @@ where
             Ok(m) => m,
             Err(reason) => return Settle::Dead(format!("undecodable message: {reason}")),
         };
+        tracing::Span::current().record(
+            "message_hash",
+            tracing::field::display(idem_core::short_hash(
+                message.message_id.as_str().as_bytes(),
+            )),
+        );
         let claim = match self
             .inbox
             .begin(&self.subscriber, &message.message_id)
@@ -250,6 +268,7 @@ where
         {
             Ok(InboxBegun::Duplicate) => {
                 self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
+                self.count("duplicate");
                 return Settle::Ack;
             }
             Ok(InboxBegun::Fresh(claim)) => claim,
@@ -285,15 +304,25 @@ where
             Ok(Committed::Applied) => {
                 failpoint::hit("consume.after_commit");
                 self.stats.applied.fetch_add(1, Ordering::Relaxed);
+                self.count("applied");
                 Settle::Ack
             }
             Ok(Committed::Duplicate) => {
                 self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
+                self.count("duplicate");
                 Settle::Ack
             }
             // Not acked: the broker delivers it again, and the inbox decides.
             Err(e) => self.retry_or_dead(&message, format!("commit: {e}")),
         }
+    }
+
+    /// Counts a settled message: `idem_inbox_messages_total{subscriber,
+    /// result}` (the subscriber is configuration, so its values are bounded).
+    fn count(&self, result: &'static str) {
+        metrics::counter!(MESSAGES_TOTAL, "subscriber" => self.subscriber.as_str().to_owned(),
+                          "result" => result)
+        .increment(1);
     }
 
     fn retry_or_dead(&self, message: &InboxMessage, error: String) -> Settle {
@@ -323,6 +352,7 @@ where
                 Ok(()) => {
                     tracing::error!(%reason, "message dead-lettered");
                     self.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
+                    self.count("dead");
                     delivery.term().await
                 }
                 // Never drop a message silently: if it cannot be parked, it

@@ -70,7 +70,7 @@ mod consumer;
 
 pub use consumer::{
     Consumer, ConsumerConfig, ConsumerStats, Delivery, Handler, HandlerError, InboxMessage,
-    MessageSource, SourceError,
+    MESSAGES_TOTAL, MessageSource, SourceError,
 };
 
 use std::time::Duration;

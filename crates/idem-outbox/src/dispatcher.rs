@@ -99,6 +99,10 @@ pub struct RunOnce {
     pub unavailable: usize,
 }
 
+/// The counter of messages published and marked sent (after the broker's
+/// acknowledgement), over every dispatcher of the process.
+pub const PUBLISHED_TOTAL: &str = "idem_outbox_published_total";
+
 /// Lag figures.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DispatcherStats {
@@ -271,6 +275,7 @@ impl<S: OutboxStore, P: Publisher, C: Clock> Dispatcher<S, P, C> {
             round.sent = sent.len();
             self.published
                 .fetch_add(sent.len() as u64, Ordering::Relaxed);
+            metrics::counter!(PUBLISHED_TOTAL).increment(sent.len() as u64);
             self.rate
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())

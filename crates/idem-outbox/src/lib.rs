@@ -62,7 +62,9 @@
 mod dispatcher;
 mod outbox;
 
-pub use dispatcher::{Dispatcher, DispatcherConfig, DispatcherStats, Polling, RunOnce};
+pub use dispatcher::{
+    Dispatcher, DispatcherConfig, DispatcherStats, PUBLISHED_TOTAL, Polling, RunOnce,
+};
 
 pub use outbox::Outbox;
 

@@ -428,6 +428,27 @@ impl RunStore for PgStore {
         Ok(runs.pop())
     }
 
+    async fn count_runs(&self) -> Result<Vec<(idem_core::steps::RunState, u64)>, StoreError> {
+        self.bounded(async {
+            let rows: Vec<(String, i64)> = sqlx::query_as(
+                "SELECT state, COUNT(*) FROM idem_runs GROUP BY state ORDER BY state",
+            )
+            .fetch_all(self.pool())
+            .await
+            .map_err(map_err)?;
+            Ok(rows
+                .into_iter()
+                .filter_map(|(s, n)| {
+                    Some((
+                        idem_core::steps::RunState::parse(&s)?,
+                        u64::try_from(n).ok()?,
+                    ))
+                })
+                .collect())
+        })
+        .await
+    }
+
     async fn list_runs(&self, filter: &RunFilter) -> Result<Vec<RunRecord>, StoreError> {
         self.bounded(async {
             let rows = sqlx::query(&format!(

@@ -32,6 +32,8 @@ pub struct ServerConfig {
     pub limits: Limits,
     /// `--admin-token`; `None` disables the admin routes.
     pub admin_token: Option<AdminToken>,
+    /// `--public-metrics`: `/metrics` without the admin token.
+    pub public_metrics: bool,
     /// The demo routes.
     pub demo: DemoConfig,
     /// How often expired records are deleted.

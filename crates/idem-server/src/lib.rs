@@ -34,6 +34,7 @@ pub mod gateway;
 pub mod http_server;
 pub mod logging;
 pub mod messaging;
+pub mod metrics;
 pub mod progress;
 pub mod respond;
 pub mod routes;

@@ -482,6 +482,23 @@ impl RunStore for SqliteStore {
         Ok(runs.pop())
     }
 
+    async fn count_runs(&self) -> Result<Vec<(idem_core::steps::RunState, u64)>, StoreError> {
+        let rows: Vec<(String, i64)> =
+            sqlx::query_as("SELECT state, COUNT(*) FROM idem_runs GROUP BY state ORDER BY state")
+                .fetch_all(self.pool())
+                .await
+                .map_err(|e| self.map(e))?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|(s, n)| {
+                Some((
+                    idem_core::steps::RunState::parse(&s)?,
+                    u64::try_from(n).ok()?,
+                ))
+            })
+            .collect())
+    }
+
     async fn list_runs(&self, filter: &RunFilter) -> Result<Vec<RunRecord>, StoreError> {
         let rows = sqlx::query(&format!(
             "SELECT {RUN_COLUMNS} FROM idem_runs WHERE (?1 IS NULL OR state = ?1)

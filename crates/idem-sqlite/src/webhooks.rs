@@ -195,6 +195,20 @@ impl WebhookStore for SqliteStore {
         self.commit(tx).await
     }
 
+    async fn count_receipts(&self) -> Result<Vec<(String, ReceiptState, u64)>, StoreError> {
+        let rows: Vec<(String, String, i64)> = sqlx::query_as(
+            "SELECT endpoint, state, COUNT(*) FROM idem_webhook_receipts
+             GROUP BY endpoint, state ORDER BY endpoint, state",
+        )
+        .fetch_all(self.pool())
+        .await
+        .map_err(|e| self.map(e))?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|(e, s, n)| Some((e, ReceiptState::parse(&s)?, u64::try_from(n).ok()?)))
+            .collect())
+    }
+
     async fn list_receipts(
         &self,
         endpoint: Option<&str>,

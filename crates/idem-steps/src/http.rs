@@ -133,6 +133,7 @@ impl<S: RunStore> WorkflowService<S> {
             Ok(a) => a,
             Err(r) => return reject(r),
         };
+        idem_http::record_admitted(&tracing::Span::current(), &admitted);
         let Some(keyed) = admitted.keyed else {
             return reject(Rejection::MissingKey);
         };
@@ -237,6 +238,20 @@ where
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let this = self.clone();
-        ResponseFuture(Box::pin(async move { Ok(this.handle(req).await) }))
+        ResponseFuture(Box::pin(async move {
+            // The idempotency layer's span and counters, for runs' routes.
+            let started = tokio::time::Instant::now();
+            let span = idem_http::request_span(&this.config);
+            let operation = this.config.operation.clone();
+            let res = tracing::Instrument::instrument(this.handle(req), span.clone()).await;
+            let outcome = res
+                .extensions()
+                .get::<RequestOutcome>()
+                .copied()
+                .unwrap_or(RequestOutcome::Internal);
+            span.record("outcome", tracing::field::display(outcome));
+            outcome.record(&operation, started.elapsed());
+            Ok(res)
+        }))
     }
 }

@@ -105,6 +105,7 @@ mod config;
 mod error;
 #[cfg(feature = "http")]
 mod http;
+pub mod metrics;
 mod recovery;
 mod resolve;
 mod run;

@@ -60,6 +60,7 @@ impl<S: RunStore> Recovery<S> {
             )
             .await?;
         let n = runs.len();
+        crate::metrics::takeovers(n as u64);
         for record in runs {
             let Some(lease) = record.lease() else {
                 continue;

@@ -460,6 +460,7 @@ impl<S: RunStore> Run<S> {
                 Ok(())
             }
             Ok(false) => {
+                crate::metrics::fence_rejected();
                 self.rollback_open().await;
                 tracing::warn!(run = %self.record.id, fence = %self.lease.fence,
                                "fenced out: another executor holds the run; stopping");
@@ -853,6 +854,7 @@ impl<S: RunStore> Run<S> {
                 attempt: rec.attempts,
             };
             let answer = self.timed(call(ctx)).await?;
+            crate::metrics::attempt(step.as_str(), &answer);
             match answer {
                 Ok(value) => {
                     // Drill 7's window: the other system did it, nothing
@@ -1079,6 +1081,7 @@ impl<S: RunStore> Run<S> {
             }
             failpoint::hit("steps.before_send");
             let answer = self.timed(send(ctx)).await?;
+            crate::metrics::attempt(step.as_str(), &answer);
             match answer {
                 Ok(()) => {
                     failpoint::hit("steps.after_send");
@@ -1205,6 +1208,7 @@ impl<S: RunStore> Run<S> {
                             let rec = self.done(rec, b"null".to_vec());
                             self.open = Some(tx);
                             self.write_now(&RunChange::default(), Some(&rec)).await?;
+                            crate::metrics::compensation("done");
                             return Ok(());
                         }
                         Err(e) => {
@@ -1244,16 +1248,19 @@ impl<S: RunStore> Run<S> {
                     };
                     failpoint::hit("steps.undo.before_call");
                     let answer = self.timed(f(ctx, result.as_deref())).await?;
+                    crate::metrics::attempt(undo.name.as_str(), &answer);
                     match answer {
                         Ok(()) => {
                             failpoint::hit("steps.undo.after_call");
                             let rec = self.done(rec, b"null".to_vec());
                             self.write_now(&RunChange::default(), Some(&rec)).await?;
+                            crate::metrics::compensation("done");
                             return Ok(());
                         }
                         Err(StepError::Permanent(e)) => {
                             rec.error = Some(e.clone());
                             self.write_now(&RunChange::default(), Some(&rec)).await?;
+                            crate::metrics::compensation("failed");
                             return Err(Stop::Attention {
                                 step: undo.name.as_str().to_owned(),
                                 reason: format!("the compensation failed for good: {e}"),
@@ -1303,7 +1310,10 @@ impl<S: RunStore> Run<S> {
         };
         match S::record_run_in(&mut tx, &self.lease, &change, None, now).await {
             Ok(true) => {}
-            Ok(false) => return Err(Stop::LeaseLost),
+            Ok(false) => {
+                crate::metrics::fence_rejected();
+                return Err(Stop::LeaseLost);
+            }
             Err(e) => return Err(Stop::Store(e)),
         }
         let mut stored = completion.clone();

@@ -469,6 +469,7 @@ impl<S: RunStore> Runs<S> {
                 {
                     Some(record) => match record.lease() {
                         Some(lease) => {
+                            crate::metrics::takeovers(1);
                             tracing::info!(run = %id, fence = %record.fence, "took over a run whose lease expired");
                             Busy::Answer(Started::Running(self.spawn(
                                 namespace.clone(),
@@ -586,6 +587,7 @@ async fn heartbeat<S: RunStore>(
         match shared.store.record_run(&lease, &change, None, now).await {
             Ok(true) => beat.locked_until_ms.store(until, Ordering::SeqCst),
             Ok(false) => {
+                crate::metrics::fence_rejected();
                 tracing::warn!(run = %lease.run, fence = %lease.fence, "heartbeat fenced out: another executor took the run over");
                 let _ = lost.send(true);
                 return;

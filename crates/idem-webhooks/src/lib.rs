@@ -122,7 +122,7 @@ pub use forward::{Forward, idempotency_key};
 pub use lookup::{delivery_forms, find_receipt, replay_receipt};
 pub use processor::{HandlerError, Processor, ProcessorConfig, Round, WebhookHandler};
 pub use receiver::{
-    Counters, Endpoint, EndpointConfig, EndpointError, MAX_BODY_LIMIT, MAX_DELIVERY_ID_BYTES,
-    ReceiveError, Received, Receiver, bounded_delivery_id, is_secret_header,
+    Counters, DELIVERIES_TOTAL, Endpoint, EndpointConfig, EndpointError, MAX_BODY_LIMIT,
+    MAX_DELIVERY_ID_BYTES, ReceiveError, Received, Receiver, bounded_delivery_id, is_secret_header,
 };
 pub use scheme::{Scheme, Secret, SecretError, Verified, Verifier, VerifyError};

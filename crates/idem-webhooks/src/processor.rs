@@ -215,7 +215,22 @@ impl<S: WebhookStore, C: Clock> Processor<S, C> {
             .await
     }
 
+    /// Processes one receipt in its `idem.message` span (the endpoint and
+    /// a short hash of the delivery id).
     async fn one(&self, r: &Receipt, handler: &dyn WebhookHandler) -> Result<Outcome, StoreError> {
+        let span = tracing::info_span!(
+            "idem.message",
+            endpoint = %r.receipt.endpoint,
+            message_hash = %idem_core::short_hash(r.receipt.delivery_id.as_bytes()),
+        );
+        tracing::Instrument::instrument(self.process(r, handler), span).await
+    }
+
+    async fn process(
+        &self,
+        r: &Receipt,
+        handler: &dyn WebhookHandler,
+    ) -> Result<Outcome, StoreError> {
         let now = self.clock.now_ms();
         if let (Some(entity), Some(version)) = (&r.receipt.entity_id, r.receipt.entity_version) {
             let newest = self

@@ -242,6 +242,17 @@ pub struct Counters {
     pub too_large: AtomicU64,
 }
 
+/// The counter of deliveries by endpoint and result (`accepted`,
+/// `duplicate`, `bad_signature`, `stale_timestamp`, `too_large`).
+pub const DELIVERIES_TOTAL: &str = "idem_webhook_deliveries_total";
+
+/// Counts one delivery of a configured endpoint (the name is the
+/// configuration's, so the label's values are bounded).
+fn count_delivery(endpoint: &str, result: &'static str) {
+    metrics::counter!(DELIVERIES_TOTAL, "endpoint" => endpoint.to_owned(), "result" => result)
+        .increment(1);
+}
+
 /// How often the "signature rejected" line is logged per endpoint, at most.
 const REJECTION_LOG_EVERY_MS: i64 = 10_000;
 
@@ -404,8 +415,9 @@ impl<S: WebhookStore, C: Clock> Receiver<S, C> {
 
     /// Counts a body refused over the limit while it was being read.
     pub fn note_too_large(&self, name: &str) {
-        if let Some((_, c, _)) = self.endpoints.get(name) {
+        if let Some((e, c, _)) = self.endpoints.get(name) {
             c.too_large.fetch_add(1, Ordering::Relaxed);
+            count_delivery(&e.name, "too_large");
         }
     }
 
@@ -426,6 +438,7 @@ impl<S: WebhookStore, C: Clock> Receiver<S, C> {
             .ok_or(ReceiveError::UnknownEndpoint)?;
         if body.len() > endpoint.max_body_bytes {
             counters.too_large.fetch_add(1, Ordering::Relaxed);
+            count_delivery(&endpoint.name, "too_large");
             return Err(ReceiveError::TooLarge {
                 max: endpoint.max_body_bytes,
             });
@@ -438,6 +451,11 @@ impl<S: WebhookStore, C: Clock> Receiver<S, C> {
             Ok(v) => v,
             Err(e) => {
                 counters.rejected_signature.fetch_add(1, Ordering::Relaxed);
+                let result = match e {
+                    VerifyError::TooOld(_) | VerifyError::InFuture(_) => "stale_timestamp",
+                    _ => "bad_signature",
+                };
+                count_delivery(&endpoint.name, result);
                 // At most one line per 10 s per endpoint; the count of the
                 // rejections not logged since the previous line rides along.
                 if let Some(not_logged) = rejections.admit(now_ms) {
@@ -478,10 +496,12 @@ impl<S: WebhookStore, C: Clock> Receiver<S, C> {
         {
             Accepted::New => {
                 counters.accepted.fetch_add(1, Ordering::Relaxed);
+                count_delivery(&endpoint.name, "accepted");
                 Ok(Received::New { delivery_id })
             }
             Accepted::Duplicate => {
                 counters.duplicates.fetch_add(1, Ordering::Relaxed);
+                count_delivery(&endpoint.name, "duplicate");
                 Ok(Received::Duplicate { delivery_id })
             }
         }

@@ -76,6 +76,9 @@ impl Collected {
     }
 }
 
+/// The counter of expired key records the collector deleted.
+pub const KEYS_PURGED_TOTAL: &str = "idem_keys_purged_total";
+
 /// Purges expired keys, inbox records, webhook receipts, sent outbox
 /// messages, final runs and send-once ledger entries of one database, in bounded batches. Several instances may run
 /// against one PostgreSQL database (deletes skip locked rows).
@@ -174,6 +177,7 @@ where
         let keys = self
             .batches("key records", r, |n| s.purge_expired(now, n))
             .await?;
+        metrics::counter!(KEYS_PURGED_TOTAL).increment(keys);
         let inbox = self
             .batches("inbox records", r, |n| s.purge_expired_inbox(now, n))
             .await?;

@@ -63,7 +63,7 @@
 pub use idem_core::*;
 
 mod collector;
-pub use collector::{Collected, Collector, CollectorConfig};
+pub use collector::{Collected, Collector, CollectorConfig, KEYS_PURGED_TOTAL};
 
 #[cfg(feature = "http")]
 pub use idem_http as http;

@@ -704,6 +704,8 @@ mod pg_db {
     }
 }
 
+mod spans;
+
 http_suite!(sqlite, idem_sqlite::SqliteTx, sqlite_db);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

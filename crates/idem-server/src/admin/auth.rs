@@ -104,6 +104,38 @@ async fn guard(State(token): State<Arc<Option<AdminToken>>>, req: Request, next:
     }
 }
 
+/// The guard's refusal of a request outside `/admin` that needs the admin
+/// token too (`/metrics`): the same answers as under `/admin` (403 foreign
+/// origin, 401 admin-disabled without a token, 401 unauthorized), `None`
+/// when the request may pass.
+pub fn refusal(token: Option<&AdminToken>, headers: &HeaderMap) -> Option<Response> {
+    if foreign_origin(headers) {
+        return Some(idem_http::problem(
+            StatusCode::FORBIDDEN,
+            "foreign-origin",
+            "Admin requests from another origin are refused",
+            Some("the Origin header names a site other than this server"),
+            None,
+        ));
+    }
+    let Some(token) = token else {
+        return Some(unauthorized(
+            "admin-disabled",
+            "The admin API is disabled",
+            "start idem serve with --admin-token or IDEM_ADMIN_TOKEN (or --public-metrics for \
+             /metrics), then send Authorization: Bearer <token>",
+        ));
+    };
+    match bearer(headers) {
+        Some(candidate) if token.matches(candidate) => None,
+        _ => Some(unauthorized(
+            "unauthorized",
+            "A valid admin token is required",
+            "send Authorization: Bearer <the token given to --admin-token>",
+        )),
+    }
+}
+
 /// The credentials of `Authorization: Bearer <token>` (the scheme is
 /// case-insensitive, RFC 9110). Sent twice, it is refused: which one counts
 /// would be a guess.

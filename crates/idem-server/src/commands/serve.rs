@@ -31,6 +31,12 @@ pub struct ServeArgs {
     /// --listen is not a loopback address.
     #[arg(long, env = "IDEM_ADMIN_TOKEN", hide_env_values = true)]
     admin_token: Option<String>,
+    /// Serve `GET /metrics` (Prometheus text) without the admin token.
+    /// Without it `/metrics` needs the token like `/admin`.
+    /// `--public-metrics=false` turns off a file's `true`.
+    #[arg(long, env = "IDEM_PUBLIC_METRICS", num_args = 0..=1, default_value_t = false,
+          default_missing_value = "true", action = clap::ArgAction::Set)]
+    public_metrics: bool,
     /// How long a request head may take from its first byte (1s to 60s).
     #[arg(long, env = "IDEM_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     header_read_timeout: Duration,
@@ -152,6 +158,7 @@ impl ServeArgs {
             listen: self.listen,
             limits,
             admin_token: config::admin_token(self.admin_token.as_deref(), self.listen)?,
+            public_metrics: self.public_metrics,
             demo,
             gc_interval,
             nats_url: self.nats_url.clone(),
@@ -206,6 +213,11 @@ impl Job for Start<'_> {
     type Output = anyhow::Result<(Router, Option<Router>)>;
     async fn run<B: Backend>(self, store: B) -> Self::Output {
         let Start { config, shutdown } = self;
+        let access = match config.public_metrics {
+            true => crate::metrics::Access::Public,
+            false => crate::metrics::Access::Token(config.admin_token.clone()),
+        };
+        let metrics = crate::metrics::router(store.clone(), access, crate::metrics::install());
         super::gc::spawn(store.clone(), config.gc_interval, shutdown)?;
         let relay = start_messaging(
             &store,
@@ -213,12 +225,14 @@ impl Job for Start<'_> {
             config.consume.clone(),
             shutdown,
         );
-        let own = crate::admin::outbox::router(store.clone(), relay).merge(start_webhooks(
-            &store,
-            config.webhooks.as_ref(),
-            config.gateway.is_some(),
-            shutdown,
-        ));
+        let own = crate::admin::outbox::router(store.clone(), relay)
+            .merge(start_webhooks(
+                &store,
+                config.webhooks.as_ref(),
+                config.gateway.is_some(),
+                shutdown,
+            ))
+            .merge(metrics);
         if let Some(gateway) = &config.gateway {
             // The upstream's paths are the upstream's: no demo routes.
             let namespace = store.namespace().await?;

@@ -42,6 +42,7 @@ use idem_core::leased::{
 };
 use idem_core::steps::{Namespace, StepKey, StepName};
 use idem_http::{Keyed, Rejection, RequestOutcome};
+use tracing::Instrument;
 
 use config::{GatewayConfig, Route};
 use forward::Upstream;
@@ -88,15 +89,31 @@ impl<S: LeasedKeyStore> Gateway<S> {
         let Some(route) = route else {
             return self.pass_through(req).await;
         };
-        let admitted = match idem_http::admit(&route.config, req).await {
-            Ok(a) => a,
-            Err(rejection) => return reject(rejection),
-        };
-        let (parts, body) = (admitted.parts, admitted.body);
-        match admitted.keyed {
-            Some(keyed) => self.keyed(route, &parts, body, keyed).await,
-            None => self.upstream.pass(&parts, body, None).await,
+        // The layer's span and counters, for the gateway's routes.
+        let started = Instant::now();
+        let span = idem_http::request_span(&route.config);
+        let res = async {
+            let admitted = match idem_http::admit(&route.config, req).await {
+                Ok(a) => a,
+                Err(rejection) => return reject(rejection),
+            };
+            idem_http::record_admitted(&span, &admitted);
+            let (parts, body) = (admitted.parts, admitted.body);
+            match admitted.keyed {
+                Some(keyed) => self.keyed(route, &parts, body, keyed).await,
+                None => self.upstream.pass(&parts, body, None).await,
+            }
         }
+        .instrument(span.clone())
+        .await;
+        let outcome = res
+            .extensions()
+            .get::<RequestOutcome>()
+            .copied()
+            .unwrap_or(RequestOutcome::Internal);
+        span.record("outcome", tracing::field::display(outcome));
+        outcome.record(&route.config.operation, started.elapsed());
+        res
     }
 
     /// An unlisted route: forwarded as it came (its body bounded).
@@ -146,7 +163,13 @@ impl<S: LeasedKeyStore> Gateway<S> {
                 .await;
             let record = match claim {
                 Err(e) => return reject(Rejection::for_store(&e)),
-                Ok(LeasedClaim::Claimed | LeasedClaim::TakenOver) => {
+                Ok(LeasedClaim::TakenOver) => {
+                    metrics::counter!(idem_steps::metrics::LEASE_TAKEOVERS_TOTAL).increment(1);
+                    return self
+                        .forward_leased(route, parts, body, &scope, &token, claimed_at)
+                        .await;
+                }
+                Ok(LeasedClaim::Claimed) => {
                     return self
                         .forward_leased(route, parts, body, &scope, &token, claimed_at)
                         .await;
@@ -244,10 +267,13 @@ impl<S: LeasedKeyStore> Gateway<S> {
             .await
         {
             Ok(true) => {}
-            Ok(false) => tracing::warn!(
-                "a forward's answer was not stored: its lease was taken over; the retry \
+            Ok(false) => {
+                fence_rejected();
+                tracing::warn!(
+                    "a forward's answer was not stored: its lease was taken over; the retry \
                  that took it forwarded the same key"
-            ),
+                );
+            }
             // The record stays pending until its lease runs out; a retry then
             // forwards the same key again (or gets outcome-unknown).
             Err(e) => tracing::warn!(
@@ -294,9 +320,14 @@ impl<S: LeasedKeyStore> Gateway<S> {
         token: &LeaseToken,
     ) -> Result<bool, idem_core::StoreError> {
         let now = now_ms();
-        self.store
+        let renewed = self
+            .store
             .renew_leased(scope, token, now + millis(route.lease), now)
-            .await
+            .await;
+        if let Ok(false) = renewed {
+            fence_rejected();
+        }
+        renewed
     }
 
     async fn release(&self, scope: &idem_core::Scope, token: &LeaseToken) {
@@ -329,6 +360,12 @@ fn outcome_unknown() -> Response {
         None,
     );
     RequestOutcome::OutcomeUnknown.mark(res)
+}
+
+/// Counts a write refused to a stale lease token (another claimer took the
+/// key over), with the runs' refused fenced writes.
+fn fence_rejected() {
+    metrics::counter!(idem_steps::metrics::FENCE_REJECTIONS_TOTAL).increment(1);
 }
 
 fn millis(d: Duration) -> i64 {

@@ -156,7 +156,7 @@ impl Upstream {
     }
 }
 
-fn config_file(dir: &idem_testkit::TempDir, upstream: &Upstream, on_unknown: &str) -> String {
+pub fn config_file(dir: &idem_testkit::TempDir, upstream: &Upstream, on_unknown: &str) -> String {
     let path = dir.path().join("gateway.toml");
     std::fs::write(
         &path,

@@ -10,6 +10,7 @@ mod gateway;
 mod hardening;
 mod history;
 mod messaging;
+mod metrics;
 mod operate;
 mod process;
 mod webhooks;

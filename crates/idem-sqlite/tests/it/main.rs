@@ -99,6 +99,8 @@ conformance! {
     final_runs_expire_with_their_key;
     send_once_ledger_holds_one_sender;
     runs_are_listed_by_state;
+    runs_are_counted_by_state;
+    webhook_receipts_are_counted_by_endpoint_and_state;
     patterns_hold_on_a_real_table;
 }
 
