@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, missing_docs)]
 
 mod checkout;
+mod console;
 mod drill_runner;
 mod fakes;
 mod gateway;
