@@ -17,7 +17,7 @@ use serde_json::json;
 use crate::admin::auth::{Auth, COOKIE, SessionInfo, valid_actor};
 
 /// The console paths the guard lets through without credentials.
-pub const PUBLIC: &[&str] = &["/console/login", "/console/app.css"];
+pub const PUBLIC: &[&str] = &["/console/login", "/console/app.css", "/console/favicon.svg"];
 
 /// The longest login form read.
 pub const LOGIN_FORM_MAX: usize = 4096;
@@ -25,6 +25,7 @@ pub const LOGIN_FORM_MAX: usize = 4096;
 const INDEX: &str = include_str!("../console/index.html");
 const APP_JS: &str = include_str!("../console/app.js");
 const APP_CSS: &str = include_str!("../console/app.css");
+const FAVICON: &str = include_str!("../console/favicon.svg");
 
 /// Every console answer's policy: nothing but this server's own files, no
 /// inline script or style, no framing.
@@ -43,6 +44,10 @@ pub fn router(auth: Arc<Auth>) -> Router {
         .route(
             "/console/app.css",
             get(|| async { asset("text/css; charset=utf-8", APP_CSS) }),
+        )
+        .route(
+            "/console/favicon.svg",
+            get(|| async { asset("image/svg+xml", FAVICON) }),
         )
         .route("/console/login", get(login_page).post(login))
         .route("/console/logout", post(logout))
@@ -64,7 +69,7 @@ fn secured(mut res: Response, cache: &'static str) -> Response {
     h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     h.insert(
         header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
+        HeaderValue::from_static("same-origin"),
     );
     res
 }
@@ -109,7 +114,8 @@ fn login_form(status: StatusCode, message: Option<&str>, enabled: bool) -> Respo
         format!(
             "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
 <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
-<title>Idem console — log in</title><link rel=\"stylesheet\" href=\"/console/app.css\"></head>\
+<title>Idem console — log in</title><link rel=\"icon\" href=\"/console/favicon.svg\">\
+<link rel=\"stylesheet\" href=\"/console/app.css\"></head>\
 <body class=\"login\"><main class=\"login-box\"><h1>Idem console</h1>{notice}\
 <form method=\"post\" action=\"/console/login\">\
 <label>Operator name<input name=\"actor\" id=\"actor\" required maxlength=\"64\" \

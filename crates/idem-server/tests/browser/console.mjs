@@ -55,7 +55,11 @@ const problems = [];
 try {
   const page = context.pages()[0] ?? (await context.newPage());
   page.on("pageerror", (e) => problems.push("page error: " + e.message));
-  page.on("console", (m) => { if (m.type() === "error") problems.push("console error: " + m.text()); });
+  // Answers the test provokes (401, 403) are logged as "Failed to load
+  // resource"; any other error (a CSP violation, an exception) counts.
+  page.on("console", (m) => {
+    if (m.type() === "error" && !m.text().startsWith("Failed to load resource")) problems.push("console error: " + m.text());
+  });
   page.on("dialog", (d) => { problems.push("dialog opened: " + d.message()); d.dismiss(); });
   page.on("request", (r) => { if (!r.url().startsWith(base)) problems.push("request elsewhere: " + r.url()); });
 
