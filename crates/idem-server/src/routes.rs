@@ -30,6 +30,10 @@ pub fn service(api: Router, admin_token: Option<AdminToken>, fallback: Option<Ro
     };
     admin::guarded(app, admin_token)
         .layer(axum::middleware::from_fn(problem_errors))
+        .layer(axum::middleware::from_fn_with_state(
+            std::sync::Arc::new(admin::v1::outcomes::OutcomeRing::default()),
+            admin::v1::outcomes::track,
+        ))
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(
             |_: Box<dyn std::any::Any + Send>| panicked(),
         ))

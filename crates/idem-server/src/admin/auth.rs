@@ -21,6 +21,8 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
+
+use super::Actor;
 /// The shortest admin token accepted.
 pub const MIN_TOKEN_LEN: usize = 16;
 /// The longest admin token accepted.
@@ -70,12 +72,6 @@ pub const COOKIE: &str = "idem_session";
 pub const CSRF_HEADER: &str = "x-csrf-token";
 /// The header naming the operator of a bearer-token request (audit log).
 pub const ACTOR_HEADER: &str = "x-idem-actor";
-
-/// Who made an admin request, for the audit log: the name typed at the
-/// console's login, or for a bearer token the `X-Idem-Actor` header when
-/// valid ([`valid_actor`]), else `admin`. A request extension.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Actor(pub String);
 
 /// Whether `name` is an acceptable actor name: 1 to 64 characters of
 /// `[A-Za-z0-9 ._@-]`.

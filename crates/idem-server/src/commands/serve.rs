@@ -213,12 +213,14 @@ impl Job for Start<'_> {
             config.consume.clone(),
             shutdown,
         );
-        let own = crate::admin::outbox::router(store.clone(), relay).merge(start_webhooks(
-            &store,
-            config.webhooks.as_ref(),
-            config.gateway.is_some(),
-            shutdown,
-        ));
+        let own = crate::admin::outbox::router(store.clone(), relay.clone())
+            .merge(crate::admin::v1::router(store.clone(), relay))
+            .merge(start_webhooks(
+                &store,
+                config.webhooks.as_ref(),
+                config.gateway.is_some(),
+                shutdown,
+            ));
         if let Some(gateway) = &config.gateway {
             // The upstream's paths are the upstream's: no demo routes.
             let namespace = store.namespace().await?;
