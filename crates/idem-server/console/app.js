@@ -243,7 +243,7 @@
       el("div", { class: "grid" },
         figure("Requests, last " + (req.window_minutes || 60) + " min", total),
         figure("Outbox pending (oldest " + (age === null || age === undefined ? "—" : (age / 1000).toFixed(1) + " s") + ")", o.outbox?.pending ?? 0, false, "#/outbox"),
-        figure("Dead (outbox + webhooks)", dead, dead > 0, "#/outbox?state=dead"),
+        figure("Dead (outbox + webhooks)", dead, dead > 0, Number(o.outbox?.dead || 0) > 0 || !Number(o.webhooks?.dead || 0) ? "#/outbox?state=dead" : "#/webhooks?state=dead"),
         figure("Runs needing attention", attention, attention > 0, hashFor("runs", { state: "needs_attention" }))),
       el("div", { class: "card", id: "requests" },
         el("h2", { text: "Request outcomes, last hour" }),
@@ -265,7 +265,7 @@
 
   /** Requests per minute as stacked bars: executed, replayed, every other outcome. */
   function chart(perMinute) {
-    const W = 720, H = 120, pad = 22;
+    const W = 1280, H = 110, pad = 24;
     const rows = perMinute.slice(-60).map((m) => {
       const oc = m.outcomes || {};
       const executed = Number(oc.executed || 0), replayed = Number(oc.replayed || 0);
@@ -279,7 +279,7 @@
     s.appendChild(svg("text", { x: 0, y: 10, text: String(max) }));
     s.appendChild(svg("text", { x: 0, y: H, text: "0" }));
     s.appendChild(svg("text", { x: pad, y: H + 12, text: "−60 min" }));
-    s.appendChild(svg("text", { x: W - 30, y: H + 12, text: "now" }));
+    s.appendChild(svg("text", { x: W - 22, y: H + 12, text: "now" }));
     const offset = 60 - rows.length;
     rows.forEach((r, i) => {
       let y = H;

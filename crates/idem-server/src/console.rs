@@ -55,7 +55,13 @@ pub fn router(auth: Arc<Auth>) -> Router {
         .with_state(auth)
 }
 
+/// Marks the console's own answers (a login form with 401, say): they go
+/// out as they are, not rewritten as problem documents.
+#[derive(Clone, Copy, Debug)]
+pub struct OwnAnswer;
+
 fn secured(mut res: Response, cache: &'static str) -> Response {
+    res.extensions_mut().insert(OwnAnswer);
     let h = res.headers_mut();
     h.insert(
         header::CONTENT_SECURITY_POLICY,

@@ -95,7 +95,16 @@ async fn problem_errors(req: Request, next: Next) -> Response {
                 | RequestOutcome::Unkeyed
         )
     );
-    if !(status.is_client_error() || status.is_server_error()) || is_problem || handler_answer {
+    // The console's login form answers 401 and 400 as pages.
+    let console_page = res
+        .extensions()
+        .get::<crate::console::OwnAnswer>()
+        .is_some();
+    if !(status.is_client_error() || status.is_server_error())
+        || is_problem
+        || handler_answer
+        || console_page
+    {
         return res;
     }
     let small = http_body::Body::size_hint(res.body())

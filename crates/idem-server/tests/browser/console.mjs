@@ -34,6 +34,7 @@ async function until(page, hash, pred, what, ms = 30000) {
   const end = Date.now() + ms;
   for (;;) {
     await page.goto(base + "/console/" + hash);
+    await page.reload(); // the same hash again is no navigation
     await page.waitForSelector("#view h1");
     if (await pred()) return;
     if (Date.now() > end) throw new Error("FAILED: " + what + " (waited " + ms / 1000 + " s)");
@@ -90,6 +91,13 @@ try {
   check(session && session.httpOnly && session.secure && session.sameSite === "Strict",
     "the session cookie is HttpOnly, Secure, SameSite=Strict");
   check(await page.evaluate(() => !document.cookie.includes("idem_session")), "scripts cannot read the session cookie");
+
+  // The overview (the landing view), for the README: what needs an operator.
+  await page.waitForSelector("#requests svg");
+  const overview = await page.textContent("#view");
+  check(overview.includes("Runs needing attention") && overview.includes("Request outcomes"), "the overview shows outcomes and attention");
+  await page.screenshot({ path: screenshot });
+  check(true, "overview screenshot saved to " + screenshot);
 
   // Keys: find the key by prefix; its stored body is shown as text.
   await page.goto(base + "/console/#/keys");
@@ -159,12 +167,6 @@ try {
   await page.waitForSelector("#view h1");
   const audit = await page.textContent("#view");
   check(audit.includes(ACTOR), "the audit log names the operator");
-
-  // The overview, for the README.
-  await page.goto(base + "/console/#/overview");
-  await page.waitForSelector("#requests svg");
-  await page.screenshot({ path: screenshot });
-  check(true, "overview screenshot saved to " + screenshot);
 
   check(problems.length === 0, "no page errors, CSP violations or outside requests" +
     (problems.length ? ": " + problems.join("; ") : ""));

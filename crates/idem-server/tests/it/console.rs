@@ -118,6 +118,11 @@ async fn console_login_sessions_and_csrf() {
     .await;
     assert_eq!(wrong.status, 401);
     assert!(wrong.header("set-cookie").is_none());
+    assert_eq!(
+        wrong.header("content-type").as_deref(),
+        Some("text/html; charset=utf-8"),
+        "the form again, not a problem document"
+    );
     assert!(String::from_utf8_lossy(&wrong.body).contains("the token is not valid"));
     // Bad forms change nothing either.
     let big = format!("actor=ops&token={}", "x".repeat(5000));
@@ -134,6 +139,10 @@ async fn console_login_sessions_and_csrf() {
     for (headers, body, status) in cases {
         let r = send(a, "POST", "/console/login", headers, &body).await;
         assert_eq!(r.status, status, "{body:.40}");
+        assert_eq!(
+            r.header("content-type").as_deref(),
+            Some("text/html; charset=utf-8")
+        );
         assert!(r.header("set-cookie").is_none());
     }
     // A login form posted from another site is refused.
@@ -280,6 +289,7 @@ async fn console_without_a_token_says_so() {
     .await;
     assert_eq!(r.status, 401);
     assert!(r.header("set-cookie").is_none());
+    assert!(String::from_utf8_lossy(&r.body).contains("admin token is not configured"));
     let r = send(server.addr, "GET", "/console/api/session", &[], "").await;
     assert_eq!(r.problem_type(), "https://idem.dev/problems/admin-disabled");
 }
