@@ -218,9 +218,11 @@ fn browser_packages() -> Result<()> {
         .status()
         .is_ok_and(|s| s.success());
     if !has_npm {
-        return Err("node and npm are needed for the browser tests: install Node.js 18 or newer \
+        return Err(
+            "node and npm are needed for the browser tests: install Node.js 18 or newer \
              (Debian: apt-get install nodejs npm)"
-            .into());
+                .into(),
+        );
     }
     eprintln!("xtask: npm ci in {}", dir.display());
     run(Command::new("npm")

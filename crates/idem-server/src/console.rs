@@ -206,9 +206,7 @@ async fn login(State(auth): State<Arc<Auth>>, req: Request) -> Response {
 }
 
 fn expired_cookie() -> HeaderValue {
-    HeaderValue::from_static(
-        "idem_session=; Path=/; Secure; HttpOnly; SameSite=Strict; Max-Age=0",
-    )
+    HeaderValue::from_static("idem_session=; Path=/; Secure; HttpOnly; SameSite=Strict; Max-Age=0")
 }
 
 /// `POST /console/logout` (behind the guard, so with the CSRF token): ends

@@ -512,9 +512,15 @@ mod tests {
         assert_eq!((id.len(), csrf.len()), (64, 64));
         assert_ne!(id, csrf);
         let found = sessions.find_at(&id, t0).unwrap();
-        assert_eq!((found.actor.as_str(), found.csrf.as_str()), ("ops", csrf.as_str()));
+        assert_eq!(
+            (found.actor.as_str(), found.csrf.as_str()),
+            ("ops", csrf.as_str())
+        );
         assert_eq!(format!("{found:?}"), "SessionInfo { actor: \"ops\", .. }");
-        assert!(sessions.find_at(&csrf, t0).is_none(), "the CSRF token is no session id");
+        assert!(
+            sessions.find_at(&csrf, t0).is_none(),
+            "the CSRF token is no session id"
+        );
         assert!(sessions.find_at("not hex", t0).is_none());
         // Idle: used every 7 h it lives until the absolute limit (12 h).
         let h = |n: u64| t0 + Duration::from_secs(n * 3600);
@@ -552,7 +558,11 @@ mod tests {
         assert_eq!(h(&["idem_session=abc"]).as_deref(), Some("abc"));
         assert_eq!(h(&["a=1; idem_session=abc; b=2"]).as_deref(), Some("abc"));
         assert_eq!(h(&["a=1", "idem_session=abc"]).as_deref(), Some("abc"));
-        assert_eq!(h(&["idem_session=abc; idem_session=def"]), None, "sent twice");
+        assert_eq!(
+            h(&["idem_session=abc; idem_session=def"]),
+            None,
+            "sent twice"
+        );
         assert_eq!(h(&["xidem_session=abc"]), None);
         assert_eq!(h(&[]), None);
     }

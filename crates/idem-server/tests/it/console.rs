@@ -65,7 +65,14 @@ async fn login(addr: SocketAddr, actor: &str) -> (String, String) {
     assert_eq!(r.header("location").as_deref(), Some("/console/"));
     let set = r.header("set-cookie").unwrap();
     let pair = set.split(';').next().unwrap().to_owned();
-    let s = send(addr, "GET", "/console/api/session", &[("Cookie", &pair)], "").await;
+    let s = send(
+        addr,
+        "GET",
+        "/console/api/session",
+        &[("Cookie", &pair)],
+        "",
+    )
+    .await;
     assert_eq!(s.status, 200);
     let csrf = s.json()["csrf"].as_str().unwrap().to_owned();
     (pair, csrf)
@@ -126,18 +133,15 @@ async fn console_login_sessions_and_csrf() {
     assert!(String::from_utf8_lossy(&wrong.body).contains("the token is not valid"));
     // Bad forms change nothing either.
     let big = format!("actor=ops&token={}", "x".repeat(5000));
-    let cases: [(&[(&str, &str)], String, u16); 4] = [
-        (&[FORM], big, 413),
-        (&[FORM], format!("actor=%3Cb%3E&token={TOKEN}"), 400),
-        (&[FORM], format!("actor=a&actor=b&token={TOKEN}"), 400),
-        (
-            &[("Content-Type", "application/json")],
-            format!("{{\"token\":\"{TOKEN}\"}}"),
-            415,
-        ),
+    let json = ("Content-Type", "application/json");
+    let cases = [
+        (FORM, big, 413),
+        (FORM, format!("actor=%3Cb%3E&token={TOKEN}"), 400),
+        (FORM, format!("actor=a&actor=b&token={TOKEN}"), 400),
+        (json, format!("{{\"token\":\"{TOKEN}\"}}"), 415),
     ];
-    for (headers, body, status) in cases {
-        let r = send(a, "POST", "/console/login", headers, &body).await;
+    for (content_type, body, status) in cases {
+        let r = send(a, "POST", "/console/login", &[content_type], &body).await;
         assert_eq!(r.status, status, "{body:.40}");
         assert_eq!(
             r.header("content-type").as_deref(),
@@ -190,7 +194,10 @@ async fn console_login_sessions_and_csrf() {
     );
     assert!(!String::from_utf8_lossy(&js.body).contains("innerHTML"));
     // Reads need no CSRF token; state-changing requests do.
-    assert_eq!(send(a, "GET", "/admin/outbox", &[cookie], "").await.status, 200);
+    assert_eq!(
+        send(a, "GET", "/admin/outbox", &[cookie], "").await.status,
+        200
+    );
     for csrf_header in [None, Some("wrong"), Some(&csrf[..63])] {
         let mut headers = vec![cookie];
         if let Some(t) = csrf_header {
@@ -231,7 +238,11 @@ async fn console_login_sessions_and_csrf() {
         "",
     )
     .await;
-    assert_eq!(s.json()["actor"], "admin", "an invalid actor name is not used");
+    assert_eq!(
+        s.json()["actor"],
+        "admin",
+        "an invalid actor name is not used"
+    );
     // A wrong bearer token is refused even with a good cookie.
     let r = send(
         a,
@@ -408,13 +419,20 @@ async fn console_in_chromium(db: ShopDb) {
     let first = crate::create(a, "xss-key-1", hostile).await;
     assert_eq!(first.status, 201);
     for i in 0..12 {
-        let body = format!(r#"{{"amount":{},"currency":"EUR","customer":"cus_{i}"}}"#, 100 + i);
+        let body = format!(
+            r#"{{"amount":{},"currency":"EUR","customer":"cus_{i}"}}"#,
+            100 + i
+        );
         assert_eq!(
             crate::create(a, &format!("pay-{i}"), &body).await.status,
             201
         );
         if i % 3 == 0 {
-            assert!(crate::create(a, &format!("pay-{i}"), &body).await.replayed());
+            assert!(
+                crate::create(a, &format!("pay-{i}"), &body)
+                    .await
+                    .replayed()
+            );
         }
     }
     assert_eq!(crate::create(a, "pay-1", crate::PAY).await.status, 422);
@@ -435,7 +453,10 @@ async fn console_in_chromium(db: ShopDb) {
     w.relay.lose_next(1);
     let order = order_body("cus_console", "tee", 1, 900);
     let r = crate::call(a, "POST", "/v1/orders", Some("console-order"), &order).await;
-    assert_eq!(r.problem_type(), "https://idem.dev/problems/needs-attention");
+    assert_eq!(
+        r.problem_type(),
+        "https://idem.dev/problems/needs-attention"
+    );
 
     let shot_dir = TempDir::new("console-shot");
     let screenshot = std::env::var_os("IDEM_CONSOLE_SCREENSHOT")
@@ -468,13 +489,23 @@ async fn console_in_chromium(db: ShopDb) {
         assert!(stdout.contains(&format!("ok - {check}")), "{check}");
     }
     let png = std::fs::read(&screenshot).unwrap();
-    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n") && png.len() > 10_000, "a real screenshot");
+    assert!(
+        png.starts_with(b"\x89PNG\r\n\x1a\n") && png.len() > 10_000,
+        "a real screenshot"
+    );
 
     // What the browser did, seen through the API.
     let r = admin_get(a, "/admin/v1/webhooks/receipts?state=processed").await;
-    assert!(r.json().to_string().contains("console-1"), "the receipt is processed");
+    assert!(
+        r.json().to_string().contains("console-1"),
+        "the receipt is processed"
+    );
     let r = admin_get(a, "/admin/v1/runs?state=needs_attention").await;
-    assert_eq!(r.json()["items"].as_array().unwrap().len(), 0, "no run needs attention");
+    assert_eq!(
+        r.json()["items"].as_array().unwrap().len(),
+        0,
+        "no run needs attention"
+    );
     let audit = admin_get(a, "/admin/v1/audit").await.json();
     let actors: Vec<&str> = audit["items"]
         .as_array()
