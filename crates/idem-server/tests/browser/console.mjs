@@ -22,7 +22,9 @@ const token = env("IDEM_ADMIN_TOKEN");
 const executablePath = env("IDEM_TEST_CHROMIUM", "/usr/bin/chromium");
 const prefix = env("IDEM_CONSOLE_KEY_PREFIX");
 const screenshot = env("IDEM_CONSOLE_SCREENSHOT");
+const shots = process.env.IDEM_CONSOLE_SHOTS_DIR; // optional: every view's screenshot
 const ACTOR = "ops-browser";
+const snap = async (page, name) => { if (shots) await page.screenshot({ path: join(shots, name + ".png"), fullPage: true }); };
 
 function check(cond, what) {
   if (!cond) throw new Error("FAILED: " + what);
@@ -116,6 +118,7 @@ try {
   check(await page.evaluate(() => window.__pwned === undefined), "window.__pwned is undefined: nothing ran");
   check((await page.locator("#view script, #view img").count()) === 0, "no script or img element came from the body");
   check((await page.textContent("#view")).includes("Fingerprint"), "the key detail shows its fingerprint");
+  await snap(page, "key");
 
   // Webhooks: the dead receipt, replayed, becomes processed.
   await page.goto(base + "/console/#/webhooks?state=dead");
@@ -125,6 +128,7 @@ try {
   check(delivery.length > 0, "a dead receipt is listed: " + delivery);
   await deadLink.click();
   await page.waitForSelector("#replay");
+  await snap(page, "receipt");
   await page.click("#replay");
   await page.waitForFunction(() => document.getElementById("notice")?.textContent.includes("done"));
   check(true, "the replay was accepted");
@@ -141,6 +145,7 @@ try {
   await page.waitForSelector("#timeline");
   check((await page.locator("#timeline li").count()) >= 1, "the run's timeline of steps is shown");
   check((await page.textContent("#run-state")).includes("needs_attention"), "the run needs attention");
+  await snap(page, "run");
   await page.click("#resolve-sent");
   await page.waitForFunction(() => document.getElementById("notice")?.textContent.includes("done"));
   const runHash = await page.evaluate(() => location.hash);
@@ -167,6 +172,7 @@ try {
   await page.waitForSelector("#view h1");
   const audit = await page.textContent("#view");
   check(audit.includes(ACTOR), "the audit log names the operator");
+  await snap(page, "audit");
 
   check(problems.length === 0, "no page errors, CSP violations or outside requests" +
     (problems.length ? ": " + problems.join("; ") : ""));
