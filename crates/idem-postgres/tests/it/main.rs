@@ -103,6 +103,11 @@ conformance! {
     final_runs_expire_with_their_key;
     send_once_ledger_holds_one_sender;
     runs_are_listed_by_state;
+    admin_key_pages_and_literal_prefixes;
+    admin_release_only_stuck_leased_records;
+    admin_outbox_pages_and_requeue, enqueue;
+    admin_audit_rows_commit_with_their_transaction;
+    admin_runs_receipts_and_inbox;
     patterns_hold_on_a_real_table;
 }
 

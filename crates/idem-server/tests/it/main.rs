@@ -3,6 +3,7 @@
 //! binary started, killed with SIGKILL and restarted (`process`).
 #![allow(clippy::unwrap_used, missing_docs)]
 
+mod admin_api;
 mod checkout;
 mod console;
 mod drill_runner;
