@@ -435,6 +435,13 @@
     ];
   };
 
+  /** A run's failure: {reason, step, detail} or text. */
+  function failureText(f) {
+    if (f === null || f === undefined) return null;
+    if (typeof f !== "object") return String(f);
+    return [f.reason, f.step ? "at step " + f.step : null, f.detail].filter(Boolean).join(" — ");
+  }
+
   const RUN_STATES = ["running", "compensating", "needs_attention", "completed", "failed"];
 
   views.runs = async (params) => {
@@ -451,7 +458,7 @@
         ["Holder", (r) => r.holder],
         ["Fence", (r) => r.fence],
         ["Lease until", (r) => r.locked_until],
-        ["Failure", (r) => r.failure],
+        ["Failure", (r) => failureText(r.failure)],
         ["Updated", (r) => r.updated_at],
       ], page.items, "No runs match."),
       pager("runs", params, page.next_cursor),
@@ -482,7 +489,9 @@
         ["State", el("span", { id: "run-state" }, stateBadge(r.state))],
         ["Operation", r.operation], ["Tenant", r.tenant], ["Key", r.key],
         ["Holder", r.holder], ["Fence", r.fence], ["Lease until", r.locked_until],
-        ["Failure", r.failure], ["Created", r.created_at], ["Updated", r.updated_at],
+        ["Takeovers", r.takeovers], ["Blocked at step", r.blocked_step], ["Attention", r.attention],
+        ["Failure", failureText(r.failure)], ["Deadline", r.deadline],
+        ["Created", r.created_at], ["Updated", r.updated_at], ["Finished", r.finished_at],
       ])),
       actions,
       el("h2", { text: "Steps" }),
@@ -498,11 +507,13 @@
       if (s.message_id) extra.push(["Message id", el("code", { text: s.message_id })]);
       if (s.failure) extra.push(["Failure", s.failure]);
       if (s.result !== null && s.result !== undefined) extra.push(["Result", pre(typeof s.result === "string" ? s.result : JSON.stringify(s.result, null, 2))]);
-      if (s.compensation !== null && s.compensation !== undefined) extra.push(["Compensation", pre(typeof s.compensation === "string" ? s.compensation : JSON.stringify(s.compensation, null, 2))]);
+      if (typeof s.compensation === "boolean") extra.push(["Compensation", s.compensation ? "yes (an undo step)" : "no"]);
+      else if (s.compensation !== null && s.compensation !== undefined) extra.push(["Compensation", pre(JSON.stringify(s.compensation, null, 2))]);
       return el("li", { class: String(s.state || "").replace(/[^a-z_]/g, "") },
         el("div", { class: "step-head" },
           el("strong", { text: s.name }), stateBadge(s.state),
-          el("span", { class: "muted", text: "attempts " + show(s.attempts) }),
+          s.kind ? el("span", { class: "muted", text: s.kind }) : null,
+          el("span", { class: "muted", text: "attempts " + show(s.attempts) + (s.failures ? ", failures " + s.failures : "") + (s.fence !== undefined ? ", fence " + show(s.fence) : "") }),
           el("span", { class: "muted", text: show(s.started_at) + " → " + show(s.finished_at) })),
         extra.length ? kv(extra) : null);
     }));
