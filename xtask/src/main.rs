@@ -1,6 +1,7 @@
 //! Developer commands: `cargo xtask test` provisions a throwaway PostgreSQL 15
 //! and a NATS server with JetStream on loopback (installing the Debian packages
-//! `postgresql-15` and `nats-server` when root and they are missing), runs the
+//! `postgresql-15`, `nats-server` and `chromium` when root and they are
+//! missing, and the browser tests' npm packages with `npm ci`), runs the
 //! whole test suite against them, stops them, and runs each fuzz target
 //! briefly. `cargo xtask fuzz [TARGET] [--secs N]` runs the fuzz targets of
 //! `fuzz/` for longer.
@@ -15,7 +16,8 @@ const USAGE: &str = "\
 usage: cargo xtask <command>
 
 commands:
-  test [nextest args]      provision PostgreSQL 15 and NATS on loopback, run the whole suite (tests,
+  test [nextest args]      provision PostgreSQL 15, NATS, chromium and the npm packages of the browser
+                           tests, run the whole suite (tests, browser tests,
                            doc tests, 20 s per fuzz target), stop them; with nextest args (a filter),
                            only those tests
   bench [idem bench args]  the same servers, then `idem bench` in release mode
@@ -186,6 +188,48 @@ fn nats_binary() -> Result<PathBuf> {
     find().ok_or_else(|| "nats-server installed but its binary is missing".into())
 }
 
+/// Finds Debian's `chromium` for the browser tests, installing it if root.
+fn chromium_binary() -> Result<PathBuf> {
+    let path = PathBuf::from("/usr/bin/chromium");
+    if !path.exists() {
+        apt_install("chromium")?;
+    }
+    if path.exists() {
+        Ok(path)
+    } else {
+        Err("chromium installed but /usr/bin/chromium is missing".into())
+    }
+}
+
+/// The browser tests' npm packages (`crates/idem-server/tests/browser`):
+/// `npm ci` when `node_modules` is missing or older than `package-lock.json`.
+fn browser_packages() -> Result<()> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../crates/idem-server/tests/browser");
+    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let lock = modified(&dir.join("package-lock.json"));
+    let installed = modified(&dir.join("node_modules/.package-lock.json"));
+    let fresh = matches!((lock, installed), (Some(l), Some(i)) if i >= l);
+    if fresh {
+        return Ok(());
+    }
+    let has_npm = Command::new("npm")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !has_npm {
+        return Err(
+            "node and npm are needed for the browser tests: install Node.js 18 or newer \
+             (Debian: apt-get install nodejs npm)"
+                .into(),
+        );
+    }
+    eprintln!("xtask: npm ci in {}", dir.display());
+    run(Command::new("npm")
+        .args(["ci", "--no-audit", "--no-fund"])
+        .current_dir(&dir))
+}
+
 fn free_port() -> Result<u16> {
     let l = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
     Ok(l.local_addr().map_err(|e| e.to_string())?.port())
@@ -346,6 +390,8 @@ fn test(extra: &[String]) -> Result<()> {
         .status()
         .map(|s| s.success())
         .unwrap_or(false);
+    let chromium = chromium_binary()?;
+    browser_packages()?;
     let mut cmd = Command::new("cargo");
     if have_nextest {
         cmd.args(["nextest", "run", "--workspace", "--no-fail-fast"]);
@@ -355,7 +401,8 @@ fn test(extra: &[String]) -> Result<()> {
     cmd.args(extra)
         .env("IDEM_TEST_POSTGRES_URL", pg.url())
         .env("IDEM_TEST_NATS_URL", nats.url())
-        .env("IDEM_TEST_NATS_SERVER", &nats_bin);
+        .env("IDEM_TEST_NATS_SERVER", &nats_bin)
+        .env("IDEM_TEST_CHROMIUM", &chromium);
     let result = run(&mut cmd);
     if !extra.is_empty() || INTERRUPTED.load(Ordering::SeqCst) {
         // A filtered run is a developer's loop: the doc tests and the fuzz

@@ -24,8 +24,10 @@
 //! ```
 #![allow(clippy::unwrap_used)]
 
+mod admin;
 mod leased;
 mod runs;
+pub use admin::*;
 pub use leased::*;
 pub use runs::*;
 

@@ -21,7 +21,7 @@ const LEASE_MS: i64 = 10_000;
 
 /// Claims `scope`'s key and creates its run, held by `holder`, in one
 /// transaction; returns the lease.
-async fn start<S: RunStore>(store: &S, s: &Scope, holder: &str, now: i64) -> Lease {
+pub(crate) async fn start<S: RunStore>(store: &S, s: &Scope, holder: &str, now: i64) -> Lease {
     let namespace = store.namespace().await.unwrap();
     let engine = Engine::with_clock(store.clone(), ManualClock::new(now));
     let Begun::Fresh(mut claimed) = engine

@@ -53,6 +53,7 @@
 //! assert_eq!(IdempotencyKey::from_header(b""), Err(KeyError::Empty));
 //! ```
 
+pub mod admin;
 pub mod failpoint;
 pub mod headers;
 pub mod inbox;

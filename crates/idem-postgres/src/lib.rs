@@ -84,8 +84,14 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "idem_runs_namespace",
         sql: include_str!("../migrations/0007_idem_runs_namespace.sql"),
     },
+    Migration {
+        version: 8,
+        name: "idem_admin_audit",
+        sql: include_str!("../migrations/0008_idem_admin_audit.sql"),
+    },
 ];
 
+mod admin;
 mod inbox;
 mod leased;
 pub mod outbox;

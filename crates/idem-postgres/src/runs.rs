@@ -21,7 +21,7 @@ use crate::{PgStore, PgTx, column, map_err};
 /// A key record's expiry while its run lives: never.
 const NEVER_MS: i64 = i64::MAX;
 
-fn decode_run(row: &PgRow) -> Result<RunRecord, StoreError> {
+pub(crate) fn decode_run(row: &PgRow) -> Result<RunRecord, StoreError> {
     RunColumns {
         id: column(row, "id")?,
         tenant_id: column(row, "tenant_id")?,

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use idem_core::KeyStore;
+use idem_core::admin::AdminStore;
 use idem_core::inbox::InboxStore;
 use idem_core::leased::LeasedKeyStore;
 use idem_core::outbox::{OutboxStore, Wake};
@@ -21,6 +22,7 @@ use crate::demo::{self, sql::DemoSql, sql::demo_sql};
 /// steps included, whose transactions run the database patterns.
 pub trait Backend:
     InboxStore
+    + AdminStore
     + OutboxStore
     + WebhookStore
     + RunStore

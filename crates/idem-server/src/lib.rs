@@ -9,7 +9,8 @@
 //! - [`demo`]: the payments API and its ledger consumer.
 //! - [`gateway`]: `idem serve --upstream`, the contract in front of any HTTP
 //!   API (keys claimed with a lease, forwards with a derived key).
-//! - [`admin`]: `/admin` — the guard, the routes and their JSON shapes.
+//! - [`admin`]: `/admin` — the guard, the routes and their JSON shapes;
+//!   [`console`]: the web console at `/console` (login, sessions, assets).
 //! - [`respond`]: responses every route shares; [`routes`]: the app around
 //!   them (404/405, panics as problem+json); [`http_server`]: the hyper loop
 //!   and its limits; [`shutdown`]; [`logging`].
@@ -28,6 +29,7 @@ pub mod bench;
 pub mod commands;
 pub mod config;
 pub mod config_error;
+pub mod console;
 pub mod demo;
 pub mod drill;
 pub mod gateway;

@@ -95,8 +95,24 @@ pub async fn within<T>(
     }
 }
 
-/// A timestamp in milliseconds as RFC 3339 (`2026-12-03T13:19:26.000Z`).
+/// The last millisecond RFC 3339 can write (9999-12-31T23:59:59.999Z).
+const RFC3339_MAX_MS: i64 = 253_402_300_799_999;
+
+/// A timestamp in milliseconds as RFC 3339 (`2026-12-03T13:19:26.000Z`);
+/// one past year 9999 (a record that never expires) is written as its last
+/// millisecond (formatting it would fail).
 pub fn rfc3339(ms: i64) -> String {
-    let t = std::time::UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64);
+    let ms = ms.clamp(0, RFC3339_MAX_MS);
+    let t = std::time::UNIX_EPOCH + Duration::from_millis(ms as u64);
     humantime::format_rfc3339_millis(t).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn rfc3339_is_total() {
+        assert_eq!(super::rfc3339(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(super::rfc3339(-5), "1970-01-01T00:00:00.000Z");
+        assert_eq!(super::rfc3339(i64::MAX), "9999-12-31T23:59:59.999Z");
+    }
 }

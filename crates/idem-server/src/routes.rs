@@ -30,6 +30,10 @@ pub fn service(api: Router, admin_token: Option<AdminToken>, fallback: Option<Ro
     };
     admin::guarded(app, admin_token)
         .layer(axum::middleware::from_fn(problem_errors))
+        .layer(axum::middleware::from_fn_with_state(
+            std::sync::Arc::new(admin::v1::outcomes::OutcomeRing::default()),
+            admin::v1::outcomes::track,
+        ))
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(
             |_: Box<dyn std::any::Any + Send>| panicked(),
         ))
@@ -91,7 +95,16 @@ async fn problem_errors(req: Request, next: Next) -> Response {
                 | RequestOutcome::Unkeyed
         )
     );
-    if !(status.is_client_error() || status.is_server_error()) || is_problem || handler_answer {
+    // The console's login form answers 401 and 400 as pages.
+    let console_page = res
+        .extensions()
+        .get::<crate::console::OwnAnswer>()
+        .is_some();
+    if !(status.is_client_error() || status.is_server_error())
+        || is_problem
+        || handler_answer
+        || console_page
+    {
         return res;
     }
     let small = http_body::Body::size_hint(res.body())

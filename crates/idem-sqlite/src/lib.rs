@@ -30,6 +30,7 @@
 //!   on one file stay correct (the write lock serialises them) but a waiter
 //!   then only sees `Busy`. One process per file is the supported layout.
 
+mod admin;
 mod gate;
 mod inbox;
 mod leased;

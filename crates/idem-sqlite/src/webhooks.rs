@@ -13,10 +13,10 @@ use sqlx::sqlite::SqliteRow;
 use crate::SqliteStore;
 use crate::column;
 
-const COLUMNS: &str = "id, endpoint, delivery_id, event_type, headers, body, entity_id, \
+pub(crate) const COLUMNS: &str = "id, endpoint, delivery_id, event_type, headers, body, entity_id, \
     entity_version, content_sha256, state, attempts, last_error, received_at_ms, finished_at_ms";
 
-fn decode(row: &SqliteRow) -> Result<Receipt, StoreError> {
+pub(crate) fn decode(row: &SqliteRow) -> Result<Receipt, StoreError> {
     ReceiptColumns {
         id: column(row, "id")?,
         endpoint: column(row, "endpoint")?,

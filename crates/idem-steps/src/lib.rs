@@ -117,7 +117,7 @@ pub use error::{Ended, ResolveError, StartError, StepError, Stop};
 #[cfg(feature = "http")]
 pub use http::{ResponseFuture, ServiceError, WorkflowService};
 pub use recovery::Recovery;
-pub use resolve::{Resolution, Resolved, resolve};
+pub use resolve::{Resolution, Resolved, resolve, resolve_in};
 pub use run::{
     CUT_SHORT_FACTOR, Call, NoVerify, Phase, Run, SendCtx, SendStep, Sent, StepCtx, UndoCtx,
 };

@@ -225,7 +225,8 @@ impl Job for Start<'_> {
             config.consume.clone(),
             shutdown,
         );
-        let own = crate::admin::outbox::router(store.clone(), relay)
+        let own = crate::admin::outbox::router(store.clone(), relay.clone())
+            .merge(crate::admin::v1::router(store.clone(), relay))
             .merge(start_webhooks(
                 &store,
                 config.webhooks.as_ref(),

@@ -3,7 +3,9 @@
 //! binary started, killed with SIGKILL and restarted (`process`).
 #![allow(clippy::unwrap_used, missing_docs)]
 
+mod admin_api;
 mod checkout;
+mod console;
 mod drill_runner;
 mod fakes;
 mod gateway;

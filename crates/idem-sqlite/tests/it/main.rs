@@ -101,6 +101,11 @@ conformance! {
     runs_are_listed_by_state;
     runs_are_counted_by_state;
     webhook_receipts_are_counted_by_endpoint_and_state;
+    admin_key_pages_and_literal_prefixes;
+    admin_release_only_stuck_leased_records;
+    admin_outbox_pages_and_requeue, enqueue;
+    admin_audit_rows_commit_with_their_transaction;
+    admin_runs_receipts_and_inbox;
     patterns_hold_on_a_real_table;
 }
 

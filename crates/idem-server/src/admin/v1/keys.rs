@@ -1,0 +1,248 @@
+//! Key records: `GET /admin/v1/keys`, `GET /admin/v1/key`, `POST
+//! /admin/v1/keys/release`.
+
+use axum::body::Bytes;
+use axum::extract::{Query, State};
+use axum::http::HeaderMap;
+use axum::response::Response;
+use axum::routing::{get, post};
+use axum::{Extension, Router};
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
+use idem_core::admin::{KeyDetail, KeyFilter, KeyRelease, KeySummary};
+use idem_core::{IdempotencyKey, Operation, RecordState, Scope, StoredResponse, Tenant};
+use idem_http::IdemTx;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::{Audit, V1, action, conflict, cursor, limit, param, read, record, required};
+use crate::admin::Actor;
+use crate::backend::Backend;
+use crate::respond::{db_error, internal, not_found, ok, rfc3339};
+
+const TENANT: &str = "a tenant: 1 to 64 characters of [A-Za-z0-9._:-]";
+const OPERATION: &str = "an operation: 1 to 64 characters of [A-Za-z0-9._:-]";
+const KEY: &str = "an idempotency key: 1 to 255 visible ASCII characters";
+
+/// The routes.
+pub fn routes<B: Backend>(store: &B) -> Router<V1<B>> {
+    Router::new()
+        .route("/admin/v1/keys", get(list::<B>))
+        .route("/admin/v1/key", get(show::<B>))
+        .route(
+            "/admin/v1/keys/release",
+            post(release::<B>).layer(action(store, "keys.release")),
+        )
+}
+
+/// A key record as listed.
+pub fn key_json(k: &KeySummary) -> Value {
+    json!({
+        "tenant": k.tenant,
+        "operation": k.operation,
+        "key": k.key,
+        "state": k.state.as_str(),
+        "fingerprint": k.fingerprint.to_hex(),
+        "status": k.status,
+        "created_at": rfc3339(k.created_at_ms),
+        "updated_at": rfc3339(k.updated_at_ms),
+        "expires_at": rfc3339(k.expires_at_ms),
+        "locked_until": k.locked_until_ms.map(rfc3339),
+        "leased": k.leased,
+    })
+}
+
+/// A stored response: the body as text when it is UTF-8, else base64.
+pub fn response_json(r: &StoredResponse) -> Value {
+    let text = std::str::from_utf8(&r.body).ok();
+    json!({
+        "status": r.status,
+        "headers": r.headers,
+        "body": text,
+        "body_base64": text.is_none().then(|| STANDARD.encode(&r.body)),
+        "body_bytes": r.body.len(),
+    })
+}
+
+/// A key record with what it stores.
+pub fn detail_json(d: &KeyDetail) -> Value {
+    let mut v = key_json(&d.summary);
+    v["response"] = d.response.as_ref().map_or(Value::Null, response_json);
+    v["resource"] = d
+        .resource
+        .as_ref()
+        .map_or(Value::Null, |r| json!({"type": r.kind, "id": r.id}));
+    v["recovery_point"] = json!(d.recovery_point);
+    v
+}
+
+fn tenant(s: &str) -> Option<Tenant> {
+    Tenant::new(s).ok()
+}
+fn operation(s: &str) -> Option<Operation> {
+    Operation::new(s).ok()
+}
+fn key(s: &str) -> Option<IdempotencyKey> {
+    IdempotencyKey::new(s).ok()
+}
+
+#[derive(Debug, Deserialize)]
+struct ListQuery {
+    tenant: Option<String>,
+    operation: Option<String>,
+    prefix: Option<String>,
+    state: Option<String>,
+    limit: Option<String>,
+    cursor: Option<String>,
+}
+
+async fn list<B: Backend>(State(st): State<V1<B>>, Query(q): Query<ListQuery>) -> Response {
+    let filter = match (|| {
+        Ok::<_, Response>(KeyFilter {
+            tenant: param(q.tenant.as_deref(), "tenant", TENANT, tenant)?,
+            operation: param(q.operation.as_deref(), "operation", OPERATION, operation)?,
+            prefix: param(
+                q.prefix.as_deref(),
+                "prefix",
+                "1 to 255 visible ASCII characters",
+                |s| {
+                    (!s.is_empty()
+                        && s.len() <= 255
+                        && s.bytes().all(|b| (0x20..0x7f).contains(&b)))
+                    .then(|| s.to_owned())
+                },
+            )?,
+            state: param(
+                q.state.as_deref(),
+                "state",
+                "pending, completed or failed",
+                RecordState::parse,
+            )?,
+            after: cursor(q.cursor.as_deref())?,
+            limit: limit(q.limit.as_deref())?,
+        })
+    })() {
+        Ok(f) => f,
+        Err(r) => return r,
+    };
+    match read(st.store.list_keys(&filter)).await {
+        Ok(rows) => super::page(&rows, filter.limit, key_json, |k| {
+            (k.tenant.clone(), k.operation.clone(), k.key.clone())
+        }),
+        Err(r) => r,
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct OneQuery {
+    tenant: Option<String>,
+    operation: Option<String>,
+    key: Option<String>,
+}
+
+fn scope_of(t: Option<&str>, o: Option<&str>, k: Option<&str>) -> Result<Scope, Response> {
+    Ok(Scope::new(
+        required(t, "tenant", TENANT, tenant)?,
+        required(o, "operation", OPERATION, operation)?,
+        required(k, "key", KEY, key)?,
+    ))
+}
+
+async fn show<B: Backend>(State(st): State<V1<B>>, Query(q): Query<OneQuery>) -> Response {
+    let scope = match scope_of(
+        q.tenant.as_deref(),
+        q.operation.as_deref(),
+        q.key.as_deref(),
+    ) {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    match read(st.store.key_detail(&scope)).await {
+        Ok(Some(d)) => ok(&detail_json(&d)),
+        Ok(None) => not_found("No such key record"),
+        Err(r) => r,
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReleaseBody {
+    tenant: Option<String>,
+    operation: Option<String>,
+    key: Option<String>,
+    #[serde(default)]
+    force: bool,
+}
+
+async fn release<B: Backend>(
+    Extension(tx): Extension<IdemTx<B::Tx>>,
+    actor: Option<Extension<Actor>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let b: ReleaseBody = match super::body(&body) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let scope = match scope_of(
+        b.tenant.as_deref(),
+        b.operation.as_deref(),
+        b.key.as_deref(),
+    ) {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    let Ok(mut tx) = tx.lock().await else {
+        return internal("transaction finished");
+    };
+    let now = super::now_ms();
+    let outcome = match B::release_key(&mut tx, &scope, b.force, now).await {
+        Ok(o) => o,
+        Err(e) => return db_error(e),
+    };
+    let target = format!(
+        "{}/{}/{}",
+        scope.tenant.as_str(),
+        scope.operation.as_str(),
+        scope.key.as_str()
+    );
+    match outcome {
+        KeyRelease::Released => {}
+        KeyRelease::NotFound => return not_found("No such key record"),
+        KeyRelease::NotPending(state) => {
+            return conflict(
+                "not-pending",
+                "The key record is not pending",
+                &format!("it is {state}: its answer is stored and replayed; nothing to release"),
+            );
+        }
+        KeyRelease::NotReleasable => {
+            return conflict(
+                "not-releasable",
+                "The key record is not held by a lease",
+                "it is held by an open transaction or a multi-step run: resolve the run instead",
+            );
+        }
+        KeyRelease::LeaseLive(until) => {
+            return conflict(
+                "lease-live",
+                "The key record's lease is live",
+                &format!(
+                    "its holder may still be working until {}; send \"force\": true to release it anyway",
+                    rfc3339(until)
+                ),
+            );
+        }
+    }
+    let audit = Audit {
+        action: "keys.release",
+        target,
+        detail: json!({"tenant": scope.tenant.as_str(), "operation": scope.operation.as_str(),
+                       "key": scope.key.as_str(), "force": b.force}),
+    };
+    if let Err(r) = record::<B>(&mut tx, actor.as_ref().map(|a| &a.0), &headers, audit).await {
+        return r;
+    }
+    ok(&json!({"released": true, "tenant": scope.tenant.as_str(),
+               "operation": scope.operation.as_str(), "key": scope.key.as_str()}))
+}

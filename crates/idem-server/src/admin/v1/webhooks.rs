@@ -1,0 +1,145 @@
+//! Webhook receipts: `GET /admin/v1/webhooks/receipts`, `GET
+//! /admin/v1/webhooks/receipt`, `POST /admin/v1/webhooks/replay`.
+
+use axum::body::Bytes;
+use axum::extract::{Query, State};
+use axum::http::HeaderMap;
+use axum::response::Response;
+use axum::routing::{get, post};
+use axum::{Extension, Router};
+use idem_core::admin::ReceiptFilter;
+use idem_core::webhooks::{ReceiptState, Requeue};
+use idem_http::IdemTx;
+use idem_webhooks::{Endpoint, delivery_forms, find_receipt};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::{Audit, V1, action, cursor, limit, param, read, record, required, text};
+use crate::admin::Actor;
+use crate::admin::webhooks::{receipt_json, replay_json};
+use crate::backend::Backend;
+use crate::respond::{db_error, internal, json_response, not_found, ok};
+
+const ENDPOINT: &str = "an endpoint name: 1 to 64 characters of [A-Za-z0-9_-]";
+const DELIVERY: &str = "a delivery id, 1 to 255 characters";
+
+fn endpoint(s: &str) -> Option<String> {
+    Endpoint::valid_name(s).then(|| s.to_owned())
+}
+
+/// The routes.
+pub fn routes<B: Backend>(store: &B) -> Router<V1<B>> {
+    Router::new()
+        .route("/admin/v1/webhooks/receipts", get(list::<B>))
+        .route("/admin/v1/webhooks/receipt", get(show::<B>))
+        .route(
+            "/admin/v1/webhooks/replay",
+            post(replay::<B>).layer(action(store, "webhooks.replay")),
+        )
+}
+
+#[derive(Debug, Deserialize)]
+struct ListQuery {
+    endpoint: Option<String>,
+    state: Option<String>,
+    limit: Option<String>,
+    cursor: Option<String>,
+}
+
+async fn list<B: Backend>(State(st): State<V1<B>>, Query(q): Query<ListQuery>) -> Response {
+    let filter = match (|| {
+        Ok::<_, Response>(ReceiptFilter {
+            endpoint: param(q.endpoint.as_deref(), "endpoint", ENDPOINT, endpoint)?,
+            state: param(
+                q.state.as_deref(),
+                "state",
+                "received, processed, failed, dead or stale",
+                ReceiptState::parse,
+            )?,
+            before_id: cursor(q.cursor.as_deref())?,
+            limit: limit(q.limit.as_deref())?,
+        })
+    })() {
+        Ok(f) => f,
+        Err(r) => return r,
+    };
+    match read(st.store.list_receipts_page(&filter)).await {
+        Ok(rows) => super::page(&rows, filter.limit, |r| receipt_json(r, false), |r| r.id),
+        Err(r) => r,
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct OneQuery {
+    endpoint: Option<String>,
+    delivery_id: Option<String>,
+}
+
+async fn show<B: Backend>(State(st): State<V1<B>>, Query(q): Query<OneQuery>) -> Response {
+    let (ep, delivery) = match (
+        required(q.endpoint.as_deref(), "endpoint", ENDPOINT, endpoint),
+        required(q.delivery_id.as_deref(), "delivery_id", DELIVERY, text),
+    ) {
+        (Ok(e), Ok(d)) => (e, d),
+        (Err(r), _) | (_, Err(r)) => return r,
+    };
+    match read(find_receipt(&st.store, &ep, &delivery)).await {
+        Ok(Some(r)) => ok(&receipt_json(&r, true)),
+        Ok(None) => not_found("No such delivery"),
+        Err(r) => r,
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReplayBody {
+    endpoint: String,
+    delivery_id: String,
+}
+
+async fn replay<B: Backend>(
+    Extension(tx): Extension<IdemTx<B::Tx>>,
+    actor: Option<Extension<Actor>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let b: ReplayBody = match super::body(&body) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    if endpoint(&b.endpoint).is_none() {
+        return crate::respond::invalid(&format!("endpoint: {ENDPOINT}"));
+    }
+    if text(&b.delivery_id).is_none() {
+        return crate::respond::invalid(&format!("delivery_id: {DELIVERY}"));
+    }
+    let Ok(mut tx) = tx.lock().await else {
+        return internal("transaction finished");
+    };
+    let now = super::now_ms();
+    let mut found = None;
+    for id in delivery_forms(&b.endpoint, &b.delivery_id) {
+        match B::replay_receipt_in(&mut tx, &b.endpoint, &id, now).await {
+            Ok(Requeue::NotFound) => {}
+            Ok(outcome) => {
+                found = Some((id, outcome));
+                break;
+            }
+            Err(e) => return db_error(e),
+        }
+    }
+    let Some((delivery, outcome)) = found else {
+        return not_found("No such delivery");
+    };
+    let (status, answer) = replay_json(&b.endpoint, &delivery, outcome);
+    let audit = Audit {
+        action: "webhooks.replay",
+        target: format!("{}/{}", b.endpoint, delivery),
+        detail: json!({"endpoint": b.endpoint, "delivery_id": delivery,
+                       "result": answer["result"]}),
+    };
+    if let Err(r) = record::<B>(&mut tx, actor.as_ref().map(|a| &a.0), &headers, audit).await {
+        return r;
+    }
+    json_response(status, &answer, None, None)
+}
