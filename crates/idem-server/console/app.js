@@ -545,7 +545,7 @@
     const ticket = ++rendering;
     const raw = location.hash.replace(/^#\/?/, "");
     const [name, query] = raw.split("?", 2);
-    const view = views[name] ? name : "overview";
+    const view = Object.hasOwn(views, name) ? name : "overview";
     const params = new URLSearchParams(query || "");
     for (const a of document.querySelectorAll("#nav a")) a.classList.toggle("active", a.dataset.view === (NAV[view] || view));
     const main = document.getElementById("view");

@@ -136,7 +136,11 @@ async fn problem_errors(req: Request, next: Next) -> Response {
         s if s >= 500 => "internal",
         _ => "client-error",
     };
-    let title = status.canonical_reason().unwrap_or("Error");
+    // The same title as the handlers' own invalid-request problems.
+    let title = match slug {
+        "invalid-request" => "The request is invalid",
+        _ => status.canonical_reason().unwrap_or("Error"),
+    };
     let detail = (!detail.trim().is_empty()).then_some(detail.trim());
     let mut problem = idem_http::problem::<Body>(status, slug, title, detail, None).into_response();
     // Keep what the original said beyond its body (Allow on a 405, …).

@@ -248,6 +248,16 @@ impl Job for Keys {
             let detail = r.json()["detail"].as_str().unwrap_or_default().to_owned();
             assert!(detail.starts_with(param), "{path}: {detail}");
         }
+        // A repeated parameter: the same problem, title and all.
+        let r = get(addr, "/admin/v1/keys?limit=1&limit=2").await;
+        assert_problem(&r, 400, "invalid-request");
+        assert_eq!(r.json()["title"], "The request is invalid");
+        assert!(
+            r.json()["detail"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("limit")
+        );
 
         // Release.
         let stuck = scope("gw", "orders.create", "stuck-1");
