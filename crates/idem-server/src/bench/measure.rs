@@ -24,6 +24,15 @@ pub async fn measure(op: Op, concurrency: usize, duration: Duration) -> anyhow::
     // One sequence for the whole run, so ids never repeat across cases.
     static SEQ: AtomicU64 = AtomicU64::new(0);
     report(0, &format!("measuring at concurrency {concurrency} …"));
+    if let Some(busy) = super::quiet::sample().await
+        && busy > super::quiet::BUSY_LIMIT
+    {
+        report(
+            0,
+            &format!("other processes use {busy:.2} cores before this case"),
+        );
+        tracing::warn!(busy_cores = %format_args!("{busy:.2}"), concurrency, "the machine is not quiet before this case");
+    }
     let deadline = Instant::now() + duration;
     let started = Instant::now();
     let mut tasks = Vec::new();

@@ -8,6 +8,7 @@ use std::time::Duration;
 pub mod keys;
 pub mod measure;
 pub mod messaging;
+pub mod quiet;
 pub mod steps;
 pub mod webhooks;
 
@@ -28,6 +29,8 @@ pub async fn run(
     if let Some(url) = nats_url {
         messaging(sqlite_url, postgres_url, url, run_id).await?;
     }
+    println!();
+    println!("{}", quiet::verdict());
     Ok(())
 }
 
