@@ -9,7 +9,6 @@ use idem_core::admin::{
     OutboxEntry, OutboxEntryColumns, OutboxFilter, OutboxRequeue, OutboxState, ReceiptFilter,
     RunPageFilter, StateCounts, like_prefix, page,
 };
-use idem_core::keys::RecordColumns;
 use idem_core::steps::{RUN_COLUMNS, RunId, RunRecord, RunState};
 use idem_core::webhooks::{Receipt, ReceiptState, Requeue};
 use idem_core::{RecordState, Scope, StoreError};
@@ -29,18 +28,7 @@ fn decode_key(row: &PgRow) -> Result<KeyDetail, StoreError> {
         tenant: column(row, "tenant_id")?,
         operation: column(row, "operation")?,
         key: column(row, "idempotency_key")?,
-        record: RecordColumns {
-            request_hash: column(row, "request_hash")?,
-            state: column(row, "state")?,
-            status_code: column::<Option<i32>>(row, "status_code")?.map(i64::from),
-            response_headers: column(row, "response_headers")?,
-            response_body: column(row, "response_body")?,
-            resource_type: column(row, "resource_type")?,
-            resource_id: column(row, "resource_id")?,
-            locked_until_ms: column(row, "locked_until_ms")?,
-            created_at_ms: column(row, "created_at_ms")?,
-            expires_at_ms: column(row, "expires_at_ms")?,
-        },
+        record: crate::record_columns(row)?,
         recovery_point: column(row, "recovery_point")?,
         leased: column(row, "leased")?,
         updated_at_ms: column(row, "updated_at_ms")?,

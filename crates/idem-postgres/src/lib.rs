@@ -674,7 +674,13 @@ where
 }
 
 fn decode(row: &PgRow) -> Result<StoredRecord, StoreError> {
-    RecordColumns {
+    record_columns(row)?.decode()
+}
+
+/// A key record's columns, read from `row` (the shared part of every
+/// query that returns a record).
+pub(crate) fn record_columns(row: &PgRow) -> Result<RecordColumns, StoreError> {
+    Ok(RecordColumns {
         request_hash: column(row, "request_hash")?,
         state: column(row, "state")?,
         status_code: column::<Option<i32>>(row, "status_code")?.map(i64::from),
@@ -685,8 +691,7 @@ fn decode(row: &PgRow) -> Result<StoredRecord, StoreError> {
         locked_until_ms: column(row, "locked_until_ms")?,
         created_at_ms: column(row, "created_at_ms")?,
         expires_at_ms: column(row, "expires_at_ms")?,
-    }
-    .decode()
+    })
 }
 
 fn map_err_waited(e: sqlx::Error, wait: Duration) -> StoreError {

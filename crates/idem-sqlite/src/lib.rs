@@ -427,7 +427,13 @@ where
 }
 
 pub(crate) fn decode(row: &SqliteRow) -> Result<StoredRecord, StoreError> {
-    RecordColumns {
+    record_columns(row)?.decode()
+}
+
+/// A key record's columns, read from `row` (the shared part of every
+/// query that returns a record).
+pub(crate) fn record_columns(row: &SqliteRow) -> Result<RecordColumns, StoreError> {
+    Ok(RecordColumns {
         request_hash: column(row, "request_hash")?,
         state: column(row, "state")?,
         status_code: column(row, "status_code")?,
@@ -438,8 +444,7 @@ pub(crate) fn decode(row: &SqliteRow) -> Result<StoredRecord, StoreError> {
         locked_until_ms: column(row, "locked_until_ms")?,
         created_at_ms: column(row, "created_at_ms")?,
         expires_at_ms: column(row, "expires_at_ms")?,
-    }
-    .decode()
+    })
 }
 
 fn outcome_unknown(e: &sqlx::Error) -> bool {

@@ -44,6 +44,14 @@ async function until(page, hash, pred, what, ms = 30000) {
   }
 }
 
+/**
+ * Waits for the view whose heading is `title`: a hash change is no page
+ * load, so the previous view stays on screen until the new one replaces it.
+ */
+async function viewTitled(page, title) {
+  await page.waitForFunction((t) => document.querySelector("#view h1")?.textContent === t, title);
+}
+
 const userDataDir = mkdtempSync(join(tmpdir(), "idem-chromium-"));
 const context = await chromium.launchPersistentContext(userDataDir, {
   executablePath,
@@ -122,6 +130,7 @@ try {
 
   // Webhooks: the dead receipt, replayed, becomes processed.
   await page.goto(base + "/console/#/webhooks?state=dead");
+  await viewTitled(page, "Webhook receipts");
   const deadLink = page.locator("#view table a").first();
   await deadLink.waitFor();
   const delivery = await deadLink.textContent();
@@ -139,6 +148,7 @@ try {
 
   // Runs: the run that needs attention, resolved as sent.
   await page.goto(base + "/console/#/runs?state=needs_attention");
+  await viewTitled(page, "Runs");
   const runLink = page.locator("#view table a").first();
   await runLink.waitFor();
   await runLink.click();
@@ -169,7 +179,7 @@ try {
 
   // The audit log names the operator.
   await page.goto(base + "/console/#/audit");
-  await page.waitForSelector("#view h1");
+  await viewTitled(page, "Audit log");
   const audit = await page.textContent("#view");
   check(audit.includes(ACTOR), "the audit log names the operator");
   await snap(page, "audit");

@@ -10,9 +10,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-
 use crate::Reply;
 use crate::checkout::{ShopDb, World, order_body, set_stock};
 use crate::fixture::TempDir;
@@ -36,17 +33,7 @@ async fn send(
         "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n{extra}Content-Length: {}\r\n\r\n{body}",
         body.len()
     );
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    s.write_all(req.as_bytes()).await.unwrap();
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).await.unwrap();
-    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
-    let head = String::from_utf8_lossy(&raw[..split]).into_owned();
-    Reply {
-        status: head[9..12].parse().unwrap(),
-        head,
-        body: raw[split + 4..].to_vec(),
-    }
+    crate::exchange(addr, &req).await
 }
 
 const FORM: (&str, &str) = ("Content-Type", "application/x-www-form-urlencoded");

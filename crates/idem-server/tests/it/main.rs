@@ -90,9 +90,18 @@ pub async fn try_call(
     key: Option<&str>,
     body: &str,
 ) -> std::io::Result<Reply> {
+    try_exchange(addr, &request(method, path, key, body)).await
+}
+
+/// A raw request (head and body as written) on its own connection.
+pub async fn exchange(addr: SocketAddr, raw_request: &str) -> Reply {
+    try_exchange(addr, raw_request).await.unwrap()
+}
+
+/// [`exchange`]; an error when the server is gone or the answer is cut.
+pub async fn try_exchange(addr: SocketAddr, raw_request: &str) -> std::io::Result<Reply> {
     let mut s = TcpStream::connect(addr).await?;
-    s.write_all(request(method, path, key, body).as_bytes())
-        .await?;
+    s.write_all(raw_request.as_bytes()).await?;
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).await?;
     let broken = || std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "incomplete response");

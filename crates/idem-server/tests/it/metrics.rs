@@ -8,8 +8,6 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use idem_testkit::{NatsServer, PgDatabase, TempDir};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 use crate::Reply;
 use crate::process::Server;
@@ -130,21 +128,11 @@ impl Scraped {
 
 /// `GET /metrics`, with `Authorization: Bearer <token>` when given.
 async fn get_metrics(addr: SocketAddr, token: Option<&str>) -> Reply {
-    let mut s = TcpStream::connect(addr).await.unwrap();
     let auth = token
         .map(|t| format!("Authorization: Bearer {t}\r\n"))
         .unwrap_or_default();
     let req = format!("GET /metrics HTTP/1.1\r\nHost: t\r\nConnection: close\r\n{auth}\r\n");
-    s.write_all(req.as_bytes()).await.unwrap();
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).await.unwrap();
-    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
-    let head = String::from_utf8_lossy(&raw[..split]).into_owned();
-    Reply {
-        status: head[9..12].parse().unwrap(),
-        head,
-        body: raw[split + 4..].to_vec(),
-    }
+    crate::exchange(addr, &req).await
 }
 
 async fn scrape(addr: SocketAddr) -> Scraped {

@@ -108,7 +108,6 @@ pub async fn deliver(
     headers: &[(String, String)],
     body: &str,
 ) -> Reply {
-    let mut s = TcpStream::connect(addr).await.unwrap();
     let extra: String = headers
         .iter()
         .map(|(n, v)| format!("{n}: {v}\r\n"))
@@ -118,16 +117,7 @@ pub async fn deliver(
          {extra}Content-Length: {}\r\n\r\n{body}",
         body.len()
     );
-    s.write_all(req.as_bytes()).await.unwrap();
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).await.unwrap();
-    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
-    let head = String::from_utf8_lossy(&raw[..split]).into_owned();
-    Reply {
-        status: head[9..12].parse().unwrap(),
-        head,
-        body: raw[split + 4..].to_vec(),
-    }
+    crate::exchange(addr, &req).await
 }
 
 pub const STANDARD_KEY: &[u8] = b"standard-webhooks-test-key-32byte";
