@@ -35,13 +35,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use idem_core::Clock;
 use idem_core::inbox::{InboxStore, MessageId, Subscriber};
+use idem_core::keys::Settled;
 use idem_core::outbox::{OutboxMessage, OutboxRecord, OutboxStore, Topic};
 use idem_core::webhooks::{
     Accepted, Finish, NewReceipt, Receipt, ReceiptState, Requeue, WebhookStore,
 };
 use idem_core::{
-    Begun, BoxError, BoxFuture, Completion, Engine, Error, Fingerprint, FingerprintSpec,
+    Begun, BoxError, BoxFuture, Completion, Engine, Error, Fingerprint, FingerprintSpec, Finished,
     IdempotencyKey, KeyStore, ManualClock, Operation, Outcome, Policy, RecordState, RequestParts,
     Scope, StoreError, StoredResponse, Tenant,
 };
@@ -97,7 +99,7 @@ pub async fn replay_and_mismatch<S: KeyStore>(store: S) {
     };
     let done =
         Completion::completed(response(201, r#"{"id":"p1"}"#)).with_resource("payment", "p1");
-    engine.finish(claimed, &done).await.unwrap();
+    committed(engine.finish(claimed, &done).await.unwrap());
     let Begun::Replay(record) = engine.begin(&s, &fp, &policy).await.unwrap() else {
         panic!("second claim with the same fingerprint must replay");
     };
@@ -131,13 +133,15 @@ pub async fn failed_outcome_is_replayed<S: KeyStore>(store: S) {
     let Begun::Fresh(c) = engine.begin(&s, &fp, &Policy::default()).await.unwrap() else {
         panic!("fresh key must be claimed");
     };
-    engine
-        .finish(
-            c,
-            &Completion::failed(response(422, r#"{"type":"declined"}"#)),
-        )
-        .await
-        .unwrap();
+    committed(
+        engine
+            .finish(
+                c,
+                &Completion::failed(response(422, r#"{"type":"declined"}"#)),
+            )
+            .await
+            .unwrap(),
+    );
     let Begun::Replay(r) = engine.begin(&s, &fp, &Policy::default()).await.unwrap() else {
         panic!("failed outcome must replay");
     };
@@ -166,10 +170,12 @@ pub async fn rollback_leaves_no_record<S: KeyStore>(store: S) {
     let Begun::Fresh(c) = engine.begin(&s, &fp, &Policy::default()).await.unwrap() else {
         panic!("key must be claimable after a dropped claim");
     };
-    engine
-        .finish(c, &Completion::completed(response(201, "{}")))
-        .await
-        .unwrap();
+    committed(
+        engine
+            .finish(c, &Completion::completed(response(201, "{}")))
+            .await
+            .unwrap(),
+    );
     assert!(engine.store().fetch(&s).await.unwrap().is_some());
 }
 
@@ -183,10 +189,12 @@ pub async fn tenants_are_isolated<S: KeyStore>(store: S) {
             panic!("tenant {tenant} must get its own claim of a shared key");
         };
         let body = format!(r#"{{"tenant":"{tenant}"}}"#);
-        engine
-            .finish(c, &Completion::completed(response(201, &body)))
-            .await
-            .unwrap();
+        committed(
+            engine
+                .finish(c, &Completion::completed(response(201, &body)))
+                .await
+                .unwrap(),
+        );
     }
     let a = engine
         .store()
@@ -220,10 +228,12 @@ pub async fn concurrent_claims_execute_once<S: KeyStore>(store: S, n: usize) {
                 Ok(Begun::Fresh(c)) => {
                     executed.fetch_add(1, Ordering::SeqCst);
                     tokio::time::sleep(Duration::from_millis(50)).await;
-                    engine
-                        .finish(c, &Completion::completed(response(201, "{}")))
-                        .await
-                        .unwrap();
+                    committed(
+                        engine
+                            .finish(c, &Completion::completed(response(201, "{}")))
+                            .await
+                            .unwrap(),
+                    );
                 }
                 Ok(Begun::Replay(r)) => {
                     assert_eq!(r.response.unwrap().status, 201);
@@ -268,10 +278,12 @@ pub async fn wait_is_bounded<S: KeyStore>(store: S) {
         started.elapsed() < Duration::from_secs(4),
         "the wait must be bounded by the policy"
     );
-    engine
-        .finish(held, &Completion::completed(response(201, "{}")))
-        .await
-        .unwrap();
+    committed(
+        engine
+            .finish(held, &Completion::completed(response(201, "{}")))
+            .await
+            .unwrap(),
+    );
     assert!(matches!(
         engine.begin(&s, &fp, &short).await,
         Ok(Begun::Replay(_))
@@ -290,10 +302,12 @@ pub async fn expiry_and_gc<S: KeyStore>(store: S) {
         let Begun::Fresh(c) = engine.begin(&s, &fp, &policy).await.unwrap() else {
             panic!("fresh key must be claimed");
         };
-        engine
-            .finish(c, &Completion::completed(response(201, "{}")))
-            .await
-            .unwrap();
+        committed(
+            engine
+                .finish(c, &Completion::completed(response(201, "{}")))
+                .await
+                .unwrap(),
+        );
     }
     let s0 = scope("t1", "ttl-0");
     assert!(
@@ -314,10 +328,12 @@ pub async fn expiry_and_gc<S: KeyStore>(store: S) {
     else {
         panic!("an expired record must not replay nor mismatch");
     };
-    engine
-        .finish(c, &Completion::completed(response(201, r#"{"late":true}"#)))
-        .await
-        .unwrap();
+    committed(
+        engine
+            .finish(c, &Completion::completed(response(201, r#"{"late":true}"#)))
+            .await
+            .unwrap(),
+    );
     // Bounded batches: at most 2 batches of 10 → 20 of the 24 expired.
     assert_eq!(engine.purge_expired(10, 2).await.unwrap(), 20);
     assert_eq!(engine.purge_expired(10, 100).await.unwrap(), 4);
@@ -344,10 +360,12 @@ pub async fn concurrent_takeover_of_expired_record_executes_once<S: KeyStore>(st
     let Begun::Fresh(c) = engine.begin(&s, &fp, &policy).await.unwrap() else {
         panic!("fresh key must be claimed");
     };
-    engine
-        .finish(c, &Completion::completed(response(201, r#"{"old":true}"#)))
-        .await
-        .unwrap();
+    committed(
+        engine
+            .finish(c, &Completion::completed(response(201, r#"{"old":true}"#)))
+            .await
+            .unwrap(),
+    );
     clock.advance(Duration::from_secs(61));
     let executed = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::new();
@@ -358,10 +376,12 @@ pub async fn concurrent_takeover_of_expired_record_executes_once<S: KeyStore>(st
                 Ok(Begun::Fresh(c)) => {
                     executed.fetch_add(1, Ordering::SeqCst);
                     tokio::time::sleep(Duration::from_millis(20)).await;
-                    engine
-                        .finish(c, &Completion::completed(response(201, r#"{"new":true}"#)))
-                        .await
-                        .unwrap();
+                    committed(
+                        engine
+                            .finish(c, &Completion::completed(response(201, r#"{"new":true}"#)))
+                            .await
+                            .unwrap(),
+                    );
                 }
                 Ok(Begun::Replay(r)) => assert_eq!(
                     r.response.unwrap().body,
@@ -424,8 +444,233 @@ pub async fn business_write_commits_with_the_key<S: KeyStore>(
     assert_eq!(count(engine.store()).await, 1, "exactly one payment");
 }
 
+/// Optimistic claims: of `n` concurrent requests with one key, each writing
+/// its own business row, exactly one commits (row and record); every other
+/// one rolls its row back and answers with the winner's outcome.
+pub async fn optimistic_race_commits_one_outcome<S: KeyStore>(
+    store: S,
+    insert: Insert<S::Tx>,
+    count: Count<S>,
+    n: usize,
+) {
+    let engine = Arc::new(Engine::new(store));
+    let s = scope("t1", "optimistic-race");
+    let fp = fingerprint(r#"{"amount":9}"#);
+    let policy = Policy::default().optimistic();
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let (engine, s, fp) = (engine.clone(), s.clone(), fp.clone());
+        let id: &'static str = format!("o-{i}").leak();
+        tasks.push(tokio::spawn(async move {
+            engine
+                .execute(&s, &fp, &policy, move |tx| {
+                    Box::pin(async move {
+                        insert(tx, id).await?;
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        Ok::<_, BoxError>(Completion::completed(response(201, id)))
+                    })
+                })
+                .await
+        }));
+    }
+    let (mut executed, mut bodies) = (Vec::new(), Vec::new());
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(Outcome::Executed(c)) => executed.push(c.response.body),
+            Ok(Outcome::Replayed(r)) => bodies.push(r.response.unwrap().body),
+            Err(Error::InFlight { .. }) => {}
+            Err(e) => panic!("an optimistic duplicate must not fail with {e:?}"),
+        }
+    }
+    assert_eq!(executed.len(), 1, "exactly one request commits");
+    assert!(
+        bodies.iter().all(|b| *b == executed[0]),
+        "every loser answers with the winner's outcome"
+    );
+    assert_eq!(
+        count(engine.store()).await,
+        1,
+        "the losers' rows rolled back"
+    );
+    let record = engine.store().fetch(&s).await.unwrap().unwrap();
+    assert_eq!(record.response.unwrap().body, executed[0]);
+}
+
+/// Optimistic claims: a fresh key executes and stores its outcome in one
+/// write; the same request replays, another is a mismatch; a failed
+/// operation leaves nothing; an expired record is replaced; and a completed
+/// record inserted over a live one rolls the transaction back and returns
+/// the live record untouched.
+pub async fn optimistic_claims_replay_mismatch_and_expire<S: KeyStore>(
+    store: S,
+    insert: Insert<S::Tx>,
+    count: Count<S>,
+) {
+    let clock = ManualClock::starting_now();
+    let engine = Engine::with_clock(store, clock.clone());
+    let policy = Policy::with_ttl(Duration::from_secs(60)).optimistic();
+    let s = scope("t1", "optimistic-1");
+    let fp = fingerprint(r#"{"amount":4}"#);
+    let failed = pay(&engine, &s, &fp, &policy, insert, "p0", true).await;
+    assert!(matches!(failed, Err(Error::Operation(_))), "{failed:?}");
+    assert!(engine.store().fetch(&s).await.unwrap().is_none());
+    assert_eq!(
+        count(engine.store()).await,
+        0,
+        "a failed operation leaves nothing"
+    );
+    let first = pay(&engine, &s, &fp, &policy, insert, "p1", false).await;
+    assert!(matches!(first, Ok(Outcome::Executed(_))), "{first:?}");
+    let record = engine.store().fetch(&s).await.unwrap().unwrap();
+    assert_eq!(
+        (record.state, record.response.as_ref().map(|r| &r.body[..])),
+        (RecordState::Completed, Some(&b"p1"[..])),
+        "the record is written completed, never pending"
+    );
+    let again = pay(&engine, &s, &fp, &policy, insert, "p2", false).await;
+    assert!(
+        matches!(again, Ok(Outcome::Replayed(ref r)) if *r == record),
+        "{again:?}"
+    );
+    let other = pay(
+        &engine,
+        &s,
+        &fingerprint("{}"),
+        &policy,
+        insert,
+        "p3",
+        false,
+    )
+    .await;
+    assert!(
+        matches!(other, Err(Error::FingerprintMismatch)),
+        "{other:?}"
+    );
+    assert_eq!(count(engine.store()).await, 1, "one payment so far");
+
+    // Inserted over the live record (as a loser of a race would): rolled back.
+    let mut tx = engine.store().begin().await.unwrap();
+    insert(&mut tx, "p4").await.unwrap();
+    let settled = engine
+        .store()
+        .insert_completed(
+            tx,
+            &s,
+            &fingerprint("{}"),
+            &Completion::completed(response(201, "p4")),
+            &policy,
+            clock.now_ms(),
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(settled, Settled::Existing(ref r) if *r == record),
+        "{settled:?}"
+    );
+    assert_eq!(
+        count(engine.store()).await,
+        1,
+        "the loser's write rolled back"
+    );
+    assert_eq!(engine.store().fetch(&s).await.unwrap().unwrap(), record);
+
+    // Past the TTL the record is replaced, by this request or another.
+    clock.advance(Duration::from_secs(61));
+    let late = pay(
+        &engine,
+        &s,
+        &fingerprint("{}"),
+        &policy,
+        insert,
+        "p5",
+        false,
+    )
+    .await;
+    assert!(matches!(late, Ok(Outcome::Executed(_))), "{late:?}");
+    let replaced = engine.store().fetch(&s).await.unwrap().unwrap();
+    assert_eq!(replaced.response.unwrap().body, b"p5");
+    assert_eq!(replaced.fingerprint, fingerprint("{}"));
+    assert_eq!(count(engine.store()).await, 2);
+}
+
+/// Runs a payment through `engine`: `insert` writes business row `id`, then
+/// the operation succeeds with `id` as its body, or fails when `fail`.
+async fn pay<S: KeyStore, C: Clock + Clone>(
+    engine: &Engine<S, C>,
+    s: &Scope,
+    fp: &Fingerprint,
+    policy: &Policy,
+    insert: Insert<S::Tx>,
+    id: &'static str,
+    fail: bool,
+) -> Result<Outcome<Completion>, Error<BoxError>> {
+    engine
+        .execute(s, fp, policy, move |tx| {
+            Box::pin(async move {
+                insert(tx, id).await?;
+                if fail {
+                    return Err("card network timeout".into());
+                }
+                Ok(Completion::completed(response(201, id)))
+            })
+        })
+        .await
+}
+
+/// A committed record is answered from a read: a replay and a mismatch get
+/// their answer while another transaction holds the database's write side
+/// open (on SQLite, the write lock itself).
+pub async fn replays_are_answered_without_a_transaction<S: KeyStore>(store: S) {
+    let engine = Engine::new(store);
+    let fp = fingerprint(r#"{"amount":2}"#);
+    for policy in [Policy::default(), Policy::default().optimistic()] {
+        let k = scope("t1", &format!("read-first-{:?}", policy.mode));
+        let Begun::Fresh(c) = engine.begin(&k, &fp, &policy).await.unwrap() else {
+            panic!("fresh key must be claimed");
+        };
+        committed(
+            engine
+                .finish(c, &Completion::completed(response(201, "{}")))
+                .await
+                .unwrap(),
+        );
+    }
+    let held = engine.store().begin().await.unwrap();
+    for policy in [
+        Policy::default().wait(Duration::from_millis(200)),
+        Policy::default().optimistic(),
+    ] {
+        let k = scope("t1", &format!("read-first-{:?}", policy.mode));
+        let answer = tokio::time::timeout(Duration::from_secs(2), engine.begin(&k, &fp, &policy))
+            .await
+            .expect("a replay must not wait for a writer");
+        assert!(
+            matches!(answer, Ok(Begun::Replay(_))),
+            "{:?}",
+            answer.map(|_| "claimed instead of replayed")
+        );
+        let answer = tokio::time::timeout(
+            Duration::from_secs(2),
+            engine.begin(&k, &fingerprint("{}"), &policy),
+        )
+        .await
+        .expect("a mismatch must not wait for a writer");
+        assert!(
+            matches!(answer, Err(Error::FingerprintMismatch)),
+            "{:?}",
+            answer.map(|_| "not refused")
+        );
+    }
+    engine.store().rollback(held).await.unwrap();
+}
+
 const NOW: i64 = 1_000_000;
 const LEASE: Duration = Duration::from_secs(30);
+
+/// Asserts that a pessimistic finish stored the outcome and committed.
+fn committed(finished: Finished) {
+    assert!(matches!(finished, Finished::Committed), "{finished:?}");
+}
 
 fn message(key: &str, body: &str) -> OutboxMessage {
     OutboxMessage::new(

@@ -6,8 +6,8 @@ use std::pin::Pin;
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, StoreError};
 use crate::fingerprint::Fingerprint;
-use crate::keys::{Claim, Completion, Decision, KeyStore, StoredRecord, decide};
-use crate::policy::Policy;
+use crate::keys::{Claim, Completion, Decision, KeyStore, Settled, StoredRecord, decide};
+use crate::policy::{ClaimMode, Policy};
 use crate::scope::Scope;
 
 /// A boxed future borrowing the transaction, returned by business closures.
@@ -28,10 +28,25 @@ pub enum Outcome<T> {
 /// Dropping it rolls the transaction back.
 #[derive(Debug)]
 pub struct Claimed<T> {
-    /// The open transaction holding the pending record; business writes go here.
+    /// The open transaction: it holds the pending record (pessimistic mode)
+    /// or nothing yet (optimistic mode); business writes go here.
     pub tx: T,
     /// The key's scope.
     pub scope: Scope,
+    /// Optimistic mode: what [`Engine::finish`] inserts the record with.
+    optimistic: Option<(Fingerprint, Policy)>,
+}
+
+/// What [`Engine::finish`] did.
+#[derive(Debug)]
+#[must_use = "a superseded request must answer with the stored record, not its own result"]
+pub enum Finished {
+    /// The outcome was stored and committed with the business writes.
+    Committed,
+    /// Optimistic mode only: a concurrent request with the same key and
+    /// request committed first. This transaction, business writes included,
+    /// was rolled back; answer with the winner's record.
+    Superseded(StoredRecord),
 }
 
 /// What [`Engine::begin`] found.
@@ -103,6 +118,15 @@ impl<S: KeyStore, C: Clock + Clone> Engine<S, C> {
 
     /// Claims `scope` or decides what the request gets instead.
     ///
+    /// Read first: a committed, unexpired record is answered from one
+    /// indexed read outside any transaction — a replay, or a mismatch when
+    /// the fingerprint differs whatever the record's state. Only a miss (or
+    /// a pending record, which a lease holds) goes on to claim the key:
+    /// pessimistic mode writes the pending record now, optimistic mode opens
+    /// a plain transaction and writes the record in [`Engine::finish`]. A
+    /// record committed between the read and the claim is found by the
+    /// claim, as before.
+    ///
     /// # Cancel safety
     /// Cancel safe: a cancelled claim rolls back and leaves no record.
     pub async fn begin(
@@ -112,33 +136,78 @@ impl<S: KeyStore, C: Clock + Clone> Engine<S, C> {
         policy: &Policy,
     ) -> Result<Begun<S::Tx>, Error> {
         let now = self.clock.now_ms();
+        match self.store.fetch(scope).await {
+            Ok(Some(record)) if record.expires_at_ms > now => {
+                match decide(record, fingerprint, now) {
+                    Decision::Replay(record) => return Ok(Begun::Replay(record)),
+                    Decision::Mismatch => return Err(Error::FingerprintMismatch),
+                    // A lease holds the key: an optimistic insert would only
+                    // lose to it; a pessimistic claim waits for it.
+                    Decision::InFlight { retry_after } if policy.mode == ClaimMode::Optimistic => {
+                        return Err(Error::InFlight { retry_after });
+                    }
+                    Decision::InFlight { .. } => {}
+                }
+            }
+            Ok(_) => {}
+            Err(e) => return Err(Error::Store(e)),
+        }
+        if policy.mode == ClaimMode::Optimistic {
+            let tx = self.store.begin().await.map_err(in_flight_when_busy)?;
+            return Ok(Begun::Fresh(Claimed {
+                tx,
+                scope: scope.clone(),
+                optimistic: Some((fingerprint.clone(), *policy)),
+            }));
+        }
         match self.store.claim(scope, fingerprint, policy, now).await {
             Ok(Claim::Claimed(tx)) => Ok(Begun::Fresh(Claimed {
                 tx,
                 scope: scope.clone(),
+                optimistic: None,
             })),
-            Ok(Claim::Existing(record)) => match decide(record, fingerprint, now) {
-                Decision::Replay(record) => Ok(Begun::Replay(record)),
-                Decision::Mismatch => Err(Error::FingerprintMismatch),
-                Decision::InFlight { retry_after } => Err(Error::InFlight { retry_after }),
-            },
-            Err(StoreError::Busy { waited }) => Err(Error::InFlight {
-                retry_after: waited.max(std::time::Duration::from_secs(1)),
-            }),
-            Err(e) => Err(Error::Store(e)),
+            Ok(Claim::Existing(record)) => replayable(record, fingerprint, now).map(Begun::Replay),
+            Err(e) => Err(in_flight_when_busy(e)),
         }
     }
 
     /// Stores the outcome and commits key record and business writes together.
+    ///
+    /// In optimistic mode the record is inserted now; when a concurrent
+    /// request with the same key committed first, this transaction rolls
+    /// back and the result is [`Finished::Superseded`] with that request's
+    /// record (or [`Error::FingerprintMismatch`] when it was a different
+    /// request, [`Error::InFlight`] when it still holds a lease).
     pub async fn finish(
         &self,
         claimed: Claimed<S::Tx>,
         completion: &Completion,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Finished, Error> {
         let now = self.clock.now_ms();
-        self.store
-            .complete(claimed.tx, &claimed.scope, completion, now)
+        let Some((fingerprint, policy)) = claimed.optimistic else {
+            self.store
+                .complete(claimed.tx, &claimed.scope, completion, now)
+                .await?;
+            return Ok(Finished::Committed);
+        };
+        let settled = self
+            .store
+            .insert_completed(
+                claimed.tx,
+                &claimed.scope,
+                &fingerprint,
+                completion,
+                &policy,
+                now,
+            )
             .await
+            .map_err(in_flight_when_busy)?;
+        match settled {
+            Settled::Committed => Ok(Finished::Committed),
+            Settled::Existing(record) => {
+                replayable(record, &fingerprint, now).map(Finished::Superseded)
+            }
+        }
     }
 
     /// Rolls back the claim and every business write made in its transaction.
@@ -194,10 +263,10 @@ impl<S: KeyStore, C: Clock + Clone> Engine<S, C> {
             Err(e) => return Err(widen(e)),
         };
         match operation(&mut claimed.tx).await {
-            Ok(completion) => {
-                self.finish(claimed, &completion).await?;
-                Ok(Outcome::Executed(completion))
-            }
+            Ok(completion) => match self.finish(claimed, &completion).await.map_err(widen)? {
+                Finished::Committed => Ok(Outcome::Executed(completion)),
+                Finished::Superseded(record) => Ok(Outcome::Replayed(record)),
+            },
             Err(e) => {
                 // A failed rollback still leaves the transaction uncommitted: the
                 // database discards it when the connection goes away.
@@ -226,6 +295,30 @@ impl<S: KeyStore, C: Clock + Clone> Engine<S, C> {
             }
         }
         Ok(total)
+    }
+}
+
+/// The record a request replays when its key has a live one, or why not.
+fn replayable(
+    record: StoredRecord,
+    fingerprint: &Fingerprint,
+    now: i64,
+) -> Result<StoredRecord, Error> {
+    match decide(record, fingerprint, now) {
+        Decision::Replay(record) => Ok(record),
+        Decision::Mismatch => Err(Error::FingerprintMismatch),
+        Decision::InFlight { retry_after } => Err(Error::InFlight { retry_after }),
+    }
+}
+
+/// A claim that waited its whole bound for a concurrent request is "in
+/// flight" to the caller, never sooner than a second from now.
+fn in_flight_when_busy(e: StoreError) -> Error {
+    match e {
+        StoreError::Busy { waited } => Error::InFlight {
+            retry_after: waited.max(std::time::Duration::from_secs(1)),
+        },
+        e => Error::Store(e),
     }
 }
 

@@ -258,6 +258,17 @@ pub enum Claim<T> {
     Existing(StoredRecord),
 }
 
+/// The result of inserting a completed record at the end of an optimistic
+/// transaction ([`KeyStore::insert_completed`]).
+#[derive(Debug)]
+pub enum Settled {
+    /// The record was inserted and committed with the business writes.
+    Committed,
+    /// A live record was there first: the transaction, business writes
+    /// included, was rolled back. This is that record.
+    Existing(StoredRecord),
+}
+
 /// Key records, stored in the same database as the business data.
 ///
 /// Implementations must enforce uniqueness with the primary key
@@ -291,6 +302,22 @@ pub trait KeyStore: Clone + Send + Sync + 'static {
         now_ms: i64,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
+    /// Optimistic claims: inserts the completed record of `scope` in `tx`
+    /// (a transaction from [`KeyStore::begin`]) and commits it with the
+    /// business writes. A record that expired at or before `now_ms` is
+    /// replaced; when a live one exists, `tx` is rolled back instead and that
+    /// record returned. The primary key decides a race: of concurrent
+    /// inserts exactly one commits.
+    fn insert_completed(
+        &self,
+        tx: Self::Tx,
+        scope: &Scope,
+        fingerprint: &Fingerprint,
+        completion: &Completion,
+        policy: &Policy,
+        now_ms: i64,
+    ) -> impl Future<Output = Result<Settled, StoreError>> + Send;
+
     /// Opens a transaction that claims no key, for requests sent without one.
     fn begin(&self) -> impl Future<Output = Result<Self::Tx, StoreError>> + Send;
 
@@ -300,7 +327,9 @@ pub trait KeyStore: Clone + Send + Sync + 'static {
     /// Rolls back a transaction: the claim and every business write vanish.
     fn rollback(&self, tx: Self::Tx) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Reads a record without locking it (for operators and tests).
+    /// Reads the committed record of `scope`, if any: one indexed read
+    /// outside any transaction, taking no lock. The engine's read-first
+    /// path answers replays from it.
     fn fetch(
         &self,
         scope: &Scope,

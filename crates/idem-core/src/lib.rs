@@ -78,12 +78,12 @@ mod scope;
 pub use backoff::Backoff;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::ConfigError;
-pub use engine::{Begun, BoxFuture, Claimed, Engine, Outcome};
+pub use engine::{Begun, BoxFuture, Claimed, Engine, Finished, Outcome};
 pub use error::{BoxError, Error, ErrorChain, KeyError, ScopeError, StoreError};
 pub use fingerprint::{Fingerprint, FingerprintSpec, RequestParts};
 pub use idempotency_key::{IdempotencyKey, short_hash};
 pub use keys::{Completion, KeyStore, RecordState, ResourceRef, StoredRecord, StoredResponse};
-pub use policy::Policy;
+pub use policy::{ClaimMode, Policy};
 #[cfg(feature = "tokio")]
 pub use rounds::Polling;
 pub use rounds::{Pause, RoundLoop, Rounds};

@@ -1,8 +1,32 @@
-//! Per-operation policy: retention and bounded waits.
+//! Per-operation policy: retention, bounded waits and the claim mode.
 
 use std::time::Duration;
 
-/// How long records live and how long a concurrent request waits.
+/// How a fresh key is held while its operation runs.
+///
+/// Either way a request whose key already has a committed record is answered
+/// from one indexed read, without a transaction; the mode only decides what
+/// happens on a miss.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ClaimMode {
+    /// A pending record is written before the operation runs and holds the
+    /// key: a concurrent duplicate waits (up to [`Policy::wait`]) and then
+    /// replays. The operation body runs at most once per key, so it may also
+    /// have effects outside the transaction (calling a payment provider
+    /// with the same key, say). The default.
+    #[default]
+    Pessimistic,
+    /// No pending record: the operation runs in a plain transaction and the
+    /// completed record is inserted at its end, where the primary key decides
+    /// a race. A concurrent duplicate may run the operation body too; it then
+    /// rolls back and replays the winner's outcome. One write of the record
+    /// instead of two, no claim statement. Only for operations whose every
+    /// effect is inside the transaction.
+    Optimistic,
+}
+
+/// How long records live, how long a concurrent request waits, and how a
+/// fresh key is claimed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Policy {
     /// How long a record is kept after it was claimed. It must cover the longest
@@ -12,6 +36,8 @@ pub struct Policy {
     /// How long a request waits for a concurrent request with the same key
     /// before it gets "in flight".
     pub wait: Duration,
+    /// Pessimistic (the default) or optimistic claims.
+    pub mode: ClaimMode,
 }
 
 impl Policy {
@@ -42,6 +68,12 @@ impl Policy {
         self
     }
 
+    /// Claims keys optimistically (see [`ClaimMode::Optimistic`]).
+    pub fn optimistic(mut self) -> Self {
+        self.mode = ClaimMode::Optimistic;
+        self
+    }
+
     /// When a record claimed at `now_ms` expires.
     pub fn expires_at_ms(&self, now_ms: i64) -> i64 {
         now_ms.saturating_add(self.ttl.as_millis().min(i64::MAX as u128) as i64)
@@ -53,6 +85,7 @@ impl Default for Policy {
         Self {
             ttl: Self::DEFAULT_TTL,
             wait: Self::DEFAULT_WAIT,
+            mode: ClaimMode::Pessimistic,
         }
     }
 }
@@ -70,6 +103,12 @@ mod tests {
         assert_eq!(
             Policy::with_ttl(Duration::from_secs(2)).expires_at_ms(1_000),
             3_000
+        );
+        assert_eq!(Policy::default().mode, ClaimMode::Pessimistic);
+        let optimistic = Policy::with_ttl(Duration::from_secs(5)).optimistic();
+        assert_eq!(
+            (optimistic.mode, optimistic.ttl),
+            (ClaimMode::Optimistic, Duration::from_secs(5))
         );
     }
 }

@@ -9,7 +9,8 @@ use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, Limited};
 use idem_core::{
-    Begun, BoxError, Clock, Engine, Error, KeyStore, ResourceRef, StoredRecord, StoredResponse,
+    Begun, BoxError, Clock, Engine, Error, Finished, KeyStore, ResourceRef, StoredRecord,
+    StoredResponse,
 };
 
 use crate::admission::{Admitted, Keyed};
@@ -60,12 +61,7 @@ where
     let claimed = match engine.begin(&scope, &fingerprint, &config.policy).await {
         Ok(Begun::Fresh(c)) => c,
         Ok(Begun::Replay(record)) => return Ok(RequestOutcome::Replayed.mark(replay(&record))),
-        Err(Error::FingerprintMismatch) => return Ok(reject(Rejection::FingerprintMismatch)),
-        Err(Error::InFlight { retry_after }) => {
-            return Ok(reject(Rejection::InFlight(retry_after)));
-        }
-        Err(Error::Store(e)) => return Ok(reject(Rejection::for_store(&e))),
-        Err(_) => return Ok(reject(Rejection::Internal)),
+        Err(e) => return Ok(reject(refusal(e))),
     };
     let slot = IdemTx::new(Open::Keyed(claimed));
     parts.extensions.insert(slot.clone());
@@ -91,11 +87,29 @@ where
     }
     let mut completion = config.completion(status, &rparts.headers, &bytes);
     completion.resource = rparts.extensions.remove::<ResourceRef>();
-    if let Err(e) = engine.finish(claimed, &completion).await {
-        return Ok(reject(Rejection::for_store(&e)));
+    match engine.finish(claimed, &completion).await {
+        Ok(Finished::Committed) => {}
+        // Optimistic route: a concurrent duplicate committed first and this
+        // request's writes were rolled back; its answer is the winner's.
+        Ok(Finished::Superseded(record)) => {
+            return Ok(RequestOutcome::Replayed.mark(replay(&record)));
+        }
+        Err(e) => return Ok(reject(refusal(e))),
     }
     let res = Response::from_parts(rparts, ResB::from(bytes));
     Ok(RequestOutcome::Executed.mark(res))
+}
+
+/// What the layer answers when the engine will not run or keep a request.
+fn refusal(e: Error) -> Rejection {
+    match e {
+        Error::FingerprintMismatch => Rejection::FingerprintMismatch,
+        Error::InFlight { retry_after } => Rejection::InFlight(retry_after),
+        Error::Store(e) => Rejection::for_store(&e),
+        // `Error` is non-exhaustive; a variant added later is a server fault
+        // until the layer learns it.
+        _ => Rejection::Internal,
+    }
 }
 
 /// A rejection as a response, marked with what the layer did.

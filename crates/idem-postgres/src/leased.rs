@@ -18,7 +18,7 @@ use sqlx::query::Query;
 use crate::PgStore;
 
 /// `sql` with the scope bound as `$1`, `$2`, `$3`.
-fn scoped<'q>(sql: &'q str, scope: &'q Scope) -> Query<'q, Postgres, PgArguments> {
+pub(crate) fn scoped<'q>(sql: &'q str, scope: &'q Scope) -> Query<'q, Postgres, PgArguments> {
     sqlx::query(sql)
         .bind(scope.tenant.as_str())
         .bind(scope.operation.as_str())
@@ -26,7 +26,7 @@ fn scoped<'q>(sql: &'q str, scope: &'q Scope) -> Query<'q, Postgres, PgArguments
 }
 
 /// The outcome's columns after the parameters before them.
-fn outcome<'q>(
+pub(crate) fn outcome<'q>(
     q: Query<'q, Postgres, PgArguments>,
     c: &'q Completion,
 ) -> Query<'q, Postgres, PgArguments> {

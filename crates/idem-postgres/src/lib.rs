@@ -39,7 +39,7 @@ use std::future::Future;
 use std::str::FromStr;
 use std::time::Duration;
 
-use idem_core::keys::{Claim, RecordColumns};
+use idem_core::keys::{Claim, RecordColumns, Settled};
 use idem_core::{
     Completion, ConfigError, Fingerprint, KeyStore, Migration, Policy, Scope, StoreError,
     StoredRecord,
@@ -497,6 +497,25 @@ SELECT request_hash, state, status_code, response_headers, response_body, resour
        resource_id, locked_until_ms, created_at_ms, expires_at_ms
 FROM idem_keys WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3";
 
+/// Optimistic claims: the completed record, inserted at the end of the
+/// operation's transaction. A record that expired is replaced in the same
+/// statement; a live one is left alone (and locked, so the read that follows
+/// sees it as committed).
+const INSERT_COMPLETED: &str = "\
+INSERT INTO idem_keys (tenant_id, operation, idempotency_key, request_hash, state,
+                       status_code, response_headers, response_body, resource_type,
+                       resource_id, locked_until_ms, created_at_ms, updated_at_ms, expires_at_ms)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, NULL, $11, $11, $12)
+ON CONFLICT (tenant_id, operation, idempotency_key) DO UPDATE SET
+    request_hash = excluded.request_hash, state = excluded.state,
+    status_code = excluded.status_code, response_headers = excluded.response_headers,
+    response_body = excluded.response_body, resource_type = excluded.resource_type,
+    resource_id = excluded.resource_id, recovery_point = NULL, locked_until_ms = NULL,
+    lock_token = NULL, created_at_ms = excluded.created_at_ms,
+    updated_at_ms = excluded.updated_at_ms, expires_at_ms = excluded.expires_at_ms
+WHERE idem_keys.expires_at_ms <= excluded.created_at_ms
+RETURNING 1";
+
 const UPDATE_COMPLETE: &str = "\
 UPDATE idem_keys SET state = $4, status_code = $5, response_headers = $6, response_body = $7,
        resource_type = $8, resource_id = $9, locked_until_ms = NULL, updated_at_ms = $10
@@ -557,6 +576,52 @@ impl KeyStore for PgStore {
         self.commit_tx(tx.0).await
     }
 
+    async fn insert_completed(
+        &self,
+        mut tx: PgTx,
+        scope: &Scope,
+        fingerprint: &Fingerprint,
+        completion: &Completion,
+        policy: &Policy,
+        now_ms: i64,
+    ) -> Result<Settled, StoreError> {
+        let insert = leased::outcome(
+            leased::scoped(INSERT_COMPLETED, scope).bind(&fingerprint.as_bytes()[..]),
+            completion,
+        )
+        .bind(now_ms)
+        .bind(policy.expires_at_ms(now_ms));
+        let existing = self
+            .bounded(async {
+                if insert
+                    .fetch_optional(&mut *tx.0)
+                    .await
+                    .map_err(map_err)?
+                    .is_some()
+                {
+                    return Ok(None);
+                }
+                // The conflicting row is locked by the INSERT and committed:
+                // READ COMMITTED shows it to the next statement.
+                let row = leased::scoped(SELECT_RECORD, scope)
+                    .fetch_optional(&mut *tx.0)
+                    .await
+                    .map_err(map_err)?;
+                match row {
+                    Some(row) => decode(&row).map(Some),
+                    None => Err(StoreError::Busy {
+                        waited: Duration::ZERO,
+                    }),
+                }
+            })
+            .await?;
+        match existing {
+            None => self.commit_tx(tx.0).await.map(|()| Settled::Committed),
+            // Dropping the transaction queues its ROLLBACK on the connection.
+            Some(record) => Ok(Settled::Existing(record)),
+        }
+    }
+
     async fn begin(&self) -> Result<PgTx, StoreError> {
         self.bounded(self.begin_waiting(self.lock_timeout))
             .await
@@ -574,14 +639,20 @@ impl KeyStore for PgStore {
 
     async fn fetch(&self, scope: &Scope) -> Result<Option<StoredRecord>, StoreError> {
         self.bounded(async {
-            let row = sqlx::query(SELECT_RECORD)
-                .bind(scope.tenant.as_str())
-                .bind(scope.operation.as_str())
-                .bind(scope.key.as_str())
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(map_err)?;
-            row.as_ref().map(decode).transpose()
+            // The engine reads first on every request, so this is where a
+            // pooled connection that died while idle shows up: a read is
+            // safe to send again on another one.
+            let mut retried = false;
+            loop {
+                match leased::scoped(SELECT_RECORD, scope)
+                    .fetch_optional(&self.pool)
+                    .await
+                {
+                    Ok(row) => return row.as_ref().map(decode).transpose(),
+                    Err(e) if !retried && connection_lost(&e) => retried = true,
+                    Err(e) => return Err(map_err(e)),
+                }
+            }
         })
         .await
     }
@@ -635,10 +706,7 @@ impl PgStore {
             }
             // READ COMMITTED: this statement sees the row the conflicting
             // transaction committed while our INSERT waited for it.
-            let row = sqlx::query(SELECT_RECORD)
-                .bind(scope.tenant.as_str())
-                .bind(scope.operation.as_str())
-                .bind(scope.key.as_str())
+            let row = leased::scoped(SELECT_RECORD, scope)
                 .fetch_optional(&mut *tx)
                 .await
                 .map_err(map_err)?;

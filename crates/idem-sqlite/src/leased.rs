@@ -17,7 +17,7 @@ use sqlx::sqlite::SqliteArguments;
 use crate::{SqliteStore, decode};
 
 /// `sql` with the scope bound as `$1`, `$2`, `$3`.
-fn scoped<'q>(sql: &'q str, scope: &'q Scope) -> Query<'q, Sqlite, SqliteArguments<'q>> {
+pub(crate) fn scoped<'q>(sql: &'q str, scope: &'q Scope) -> Query<'q, Sqlite, SqliteArguments<'q>> {
     sqlx::query(sql)
         .bind(scope.tenant.as_str())
         .bind(scope.operation.as_str())
@@ -25,7 +25,7 @@ fn scoped<'q>(sql: &'q str, scope: &'q Scope) -> Query<'q, Sqlite, SqliteArgumen
 }
 
 /// The outcome's columns after the parameters before them.
-fn outcome<'q>(
+pub(crate) fn outcome<'q>(
     q: Query<'q, Sqlite, SqliteArguments<'q>>,
     c: &'q Completion,
 ) -> Query<'q, Sqlite, SqliteArguments<'q>> {

@@ -45,7 +45,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::keys::{Claim, RecordColumns};
+use idem_core::keys::{Claim, RecordColumns, Settled};
 use idem_core::{
     Completion, ConfigError, Fingerprint, KeyStore, Policy, Scope, StoreError, StoredRecord,
 };
@@ -297,6 +297,25 @@ SELECT request_hash, state, status_code, response_headers, response_body, resour
        resource_id, locked_until_ms, created_at_ms, expires_at_ms
 FROM idem_keys WHERE tenant_id = ?1 AND operation = ?2 AND idempotency_key = ?3";
 
+/// Optimistic claims: the completed record, inserted at the end of the
+/// operation's transaction. A record that expired is replaced in the same
+/// statement; a live one is left alone (and locked, so the read that follows
+/// sees it as committed).
+const INSERT_COMPLETED: &str = "\
+INSERT INTO idem_keys (tenant_id, operation, idempotency_key, request_hash, state,
+                       status_code, response_headers, response_body, resource_type,
+                       resource_id, locked_until_ms, created_at_ms, updated_at_ms, expires_at_ms)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, NULL, ?11, ?11, ?12)
+ON CONFLICT (tenant_id, operation, idempotency_key) DO UPDATE SET
+    request_hash = excluded.request_hash, state = excluded.state,
+    status_code = excluded.status_code, response_headers = excluded.response_headers,
+    response_body = excluded.response_body, resource_type = excluded.resource_type,
+    resource_id = excluded.resource_id, recovery_point = NULL, locked_until_ms = NULL,
+    lock_token = NULL, created_at_ms = excluded.created_at_ms,
+    updated_at_ms = excluded.updated_at_ms, expires_at_ms = excluded.expires_at_ms
+WHERE idem_keys.expires_at_ms <= excluded.created_at_ms
+RETURNING 1";
+
 const UPDATE_COMPLETE: &str = "\
 UPDATE idem_keys SET state = ?4, status_code = ?5, response_headers = ?6, response_body = ?7,
        resource_type = ?8, resource_id = ?9, locked_until_ms = NULL, updated_at_ms = ?10
@@ -330,10 +349,7 @@ impl KeyStore for SqliteStore {
                 _gate: Some(gate),
             }));
         }
-        let row = sqlx::query(SELECT_RECORD)
-            .bind(scope.tenant.as_str())
-            .bind(scope.operation.as_str())
-            .bind(scope.key.as_str())
+        let row = leased::scoped(SELECT_RECORD, scope)
             .fetch_optional(&mut *tx)
             .await
             .map_err(|e| self.map(e))?;
@@ -376,6 +392,42 @@ impl KeyStore for SqliteStore {
         self.commit_tx(tx.tx).await
     }
 
+    async fn insert_completed(
+        &self,
+        mut tx: SqliteTx,
+        scope: &Scope,
+        fingerprint: &Fingerprint,
+        completion: &Completion,
+        policy: &Policy,
+        now_ms: i64,
+    ) -> Result<Settled, StoreError> {
+        let inserted = leased::outcome(
+            leased::scoped(INSERT_COMPLETED, scope).bind(&fingerprint.as_bytes()[..]),
+            completion,
+        )
+        .bind(now_ms)
+        .bind(policy.expires_at_ms(now_ms))
+        .fetch_optional(&mut *tx.tx)
+        .await
+        .map_err(|e| self.map(e))?;
+        if inserted.is_some() {
+            return self.commit_tx(tx.tx).await.map(|()| Settled::Committed);
+        }
+        // The transaction holds the write lock: the conflicting record is
+        // committed and stays as read until the rollback.
+        let row = leased::scoped(SELECT_RECORD, scope)
+            .fetch_optional(&mut *tx.tx)
+            .await
+            .map_err(|e| self.map(e))?;
+        tx.tx.rollback().await.map_err(|e| self.map(e))?;
+        match row {
+            Some(row) => Ok(Settled::Existing(decode(&row)?)),
+            None => Err(StoreError::Corrupt {
+                detail: "conflicting key record vanished inside a write transaction".into(),
+            }),
+        }
+    }
+
     async fn begin(&self) -> Result<SqliteTx, StoreError> {
         Ok(SqliteTx {
             tx: self.begin_immediate().await?,
@@ -392,10 +444,7 @@ impl KeyStore for SqliteStore {
     }
 
     async fn fetch(&self, scope: &Scope) -> Result<Option<StoredRecord>, StoreError> {
-        let row = sqlx::query(SELECT_RECORD)
-            .bind(scope.tenant.as_str())
-            .bind(scope.operation.as_str())
-            .bind(scope.key.as_str())
+        let row = leased::scoped(SELECT_RECORD, scope)
             .fetch_optional(&self.pool)
             .await
             .map_err(|e| self.map(e))?;

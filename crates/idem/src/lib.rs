@@ -33,7 +33,7 @@
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use idem::sqlite::{SqliteConfig, SqliteStore};
-//! use idem::{Begun, Completion, Engine, FingerprintSpec, IdempotencyKey, Operation, Policy,
+//! use idem::{Begun, Completion, Engine, Finished, FingerprintSpec, IdempotencyKey, Operation, Policy,
 //!            RequestParts, Scope, StoredResponse, Tenant};
 //! # let dir = std::env::temp_dir().join(format!("idem-facade-doc-{}", std::process::id()));
 //! # std::fs::create_dir_all(&dir)?;
@@ -52,7 +52,8 @@
 //! };
 //! // … record the email in `claimed.tx`, in the same transaction …
 //! let sent = StoredResponse { status: 200, headers: vec![], body: b"sent".to_vec() };
-//! engine.finish(claimed, &Completion::completed(sent)).await?;
+//! let finished = engine.finish(claimed, &Completion::completed(sent)).await?;
+//! assert!(matches!(finished, Finished::Committed));
 //!
 //! // The duplicate finds the stored outcome instead of sending again.
 //! assert!(matches!(engine.begin(&scope, &fp, &Policy::default()).await?, Begun::Replay(_)));

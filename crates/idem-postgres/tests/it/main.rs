@@ -76,6 +76,9 @@ conformance! {
     expiry_and_gc;
     concurrent_takeover_of_expired_record_executes_once, 20;
     business_write_commits_with_the_key, insert, count;
+    optimistic_race_commits_one_outcome, insert, count, 16;
+    optimistic_claims_replay_mismatch_and_expire, insert, count;
+    replays_are_answered_without_a_transaction;
     outbox_commits_with_the_transaction, enqueue;
     outbox_keeps_order_per_key, enqueue;
     outbox_leases_expire_and_release, enqueue;
@@ -235,7 +238,7 @@ mod round_trips {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fresh_path_is_five_round_trips_and_replay_four() {
+async fn round_trips_per_path_are_pinned() {
     let db = db().await;
     let (proxy, count) = round_trips::proxy(idem_testkit::url_addr(&db.db.url)).await;
     let store = PgStore::connect(
@@ -249,11 +252,11 @@ async fn fresh_path_is_five_round_trips_and_replay_four() {
     .unwrap();
     let engine = Engine::new(store);
     let fp = c::fingerprint("{}");
-    let fresh = |key: String| {
+    let run = |key: String, policy: Policy| {
         let engine = engine.clone();
         async move {
             let out = engine
-                .execute(&c::scope("t1", &key), &fp, &Policy::default(), |tx| {
+                .execute(&c::scope("t1", &key), &fp, &policy, |tx| {
                     Box::pin(async move {
                         sqlx::query("INSERT INTO payments (id, amount) VALUES ($1, 1)")
                             .bind(key)
@@ -267,24 +270,48 @@ async fn fresh_path_is_five_round_trips_and_replay_four() {
             matches!(out, Outcome::Executed(_))
         }
     };
+    let pessimistic = Policy::default();
+    let optimistic = Policy::default().optimistic();
     // Warm up: the connection is open and every statement is prepared.
-    assert!(fresh("warm".into()).await);
-    assert!(!fresh("warm".into()).await);
-    count.settle_and_reset().await;
-    assert!(fresh("k-1".into()).await);
-    assert_eq!(
-        count.settle_and_read().await,
-        (5, 1),
-        "fresh: BEGIN, claim INSERT, business INSERT, UPDATE, COMMIT; \
-         the one ping is sqlx's on release, none before use"
-    );
-    count.settle_and_reset().await;
-    assert!(!fresh("k-1".into()).await);
-    assert_eq!(
-        count.settle_and_read().await,
-        (4, 1),
-        "replay: BEGIN, claim INSERT, SELECT, ROLLBACK"
-    );
+    assert!(run("warm-p".into(), pessimistic).await);
+    assert!(!run("warm-p".into(), pessimistic).await);
+    assert!(run("warm-o".into(), optimistic).await);
+    assert!(!run("warm-o".into(), optimistic).await);
+    let cases = [
+        (
+            "k-p",
+            pessimistic,
+            true,
+            (6, 2),
+            "pessimistic fresh: read, BEGIN, claim INSERT, business INSERT, UPDATE, COMMIT",
+        ),
+        ("k-p", pessimistic, false, (1, 1), "replay: the read alone"),
+        (
+            "k-o",
+            optimistic,
+            true,
+            (5, 2),
+            "optimistic fresh: read, BEGIN, business INSERT, record INSERT, COMMIT",
+        ),
+        (
+            "k-o",
+            optimistic,
+            false,
+            (1, 1),
+            "optimistic replay: the read alone",
+        ),
+    ];
+    for (key, policy, fresh, expected, what) in cases {
+        count.settle_and_reset().await;
+        assert_eq!(run(key.into(), policy).await, fresh, "{what}");
+        assert_eq!(
+            count.settle_and_read().await,
+            expected,
+            "(statements, pings) for {what}; sqlx pings a connection each time it \
+             returns to the pool (the read and the transaction each borrow one), \
+             never before use"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -438,7 +465,10 @@ async fn a_client_silent_inside_its_transaction_frees_the_key() {
         .unwrap_err();
     assert!(late.retryable(), "{late:?}");
     assert!(
-        !matches!(late, idem_core::StoreError::OutcomeUnknown { .. }),
+        !matches!(
+            late,
+            idem_core::Error::Store(idem_core::StoreError::OutcomeUnknown { .. })
+        ),
         "the update failed before any COMMIT was sent: {late:?}"
     );
 }

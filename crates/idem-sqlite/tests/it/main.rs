@@ -72,6 +72,9 @@ conformance! {
     expiry_and_gc;
     concurrent_takeover_of_expired_record_executes_once, 20;
     business_write_commits_with_the_key, insert, count;
+    optimistic_race_commits_one_outcome, insert, count, 16;
+    optimistic_claims_replay_mismatch_and_expire, insert, count;
+    replays_are_answered_without_a_transaction;
     outbox_commits_with_the_transaction, enqueue;
     outbox_keeps_order_per_key, enqueue;
     outbox_leases_expire_and_release, enqueue;

@@ -51,10 +51,14 @@ where
         headers: vec![],
         body: b"{}".to_vec(),
     };
-    engine
+    let finished = engine
         .finish(claimed, &Completion::completed(response))
         .await
         .unwrap();
+    assert!(
+        matches!(finished, idem::Finished::Committed),
+        "{finished:?}"
+    );
     // An inbox record kept one hour.
     let mut tx = store.begin().await.unwrap();
     let sub = Subscriber::new("mailer").unwrap();
@@ -235,10 +239,14 @@ async fn run_of<S: RunStore>(store: &S, clock: &ManualClock, key: &str, live: bo
         headers: vec![],
         body: b"{}".to_vec(),
     };
-    engine
+    let finished = engine
         .finish(claimed, &Completion::completed(response))
         .await
         .unwrap();
+    assert!(
+        matches!(finished, idem::Finished::Committed),
+        "{finished:?}"
+    );
     id
 }
 
