@@ -125,7 +125,7 @@ impl<S: KeyStore, C: Clock + Clone> Engine<S, C> {
     /// pessimistic mode writes the pending record now, optimistic mode opens
     /// a plain transaction and writes the record in [`Engine::finish`]. A
     /// record committed between the read and the claim is found by the
-    /// claim, as before.
+    /// claim (pessimistic) or by the insert in `finish` (optimistic).
     ///
     /// # Cancel safety
     /// Cancel safe: a cancelled claim rolls back and leaves no record.
@@ -136,35 +136,12 @@ impl<S: KeyStore, C: Clock + Clone> Engine<S, C> {
         policy: &Policy,
     ) -> Result<Begun<S::Tx>, Error> {
         let now = self.clock.now_ms();
-        match self.store.fetch(scope).await {
-            Ok(Some(record)) if record.expires_at_ms > now => {
-                match decide(record, fingerprint, now) {
-                    Decision::Replay(record) => return Ok(Begun::Replay(record)),
-                    Decision::Mismatch => return Err(Error::FingerprintMismatch),
-                    // A lease holds the key: an optimistic insert would only
-                    // lose to it; a pessimistic claim waits for it.
-                    Decision::InFlight { retry_after } if policy.mode == ClaimMode::Optimistic => {
-                        return Err(Error::InFlight { retry_after });
-                    }
-                    Decision::InFlight { .. } => {}
-                }
-            }
-            Ok(_) => {}
-            Err(e) => return Err(Error::Store(e)),
-        }
-        if policy.mode == ClaimMode::Optimistic {
-            let tx = self.store.begin().await.map_err(in_flight_when_busy)?;
-            return Ok(Begun::Fresh(Claimed {
-                tx,
-                scope: scope.clone(),
-                optimistic: Some((fingerprint.clone(), *policy)),
-            }));
-        }
         match self.store.claim(scope, fingerprint, policy, now).await {
             Ok(Claim::Claimed(tx)) => Ok(Begun::Fresh(Claimed {
                 tx,
                 scope: scope.clone(),
-                optimistic: None,
+                optimistic: (policy.mode == ClaimMode::Optimistic)
+                    .then(|| (fingerprint.clone(), *policy)),
             })),
             Ok(Claim::Existing(record)) => replayable(record, fingerprint, now).map(Begun::Replay),
             Err(e) => Err(in_flight_when_busy(e)),

@@ -246,15 +246,35 @@ pub fn decide(existing: StoredRecord, fingerprint: &Fingerprint, now_ms: i64) ->
     }
 }
 
+/// Whether a record read before any transaction is the answer by itself,
+/// so the claim ends there ([`KeyStore::claim`]'s read-first step): a live
+/// record with another fingerprint (a mismatch, whatever its state), a
+/// completed or failed one (a replay), or — in optimistic mode, which never
+/// waits for a lease — a pending one (in flight). An expired record, or a
+/// pending one a pessimistic claim may wait for, goes on to the claim.
+pub fn answered_by_read(
+    record: &StoredRecord,
+    fingerprint: &Fingerprint,
+    policy: &Policy,
+    now_ms: i64,
+) -> bool {
+    record.expires_at_ms > now_ms
+        && (record.fingerprint != *fingerprint
+            || record.state != RecordState::Pending
+            || policy.mode == crate::ClaimMode::Optimistic)
+}
+
 /// The result of trying to claim a key.
 #[derive(Debug)]
 pub enum Claim<T> {
-    /// The key was free (or its record had expired): a pending record was
-    /// written in the open transaction `T`, which the caller now owns. Business
-    /// writes go into `T` and commit with the record.
+    /// The key was free (or its record had expired): the caller now owns the
+    /// open transaction `T`, which holds a pending record (pessimistic mode)
+    /// or nothing yet (optimistic mode). Business writes go into `T` and
+    /// commit with the record.
     Claimed(T),
-    /// A live record exists and was committed by someone else. The store has
-    /// already ended its own transaction.
+    /// A live record exists and was committed by someone else: read before
+    /// any transaction, or found by the claim. The store has already ended
+    /// its own transaction, if it opened one.
     Existing(StoredRecord),
 }
 
@@ -279,8 +299,13 @@ pub trait KeyStore: Clone + Send + Sync + 'static {
     /// An open database transaction handed to business code.
     type Tx: Send + 'static;
 
-    /// Opens a transaction, inserts a pending record for `scope` unless a live
-    /// one exists, and returns the transaction or the existing record.
+    /// Reads the committed record of `scope` first — one indexed read,
+    /// outside any transaction — and returns it when
+    /// [`answered_by_read`] says it is the answer. Otherwise opens a
+    /// transaction (on the same connection where the backend has them) and,
+    /// in pessimistic mode, inserts a pending record unless a live one
+    /// exists (then returns that one); in optimistic mode returns the
+    /// transaction as it is.
     ///
     /// # Cancel safety
     /// Cancelling the future drops the transaction, which rolls it back.
@@ -362,6 +387,38 @@ mod tests {
             created_at_ms: 0,
             expires_at_ms: 100_000,
         }
+    }
+
+    #[test]
+    fn a_read_answers_every_live_record_but_a_pending_one_a_pessimistic_claim_waits_for() {
+        let (same, other) = (
+            Fingerprint::from_bytes([1; 32]),
+            Fingerprint::from_bytes([2; 32]),
+        );
+        let (pessimistic, optimistic) = (Policy::default(), Policy::default().optimistic());
+        for policy in [pessimistic, optimistic] {
+            for state in [RecordState::Completed, RecordState::Failed] {
+                assert!(answered_by_read(&record([1; 32], state), &same, &policy, 0));
+            }
+            for state in [RecordState::Pending, RecordState::Completed] {
+                assert!(answered_by_read(
+                    &record([1; 32], state),
+                    &other,
+                    &policy,
+                    0
+                ));
+                // Expired: whatever it holds, the claim takes it over.
+                assert!(!answered_by_read(
+                    &record([1; 32], state),
+                    &other,
+                    &policy,
+                    100_000
+                ));
+            }
+        }
+        let pending = record([1; 32], RecordState::Pending);
+        assert!(!answered_by_read(&pending, &same, &pessimistic, 0));
+        assert!(answered_by_read(&pending, &same, &optimistic, 0));
     }
 
     #[test]

@@ -39,11 +39,12 @@ use std::future::Future;
 use std::str::FromStr;
 use std::time::Duration;
 
-use idem_core::keys::{Claim, RecordColumns, Settled};
+use idem_core::keys::{Claim, RecordColumns, Settled, answered_by_read};
 use idem_core::{
-    Completion, ConfigError, Fingerprint, KeyStore, Migration, Policy, Scope, StoreError,
-    StoredRecord,
+    ClaimMode, Completion, ConfigError, Fingerprint, KeyStore, Migration, Policy, Scope,
+    StoreError, StoredRecord,
 };
+use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{PgPool, Postgres, Row, Transaction};
 
@@ -344,9 +345,12 @@ impl PgStore {
         migrate_component(&self.pool, "idem", MIGRATIONS).await
     }
 
+    /// Opens a transaction whose statements wait up to `wait` for row locks,
+    /// on `conn` when given (the claim's read-first connection) or a pooled one.
     async fn begin_waiting(
         &self,
         wait: Duration,
+        mut conn: Option<PoolConnection<Postgres>>,
     ) -> Result<Transaction<'static, Postgres>, StoreError> {
         // A pooled connection the server or network closed while it was idle
         // fails here with an I/O error; nothing was sent that could have taken
@@ -370,7 +374,7 @@ impl PgStore {
                     millis(wait + self.statement_timeout)
                 ))
             };
-            match begin_detached(&self.pool, statement).await {
+            match begin_detached(&self.pool, conn.take(), statement).await {
                 Ok(tx) => return Ok(tx),
                 Err(e) if !retried && connection_lost(&e) => retried = true,
                 Err(e) => return Err(map_err_waited(e, wait)),
@@ -390,14 +394,18 @@ impl PgStore {
 /// sqlx expects.
 async fn begin_detached(
     pool: &PgPool,
+    conn: Option<PoolConnection<Postgres>>,
     statement: Option<String>,
 ) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
     let pool = pool.clone();
     let task = tokio::spawn(async move {
-        match statement {
-            None => pool.begin().await,
-            Some(statement) => pool.begin_with(statement).await,
-        }
+        let conn = match conn {
+            Some(conn) => conn,
+            None => pool.acquire().await?,
+        };
+        // What `Pool::begin` does, on a connection we already hold (sqlx's
+        // own `Acquire` impls call it the same way).
+        Transaction::begin(conn, statement.map(Into::into)).await
     });
     task.await
         .unwrap_or_else(|e| Err(sqlx::Error::Protocol(format!("the BEGIN task failed: {e}"))))
@@ -623,7 +631,7 @@ impl KeyStore for PgStore {
     }
 
     async fn begin(&self) -> Result<PgTx, StoreError> {
-        self.bounded(self.begin_waiting(self.lock_timeout))
+        self.bounded(self.begin_waiting(self.lock_timeout, None))
             .await
             .map(PgTx)
     }
@@ -639,20 +647,11 @@ impl KeyStore for PgStore {
 
     async fn fetch(&self, scope: &Scope) -> Result<Option<StoredRecord>, StoreError> {
         self.bounded(async {
-            // The engine reads first on every request, so this is where a
-            // pooled connection that died while idle shows up: a read is
-            // safe to send again on another one.
-            let mut retried = false;
-            loop {
-                match leased::scoped(SELECT_RECORD, scope)
-                    .fetch_optional(&self.pool)
-                    .await
-                {
-                    Ok(row) => return row.as_ref().map(decode).transpose(),
-                    Err(e) if !retried && connection_lost(&e) => retried = true,
-                    Err(e) => return Err(map_err(e)),
-                }
-            }
+            let row = leased::scoped(SELECT_RECORD, scope)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(map_err)?;
+            row.as_ref().map(decode).transpose()
         })
         .await
     }
@@ -676,6 +675,29 @@ impl KeyStore for PgStore {
 }
 
 impl PgStore {
+    /// The claim's first step: one indexed read of the committed record, on
+    /// a pooled connection the claim then keeps for its transaction (a
+    /// second one would cost sqlx's ping when it goes back to the pool).
+    async fn read_first(
+        &self,
+        scope: &Scope,
+    ) -> Result<(Option<StoredRecord>, PoolConnection<Postgres>), StoreError> {
+        // A connection that died while idle shows up here, on the first
+        // statement of the request: a read is safe to send again.
+        let mut retried = false;
+        loop {
+            let mut conn = self.pool.acquire().await.map_err(map_err)?;
+            match leased::scoped(SELECT_RECORD, scope)
+                .fetch_optional(&mut *conn)
+                .await
+            {
+                Ok(row) => return Ok((row.as_ref().map(decode).transpose()?, conn)),
+                Err(e) if !retried && connection_lost(&e) => retried = true,
+                Err(e) => return Err(map_err(e)),
+            }
+        }
+    }
+
     async fn claim_in_tx(
         &self,
         scope: &Scope,
@@ -683,7 +705,16 @@ impl PgStore {
         policy: &Policy,
         now_ms: i64,
     ) -> Result<Claim<PgTx>, StoreError> {
-        let mut tx = self.begin_waiting(policy.wait).await?;
+        let (record, conn) = self.read_first(scope).await?;
+        if let Some(record) = record
+            && answered_by_read(&record, fingerprint, policy, now_ms)
+        {
+            return Ok(Claim::Existing(record));
+        }
+        let mut tx = self.begin_waiting(policy.wait, Some(conn)).await?;
+        if policy.mode == ClaimMode::Optimistic {
+            return Ok(Claim::Claimed(PgTx(tx)));
+        }
         let claim = |sql: &'static str| {
             sqlx::query(sql)
                 .bind(scope.tenant.as_str())

@@ -196,6 +196,7 @@ pub fn relay_lease(lease: Duration) -> anyhow::Result<Duration> {
 /// The demo routes' settings from their flags.
 pub fn demo(
     key_ttl: Duration,
+    claim_mode: idem_core::ClaimMode,
     max_body_bytes: usize,
     events: bool,
     handler_timeout: Duration,
@@ -216,6 +217,7 @@ pub fn demo(
     ))?;
     Ok(DemoConfig {
         key_ttl,
+        claim_mode,
         max_body_bytes,
         events,
         handler_timeout,

@@ -45,9 +45,10 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::keys::{Claim, RecordColumns, Settled};
+use idem_core::keys::{Claim, RecordColumns, Settled, answered_by_read};
 use idem_core::{
-    Completion, ConfigError, Fingerprint, KeyStore, Policy, Scope, StoreError, StoredRecord,
+    ClaimMode, Completion, ConfigError, Fingerprint, KeyStore, Policy, Scope, StoreError,
+    StoredRecord,
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
@@ -331,6 +332,15 @@ impl KeyStore for SqliteStore {
         policy: &Policy,
         now_ms: i64,
     ) -> Result<Claim<SqliteTx>, StoreError> {
+        // Read first, without the write lock: WAL readers never wait for it.
+        if let Some(record) = self.fetch(scope).await?
+            && answered_by_read(&record, fingerprint, policy, now_ms)
+        {
+            return Ok(Claim::Existing(record));
+        }
+        if policy.mode == ClaimMode::Optimistic {
+            return self.begin().await.map(Claim::Claimed);
+        }
         let gate = self.gates.enter(scope, policy.wait).await?;
         let mut tx = self.begin_immediate().await?;
         let inserted = sqlx::query(INSERT_CLAIM)

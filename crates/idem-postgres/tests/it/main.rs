@@ -282,7 +282,7 @@ async fn round_trips_per_path_are_pinned() {
             "k-p",
             pessimistic,
             true,
-            (6, 2),
+            (6, 1),
             "pessimistic fresh: read, BEGIN, claim INSERT, business INSERT, UPDATE, COMMIT",
         ),
         ("k-p", pessimistic, false, (1, 1), "replay: the read alone"),
@@ -290,7 +290,7 @@ async fn round_trips_per_path_are_pinned() {
             "k-o",
             optimistic,
             true,
-            (5, 2),
+            (5, 1),
             "optimistic fresh: read, BEGIN, business INSERT, record INSERT, COMMIT",
         ),
         (
@@ -307,9 +307,9 @@ async fn round_trips_per_path_are_pinned() {
         assert_eq!(
             count.settle_and_read().await,
             expected,
-            "(statements, pings) for {what}; sqlx pings a connection each time it \
-             returns to the pool (the read and the transaction each borrow one), \
-             never before use"
+            "(statements, pings) for {what}; the read and the transaction share one \
+             connection, which sqlx pings once when it returns to the pool, never \
+             before use"
         );
     }
 }

@@ -65,6 +65,14 @@ pub struct ServeArgs {
     /// payment `reference` then still stops a second payment). 1s to 400d.
     #[arg(long, env = "IDEM_KEY_TTL", default_value = "24h", value_parser = humantime::parse_duration)]
     key_ttl: Duration,
+    /// How the demo's payment and refund routes claim a fresh key:
+    /// `pessimistic` writes a pending record first (a concurrent duplicate
+    /// waits, then replays); `optimistic` writes the completed record once,
+    /// at the end, and lets the primary key decide a race (a concurrent
+    /// duplicate's writes roll back and it replays the winner). The checkout
+    /// demo calls a provider and always claims pessimistically.
+    #[arg(long, env = "IDEM_CLAIM_MODE", value_enum, default_value_t = ClaimModeArg::Pessimistic)]
+    claim_mode: ClaimModeArg,
     /// Largest request body accepted, in bytes (413 above). At most 64 MiB.
     #[arg(long, env = "IDEM_MAX_BODY_BYTES", default_value_t = 1 << 20)]
     max_body_bytes: usize,
@@ -130,6 +138,7 @@ impl ServeArgs {
         let consume = config::consume(self.consumer.ack_wait, self.consumer.max_deliver)?;
         let demo = config::demo(
             self.key_ttl,
+            self.claim_mode.into(),
             self.max_body_bytes,
             self.events || self.nats_url.is_some(),
             self.handler_timeout,
@@ -363,4 +372,22 @@ fn start_webhooks<B: Backend>(
     let names: Vec<&str> = config.endpoints.iter().map(|e| e.name.as_str()).collect();
     tracing::info!(endpoints = ?names, "receiving webhooks at /webhooks/{{endpoint}}");
     idem_webhooks::route::router(receiver.clone()).merge(admin::router(store.clone(), receiver))
+}
+
+/// `--claim-mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ClaimModeArg {
+    /// A pending record first; duplicates wait.
+    Pessimistic,
+    /// The completed record once, at the end; the primary key decides.
+    Optimistic,
+}
+
+impl From<ClaimModeArg> for idem_core::ClaimMode {
+    fn from(mode: ClaimModeArg) -> Self {
+        match mode {
+            ClaimModeArg::Pessimistic => Self::Pessimistic,
+            ClaimModeArg::Optimistic => Self::Optimistic,
+        }
+    }
 }

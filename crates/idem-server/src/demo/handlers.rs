@@ -313,7 +313,10 @@ pub fn router_with_clock<S: DemoSql, C: Clock + Clone>(
         let op = Operation::new(op).unwrap_or_else(|e| panic!("operation name {op}: {e}"));
         let mut cfg = RouteConfig::required(op, tenant.clone());
         cfg.max_request_bytes = config.max_body_bytes;
-        cfg.policy = Policy::with_ttl(config.key_ttl);
+        cfg.policy = Policy {
+            mode: config.claim_mode,
+            ..Policy::with_ttl(config.key_ttl)
+        };
         cfg.handler_timeout = config.handler_timeout;
         IdempotencyLayer::new(store.clone(), cfg).with_clock(clock.clone())
     };

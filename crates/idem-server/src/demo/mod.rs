@@ -149,6 +149,9 @@ pub fn decode_event(subject: &str, payload: &[u8]) -> Result<Event, String> {
 pub struct DemoConfig {
     /// How long key records live (default 24 h).
     pub key_ttl: std::time::Duration,
+    /// How the payment and refund routes claim a fresh key (default
+    /// pessimistic).
+    pub claim_mode: idem_core::ClaimMode,
     /// Largest request body accepted (default 1 MiB); 413 above.
     pub max_body_bytes: usize,
     /// Whether payments and refunds write their events to the outbox (on
@@ -166,6 +169,7 @@ impl Default for DemoConfig {
     fn default() -> Self {
         Self {
             key_ttl: idem_core::Policy::DEFAULT_TTL,
+            claim_mode: idem_core::ClaimMode::Pessimistic,
             max_body_bytes: 1 << 20,
             events: false,
             handler_timeout: std::time::Duration::from_secs(30),

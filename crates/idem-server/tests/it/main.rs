@@ -214,6 +214,36 @@ macro_rules! drills {
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn drill2_optimistic_fifty_concurrent_requests_one_payment() {
+                let config = DemoConfig {
+                    claim_mode: idem_core::ClaimMode::Optimistic,
+                    ..DemoConfig::default()
+                };
+                let f = $setup(ManualClock::starting_now(), config).await;
+                let body = r#"{"amount":50,"currency":"EUR","customer":"cus_orace"}"#;
+                let mut tasks = Vec::new();
+                for _ in 0..50 {
+                    let addr = f.addr;
+                    tasks.push(tokio::spawn(async move {
+                        create(addr, "orace-1", body).await
+                    }));
+                }
+                let mut created = std::collections::HashSet::new();
+                let (mut fresh, mut replayed) = (0, 0);
+                for t in tasks {
+                    let r = t.await.unwrap();
+                    assert_eq!(r.status, 201, "an optimistic duplicate replays, never waits out: {}", r.status);
+                    if r.replayed() { replayed += 1 } else { fresh += 1 }
+                    created.insert(r.body);
+                }
+                assert_eq!((fresh, replayed), (1, 49), "one execution, every other request replays it");
+                assert_eq!(created.len(), 1, "every 201 is the identical response");
+                assert_eq!(payments_of(f.addr, "cus_orace").await.len(), 1, "the losers' payments rolled back");
+                let other = r#"{"amount":51,"currency":"EUR","customer":"cus_orace"}"#;
+                assert_eq!(create(f.addr, "orace-1", other).await.status, 422);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn drill3_same_key_other_body_is_422_and_record_unchanged() {
                 let f = setup().await;
                 let first = create(f.addr, "k-3", PAY).await;
