@@ -44,7 +44,6 @@ use idem_core::{
     ClaimMode, Completion, ConfigError, Fingerprint, KeyStore, Migration, Policy, Scope,
     StoreError, StoredRecord,
 };
-use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{PgPool, Postgres, Row, Transaction};
 
@@ -97,6 +96,7 @@ mod inbox;
 mod leased;
 pub mod outbox;
 pub mod patterns;
+mod readers;
 mod runs;
 mod webhooks;
 
@@ -201,6 +201,7 @@ impl PgConfig {
 #[derive(Debug, Clone)]
 pub struct PgStore {
     pool: PgPool,
+    readers: std::sync::Arc<readers::Readers>,
     lock_timeout: Duration,
     statement_timeout: Duration,
 }
@@ -259,6 +260,11 @@ impl PgStore {
         };
         Ok(Self {
             pool,
+            readers: std::sync::Arc::new(readers::Readers::new(
+                options,
+                config.max_connections,
+                config.acquire_timeout,
+            )),
             lock_timeout: config.lock_timeout,
             statement_timeout: config.statement_timeout,
         })
@@ -345,12 +351,10 @@ impl PgStore {
         migrate_component(&self.pool, "idem", MIGRATIONS).await
     }
 
-    /// Opens a transaction whose statements wait up to `wait` for row locks,
-    /// on `conn` when given (the claim's read-first connection) or a pooled one.
+    /// Opens a transaction whose statements wait up to `wait` for row locks.
     async fn begin_waiting(
         &self,
         wait: Duration,
-        mut conn: Option<PoolConnection<Postgres>>,
     ) -> Result<Transaction<'static, Postgres>, StoreError> {
         // A pooled connection the server or network closed while it was idle
         // fails here with an I/O error; nothing was sent that could have taken
@@ -374,7 +378,7 @@ impl PgStore {
                     millis(wait + self.statement_timeout)
                 ))
             };
-            match begin_detached(&self.pool, conn.take(), statement).await {
+            match begin_detached(&self.pool, statement).await {
                 Ok(tx) => return Ok(tx),
                 Err(e) if !retried && connection_lost(&e) => retried = true,
                 Err(e) => return Err(map_err_waited(e, wait)),
@@ -394,18 +398,14 @@ impl PgStore {
 /// sqlx expects.
 async fn begin_detached(
     pool: &PgPool,
-    conn: Option<PoolConnection<Postgres>>,
     statement: Option<String>,
 ) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
     let pool = pool.clone();
     let task = tokio::spawn(async move {
-        let conn = match conn {
-            Some(conn) => conn,
-            None => pool.acquire().await?,
-        };
-        // What `Pool::begin` does, on a connection we already hold (sqlx's
-        // own `Acquire` impls call it the same way).
-        Transaction::begin(conn, statement.map(Into::into)).await
+        match statement {
+            None => pool.begin().await,
+            Some(statement) => pool.begin_with(statement).await,
+        }
     });
     task.await
         .unwrap_or_else(|e| Err(sqlx::Error::Protocol(format!("the BEGIN task failed: {e}"))))
@@ -631,7 +631,7 @@ impl KeyStore for PgStore {
     }
 
     async fn begin(&self) -> Result<PgTx, StoreError> {
-        self.bounded(self.begin_waiting(self.lock_timeout, None))
+        self.bounded(self.begin_waiting(self.lock_timeout))
             .await
             .map(PgTx)
     }
@@ -675,27 +675,15 @@ impl KeyStore for PgStore {
 }
 
 impl PgStore {
-    /// The claim's first step: one indexed read of the committed record, on
-    /// a pooled connection the claim then keeps for its transaction (a
-    /// second one would cost sqlx's ping when it goes back to the pool).
-    async fn read_first(
-        &self,
-        scope: &Scope,
-    ) -> Result<(Option<StoredRecord>, PoolConnection<Postgres>), StoreError> {
-        // A connection that died while idle shows up here, on the first
-        // statement of the request: a read is safe to send again.
-        let mut retried = false;
-        loop {
-            let mut conn = self.pool.acquire().await.map_err(map_err)?;
-            match leased::scoped(SELECT_RECORD, scope)
-                .fetch_optional(&mut *conn)
-                .await
-            {
-                Ok(row) => return Ok((row.as_ref().map(decode).transpose()?, conn)),
-                Err(e) if !retried && connection_lost(&e) => retried = true,
-                Err(e) => return Err(map_err(e)),
-            }
-        }
+    /// The claim's first step: one indexed read of the committed record,
+    /// on a reader connection (no ping when it goes back; see `readers`).
+    async fn read_first(&self, scope: &Scope) -> Result<Option<StoredRecord>, StoreError> {
+        let row = self
+            .readers
+            .fetch_optional(|| leased::scoped(SELECT_RECORD, scope))
+            .await
+            .map_err(map_err)?;
+        row.as_ref().map(decode).transpose()
     }
 
     async fn claim_in_tx(
@@ -705,13 +693,12 @@ impl PgStore {
         policy: &Policy,
         now_ms: i64,
     ) -> Result<Claim<PgTx>, StoreError> {
-        let (record, conn) = self.read_first(scope).await?;
-        if let Some(record) = record
+        if let Some(record) = self.read_first(scope).await?
             && answered_by_read(&record, fingerprint, policy, now_ms)
         {
             return Ok(Claim::Existing(record));
         }
-        let mut tx = self.begin_waiting(policy.wait, Some(conn)).await?;
+        let mut tx = self.begin_waiting(policy.wait).await?;
         if policy.mode == ClaimMode::Optimistic {
             return Ok(Claim::Claimed(PgTx(tx)));
         }
@@ -802,7 +789,7 @@ fn map_err_waited(e: sqlx::Error, wait: Duration) -> StoreError {
 
 /// Whether the connection broke (I/O error, connection exception `08…`, or the
 /// server ended the session `57P0…`): the statement never ran.
-fn connection_lost(e: &sqlx::Error) -> bool {
+pub(crate) fn connection_lost(e: &sqlx::Error) -> bool {
     match e {
         sqlx::Error::Io(_) => true,
         sqlx::Error::Database(db) => db
