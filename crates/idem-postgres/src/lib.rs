@@ -126,7 +126,9 @@ impl std::ops::DerefMut for PgTx {
 /// Connection settings for [`PgStore::connect`].
 #[derive(Debug, Clone)]
 pub struct PgConfig {
-    /// Connections in the pool. Default 16.
+    /// Connections in the pool. Default 16. The claims' read-first step
+    /// keeps up to as many again beside it (opened on first use, returned
+    /// without a ping), so the store opens at most twice this many.
     pub max_connections: u32,
     /// How long to wait for a free connection before `Unavailable`. Default 5 s.
     pub acquire_timeout: Duration,
