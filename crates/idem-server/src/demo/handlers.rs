@@ -26,7 +26,8 @@ pub const DECLINED_CUSTOMERS: &str = "cus_decline";
 
 struct App<S> {
     store: S,
-    tenant: TenantSource,
+    // Shared: axum clones the state for every request.
+    tenant: std::sync::Arc<TenantSource>,
     /// Where events go, when they are on.
     outbox: Option<Outbox<S>>,
     read_timeout: Duration,
@@ -340,7 +341,7 @@ pub fn router_with_clock<S: DemoSql, C: Clock + Clone>(
         .with_state(App {
             outbox: config.events.then(|| Outbox::new(store.clone())),
             store,
-            tenant,
+            tenant: tenant.into(),
             read_timeout: config.read_timeout,
         })
 }
