@@ -360,8 +360,11 @@ impl PgStore {
     ) -> Result<Transaction<'static, Postgres>, StoreError> {
         // A pooled connection the server or network closed while it was idle
         // fails here with an I/O error; nothing was sent that could have taken
-        // effect, so one more try on another connection is safe.
-        let mut retried = false;
+        // effect, so another try on another connection is safe. A restart or a
+        // failover ends every idle connection at once: try until the pool has
+        // had the chance to replace each of them.
+        let mut lost = 0;
+        let tries = self.pool.options().get_max_connections() + 1;
         loop {
             let statement = if wait == self.lock_timeout {
                 None
@@ -382,7 +385,7 @@ impl PgStore {
             };
             match begin_detached(&self.pool, statement).await {
                 Ok(tx) => return Ok(tx),
-                Err(e) if !retried && connection_lost(&e) => retried = true,
+                Err(e) if lost + 1 < tries && connection_lost(&e) => lost += 1,
                 Err(e) => return Err(map_err_waited(e, wait)),
             }
         }
@@ -648,14 +651,7 @@ impl KeyStore for PgStore {
     }
 
     async fn fetch(&self, scope: &Scope) -> Result<Option<StoredRecord>, StoreError> {
-        self.bounded(async {
-            let row = leased::scoped(SELECT_RECORD, scope)
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(map_err)?;
-            row.as_ref().map(decode).transpose()
-        })
-        .await
+        self.bounded(self.read_first(scope)).await
     }
 
     async fn purge_expired(&self, now_ms: i64, limit: u32) -> Result<u64, StoreError> {
@@ -680,9 +676,14 @@ impl PgStore {
     /// The claim's first step: one indexed read of the committed record,
     /// on a reader connection (no ping when it goes back; see `readers`).
     async fn read_first(&self, scope: &Scope) -> Result<Option<StoredRecord>, StoreError> {
+        let binds = [
+            scope.tenant.as_str().to_owned(),
+            scope.operation.as_str().to_owned(),
+            scope.key.as_str().to_owned(),
+        ];
         let row = self
             .readers
-            .fetch_optional(|| leased::scoped(SELECT_RECORD, scope))
+            .fetch_optional(SELECT_RECORD, binds)
             .await
             .map_err(map_err)?;
         row.as_ref().map(decode).transpose()

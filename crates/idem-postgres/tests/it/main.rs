@@ -521,3 +521,165 @@ async fn a_lost_answer_to_an_autocommit_write_is_outcome_unknown() {
         idem_core::webhooks::Accepted::Duplicate
     );
 }
+
+/// The sessions open in `db`'s database, less `others`.
+async fn sessions(db: &str, others: i64) -> i64 {
+    let mut admin = sqlx::PgConnection::connect(&postgres_admin_url())
+        .await
+        .unwrap();
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE datname = $1")
+        .bind(db)
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+    n - others
+}
+
+/// Opens `n` sessions on the store's readers and pool at once (each request
+/// waits behind a table lock), then lets them all go idle.
+async fn open_idle_sessions(db: &TestDb, engine: &Engine<PgStore>, n: usize) {
+    let mut locker = sqlx::PgConnection::connect(&db.db.url).await.unwrap();
+    sqlx::raw_sql("BEGIN; LOCK TABLE idem_keys IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut locker)
+        .await
+        .unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let engine = engine.clone();
+        tasks.push(tokio::spawn(async move {
+            let key = format!("warm-{i}");
+            engine
+                .execute(
+                    &c::scope("t1", &key),
+                    &c::fingerprint("{}"),
+                    &Policy::default(),
+                    |_| {
+                        Box::pin(async move {
+                            Ok::<_, sqlx::Error>(Completion::completed(c::response(201, "{}")))
+                        })
+                    },
+                )
+                .await
+                .unwrap();
+        }));
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    sqlx::raw_sql("COMMIT").execute(&mut locker).await.unwrap();
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_idle_session_ended_at_once_is_replaced_without_an_error() {
+    let db = db().await;
+    let max = 6;
+    let store = PgStore::connect(
+        &db.db.url,
+        PgConfig {
+            max_connections: max,
+            ..PgConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let engine = Engine::new(store);
+    open_idle_sessions(&db, &engine, max as usize).await;
+    assert!(
+        sessions(&db.db.name, 0).await >= 2 * i64::from(max) - 1,
+        "the readers and the pool both hold about {max} idle sessions"
+    );
+    // A restart, a failover or a proxy's idle limit ends them all at once.
+    let mut admin = sqlx::PgConnection::connect(&postgres_admin_url())
+        .await
+        .unwrap();
+    sqlx::query(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE datname = $1 AND pid <> pg_backend_pid()",
+    )
+    .bind(&db.db.name)
+    .execute(&mut admin)
+    .await
+    .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let ok = |key: String| {
+        let engine = engine.clone();
+        async move {
+            engine
+                .execute(
+                    &c::scope("t1", &key),
+                    &c::fingerprint("{}"),
+                    &Policy::default(),
+                    |_| {
+                        Box::pin(async move {
+                            Ok::<_, sqlx::Error>(Completion::completed(c::response(201, "{}")))
+                        })
+                    },
+                )
+                .await
+        }
+    };
+    for i in 0..max {
+        // A replay (the read) and a fresh key (the read, then BEGIN on the pool).
+        let replay = ok(format!("warm-{i}")).await;
+        assert!(
+            matches!(replay, Ok(Outcome::Replayed(_))),
+            "replay {i}: {replay:?}"
+        );
+        let fresh = ok(format!("after-{i}")).await;
+        assert!(
+            matches!(fresh, Ok(Outcome::Executed(_))),
+            "fresh {i}: {fresh:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_reads_never_hold_more_sessions_than_the_bound() {
+    let db = db().await;
+    let max = 2;
+    let store = PgStore::connect(
+        &db.db.url,
+        PgConfig {
+            max_connections: max,
+            ..PgConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let engine = Engine::new(store);
+    // A table lock held for a while (VACUUM FULL, a migration, REINDEX …)
+    // while clients with a short timeout keep retrying.
+    let mut locker = sqlx::PgConnection::connect(&db.db.url).await.unwrap();
+    sqlx::raw_sql("BEGIN; LOCK TABLE idem_keys IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut locker)
+        .await
+        .unwrap();
+    // The fixture's pool, this store's first pooled session, the locker.
+    let before = sessions(&db.db.name, 0).await;
+    let fp = c::fingerprint("{}");
+    let mut peak = 0;
+    for _ in 0..15 {
+        let mut tasks = Vec::new();
+        for _ in 0..4 {
+            let (engine, fp) = (engine.clone(), fp.clone());
+            tasks.push(tokio::spawn(async move {
+                let give_up = std::time::Duration::from_millis(50);
+                let _ = tokio::time::timeout(
+                    give_up,
+                    engine.begin(&c::scope("t1", "k"), &fp, &Policy::default()),
+                )
+                .await;
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        peak = peak.max(sessions(&db.db.name, before).await);
+    }
+    sqlx::raw_sql("COMMIT").execute(&mut locker).await.unwrap();
+    assert!(
+        (1..=i64::from(max)).contains(&peak),
+        "cancelled reads held {peak} sessions; the reader slots are {max}"
+    );
+}
