@@ -496,6 +496,48 @@ pub async fn optimistic_race_commits_one_outcome<S: KeyStore>(
     assert_eq!(record.response.unwrap().body, executed[0]);
 }
 
+/// Optimistic claims: when the losers' own work fails *because of* the
+/// winner's effect (here every request inserts the same business row, so a
+/// loser hits the row the winner committed), the losers still answer with
+/// the winner's outcome, never with their own error.
+pub async fn optimistic_losers_failing_on_the_winners_effect_replay_it<S: KeyStore>(
+    store: S,
+    insert: Insert<S::Tx>,
+    count: Count<S>,
+    n: usize,
+) {
+    let engine = Arc::new(Engine::new(store));
+    let s = scope("t1", "optimistic-same-row");
+    let fp = fingerprint(r#"{"cart":"c1"}"#);
+    let policy = Policy::default().optimistic();
+    let mut tasks = Vec::new();
+    for _ in 0..n {
+        let (engine, s, fp) = (engine.clone(), s.clone(), fp.clone());
+        tasks.push(tokio::spawn(async move {
+            engine
+                .execute(&s, &fp, &policy, move |tx| {
+                    Box::pin(async move {
+                        insert(tx, "order-c1").await?;
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        Ok::<_, BoxError>(Completion::completed(response(201, "order-c1")))
+                    })
+                })
+                .await
+        }));
+    }
+    let mut executed = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(Outcome::Executed(_)) => executed += 1,
+            Ok(Outcome::Replayed(r)) => assert_eq!(r.response.unwrap().body, b"order-c1"),
+            Err(Error::InFlight { .. }) => {}
+            Err(e) => panic!("a loser must answer with the winner's outcome, not {e:?}"),
+        }
+    }
+    assert_eq!(executed, 1, "exactly one request commits");
+    assert_eq!(count(engine.store()).await, 1);
+}
+
 /// Optimistic claims: a fresh key executes and stores its outcome in one
 /// write; the same request replays, another is a mismatch; a failed
 /// operation leaves nothing; an expired record is replaced; and a completed

@@ -22,6 +22,16 @@ pub enum Outcome<T> {
     Replayed(StoredRecord),
 }
 
+/// What [`Engine::abort`] did.
+#[derive(Debug)]
+pub enum Aborted {
+    /// Rolled back; the request's own (not stored) answer stands.
+    RolledBack,
+    /// Optimistic mode only: rolled back, and a concurrent request with the
+    /// same key and request had committed; answer with its record.
+    Superseded(StoredRecord),
+}
+
 /// A key claimed in an open transaction, from [`Engine::begin`].
 ///
 /// Finish it with [`Engine::finish`] (commit) or [`Engine::abort`] (roll back).
@@ -188,8 +198,33 @@ impl<S: KeyStore, C: Clock + Clone> Engine<S, C> {
     }
 
     /// Rolls back the claim and every business write made in its transaction.
-    pub async fn abort(&self, claimed: Claimed<S::Tx>) -> Result<(), StoreError> {
-        self.store.rollback(claimed.tx).await
+    ///
+    /// In optimistic mode the key is then read once: a concurrent duplicate
+    /// may have committed meanwhile, and this request's work may have failed
+    /// *because* of its effect (the row it wanted was gone). Its record is
+    /// then the answer: [`Aborted::Superseded`], or
+    /// [`Error::FingerprintMismatch`] when it was another request. A failed
+    /// rollback still leaves nothing committed (the database discards the
+    /// transaction with its connection), so it is not reported.
+    pub async fn abort(&self, claimed: Claimed<S::Tx>) -> Result<Aborted, Error> {
+        let rolled_back = self.store.rollback(claimed.tx).await;
+        let Some((fingerprint, _)) = claimed.optimistic else {
+            return rolled_back
+                .map(|()| Aborted::RolledBack)
+                .map_err(Error::Store);
+        };
+        let now = self.clock.now_ms();
+        match self.store.fetch(&claimed.scope).await {
+            Ok(Some(record)) if record.expires_at_ms > now => {
+                match decide(record, &fingerprint, now) {
+                    Decision::Replay(record) => Ok(Aborted::Superseded(record)),
+                    Decision::Mismatch => Err(Error::FingerprintMismatch),
+                    Decision::InFlight { .. } => Ok(Aborted::RolledBack),
+                }
+            }
+            // No winner (or it could not be read): the request's own answer.
+            _ => Ok(Aborted::RolledBack),
+        }
     }
 
     /// Opens a transaction that claims no key, for work that needs the
@@ -244,12 +279,13 @@ impl<S: KeyStore, C: Clock + Clone> Engine<S, C> {
                 Finished::Committed => Ok(Outcome::Executed(completion)),
                 Finished::Superseded(record) => Ok(Outcome::Replayed(record)),
             },
-            Err(e) => {
-                // A failed rollback still leaves the transaction uncommitted: the
-                // database discards it when the connection goes away.
-                let _ = self.abort(claimed).await;
-                Err(Error::Operation(e))
-            }
+            Err(e) => match self.abort(claimed).await {
+                Ok(Aborted::Superseded(record)) => Ok(Outcome::Replayed(record)),
+                Err(Error::FingerprintMismatch) => Err(Error::FingerprintMismatch),
+                // A failed rollback still leaves the transaction uncommitted:
+                // the database discards it when the connection goes away.
+                _ => Err(Error::Operation(e)),
+            },
         }
     }
 

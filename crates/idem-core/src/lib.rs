@@ -78,7 +78,7 @@ mod scope;
 pub use backoff::Backoff;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::ConfigError;
-pub use engine::{Begun, BoxFuture, Claimed, Engine, Finished, Outcome};
+pub use engine::{Aborted, Begun, BoxFuture, Claimed, Engine, Finished, Outcome};
 pub use error::{BoxError, Error, ErrorChain, KeyError, ScopeError, StoreError};
 pub use fingerprint::{Fingerprint, FingerprintSpec, RequestParts};
 pub use idempotency_key::{IdempotencyKey, short_hash};

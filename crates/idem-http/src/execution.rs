@@ -9,7 +9,7 @@ use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, Limited};
 use idem_core::{
-    Begun, BoxError, Clock, Engine, Error, Finished, KeyStore, ResourceRef, StoredRecord,
+    Aborted, Begun, BoxError, Clock, Engine, Error, Finished, KeyStore, ResourceRef, StoredRecord,
     StoredResponse,
 };
 
@@ -76,11 +76,20 @@ where
         return Ok(reject(Rejection::Internal));
     };
     if !config.keeps(status, rparts.extensions.remove::<Disposition>()) {
-        if let Err(e) = engine.abort(claimed).await {
-            tracing::debug!(
+        match engine.abort(claimed).await {
+            // Optimistic route: a concurrent duplicate committed first, and
+            // this answer may well be a consequence of its effect.
+            Ok(Aborted::Superseded(record)) => {
+                return Ok(RequestOutcome::Superseded.mark(replay(&record)));
+            }
+            Err(Error::FingerprintMismatch) => {
+                return Ok(reject(Rejection::FingerprintMismatch));
+            }
+            Ok(Aborted::RolledBack) => {}
+            Err(e) => tracing::debug!(
                 error = &e as &dyn std::error::Error,
                 "rollback failed; the transaction is discarded with its connection"
-            );
+            ),
         }
         let res = Response::from_parts(rparts, ResB::from(bytes));
         return Ok(RequestOutcome::NotStored.mark(res));
@@ -92,7 +101,7 @@ where
         // Optimistic route: a concurrent duplicate committed first and this
         // request's writes were rolled back; its answer is the winner's.
         Ok(Finished::Superseded(record)) => {
-            return Ok(RequestOutcome::Replayed.mark(replay(&record)));
+            return Ok(RequestOutcome::Superseded.mark(replay(&record)));
         }
         Err(e) => return Ok(reject(refusal(e))),
     }
@@ -201,8 +210,8 @@ async fn rollback<S: KeyStore, C: Clock + Clone>(engine: &Engine<S, C>, slot: &I
     // A failed rollback still leaves nothing committed: the database
     // discards the transaction when the connection goes.
     let _ = match slot.take().await {
-        Some(Open::Keyed(claimed)) => engine.abort(claimed).await,
-        Some(Open::Unkeyed(tx)) => engine.abort_unkeyed(tx).await,
+        Some(Open::Keyed(claimed)) => engine.abort(claimed).await.map(drop).map_err(drop),
+        Some(Open::Unkeyed(tx)) => engine.abort_unkeyed(tx).await.map_err(drop),
         None => Ok(()),
     };
 }
@@ -251,7 +260,11 @@ where
         Some(Open::Unkeyed(tx)) => engine.abort_unkeyed(tx).await,
         // Only this function fills the slot, and only with an unkeyed
         // transaction; a keyed one here would be a bug, and is rolled back.
-        Some(Open::Keyed(claimed)) => engine.abort(claimed).await,
+        Some(Open::Keyed(claimed)) => {
+            // Nothing committed either way (see `rollback`).
+            let _ = engine.abort(claimed).await;
+            Ok(())
+        }
         None => Ok(()),
     };
     if let Err(e) = result {

@@ -27,6 +27,10 @@ pub enum RequestOutcome {
     NotStored,
     /// A stored response was replayed.
     Replayed,
+    /// Optimistic claims: the handler ran, a concurrent duplicate committed
+    /// first, so this request's writes rolled back and it answered with the
+    /// winner's stored response (marked replayed). Counts the wasted work.
+    Superseded,
     /// No key on a route where it is optional: run in a transaction, no record.
     Unkeyed,
     /// Same key, different request (422).
@@ -69,6 +73,7 @@ impl RequestOutcome {
             Self::Executed => "executed",
             Self::NotStored => "not_stored",
             Self::Replayed => "replayed",
+            Self::Superseded => "superseded",
             Self::Unkeyed => "unkeyed",
             Self::Mismatch => "mismatch",
             Self::InFlight => "in_flight",

@@ -1022,3 +1022,79 @@ async fn silent_database_is_503_within_the_deadline_and_nothing_commits() {
     );
     assert_eq!(db.count().await, 2);
 }
+
+/// Checkout that consumes a cart: a cart already consumed is a 404, which
+/// the route does not store. Every effect is inside the transaction.
+async fn consume_cart(
+    axum::Extension(tx): axum::Extension<idem_http::IdemTx<idem_postgres::PgTx>>,
+) -> Response {
+    let Ok(mut tx) = tx.lock().await else {
+        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+    };
+    let gone: Option<String> = sqlx::query_scalar("DELETE FROM carts WHERE id = 'c1' RETURNING id")
+        .fetch_optional(&mut **tx)
+        .await
+        .unwrap();
+    if gone.is_none() {
+        return (StatusCode::NOT_FOUND, "no such cart").into_response();
+    }
+    sqlx::query("INSERT INTO payments (id, amount) VALUES ('order-c1', 1)")
+        .execute(&mut **tx)
+        .await
+        .unwrap();
+    drop(tx);
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    (StatusCode::CREATED, r#"{"order":"order-c1"}"#).into_response()
+}
+
+/// On an optimistic route, a duplicate whose handler answers 404 because
+/// the winner already consumed the cart (an answer the route does not
+/// store) still gets the winner's stored 201, marked replayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn optimistic_loser_with_an_unstored_answer_replays_the_winner() {
+    use idem_core::{Operation, Policy, Tenant};
+    use idem_http::{IdempotencyLayer, RouteConfig, TenantSource};
+    let db = pg_db::setup().await;
+    sqlx::raw_sql("CREATE TABLE carts (id TEXT PRIMARY KEY); INSERT INTO carts VALUES ('c1')")
+        .execute(db.store.pool())
+        .await
+        .unwrap();
+    let mut config = RouteConfig::required(
+        Operation::new("checkout").unwrap(),
+        TenantSource::Static(Tenant::new("acme").unwrap()),
+    );
+    config.policy = Policy::default().optimistic();
+    let app = axum::Router::new().route(
+        "/checkout",
+        axum::routing::post(consume_cart).layer(IdempotencyLayer::new(db.store.clone(), config)),
+    );
+    let mut tasks = Vec::new();
+    for _ in 0..6 {
+        let app = app.clone();
+        tasks.push(tokio::spawn(async move {
+            let req = Request::post("/checkout")
+                .header("content-type", "application/json")
+                .header("idempotency-key", "cart-c1")
+                .body(Body::from("{}"))
+                .unwrap();
+            let res = app.oneshot(req).await.unwrap();
+            let replayed = res.headers().contains_key("idempotent-replayed");
+            let status = res.status();
+            let body = res.into_body().collect().await.unwrap().to_bytes();
+            (status, replayed, body)
+        }));
+    }
+    let mut fresh = 0;
+    for t in tasks {
+        let (status, replayed, body) = t.await.unwrap();
+        assert_eq!(
+            status,
+            StatusCode::CREATED,
+            "every duplicate gets the winner's answer"
+        );
+        assert_eq!(&body[..], br#"{"order":"order-c1"}"#);
+        fresh += usize::from(!replayed);
+    }
+    assert_eq!(fresh, 1, "one execution, the others marked replayed");
+    assert_eq!(db.count().await, 1);
+}

@@ -73,6 +73,7 @@ conformance! {
     concurrent_takeover_of_expired_record_executes_once, 20;
     business_write_commits_with_the_key, insert, count;
     optimistic_race_commits_one_outcome, insert, count, 16;
+    optimistic_losers_failing_on_the_winners_effect_replay_it, insert, count, 8;
     optimistic_claims_replay_mismatch_and_expire, insert, count;
     replays_are_answered_without_a_transaction;
     outbox_commits_with_the_transaction, enqueue;
