@@ -1,8 +1,11 @@
 //! `idem bench`: the key engine's fresh and replay paths against a baseline of
 //! the same business insert without idempotency, on SQLite and PostgreSQL, at
-//! concurrency 1, 8 and 32, through the library and in-process HTTP
-//! ([`keys`]). Each row has ops/s, p50, p99, the client's CPU and sends per
-//! operation ([`sends`]) and a ratio to the baseline; then come the ratios
+//! concurrency 1, 8 and 32 — through the library and in-process HTTP
+//! ([`keys`]), and in the same run the limits and peers from outside the
+//! process: pgbench with the same statements ([`pgbench`]), the real
+//! `idem serve` driven by `wrk` ([`wrk`]) and AWS Powertools with Redis
+//! . Each row has ops/s, p50, p99, the client's CPU and sends per
+//! operation ([`sends`]) and a ratio to a bare insert; then come the ratios
 //! issue 13 sets targets for ([`report`]). Every case starts with a check
 //! that the machine is quiet ([`quiet`]). Then the webhook, steps and
 //! messaging tables.
@@ -12,6 +15,7 @@ use std::time::Duration;
 pub mod keys;
 pub mod measure;
 pub mod messaging;
+pub mod pgbench;
 pub mod procs;
 pub mod quiet;
 pub mod report;
@@ -49,6 +53,7 @@ pub async fn run(
     keys::sqlite(sqlite_url, duration, run_id).await?;
     if let Some(url) = postgres_url {
         keys::postgres(url, duration, run_id).await?;
+        pgbench::run(url, duration, run_id).await?;
     }
     report::summary();
     let other = duration.min(OTHER_SECS);
