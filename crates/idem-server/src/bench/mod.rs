@@ -4,7 +4,7 @@
 //! ([`keys`]), and in the same run the limits and peers from outside the
 //! process: pgbench with the same statements ([`pgbench`]), the real
 //! `idem serve` driven by `wrk` ([`wrk`]) and AWS Powertools with Redis
-//! . Each row has ops/s, p50, p99, the client's CPU and sends per
+//! ([`peer`]). Each row has ops/s, p50, p99, the client's CPU and sends per
 //! operation ([`sends`]) and a ratio to a bare insert; then come the ratios
 //! issue 13 sets targets for ([`report`]). Every case starts with a check
 //! that the machine is quiet ([`quiet`]). Then the webhook, steps and
@@ -22,6 +22,7 @@ pub mod report;
 pub mod sends;
 pub mod steps;
 pub mod webhooks;
+pub mod wrk;
 
 /// Seconds per case of the webhook and steps tables (at most).
 const OTHER_SECS: Duration = Duration::from_secs(2);
@@ -51,9 +52,18 @@ pub async fn run(
     }
     report::header();
     keys::sqlite(sqlite_url, duration, run_id).await?;
+    let serve_db = procs::scratch()?.join("serve.db");
+    wrk::run(
+        "sqlite",
+        &format!("sqlite://{}", serve_db.display()),
+        duration,
+        run_id,
+    )
+    .await?;
     if let Some(url) = postgres_url {
         keys::postgres(url, duration, run_id).await?;
         pgbench::run(url, duration, run_id).await?;
+        wrk::run("postgres", url, duration, run_id).await?;
     }
     report::summary();
     let other = duration.min(OTHER_SECS);
