@@ -15,6 +15,7 @@ use std::time::Duration;
 pub mod keys;
 pub mod measure;
 pub mod messaging;
+pub mod peer;
 pub mod pgbench;
 pub mod procs;
 pub mod quiet;
@@ -64,6 +65,7 @@ pub async fn run(
         keys::postgres(url, duration, run_id).await?;
         pgbench::run(url, duration, run_id).await?;
         wrk::run("postgres", url, duration, run_id).await?;
+        peer::run(url, duration, run_id).await?;
     }
     report::summary();
     let other = duration.min(OTHER_SECS);
