@@ -20,7 +20,8 @@ commands:
                            tests, run the whole suite (tests, browser tests,
                            doc tests, 20 s per fuzz target), stop them; with nextest args (a filter),
                            only those tests
-  bench [idem bench args]  the same servers, then `idem bench` in release mode
+  bench [idem bench args]  the same servers, pgbench, wrk, perf, a Redis and a Python venv for
+                           the Powertools peer, then `idem bench` in release mode (5 s a case)
   fuzz [TARGET] [--secs N] run the fuzz targets of fuzz/ (every target, 180 s each, by default)
   help                     this text";
 
@@ -99,8 +100,8 @@ fn run(cmd: &mut Command) -> Result<()> {
 }
 
 /// Removes what runs killed without a chance to clean up left in `root`: a
-/// `pg-<pid>` or `nats-<pid>` directory whose xtask is gone, stopping its
-/// server first.
+/// `pg-<pid>`, `nats-<pid>` or `redis-<pid>` directory whose xtask is gone,
+/// stopping its server first.
 fn sweep(root: &Path) {
     let Ok(entries) = std::fs::read_dir(root) else {
         return;
@@ -110,6 +111,7 @@ fn sweep(root: &Path) {
         let Some(pid) = name
             .strip_prefix("pg-")
             .or_else(|| name.strip_prefix("nats-"))
+            .or_else(|| name.strip_prefix("redis-"))
             .and_then(|p| p.parse::<u32>().ok())
         else {
             continue;
@@ -130,11 +132,13 @@ fn sweep(root: &Path) {
                 drop(pg);
             }
         }
-        if let Ok(pid) = std::fs::read_to_string(dir.join("nats.pid")) {
-            let pid = pid.trim();
-            if Path::new(&format!("/proc/{pid}")).exists() {
-                eprintln!("xtask: stopping a nats-server left by an interrupted run ({name})");
-                let _ = Command::new("kill").args(["-KILL", pid]).status();
+        for (file, server) in [("nats.pid", "nats-server"), ("redis.pid", "redis-server")] {
+            if let Ok(pid) = std::fs::read_to_string(dir.join(file)) {
+                let pid = pid.trim();
+                if Path::new(&format!("/proc/{pid}")).exists() {
+                    eprintln!("xtask: stopping a {server} left by an interrupted run ({name})");
+                    let _ = Command::new("kill").args(["-KILL", pid]).status();
+                }
             }
         }
         let _ = std::fs::remove_dir_all(&dir);
@@ -143,6 +147,17 @@ fn sweep(root: &Path) {
 
 /// Installs a Debian package with apt-get (root only).
 fn apt_install(package: &str) -> Result<()> {
+    apt_install_with(package, false)
+}
+
+/// Installs a Debian package whose service must not start (a packaged
+/// `redis-server` would listen on 6379 and keep running): a
+/// `policy-rc.d` refusing every start is in place during the install.
+fn apt_install_no_start(package: &str) -> Result<()> {
+    apt_install_with(package, true)
+}
+
+fn apt_install_with(package: &str, no_start: bool) -> Result<()> {
     if !is_root() {
         return Err(format!(
             "{package} is missing: install the Debian package {package} \
@@ -150,10 +165,23 @@ fn apt_install(package: &str) -> Result<()> {
         ));
     }
     eprintln!("xtask: installing {package} with apt-get");
-    run(Command::new("apt-get").args(["update", "-q"]))?;
-    run(Command::new("apt-get")
-        .args(["install", "-y", "-q", "--no-install-recommends", package])
-        .env("DEBIAN_FRONTEND", "noninteractive"))
+    let policy = Path::new("/usr/sbin/policy-rc.d");
+    let made = no_start
+        && !policy.exists()
+        && std::fs::write(policy, "#!/bin/sh\nexit 101\n").is_ok()
+        && Command::new("chmod")
+            .args(["+x", "/usr/sbin/policy-rc.d"])
+            .status()
+            .is_ok_and(|s| s.success());
+    let result = run(Command::new("apt-get").args(["update", "-q"])).and_then(|()| {
+        run(Command::new("apt-get")
+            .args(["install", "-y", "-q", "--no-install-recommends", package])
+            .env("DEBIAN_FRONTEND", "noninteractive"))
+    });
+    if made {
+        let _ = std::fs::remove_file(policy);
+    }
+    result
 }
 
 /// Finds PostgreSQL 15's server binaries, installing `postgresql-15` if root.
@@ -366,6 +394,61 @@ impl Drop for Nats {
     }
 }
 
+/// A throwaway Redis for the bench's peer: loopback, no persistence; killed
+/// when dropped.
+struct Redis {
+    child: std::process::Child,
+    dir: PathBuf,
+    port: u16,
+}
+
+impl Redis {
+    fn start(root: &Path, binary: &Path) -> Result<Self> {
+        let dir = root.join(format!("redis-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).map_err(|e| format!("failed to create {dir:?}: {e}"))?;
+        let port = free_port()?;
+        let child = Command::new(binary)
+            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+            .args([
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--protected-mode",
+                "yes",
+            ])
+            .arg("--dir")
+            .arg(&dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("failed to start {binary:?}: {e}"))?;
+        let _ = std::fs::write(dir.join("redis.pid"), child.id().to_string());
+        let redis = Self { child, dir, port };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if Instant::now() > deadline {
+                return Err("redis-server did not start listening in 30 s".into());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(redis)
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 fn test(extra: &[String]) -> Result<()> {
     if extra.iter().any(|a| a == "--help" || a == "-h") {
         println!(
@@ -446,37 +529,166 @@ fn test(extra: &[String]) -> Result<()> {
 }
 
 /// Runs `idem bench` (release build) on SQLite, a throwaway PostgreSQL and a
-/// throwaway NATS server.
+/// throwaway NATS server, with what its external cases need: pgbench, wrk,
+/// perf (sends per operation), and for the Powertools peer a throwaway
+/// Redis and a Python venv (cached in `target/bench-peer`). A tool that
+/// cannot be provisioned skips its cases (the bench says why); it does not
+/// fail the run. Cases run 5 s unless `--secs` says otherwise.
 fn bench(extra: &[String]) -> Result<()> {
     catch_interrupts();
     let root = std::env::temp_dir().join("idem-xtask");
     sweep(&root);
     let pg = Postgres::start(&root)?;
     let nats = Nats::start(&root, &nats_binary()?)?;
+    bench_tools(&pg.bindir);
+    let peer = Peer::provision(&root);
     let sqlite = root.join(format!("bench-{}.db", std::process::id()));
-    let result = run(Command::new("cargo")
-        .args([
-            "run",
-            "--release",
-            "--quiet",
-            "-p",
-            "idem-server",
-            "--",
-            "bench",
-        ])
-        .arg("--sqlite-url")
-        .arg(format!("sqlite://{}", sqlite.display()))
-        .arg("--postgres-url")
-        .arg(pg.url())
-        .arg("--nats-url")
-        .arg(nats.url())
-        .args(extra));
+    let mut cmd = Command::new("cargo");
+    cmd.args([
+        "run",
+        "--release",
+        "--quiet",
+        "-p",
+        "idem-server",
+        "--",
+        "bench",
+    ])
+    .arg("--sqlite-url")
+    .arg(format!("sqlite://{}", sqlite.display()))
+    .arg("--postgres-url")
+    .arg(pg.url())
+    .arg("--nats-url")
+    .arg(nats.url());
+    if !extra
+        .iter()
+        .any(|a| a == "--secs" || a.starts_with("--secs="))
+    {
+        cmd.args(["--secs", &BENCH_SECS.to_string()]);
+    }
+    cmd.args(extra);
+    match &peer {
+        Ok(p) => {
+            cmd.env("IDEM_BENCH_REDIS_URL", p.redis.url())
+                .env("IDEM_BENCH_PEER_PYTHON", &p.python)
+                .env_remove("IDEM_BENCH_PEER_SKIP");
+        }
+        Err(why) => {
+            eprintln!("xtask: the Powertools peer will be skipped: {why}");
+            cmd.env("IDEM_BENCH_PEER_SKIP", why);
+        }
+    }
+    let result = run(&mut cmd);
     for suffix in ["", "-wal", "-shm"] {
         let _ = std::fs::remove_file(format!("{}{suffix}", sqlite.display()));
     }
+    drop(peer);
     drop(nats);
     drop(pg);
     result
+}
+
+/// Seconds per key-engine case in `cargo xtask bench` (the webhook and
+/// steps tables take at most 2).
+const BENCH_SECS: u64 = 5;
+
+/// pgbench, wrk and perf, installed when missing (as root); what cannot be
+/// installed is reported and its cases are skipped by the bench.
+fn bench_tools(pg_bindir: &Path) {
+    let on_path = |name: &str| {
+        std::env::var_os("PATH")
+            .is_some_and(|path| std::env::split_paths(&path).any(|d| d.join(name).is_file()))
+    };
+    let mut wanted = Vec::new();
+    if !pg_bindir.join("pgbench").is_file() && !on_path("pgbench") {
+        wanted.push(("pgbench", "postgresql-client-15"));
+    }
+    if !on_path("wrk") {
+        wanted.push(("wrk", "wrk"));
+    }
+    if !on_path("perf") {
+        wanted.push(("perf", "linux-perf"));
+    }
+    for (tool, package) in wanted {
+        if let Err(e) = apt_install(package) {
+            eprintln!("xtask: no {tool}, its columns or cases will be skipped: {e}");
+        }
+    }
+}
+
+/// What the Powertools peer runs on.
+struct Peer {
+    redis: Redis,
+    python: PathBuf,
+}
+
+/// The peer's Python packages (`crates/idem-server/bench/powertools_peer.py`;
+/// boto3 because Powertools' idempotency package imports its DynamoDB layer).
+const PEER_PACKAGES: &[&str] = &[
+    "aws-lambda-powertools[redis]>=3,<4",
+    "boto3",
+    "psycopg[binary]>=3.1,<4",
+];
+
+impl Peer {
+    /// A throwaway Redis (`redis-server`, installed if missing) and a venv
+    /// with [`PEER_PACKAGES`] from PyPI, or why not.
+    fn provision(root: &Path) -> std::result::Result<Peer, String> {
+        let redis_bin = PathBuf::from("/usr/bin/redis-server");
+        if !redis_bin.exists() {
+            apt_install_no_start("redis-server")?;
+        }
+        if !redis_bin.exists() {
+            return Err("redis-server installed but /usr/bin/redis-server is missing".into());
+        }
+        let python = peer_venv()?;
+        let redis = Redis::start(root, &redis_bin)?;
+        Ok(Peer { redis, python })
+    }
+}
+
+/// `target/bench-peer/venv`, made with `python3 -m venv` and filled with
+/// pip once; reused while its package list is the same.
+fn peer_venv() -> Result<PathBuf> {
+    let venv = workspace_root().join("target/bench-peer/venv");
+    let python = venv.join("bin/python");
+    let stamp = venv.join("idem-packages.txt");
+    let wanted = PEER_PACKAGES.join("\n");
+    if python.exists() && std::fs::read_to_string(&stamp).is_ok_and(|s| s == wanted) {
+        return Ok(python);
+    }
+    let quiet = |cmd: &mut Command| {
+        cmd.stdout(Stdio::null())
+            .status()
+            .map_err(|e| e.to_string())
+            .and_then(|s| {
+                if s.success() {
+                    Ok(())
+                } else {
+                    Err(format!("exited with {s}"))
+                }
+            })
+    };
+    eprintln!(
+        "xtask: making a Python venv for the Powertools peer in {}",
+        venv.display()
+    );
+    let _ = std::fs::remove_dir_all(&venv);
+    quiet(Command::new("python3").args(["-m", "venv"]).arg(&venv)).map_err(|e| {
+        format!("python3 -m venv failed ({e}): Python 3.9 or newer with venv is needed (Debian: python3-venv)")
+    })?;
+    quiet(
+        Command::new(venv.join("bin/pip"))
+            .args(["install", "-q", "--disable-pip-version-check"])
+            .args(PEER_PACKAGES),
+    )
+    .map_err(|e| {
+        format!(
+            "pip install {} failed ({e}); is PyPI reachable?",
+            PEER_PACKAGES.join(" ")
+        )
+    })?;
+    std::fs::write(&stamp, wanted).map_err(|e| e.to_string())?;
+    Ok(python)
 }
 
 /// The targets in `fuzz/fuzz_targets`, each a `[[bin]]` of `fuzz/Cargo.toml`.

@@ -10,6 +10,7 @@ use idem_core::{
 };
 
 use super::measure::{Op, table};
+use super::report::{HTTP, LIBRARY};
 
 fn scope(key: &str) -> anyhow::Result<Scope> {
     Ok(Scope::new(
@@ -219,44 +220,40 @@ pub async fn post(
     Ok(())
 }
 
-/// The key tables on SQLite and, with a URL, PostgreSQL.
-pub async fn run(
-    sqlite_url: &str,
-    postgres_url: Option<&str>,
-    duration: Duration,
-    run_id: u64,
-) -> anyhow::Result<()> {
-    {
-        let store =
-            idem_sqlite::SqliteStore::connect(sqlite_url, idem_sqlite::SqliteConfig::default())
-                .await?;
-        store.migrate().await?;
-        sqlx::raw_sql("CREATE TABLE IF NOT EXISTS bench_payments (id TEXT PRIMARY KEY, amount BIGINT NOT NULL)").execute(store.pool()).await?;
-        let ops = ops!(store.clone(), run_id);
-        table("sqlite", "library", ops, duration).await?;
-        let ops = http_ops!(
-            store,
-            idem_sqlite::SqliteStore,
-            idem_sqlite::SqliteTx,
-            run_id
-        );
-        table("sqlite", "http", ops, duration).await?;
-    }
-    if let Some(url) = postgres_url {
-        let store = idem_postgres::PgStore::connect(
-            url,
-            idem_postgres::PgConfig {
-                max_connections: 40,
-                ..Default::default()
-            },
-        )
-        .await?;
-        store.migrate().await?;
-        sqlx::raw_sql("CREATE TABLE IF NOT EXISTS bench_payments (id TEXT PRIMARY KEY, amount BIGINT NOT NULL)").execute(store.pool()).await?;
-        let ops = ops!(store.clone(), run_id);
-        table("postgres", "library", ops, duration).await?;
-        let ops = http_ops!(store, idem_postgres::PgStore, idem_postgres::PgTx, run_id);
-        table("postgres", "http", ops, duration).await?;
-    }
-    Ok(())
+const BENCH_PAYMENTS: &str =
+    "CREATE TABLE IF NOT EXISTS bench_payments (id TEXT PRIMARY KEY, amount BIGINT NOT NULL)";
+
+/// The library and in-process HTTP cases on SQLite.
+pub async fn sqlite(sqlite_url: &str, duration: Duration, run_id: u64) -> anyhow::Result<()> {
+    let store =
+        idem_sqlite::SqliteStore::connect(sqlite_url, idem_sqlite::SqliteConfig::default()).await?;
+    store.migrate().await?;
+    sqlx::raw_sql(BENCH_PAYMENTS).execute(store.pool()).await?;
+    let ops = ops!(store.clone(), run_id);
+    table("sqlite", LIBRARY, ops, duration).await?;
+    let ops = http_ops!(
+        store,
+        idem_sqlite::SqliteStore,
+        idem_sqlite::SqliteTx,
+        run_id
+    );
+    table("sqlite", HTTP, ops, duration).await
+}
+
+/// The library and in-process HTTP cases on PostgreSQL.
+pub async fn postgres(url: &str, duration: Duration, run_id: u64) -> anyhow::Result<()> {
+    let store = idem_postgres::PgStore::connect(
+        url,
+        idem_postgres::PgConfig {
+            max_connections: 40,
+            ..Default::default()
+        },
+    )
+    .await?;
+    store.migrate().await?;
+    sqlx::raw_sql(BENCH_PAYMENTS).execute(store.pool()).await?;
+    let ops = ops!(store.clone(), run_id);
+    table("postgres", LIBRARY, ops, duration).await?;
+    let ops = http_ops!(store, idem_postgres::PgStore, idem_postgres::PgTx, run_id);
+    table("postgres", HTTP, ops, duration).await
 }

@@ -17,12 +17,15 @@ pub struct Stats {
     pub ops_per_sec: f64,
     pub p50: Duration,
     pub p99: Duration,
+    /// CPU this process used per operation, in µs (all its threads).
+    pub cpu_us: Option<f64>,
+    /// Write-family system calls this process made per operation.
+    pub sends: Option<f64>,
 }
 
-/// Runs `op` from `concurrency` tasks for `duration`.
-pub async fn measure(op: Op, concurrency: usize, duration: Duration) -> anyhow::Result<Stats> {
-    // One sequence for the whole run, so ids never repeat across cases.
-    static SEQ: AtomicU64 = AtomicU64::new(0);
+/// What every case does first, in process or not: says so on stderr and
+/// checks that the machine is quiet (see [`super::quiet`]).
+pub async fn before_case(concurrency: usize) {
     report(0, &format!("measuring at concurrency {concurrency} …"));
     if let Some(busy) = super::quiet::sample().await
         && busy > super::quiet::BUSY_LIMIT
@@ -33,6 +36,52 @@ pub async fn measure(op: Op, concurrency: usize, duration: Duration) -> anyhow::
         );
         tracing::warn!(busy_cores = %format_args!("{busy:.2}"), concurrency, "the machine is not quiet before this case");
     }
+}
+
+/// What every case does last: counts it on stderr.
+pub fn after_case(concurrency: usize, ops_per_sec: f64) {
+    report(
+        1,
+        &format!("cases measured; the last at concurrency {concurrency}: {ops_per_sec:.0} ops/s"),
+    );
+}
+
+/// Runs `op` from `concurrency` tasks for `duration`, with this process's
+/// CPU per operation (`/proc/self/stat`).
+pub async fn measure(op: Op, concurrency: usize, duration: Duration) -> anyhow::Result<Stats> {
+    run(op, concurrency, duration, false).await
+}
+
+/// [`measure`], with the sends per operation too ([`super::sends`]).
+pub async fn measure_counted(
+    op: Op,
+    concurrency: usize,
+    duration: Duration,
+) -> anyhow::Result<Stats> {
+    run(op, concurrency, duration, true).await
+}
+
+async fn run(
+    op: Op,
+    concurrency: usize,
+    duration: Duration,
+    count_sends: bool,
+) -> anyhow::Result<Stats> {
+    // One sequence for the whole run, so ids never repeat across cases.
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    // perf starts before the quiet check, so its start is not counted as
+    // other load, nor measured.
+    let mut counter = match count_sends {
+        true => {
+            super::procs::blocking(|| super::sends::Counter::attach(std::process::id())).await?
+        }
+        false => None,
+    };
+    before_case(concurrency).await;
+    if let Some(c) = counter.as_mut() {
+        c.enable()?;
+    }
+    let cpu_before = super::procs::self_ticks();
     let deadline = Instant::now() + duration;
     let started = Instant::now();
     let mut tasks = Vec::new();
@@ -53,6 +102,12 @@ pub async fn measure(op: Op, concurrency: usize, duration: Duration) -> anyhow::
         all.extend(t.await??);
     }
     let elapsed = started.elapsed().as_secs_f64();
+    let cpu_after = super::procs::self_ticks();
+    let sends = match counter {
+        Some(c) => Some(super::procs::blocking(move || c.finish()).await?),
+        None => None,
+    };
+    let ops = all.len().max(1) as f64;
     all.sort();
     let pct = |p: f64| {
         all.get(((all.len() as f64 * p) as usize).min(all.len().saturating_sub(1)))
@@ -63,14 +118,12 @@ pub async fn measure(op: Op, concurrency: usize, duration: Duration) -> anyhow::
         ops_per_sec: all.len() as f64 / elapsed,
         p50: pct(0.50),
         p99: pct(0.99),
+        cpu_us: cpu_before
+            .zip(cpu_after)
+            .map(|(a, b)| super::procs::Cpu::micros(b.saturating_sub(a)) / ops),
+        sends: sends.map(|s| s.sockets() as f64 / ops),
     };
-    report(
-        1,
-        &format!(
-            "cases measured; the last at concurrency {concurrency}: {:.0} ops/s",
-            stats.ops_per_sec
-        ),
-    );
+    after_case(concurrency, stats.ops_per_sec);
     Ok(stats)
 }
 
@@ -85,35 +138,29 @@ fn report(cases: u64, what: &str) {
 }
 
 /// Prints one table: for each concurrency, the baseline, the fresh key and
-/// the replayed key, with their ratio to the baseline measured just before.
+/// the replayed key (the ratio column: each against the baseline measured
+/// just before).
 pub async fn table(
     backend: &str,
-    via: &str,
+    via: &'static str,
     (baseline, fresh, replay): (Op, Op, Op),
     duration: Duration,
 ) -> anyhow::Result<()> {
+    use super::report::{self, BASELINE, FRESH, REPLAY};
     for c in [1, 8, 32] {
-        let base = measure(baseline.clone(), c, duration).await?;
-        for (name, op) in [
-            ("baseline insert", None),
-            ("fresh key", Some(&fresh)),
-            ("replay", Some(&replay)),
-        ] {
-            let s = match op {
-                None => Stats {
-                    ops_per_sec: base.ops_per_sec,
-                    p50: base.p50,
-                    p99: base.p99,
-                },
-                Some(op) => measure(op.clone(), c, duration).await?,
-            };
-            println!(
-                "| {backend} | {via} | {name} | {c} | {:.0} | {:.2} ms | {:.2} ms | {:.2} |",
-                s.ops_per_sec,
-                s.p50.as_secs_f64() * 1e3,
-                s.p99.as_secs_f64() * 1e3,
-                s.ops_per_sec / base.ops_per_sec.max(f64::MIN_POSITIVE)
-            );
+        for (path, op) in [(BASELINE, &baseline), (FRESH, &fresh), (REPLAY, &replay)] {
+            let s = measure_counted(op.clone(), c, duration).await?;
+            report::row(report::Row {
+                backend: backend.to_owned(),
+                via,
+                path,
+                concurrency: c,
+                ops_per_sec: s.ops_per_sec,
+                p50: s.p50,
+                p99: s.p99,
+                cpu_us: s.cpu_us,
+                sends: s.sends,
+            });
         }
     }
     Ok(())

@@ -1,16 +1,41 @@
 //! `idem bench`: the key engine's fresh and replay paths against a baseline of
 //! the same business insert without idempotency, on SQLite and PostgreSQL, at
-//! several concurrencies, through the library and through HTTP. Prints ops/s,
-//! p50, p99 and the ratio to the baseline measured the same way in the same run.
+//! concurrency 1, 8 and 32 — through the library and in-process HTTP
+//! ([`keys`]), and in the same run the limits and peers from outside the
+//! process: pgbench with the same statements ([`pgbench`]), the real
+//! `idem serve` driven by `wrk` ([`wrk`]) and AWS Powertools with Redis
+//! ([`peer`]). Each row has ops/s, p50, p99, the client's CPU and sends per
+//! operation ([`sends`]) and a ratio to a bare insert; then come the ratios
+//! issue 13 sets targets for ([`report`]). Every case starts with a check
+//! that the machine is quiet ([`quiet`]). Then the webhook, steps and
+//! messaging tables.
 
 use std::time::Duration;
 
 pub mod keys;
 pub mod measure;
 pub mod messaging;
+pub mod peer;
+pub mod pgbench;
+pub mod procs;
 pub mod quiet;
+pub mod report;
+pub mod sends;
 pub mod steps;
 pub mod webhooks;
+pub mod wrk;
+
+/// Seconds per case of the webhook and steps tables (at most).
+const OTHER_SECS: Duration = Duration::from_secs(2);
+
+/// Removes the scratch directory however the run ends.
+struct Scratch;
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        procs::remove_scratch();
+    }
+}
 
 /// Runs every benchmark and prints its tables.
 pub async fn run(
@@ -21,11 +46,31 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let duration = Duration::from_secs(secs.max(1));
     let run_id = idem_core::Clock::now_ms(&idem_core::SystemClock) as u64;
-    println!("| backend | via | path | concurrency | ops/s | p50 | p99 | ratio to baseline |");
-    println!("|---|---|---|---:|---:|---:|---:|---:|");
-    keys::run(sqlite_url, postgres_url, duration, run_id).await?;
-    webhooks(sqlite_url, postgres_url, duration, run_id).await?;
-    steps(sqlite_url, postgres_url, duration, run_id).await?;
+    procs::watch_signals();
+    let _scratch = Scratch;
+    if let Err(why) = sends::perf() {
+        report::note(format!("sends/op: not counted because {why}"));
+    }
+    report::header();
+    keys::sqlite(sqlite_url, duration, run_id).await?;
+    let serve_db = procs::scratch()?.join("serve.db");
+    wrk::run(
+        "sqlite",
+        &format!("sqlite://{}", serve_db.display()),
+        duration,
+        run_id,
+    )
+    .await?;
+    if let Some(url) = postgres_url {
+        keys::postgres(url, duration, run_id).await?;
+        pgbench::run(url, duration, run_id).await?;
+        wrk::run("postgres", url, duration, run_id).await?;
+        peer::run(url, duration, run_id).await?;
+    }
+    report::summary();
+    let other = duration.min(OTHER_SECS);
+    webhooks(sqlite_url, postgres_url, other, run_id).await?;
+    steps(sqlite_url, postgres_url, other, run_id).await?;
     if let Some(url) = nats_url {
         messaging(sqlite_url, postgres_url, url, run_id).await?;
     }

@@ -1,0 +1,419 @@
+//! HTTP from outside: the real `idem serve` (this binary, a child process
+//! on a free loopback port, `RUST_LOG=warn`) driven by `wrk`
+//! (`-t min(C, 2) -c C -d secs`) with `POST /v1/payments`, the demo route
+//! with one business insert (`INSERT_PAYMENT` of `demo/sql.rs`) under the
+//! idempotency layer. A Lua script gives each request a new
+//! `Idempotency-Key` (fresh) or one stored key (replay), and counts what
+//! came back: any answer but 201, a socket error, a fresh key replayed or a
+//! replay executed fails the case — figures of error answers are worthless.
+//!
+//! wrk's CPU and sends are the client's; `idem serve`'s, read over the same
+//! window, go to a table of their own.
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+
+use super::measure::{after_case, before_case};
+use super::procs::{self, Spawned};
+use super::report::{self, FRESH, REPLAY, WRK};
+
+/// The request body (the demo requires amount, currency and customer).
+pub const BODY: &str = r#"{"amount":100,"currency":"EUR","customer":"cus_bench"}"#;
+
+/// wrk's script: args are the mode (`fresh` or `replay`) and a key prefix
+/// unique to the case (fresh: `prefix-t<thread>-<n>`; replay: the prefix
+/// is the key). It prints one `RESULT` line.
+pub const LUA: &str = r#"local threads = {}
+local body = '{"amount":100,"currency":"EUR","customer":"cus_bench"}'
+function setup(thread)
+  table.insert(threads, thread)
+  thread:set("tid", #threads)
+end
+function init(args)
+  mode, prefix = args[1], args[2]
+  n, replayed, executed, other = 0, 0, 0, 0
+  key_prefix = prefix .. "-t" .. tid .. "-"
+end
+function request()
+  n = n + 1
+  local key = prefix
+  if mode == "fresh" then key = key_prefix .. n end
+  return wrk.format("POST", "/v1/payments",
+    { ["Content-Type"] = "application/json", ["Idempotency-Key"] = key }, body)
+end
+function response(status, headers, body)
+  if status ~= 201 then other = other + 1 end
+  local r = headers["idempotent-replayed"] or headers["Idempotent-Replayed"]
+  if r == "true" then replayed = replayed + 1 else executed = executed + 1 end
+end
+function done(summary, latency, requests)
+  local rep, exe, oth = 0, 0, 0
+  for _, t in ipairs(threads) do
+    rep = rep + t:get("replayed")
+    exe = exe + t:get("executed")
+    oth = oth + t:get("other")
+  end
+  local e = summary.errors
+  io.write(string.format(
+    "RESULT requests=%d duration_us=%d p50_us=%d p99_us=%d non2xx=%d connect=%d read=%d write=%d timeout=%d replayed=%d executed=%d not201=%d\n",
+    summary.requests, summary.duration, latency:percentile(50), latency:percentile(99),
+    e.status, e.connect, e.read, e.write, e.timeout, rep, exe, oth))
+end
+"#;
+
+/// wrk's `RESULT` line.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Result {
+    pub requests: u64,
+    pub duration_us: u64,
+    pub p50_us: u64,
+    pub p99_us: u64,
+    pub non2xx: u64,
+    pub socket_errors: u64,
+    pub replayed: u64,
+    pub executed: u64,
+    pub not201: u64,
+}
+
+/// Reads the `RESULT` line of wrk's output.
+pub fn parse_result(output: &str) -> anyhow::Result<Result> {
+    let line = output
+        .lines()
+        .find_map(|l| l.strip_prefix("RESULT "))
+        .context("no RESULT line in wrk's output")?;
+    let field = |name: &str| -> anyhow::Result<u64> {
+        line.split_whitespace()
+            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+            .and_then(|v| v.parse().ok())
+            .with_context(|| format!("no {name} in {line:?}"))
+    };
+    Ok(Result {
+        requests: field("requests")?,
+        duration_us: field("duration_us")?,
+        p50_us: field("p50_us")?,
+        p99_us: field("p99_us")?,
+        non2xx: field("non2xx")?,
+        socket_errors: field("connect")? + field("read")? + field("write")? + field("timeout")?,
+        replayed: field("replayed")?,
+        executed: field("executed")?,
+        not201: field("not201")?,
+    })
+}
+
+impl Result {
+    /// Whether the run is a measurement of what it claims to measure.
+    pub fn check(&self, mode: &str) -> anyhow::Result<()> {
+        anyhow::ensure!(self.requests > 0, "wrk sent no request");
+        anyhow::ensure!(
+            self.non2xx == 0 && self.not201 == 0 && self.socket_errors == 0,
+            "{} non-2xx answers, {} answers other than 201, {} socket errors",
+            self.non2xx,
+            self.not201,
+            self.socket_errors
+        );
+        match mode {
+            "fresh" => anyhow::ensure!(
+                self.replayed == 0,
+                "{} fresh keys were answered as replays",
+                self.replayed
+            ),
+            _ => anyhow::ensure!(
+                self.executed == 0,
+                "{} replays were executed",
+                self.executed
+            ),
+        }
+        Ok(())
+    }
+}
+
+fn wrk_binary() -> Option<PathBuf> {
+    match std::env::var_os("IDEM_BENCH_WRK") {
+        Some(p) => Some(PathBuf::from(p)),
+        None => procs::find_program("wrk", &[]),
+    }
+}
+
+/// A running `idem serve`, killed when dropped.
+struct Server {
+    child: Spawned,
+    addr: SocketAddr,
+    log: PathBuf,
+}
+
+impl Server {
+    fn start(database_url: &str, log: PathBuf) -> anyhow::Result<Server> {
+        let exe = std::env::current_exe().context("where is this binary?")?;
+        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let mut cmd = Command::new(exe);
+        cmd.args(["serve", "--listen", &addr.to_string(), "--database-url"])
+            .arg(database_url)
+            .env("RUST_LOG", "warn")
+            .env_remove("IDEM_CONFIG")
+            .env_remove("IDEM_NATS_URL")
+            .env_remove("IDEM_UPSTREAM")
+            .env_remove("IDEM_PROVIDER_URL")
+            .env_remove("IDEM_EVENTS")
+            .env_remove("IDEM_CONSUME")
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&log)?)
+            .stderr(std::fs::File::create(log.with_extension("err"))?);
+        let mut server = Server {
+            child: Spawned::spawn(&mut cmd, "idem serve")?,
+            addr,
+            log,
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+            if let Some(status) = server.child.exited() {
+                anyhow::bail!("idem serve exited with {status}: {}", server.log_tail());
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "idem serve did not listen on {addr} within 60 s: {}",
+                server.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(server)
+    }
+
+    fn log_tail(&self) -> String {
+        procs::tail(&self.log.with_extension("err"), 20)
+    }
+}
+
+/// One `POST /v1/payments`: the status and whether it was a replay.
+async fn post(addr: SocketAddr, key: &str) -> anyhow::Result<(u16, bool)> {
+    use http_body_util::BodyExt;
+    let req = axum::http::Request::post(format!("http://{addr}/v1/payments"))
+        .header("content-type", "application/json")
+        .header("idempotency-key", key)
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(
+            BODY.as_bytes(),
+        )))?;
+    let res = super::keys::client().request(req).await?;
+    let status = res.status().as_u16();
+    let replayed = res
+        .headers()
+        .get("idempotent-replayed")
+        .is_some_and(|v| v == "true");
+    res.into_body().collect().await?;
+    Ok((status, replayed))
+}
+
+/// The `wrk` cases against `idem serve` on `database_url`.
+pub async fn run(
+    backend: &str,
+    database_url: &str,
+    duration: Duration,
+    run_id: u64,
+) -> anyhow::Result<()> {
+    let Some(wrk) = wrk_binary() else {
+        report::note(format!(
+            "wrk ({backend}): skipped because no wrk was found (Debian: wrk; or set IDEM_BENCH_WRK)"
+        ));
+        return Ok(());
+    };
+    let dir = procs::scratch()?.join(format!("wrk-{backend}"));
+    std::fs::create_dir_all(&dir)?;
+    let script = dir.join("post.lua");
+    std::fs::write(&script, LUA)?;
+    let (url, log) = (database_url.to_owned(), dir.join("serve.log"));
+    let server = procs::blocking(move || Server::start(&url, log)).await?;
+    // The contract first: a new key executes, the same key replays.
+    let replay_key = format!("w{run_id}-{backend}-replay");
+    let first = post(server.addr, &replay_key).await?;
+    let again = post(server.addr, &replay_key).await?;
+    anyhow::ensure!(
+        first == (201, false) && again == (201, true),
+        "idem serve ({backend}) does not answer as the bench expects: a new key gave {first:?}, \
+         the same key again {again:?} (want 201 executed, then 201 replayed); {}",
+        server.log_tail()
+    );
+    let mut server = Some(server);
+    for c in [1, 8, 32] {
+        for (path, mode) in [(FRESH, "fresh"), (REPLAY, "replay")] {
+            let prefix = match mode {
+                "fresh" => format!("w{run_id}-{backend}-c{c}"),
+                _ => replay_key.clone(),
+            };
+            let s = server.take().context("the server")?;
+            let pid = s.child.id();
+            let counter = procs::blocking(move || super::sends::Counter::attach(pid)).await?;
+            before_case(c).await;
+            let (wrk, script, dir) = (wrk.clone(), script.clone(), dir.clone());
+            let (s, out) = procs::blocking(move || {
+                let out = one(&wrk, &script, &dir, &s, counter, c, mode, &prefix, duration);
+                Ok((s, out))
+            })
+            .await?;
+            let out =
+                out.with_context(|| format!("wrk against idem serve ({backend}, {mode}, c={c})"))?;
+            server = Some(s);
+            after_case(c, out.requests_per_sec);
+            report::row(report::Row {
+                backend: backend.to_owned(),
+                via: WRK,
+                path,
+                concurrency: c,
+                ops_per_sec: out.requests_per_sec,
+                p50: out.p50,
+                p99: out.p99,
+                cpu_us: out.client_cpu_us,
+                sends: out.client_sends,
+            });
+            report::server(report::ServerRow {
+                backend: backend.to_owned(),
+                path,
+                concurrency: c,
+                requests_per_sec: out.requests_per_sec,
+                cpu_us: out.server_cpu_us,
+                sends: out.server_sends,
+            });
+        }
+    }
+    Ok(())
+}
+
+struct Outcome {
+    requests_per_sec: f64,
+    p50: Duration,
+    p99: Duration,
+    client_cpu_us: Option<f64>,
+    client_sends: Option<f64>,
+    server_cpu_us: Option<f64>,
+    server_sends: Option<f64>,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn one(
+    wrk: &Path,
+    script: &Path,
+    dir: &Path,
+    server: &Server,
+    counter: Option<super::sends::Counter>,
+    c: usize,
+    mode: &str,
+    prefix: &str,
+    duration: Duration,
+) -> anyhow::Result<Outcome> {
+    let stdout = dir.join(format!("{mode}-{c}.out"));
+    let (mut cmd, counted) = match super::sends::wrap(wrk)? {
+        Some((cmd, out)) => (cmd, Some(out)),
+        None => (Command::new(wrk), None),
+    };
+    cmd.args(["-t", &c.min(2).to_string(), "-c", &c.to_string()])
+        .arg("-d")
+        .arg(format!("{}s", duration.as_secs().max(1)))
+        .args(["--timeout", "10s", "-s"])
+        .arg(script)
+        .arg(format!("http://{}/v1/payments", server.addr))
+        .args(["--", mode, prefix])
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&stdout)?)
+        .stderr(Stdio::null());
+    let mut counter = counter;
+    if let Some(c) = counter.as_mut() {
+        c.enable()?;
+    }
+    let server_before = procs::read_stat(server.child.id()).map(|s| s.cpu.own);
+    let child = Spawned::spawn(&mut cmd, "wrk")?;
+    let (status, cpu) = child.wait_with_cpu(duration + Duration::from_secs(60))?;
+    let server_after = procs::read_stat(server.child.id()).map(|s| s.cpu.own);
+    let server_sends = counter.map(|c| c.finish()).transpose()?;
+    let text = std::fs::read_to_string(&stdout).unwrap_or_default();
+    anyhow::ensure!(status.success(), "wrk exited with {status}: {text}");
+    let r = parse_result(&text)?;
+    r.check(mode)
+        .with_context(|| format!("{}\nidem serve: {}", text.trim(), server.log_tail()))?;
+    let n = r.requests as f64;
+    let client_cpu_us = cpu.map(|cpu| {
+        let ticks = match counted {
+            Some(_) => cpu.children,
+            None => cpu.own + cpu.children,
+        };
+        procs::Cpu::micros(ticks) / n
+    });
+    let client_sends = match &counted {
+        // wrk writes its sockets with write(2).
+        Some(out) => Some(super::sends::wrapped_count(out)?.write as f64 / n),
+        None => None,
+    };
+    Ok(Outcome {
+        requests_per_sec: n / (r.duration_us.max(1) as f64 / 1e6),
+        p50: Duration::from_micros(r.p50_us),
+        p99: Duration::from_micros(r.p99_us),
+        client_cpu_us,
+        client_sends,
+        server_cpu_us: server_before
+            .zip(server_after)
+            .map(|(a, b)| procs::Cpu::micros(b.saturating_sub(a)) / n),
+        server_sends: server_sends.map(|s| s.sockets() as f64 / n),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Captured: wrk 4.1 with the script above, 1 s, 8 connections,
+    /// against a release `idem serve` on SQLite.
+    const FRESH: &str = "Running 1s test @ http://127.0.0.1:58123/v1/payments
+  2 threads and 8 connections
+  Thread Stats   Avg      Stdev     Max   +/- Stdev
+    Latency    64.58ms  146.04ms 836.02ms   90.84%
+    Req/Sec   294.60    172.52   777.00     90.00%
+  587 requests in 1.00s, 212.67KB read
+Requests/sec:    584.64
+Transfer/sec:    211.82KB
+RESULT requests=587 duration_us=1004039 p50_us=5439 p99_us=725998 non2xx=0 connect=0 read=0 write=0 timeout=0 replayed=0 executed=587 not201=0
+";
+    /// The same server, one stored key.
+    const REPLAY: &str = "Running 1s test @ http://127.0.0.1:58123/v1/payments
+  2 threads and 8 connections
+  3102 requests in 1.10s, 1.18MB read
+RESULT requests=3102 duration_us=1099435 p50_us=2607 p99_us=5945 non2xx=0 connect=0 read=0 write=0 timeout=0 replayed=3102 executed=0 not201=0
+";
+
+    #[test]
+    fn wrk_result_lines_parse_and_check() {
+        let r = parse_result(FRESH).unwrap();
+        assert_eq!(
+            r,
+            Result {
+                requests: 587,
+                duration_us: 1004039,
+                p50_us: 5439,
+                p99_us: 725998,
+                non2xx: 0,
+                socket_errors: 0,
+                replayed: 0,
+                executed: 587,
+                not201: 0
+            }
+        );
+        r.check("fresh").unwrap();
+        assert!(r.check("replay").is_err());
+        let r = parse_result(REPLAY).unwrap();
+        assert_eq!((r.requests, r.replayed, r.executed), (3102, 3102, 0));
+        r.check("replay").unwrap();
+        assert!(r.check("fresh").is_err());
+        // Error answers and socket errors fail a case.
+        for (from, to) in [
+            ("non2xx=0", "non2xx=3"),
+            ("read=0", "read=1"),
+            ("not201=0", "not201=2"),
+        ] {
+            let bad = parse_result(&FRESH.replace(from, to)).unwrap();
+            assert!(bad.check("fresh").is_err(), "{to}");
+        }
+        assert!(parse_result("Running 1s test\n").is_err());
+        assert!(parse_result("RESULT requests=1\n").is_err());
+    }
+}
