@@ -60,30 +60,38 @@ macro_rules! ops {
             })
         });
         let engine = Arc::new(Engine::new(store.clone()));
-        let fresh_engine = engine.clone();
-        let fresh: Op = Arc::new(move |n| {
-            let engine = fresh_engine.clone();
-            Box::pin(async move {
-                let id = format!("f{run_id}-{n}");
-                let s = scope(&id)?;
-                let fp = fingerprint(n)?;
-                engine
-                    .execute(&s, &fp, &Policy::default(), |tx| {
-                        let id = id.clone();
-                        Box::pin(async move {
-                            sqlx::query("INSERT INTO bench_payments (id, amount) VALUES ($1, $2)")
+        // A new key per call, claimed under `policy`; `tag` keeps the
+        // optimistic case's keys and ids apart from the pessimistic one's.
+        let fresh_with = |policy: Policy, tag: &'static str| -> Op {
+            let engine = engine.clone();
+            Arc::new(move |n| {
+                let engine = engine.clone();
+                Box::pin(async move {
+                    let id = format!("{tag}{run_id}-{n}");
+                    let s = scope(&id)?;
+                    let fp = fingerprint(n)?;
+                    engine
+                        .execute(&s, &fp, &policy, |tx| {
+                            let id = id.clone();
+                            Box::pin(async move {
+                                sqlx::query(
+                                    "INSERT INTO bench_payments (id, amount) VALUES ($1, $2)",
+                                )
                                 .bind(&id)
                                 .bind(100_i64)
                                 .execute(&mut **tx)
                                 .await?;
-                            Ok::<_, sqlx::Error>(completion(&id))
+                                Ok::<_, sqlx::Error>(completion(&id))
+                            })
                         })
-                    })
-                    .await
-                    .map_err(|e| anyhow::anyhow!("{e}"))?;
-                Ok(())
+                        .await
+                        .map_err(|e| anyhow::anyhow!("{e}"))?;
+                    Ok(())
+                })
             })
-        });
+        };
+        let fresh = fresh_with(Policy::default(), "f");
+        let fresh_optimistic = fresh_with(Policy::default().optimistic(), "o");
         // The replayed key is one the fresh path stored, under an index the
         // run's sequence never reaches.
         fresh(u64::MAX).await?;
@@ -102,11 +110,17 @@ macro_rules! ops {
                 }
             })
         });
-        (baseline, fresh, replay)
+        use $crate::bench::report::{BASELINE, FRESH, FRESH_OPTIMISTIC, REPLAY};
+        vec![
+            (BASELINE, baseline),
+            (FRESH, fresh),
+            (FRESH_OPTIMISTIC, fresh_optimistic),
+            (REPLAY, replay),
+        ]
     }};
 }
 
-/// The same three paths through HTTP: an axum server on a loopback socket in
+/// The same paths through HTTP: an axum server on a loopback socket in
 /// this process, driven by a keep-alive hyper client. `/baseline` runs the
 /// insert in a plain transaction; `/idem` runs it under the `IdempotencyLayer`.
 macro_rules! http_ops {
@@ -163,11 +177,17 @@ macro_rules! http_ops {
             Operation::new("bench.http")?,
             TenantSource::Static(Tenant::new("bench")?),
         );
+        let mut optimistic = config.clone();
+        optimistic.policy = Policy::default().optimistic();
         let app = Router::new()
             .route("/baseline", post(baseline))
             .route(
                 "/idem",
                 post(keyed).layer(IdempotencyLayer::new(store.clone(), config)),
+            )
+            .route(
+                "/idem-optimistic",
+                post(keyed).layer(IdempotencyLayer::new(store.clone(), optimistic)),
             )
             .with_state(store);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -181,10 +201,19 @@ macro_rules! http_ops {
         let baseline: Op = Arc::new(move |_| Box::pin(p("/baseline", None)));
         let p = post.clone();
         let fresh: Op = Arc::new(move |n| Box::pin(p("/idem", Some(format!("hf{run_id}-{n}")))));
+        let p = post.clone();
+        let fresh_optimistic: Op =
+            Arc::new(move |n| Box::pin(p("/idem-optimistic", Some(format!("ho{run_id}-{n}")))));
         let replay_key = format!("hr{run_id}");
         post("/idem", Some(replay_key.clone())).await?;
         let replay: Op = Arc::new(move |_| Box::pin(post("/idem", Some(replay_key.clone()))));
-        (baseline, fresh, replay)
+        use $crate::bench::report::{BASELINE, FRESH, FRESH_OPTIMISTIC, REPLAY};
+        vec![
+            (BASELINE, baseline),
+            (FRESH, fresh),
+            (FRESH_OPTIMISTIC, fresh_optimistic),
+            (REPLAY, replay),
+        ]
     }};
 }
 
@@ -230,14 +259,14 @@ pub async fn sqlite(sqlite_url: &str, duration: Duration, run_id: u64) -> anyhow
     store.migrate().await?;
     sqlx::raw_sql(BENCH_PAYMENTS).execute(store.pool()).await?;
     let ops = ops!(store.clone(), run_id);
-    table("sqlite", LIBRARY, ops, duration).await?;
+    table("sqlite", LIBRARY, &ops, duration).await?;
     let ops = http_ops!(
         store,
         idem_sqlite::SqliteStore,
         idem_sqlite::SqliteTx,
         run_id
     );
-    table("sqlite", HTTP, ops, duration).await
+    table("sqlite", HTTP, &ops, duration).await
 }
 
 /// The library and in-process HTTP cases on PostgreSQL.
@@ -253,7 +282,7 @@ pub async fn postgres(url: &str, duration: Duration, run_id: u64) -> anyhow::Res
     store.migrate().await?;
     sqlx::raw_sql(BENCH_PAYMENTS).execute(store.pool()).await?;
     let ops = ops!(store.clone(), run_id);
-    table("postgres", LIBRARY, ops, duration).await?;
+    table("postgres", LIBRARY, &ops, duration).await?;
     let ops = http_ops!(store, idem_postgres::PgStore, idem_postgres::PgTx, run_id);
-    table("postgres", HTTP, ops, duration).await
+    table("postgres", HTTP, &ops, duration).await
 }

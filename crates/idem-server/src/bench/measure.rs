@@ -137,18 +137,17 @@ fn report(cases: u64, what: &str) {
     }
 }
 
-/// Prints one table: for each concurrency, the baseline, the fresh key and
-/// the replayed key (the ratio column: each against the baseline measured
-/// just before).
+/// Prints one table: for each concurrency, the baseline, then each case
+/// (the ratio column: each against the baseline measured just before).
 pub async fn table(
     backend: &str,
     via: &'static str,
-    (baseline, fresh, replay): (Op, Op, Op),
+    cases: &[(&'static str, Op)],
     duration: Duration,
 ) -> anyhow::Result<()> {
-    use super::report::{self, BASELINE, FRESH, REPLAY};
+    use super::report;
     for c in [1, 8, 32] {
-        for (path, op) in [(BASELINE, &baseline), (FRESH, &fresh), (REPLAY, &replay)] {
+        for (path, op) in cases {
             let s = measure_counted(op.clone(), c, duration).await?;
             report::row(report::Row {
                 backend: backend.to_owned(),

@@ -47,6 +47,13 @@ SELECT request_hash, state, status_code, response_headers, response_body, resour
 FROM idem_keys WHERE tenant_id = :tenant AND operation = :operation AND idempotency_key = :key;
 ";
 
+/// The claim's read-first step, on the key about to be claimed (a miss).
+const READ_FIRST: &str = "\
+SELECT request_hash, state, status_code, response_headers, response_body, resource_type,
+       resource_id, locked_until_ms, created_at_ms, expires_at_ms
+FROM idem_keys WHERE tenant_id = :tenant AND operation = :operation AND idempotency_key = :id::text;
+";
+
 const OPTIMISTIC_RECORD: &str = "\
 INSERT INTO idem_keys (tenant_id, operation, idempotency_key, request_hash, state, status_code,
                        response_headers, response_body, resource_type, resource_id,
@@ -75,7 +82,7 @@ fn scripts() -> Vec<(&'static str, &'static str, String)> {
         (
             PG_FRESH,
             "fresh.sql",
-            format!("{NEXT_ID}BEGIN;\n{CLAIM}{BUSINESS_INSERT}{COMPLETE}END;\n"),
+            format!("{NEXT_ID}{READ_FIRST}BEGIN;\n{CLAIM}{BUSINESS_INSERT}{COMPLETE}END;\n"),
         ),
         (
             PG_PIPELINE,
@@ -88,7 +95,7 @@ fn scripts() -> Vec<(&'static str, &'static str, String)> {
         (
             PG_OPTIMISTIC,
             "optimistic.sql",
-            format!("{NEXT_ID}BEGIN;\n{BUSINESS_INSERT}{OPTIMISTIC_RECORD}COMMIT;\n"),
+            format!("{NEXT_ID}{READ_FIRST}BEGIN;\n{BUSINESS_INSERT}{OPTIMISTIC_RECORD}COMMIT;\n"),
         ),
         (
             PG_BARE_DEMO,

@@ -19,7 +19,7 @@ use anyhow::Context;
 
 use super::measure::{after_case, before_case};
 use super::procs::{self, Spawned};
-use super::report::{self, FRESH, REPLAY, WRK};
+use super::report::{self, FRESH, FRESH_OPTIMISTIC, REPLAY, WRK};
 
 /// The request body (the demo requires amount, currency and customer).
 pub const BODY: &str = r#"{"amount":100,"currency":"EUR","customer":"cus_bench"}"#;
@@ -146,23 +146,30 @@ struct Server {
 }
 
 impl Server {
-    fn start(database_url: &str, log: PathBuf) -> anyhow::Result<Server> {
+    fn start(database_url: &str, claim_mode: &str, log: PathBuf) -> anyhow::Result<Server> {
         let exe = std::env::current_exe().context("where is this binary?")?;
         let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
         let mut cmd = Command::new(exe);
-        cmd.args(["serve", "--listen", &addr.to_string(), "--database-url"])
-            .arg(database_url)
-            .env("RUST_LOG", "warn")
-            .env_remove("IDEM_CONFIG")
-            .env_remove("IDEM_NATS_URL")
-            .env_remove("IDEM_UPSTREAM")
-            .env_remove("IDEM_PROVIDER_URL")
-            .env_remove("IDEM_EVENTS")
-            .env_remove("IDEM_CONSUME")
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(&log)?)
-            .stderr(std::fs::File::create(log.with_extension("err"))?);
+        cmd.args([
+            "serve",
+            "--listen",
+            &addr.to_string(),
+            "--claim-mode",
+            claim_mode,
+        ])
+        .arg("--database-url")
+        .arg(database_url)
+        .env("RUST_LOG", "warn")
+        .env_remove("IDEM_CONFIG")
+        .env_remove("IDEM_NATS_URL")
+        .env_remove("IDEM_UPSTREAM")
+        .env_remove("IDEM_PROVIDER_URL")
+        .env_remove("IDEM_EVENTS")
+        .env_remove("IDEM_CONSUME")
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&log)?)
+        .stderr(std::fs::File::create(log.with_extension("err"))?);
         let mut server = Server {
             child: Spawned::spawn(&mut cmd, "idem serve")?,
             addr,
@@ -207,12 +214,30 @@ async fn post(addr: SocketAddr, key: &str) -> anyhow::Result<(u16, bool)> {
     Ok((status, replayed))
 }
 
-/// The `wrk` cases against `idem serve` on `database_url`.
+/// The `wrk` cases against `idem serve` on `database_url`: fresh keys and
+/// replays with pessimistic claims, then fresh keys with `--claim-mode
+/// optimistic` (a replay reads the same way in both modes).
 pub async fn run(
     backend: &str,
     database_url: &str,
     duration: Duration,
     run_id: u64,
+) -> anyhow::Result<()> {
+    let pessimistic: &[(&'static str, &'static str)] = &[(FRESH, "fresh"), (REPLAY, "replay")];
+    let optimistic: &[(&'static str, &'static str)] = &[(FRESH_OPTIMISTIC, "fresh")];
+    for (claim_mode, cases) in [("pessimistic", pessimistic), ("optimistic", optimistic)] {
+        run_mode(backend, database_url, duration, run_id, claim_mode, cases).await?;
+    }
+    Ok(())
+}
+
+async fn run_mode(
+    backend: &str,
+    database_url: &str,
+    duration: Duration,
+    run_id: u64,
+    claim_mode: &'static str,
+    cases: &[(&'static str, &'static str)],
 ) -> anyhow::Result<()> {
     let Some(wrk) = wrk_binary() else {
         report::note(format!(
@@ -220,14 +245,14 @@ pub async fn run(
         ));
         return Ok(());
     };
-    let dir = procs::scratch()?.join(format!("wrk-{backend}"));
+    let dir = procs::scratch()?.join(format!("wrk-{backend}-{claim_mode}"));
     std::fs::create_dir_all(&dir)?;
     let script = dir.join("post.lua");
     std::fs::write(&script, LUA)?;
     let (url, log) = (database_url.to_owned(), dir.join("serve.log"));
-    let server = procs::blocking(move || Server::start(&url, log)).await?;
+    let server = procs::blocking(move || Server::start(&url, claim_mode, log)).await?;
     // The contract first: a new key executes, the same key replays.
-    let replay_key = format!("w{run_id}-{backend}-replay");
+    let replay_key = format!("w{run_id}-{backend}-{claim_mode}-replay");
     let first = post(server.addr, &replay_key).await?;
     let again = post(server.addr, &replay_key).await?;
     anyhow::ensure!(
@@ -238,9 +263,9 @@ pub async fn run(
     );
     let mut server = Some(server);
     for c in [1, 8, 32] {
-        for (path, mode) in [(FRESH, "fresh"), (REPLAY, "replay")] {
+        for &(path, mode) in cases {
             let prefix = match mode {
-                "fresh" => format!("w{run_id}-{backend}-c{c}"),
+                "fresh" => format!("w{run_id}-{backend}-{claim_mode}-c{c}"),
                 _ => replay_key.clone(),
             };
             let s = server.take().context("the server")?;
