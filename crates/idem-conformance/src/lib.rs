@@ -459,7 +459,7 @@ pub async fn optimistic_race_commits_one_outcome<S: KeyStore>(
     let policy = Policy::default().optimistic();
     let mut tasks = Vec::new();
     for i in 0..n {
-        let (engine, s, fp) = (engine.clone(), s.clone(), fp.clone());
+        let (engine, s, fp) = (engine.clone(), s.clone(), fp);
         let id: &'static str = format!("o-{i}").leak();
         tasks.push(tokio::spawn(async move {
             engine
@@ -512,7 +512,7 @@ pub async fn optimistic_losers_failing_on_the_winners_effect_replay_it<S: KeySto
     let policy = Policy::default().optimistic();
     let mut tasks = Vec::new();
     for _ in 0..n {
-        let (engine, s, fp) = (engine.clone(), s.clone(), fp.clone());
+        let (engine, s, fp) = (engine.clone(), s.clone(), fp);
         tasks.push(tokio::spawn(async move {
             engine
                 .execute(&s, &fp, &policy, move |tx| {

@@ -151,7 +151,7 @@ impl<S: KeyStore, C: Clock + Clone> Engine<S, C> {
                 tx,
                 scope: scope.clone(),
                 optimistic: (policy.mode == ClaimMode::Optimistic)
-                    .then(|| (fingerprint.clone(), *policy)),
+                    .then_some((*fingerprint, *policy)),
             })),
             Ok(Claim::Existing(record)) => replayable(record, fingerprint, now).map(Begun::Replay),
             Err(e) => Err(in_flight_when_busy(e)),

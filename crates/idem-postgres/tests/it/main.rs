@@ -663,7 +663,7 @@ async fn cancelled_reads_never_hold_more_sessions_than_the_bound() {
     for _ in 0..15 {
         let mut tasks = Vec::new();
         for _ in 0..4 {
-            let (engine, fp) = (engine.clone(), fp.clone());
+            let (engine, fp) = (engine.clone(), fp);
             tasks.push(tokio::spawn(async move {
                 let give_up = std::time::Duration::from_millis(50);
                 let _ = tokio::time::timeout(
