@@ -453,14 +453,48 @@ pub async fn optimistic_race_commits_one_outcome<S: KeyStore>(
     count: Count<S>,
     n: usize,
 ) {
+    let ids = |i: usize| -> &'static str { format!("o-{i}").leak() };
+    optimistic_race(store, "optimistic-race", ids, insert, count, n).await;
+}
+
+/// Optimistic claims: when the losers' own work fails *because of* the
+/// winner's effect (here every request inserts the same business row, so a
+/// loser hits the row the winner committed), the losers still answer with
+/// the winner's outcome, never with their own error.
+pub async fn optimistic_losers_failing_on_the_winners_effect_replay_it<S: KeyStore>(
+    store: S,
+    insert: Insert<S::Tx>,
+    count: Count<S>,
+    n: usize,
+) {
+    optimistic_race(
+        store,
+        "optimistic-same-row",
+        |_| "order-c1",
+        insert,
+        count,
+        n,
+    )
+    .await;
+}
+
+/// `n` concurrent optimistic requests with one key; request `i` inserts
+/// business row `id(i)` and answers with it as its body.
+async fn optimistic_race<S: KeyStore>(
+    store: S,
+    key: &str,
+    id: impl Fn(usize) -> &'static str,
+    insert: Insert<S::Tx>,
+    count: Count<S>,
+    n: usize,
+) {
     let engine = Arc::new(Engine::new(store));
-    let s = scope("t1", "optimistic-race");
+    let s = scope("t1", key);
     let fp = fingerprint(r#"{"amount":9}"#);
     let policy = Policy::default().optimistic();
     let mut tasks = Vec::new();
     for i in 0..n {
-        let (engine, s, fp) = (engine.clone(), s.clone(), fp);
-        let id: &'static str = format!("o-{i}").leak();
+        let (engine, s, id) = (engine.clone(), s.clone(), id(i));
         tasks.push(tokio::spawn(async move {
             engine
                 .execute(&s, &fp, &policy, move |tx| {
@@ -479,7 +513,7 @@ pub async fn optimistic_race_commits_one_outcome<S: KeyStore>(
             Ok(Outcome::Executed(c)) => executed.push(c.response.body),
             Ok(Outcome::Replayed(r)) => bodies.push(r.response.unwrap().body),
             Err(Error::InFlight { .. }) => {}
-            Err(e) => panic!("an optimistic duplicate must not fail with {e:?}"),
+            Err(e) => panic!("a loser must answer with the winner's outcome, not {e:?}"),
         }
     }
     assert_eq!(executed.len(), 1, "exactly one request commits");
@@ -494,48 +528,6 @@ pub async fn optimistic_race_commits_one_outcome<S: KeyStore>(
     );
     let record = engine.store().fetch(&s).await.unwrap().unwrap();
     assert_eq!(record.response.unwrap().body, executed[0]);
-}
-
-/// Optimistic claims: when the losers' own work fails *because of* the
-/// winner's effect (here every request inserts the same business row, so a
-/// loser hits the row the winner committed), the losers still answer with
-/// the winner's outcome, never with their own error.
-pub async fn optimistic_losers_failing_on_the_winners_effect_replay_it<S: KeyStore>(
-    store: S,
-    insert: Insert<S::Tx>,
-    count: Count<S>,
-    n: usize,
-) {
-    let engine = Arc::new(Engine::new(store));
-    let s = scope("t1", "optimistic-same-row");
-    let fp = fingerprint(r#"{"cart":"c1"}"#);
-    let policy = Policy::default().optimistic();
-    let mut tasks = Vec::new();
-    for _ in 0..n {
-        let (engine, s, fp) = (engine.clone(), s.clone(), fp);
-        tasks.push(tokio::spawn(async move {
-            engine
-                .execute(&s, &fp, &policy, move |tx| {
-                    Box::pin(async move {
-                        insert(tx, "order-c1").await?;
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                        Ok::<_, BoxError>(Completion::completed(response(201, "order-c1")))
-                    })
-                })
-                .await
-        }));
-    }
-    let mut executed = 0;
-    for t in tasks {
-        match t.await.unwrap() {
-            Ok(Outcome::Executed(_)) => executed += 1,
-            Ok(Outcome::Replayed(r)) => assert_eq!(r.response.unwrap().body, b"order-c1"),
-            Err(Error::InFlight { .. }) => {}
-            Err(e) => panic!("a loser must answer with the winner's outcome, not {e:?}"),
-        }
-    }
-    assert_eq!(executed, 1, "exactly one request commits");
-    assert_eq!(count(engine.store()).await, 1);
 }
 
 /// Optimistic claims: a fresh key executes and stores its outcome in one

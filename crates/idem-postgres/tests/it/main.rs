@@ -242,15 +242,7 @@ mod round_trips {
 async fn round_trips_per_path_are_pinned() {
     let db = db().await;
     let (proxy, count) = round_trips::proxy(idem_testkit::url_addr(&db.db.url)).await;
-    let store = PgStore::connect(
-        &idem_testkit::url_via(&db.db.url, proxy),
-        PgConfig {
-            max_connections: 1,
-            ..PgConfig::default()
-        },
-    )
-    .await
-    .unwrap();
+    let store = store_of(&idem_testkit::url_via(&db.db.url, proxy), 1).await;
     let engine = Engine::new(store);
     let fp = c::fingerprint("{}");
     let run = |key: String, policy: Policy| {
@@ -318,15 +310,7 @@ async fn round_trips_per_path_are_pinned() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_killed_while_idle_is_replaced_without_an_error() {
     let db = db().await;
-    let store = PgStore::connect(
-        &db.db.url,
-        PgConfig {
-            max_connections: 1,
-            ..PgConfig::default()
-        },
-    )
-    .await
-    .unwrap();
+    let store = store_of(&db.db.url, 1).await;
     let engine = Engine::new(store.clone());
     let fp = c::fingerprint("{}");
     let ok = Completion::completed(c::response(201, "{}"));
@@ -523,6 +507,19 @@ async fn a_lost_answer_to_an_autocommit_write_is_outcome_unknown() {
     );
 }
 
+/// A store on `url` with `max` connections (and as many readers).
+async fn store_of(url: &str, max: u32) -> PgStore {
+    PgStore::connect(
+        url,
+        PgConfig {
+            max_connections: max,
+            ..PgConfig::default()
+        },
+    )
+    .await
+    .unwrap()
+}
+
 /// The sessions open in `db`'s database, less `others`.
 async fn sessions(db: &str, others: i64) -> i64 {
     let mut admin = sqlx::PgConnection::connect(&postgres_admin_url())
@@ -575,16 +572,7 @@ async fn open_idle_sessions(db: &TestDb, engine: &Engine<PgStore>, n: usize) {
 async fn every_idle_session_ended_at_once_is_replaced_without_an_error() {
     let db = db().await;
     let max = 6;
-    let store = PgStore::connect(
-        &db.db.url,
-        PgConfig {
-            max_connections: max,
-            ..PgConfig::default()
-        },
-    )
-    .await
-    .unwrap();
-    let engine = Engine::new(store);
+    let engine = Engine::new(store_of(&db.db.url, max).await);
     open_idle_sessions(&db, &engine, max as usize).await;
     assert!(
         sessions(&db.db.name, 0).await >= 2 * i64::from(max) - 1,
@@ -639,16 +627,7 @@ async fn every_idle_session_ended_at_once_is_replaced_without_an_error() {
 async fn cancelled_reads_never_hold_more_sessions_than_the_bound() {
     let db = db().await;
     let max = 2;
-    let store = PgStore::connect(
-        &db.db.url,
-        PgConfig {
-            max_connections: max,
-            ..PgConfig::default()
-        },
-    )
-    .await
-    .unwrap();
-    let engine = Engine::new(store);
+    let engine = Engine::new(store_of(&db.db.url, max).await);
     // A table lock held for a while (VACUUM FULL, a migration, REINDEX …)
     // while clients with a short timeout keep retrying.
     let mut locker = sqlx::PgConnection::connect(&db.db.url).await.unwrap();
