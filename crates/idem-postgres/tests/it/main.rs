@@ -533,6 +533,21 @@ async fn sessions(db: &str, others: i64) -> i64 {
     n - others
 }
 
+/// Runs an operation that answers 201 under `key`, pessimistically.
+async fn ok_under(
+    engine: &Engine<PgStore>,
+    key: &str,
+) -> Result<Outcome<Completion>, idem_core::Error<sqlx::Error>> {
+    engine
+        .execute(
+            &c::scope("t1", key),
+            &c::fingerprint("{}"),
+            &Policy::default(),
+            |_| Box::pin(async move { Ok(Completion::completed(c::response(201, "{}"))) }),
+        )
+        .await
+}
+
 /// Opens `n` sessions on the store's readers and pool at once (each request
 /// waits behind a table lock), then lets them all go idle.
 async fn open_idle_sessions(db: &TestDb, engine: &Engine<PgStore>, n: usize) {
@@ -546,19 +561,7 @@ async fn open_idle_sessions(db: &TestDb, engine: &Engine<PgStore>, n: usize) {
         let engine = engine.clone();
         tasks.push(tokio::spawn(async move {
             let key = format!("warm-{i}");
-            engine
-                .execute(
-                    &c::scope("t1", &key),
-                    &c::fingerprint("{}"),
-                    &Policy::default(),
-                    |_| {
-                        Box::pin(async move {
-                            Ok::<_, sqlx::Error>(Completion::completed(c::response(201, "{}")))
-                        })
-                    },
-                )
-                .await
-                .unwrap();
+            ok_under(&engine, &key).await.unwrap();
         }));
     }
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
@@ -593,20 +596,7 @@ async fn every_idle_session_ended_at_once_is_replaced_without_an_error() {
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     let ok = |key: String| {
         let engine = engine.clone();
-        async move {
-            engine
-                .execute(
-                    &c::scope("t1", &key),
-                    &c::fingerprint("{}"),
-                    &Policy::default(),
-                    |_| {
-                        Box::pin(async move {
-                            Ok::<_, sqlx::Error>(Completion::completed(c::response(201, "{}")))
-                        })
-                    },
-                )
-                .await
-        }
+        async move { ok_under(&engine, &key).await }
     };
     for i in 0..max {
         // A replay (the read) and a fresh key (the read, then BEGIN on the pool).
