@@ -203,7 +203,11 @@ impl ServeArgs {
                 routes = g.routes.len(),
                 "idem serving as a gateway"
             ),
-            None => tracing::info!(listen = %bound, "idem serving the demo payments API"),
+            None => tracing::info!(
+                listen = %bound,
+                claim_mode = ?config.demo.claim_mode,
+                "idem serving the demo payments API"
+            ),
         }
         let app = crate::routes::service(api, config.admin_token.clone(), gateway);
         http_server::serve(listener, app, config.limits.clone(), stopped(shutdown)).await;
