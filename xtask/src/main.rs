@@ -349,44 +349,59 @@ impl Drop for Postgres {
     }
 }
 
-/// A throwaway NATS server with JetStream; killed when dropped.
-struct Nats {
+/// A throwaway server on a free loopback port: its files in
+/// `root/<name>-<pid>`, its pid in `<name>.pid` there (for [`sweep`]);
+/// killed when dropped.
+struct Server {
     child: std::process::Child,
     dir: PathBuf,
     port: u16,
+    name: &'static str,
 }
 
-impl Nats {
-    fn start(root: &Path, binary: &Path) -> Result<Self> {
-        let dir = root.join(format!("nats-{}", std::process::id()));
+impl Server {
+    /// Starts `binary` with the arguments `args(port, dir)` gives, and waits
+    /// until it listens.
+    fn start(
+        root: &Path,
+        name: &'static str,
+        binary: &Path,
+        args: impl FnOnce(u16, &Path) -> Vec<std::ffi::OsString>,
+    ) -> Result<Self> {
+        let dir = root.join(format!("{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).map_err(|e| format!("failed to create {dir:?}: {e}"))?;
         let port = free_port()?;
         let child = Command::new(binary)
-            .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
-            .arg(&dir)
+            .args(args(port, &dir))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .map_err(|e| format!("failed to start {binary:?}: {e}"))?;
-        let _ = std::fs::write(dir.join("nats.pid"), child.id().to_string());
-        let nats = Self { child, dir, port };
+        let _ = std::fs::write(dir.join(format!("{name}.pid")), child.id().to_string());
+        let server = Self {
+            child,
+            dir,
+            port,
+            name,
+        };
         let deadline = Instant::now() + Duration::from_secs(30);
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
             if Instant::now() > deadline {
-                return Err("nats-server did not start listening in 30 s".into());
+                return Err(format!("{binary:?} did not start listening in 30 s"));
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        Ok(nats)
+        Ok(server)
     }
 
+    /// `<name>://127.0.0.1:<port>`.
     fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
+        format!("{}://127.0.0.1:{}", self.name, self.port)
     }
 }
 
-impl Drop for Nats {
+impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -394,59 +409,42 @@ impl Drop for Nats {
     }
 }
 
-/// A throwaway Redis for the bench's peer: loopback, no persistence; killed
-/// when dropped.
-struct Redis {
-    child: std::process::Child,
-    dir: PathBuf,
-    port: u16,
+/// A throwaway NATS server with JetStream.
+fn start_nats(root: &Path, binary: &Path) -> Result<Server> {
+    Server::start(root, "nats", binary, |port, dir| {
+        let mut args: Vec<std::ffi::OsString> =
+            ["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"]
+                .iter()
+                .map(Into::into)
+                .collect();
+        args.push(dir.into());
+        args
+    })
 }
 
-impl Redis {
-    fn start(root: &Path, binary: &Path) -> Result<Self> {
-        let dir = root.join(format!("redis-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).map_err(|e| format!("failed to create {dir:?}: {e}"))?;
-        let port = free_port()?;
-        let child = Command::new(binary)
-            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
-            .args([
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--protected-mode",
-                "yes",
-            ])
-            .arg("--dir")
-            .arg(&dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| format!("failed to start {binary:?}: {e}"))?;
-        let _ = std::fs::write(dir.join("redis.pid"), child.id().to_string());
-        let redis = Self { child, dir, port };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if Instant::now() > deadline {
-                return Err("redis-server did not start listening in 30 s".into());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Ok(redis)
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+/// A throwaway Redis for the bench's peer: loopback, no persistence.
+fn start_redis(root: &Path, binary: &Path) -> Result<Server> {
+    Server::start(root, "redis", binary, |port, dir| {
+        let port = port.to_string();
+        let mut args: Vec<std::ffi::OsString> = [
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            &port,
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--protected-mode",
+            "yes",
+            "--dir",
+        ]
+        .iter()
+        .map(Into::into)
+        .collect();
+        args.push(dir.into());
+        args
+    })
 }
 
 fn test(extra: &[String]) -> Result<()> {
@@ -464,7 +462,7 @@ fn test(extra: &[String]) -> Result<()> {
     let pg = Postgres::start(&root)?;
     eprintln!("xtask: PostgreSQL 15 on 127.0.0.1:{}", pg.port);
     let nats_bin = nats_binary()?;
-    let nats = Nats::start(&root, &nats_bin)?;
+    let nats = start_nats(&root, &nats_bin)?;
     eprintln!("xtask: nats-server with JetStream on {}", nats.url());
     let have_nextest = Command::new("cargo")
         .args(["nextest", "--version"])
@@ -539,7 +537,7 @@ fn bench(extra: &[String]) -> Result<()> {
     let root = std::env::temp_dir().join("idem-xtask");
     sweep(&root);
     let pg = Postgres::start(&root)?;
-    let nats = Nats::start(&root, &nats_binary()?)?;
+    let nats = start_nats(&root, &nats_binary()?)?;
     bench_tools(&pg.bindir);
     let peer = Peer::provision(&root);
     let sqlite = root.join(format!("bench-{}.db", std::process::id()));
@@ -617,7 +615,7 @@ fn bench_tools(pg_bindir: &Path) {
 
 /// What the Powertools peer runs on.
 struct Peer {
-    redis: Redis,
+    redis: Server,
     python: PathBuf,
 }
 
@@ -641,7 +639,7 @@ impl Peer {
             return Err("redis-server installed but /usr/bin/redis-server is missing".into());
         }
         let python = peer_venv()?;
-        let redis = Redis::start(root, &redis_bin)?;
+        let redis = start_redis(root, &redis_bin)?;
         Ok(Peer { redis, python })
     }
 }

@@ -130,10 +130,12 @@ impl<S: KeyStore, C: Clock + Clone> Engine<S, C> {
     ///
     /// Read first: a committed, unexpired record is answered from one
     /// indexed read outside any transaction — a replay, or a mismatch when
-    /// the fingerprint differs whatever the record's state. Only a miss (or
-    /// a pending record, which a lease holds) goes on to claim the key:
-    /// pessimistic mode writes the pending record now, optimistic mode opens
-    /// a plain transaction and writes the record in [`Engine::finish`]. A
+    /// the fingerprint differs whatever the record's state (see
+    /// [`answered_by_read`](crate::keys::answered_by_read)). Only a miss, an
+    /// expired record, or (pessimistic mode) a pending record a lease holds
+    /// goes on to claim the key: pessimistic mode writes the pending record
+    /// now, optimistic mode opens a plain transaction and writes the record
+    /// in [`Engine::finish`]. A
     /// record committed between the read and the claim is found by the
     /// claim (pessimistic) or by the insert in `finish` (optimistic).
     ///
@@ -214,16 +216,18 @@ impl<S: KeyStore, C: Clock + Clone> Engine<S, C> {
                 .map_err(Error::Store);
         };
         let now = self.clock.now_ms();
-        match self.store.fetch(&claimed.scope).await {
-            Ok(Some(record)) if record.expires_at_ms > now => {
-                match decide(record, &fingerprint, now) {
-                    Decision::Replay(record) => Ok(Aborted::Superseded(record)),
-                    Decision::Mismatch => Err(Error::FingerprintMismatch),
-                    Decision::InFlight { .. } => Ok(Aborted::RolledBack),
-                }
-            }
+        let Ok(Some(record)) = self.store.fetch(&claimed.scope).await else {
             // No winner (or it could not be read): the request's own answer.
-            _ => Ok(Aborted::RolledBack),
+            return Ok(Aborted::RolledBack);
+        };
+        if record.expires_at_ms <= now {
+            return Ok(Aborted::RolledBack);
+        }
+        match replayable(record, &fingerprint, now) {
+            Ok(record) => Ok(Aborted::Superseded(record)),
+            Err(Error::FingerprintMismatch) => Err(Error::FingerprintMismatch),
+            // A lease still holds it: the request's own answer.
+            Err(_) => Ok(Aborted::RolledBack),
         }
     }
 

@@ -302,7 +302,7 @@ pub trait KeyStore: Clone + Send + Sync + 'static {
     /// Reads the committed record of `scope` first — one indexed read,
     /// outside any transaction — and returns it when
     /// [`answered_by_read`] says it is the answer. Otherwise opens a
-    /// transaction (on the same connection where the backend has them) and,
+    /// transaction and,
     /// in pessimistic mode, inserts a pending record unless a live one
     /// exists (then returns that one); in optimistic mode returns the
     /// transaction as it is.

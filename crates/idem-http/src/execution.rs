@@ -209,11 +209,11 @@ async fn discard<T>(slot: &IdemTx<T>) {
 async fn rollback<S: KeyStore, C: Clock + Clone>(engine: &Engine<S, C>, slot: &IdemTx<S::Tx>) {
     // A failed rollback still leaves nothing committed: the database
     // discards the transaction when the connection goes.
-    let _ = match slot.take().await {
-        Some(Open::Keyed(claimed)) => engine.abort(claimed).await.map(drop).map_err(drop),
-        Some(Open::Unkeyed(tx)) => engine.abort_unkeyed(tx).await.map_err(drop),
-        None => Ok(()),
-    };
+    match slot.take().await {
+        Some(Open::Keyed(claimed)) => drop(engine.abort(claimed).await),
+        Some(Open::Unkeyed(tx)) => drop(engine.abort_unkeyed(tx).await),
+        None => {}
+    }
 }
 
 /// A request without a key on a route where keys are optional: the handler

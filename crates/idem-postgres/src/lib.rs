@@ -289,6 +289,17 @@ impl PgStore {
         self.within(self.deadline(), call).await
     }
 
+    /// The deadline of a store call that may wait `wait` for a row lock: a
+    /// wait past the statement timeout raises it for the transaction (see
+    /// `begin_waiting`), and the deadline follows.
+    fn deadline_waiting(&self, wait: Duration) -> Duration {
+        if wait < self.statement_timeout {
+            self.deadline()
+        } else {
+            wait + self.deadline()
+        }
+    }
+
     async fn within<T>(
         &self,
         deadline: Duration,
@@ -544,15 +555,8 @@ impl KeyStore for PgStore {
         policy: &Policy,
         now_ms: i64,
     ) -> Result<Claim<PgTx>, StoreError> {
-        // A wait past the statement timeout raises it for the claim's
-        // transaction (see `begin_waiting`); the deadline follows.
-        let deadline = if policy.wait < self.statement_timeout {
-            self.deadline()
-        } else {
-            policy.wait + self.deadline()
-        };
         self.within(
-            deadline,
+            self.deadline_waiting(policy.wait),
             self.claim_in_tx(scope, fingerprint, policy, now_ms),
         )
         .await
@@ -604,8 +608,9 @@ impl KeyStore for PgStore {
         )
         .bind(now_ms)
         .bind(policy.expires_at_ms(now_ms));
+        // The insert waits for an uncommitted duplicate as a claim does.
         let existing = self
-            .bounded(async {
+            .within(self.deadline_waiting(policy.wait), async {
                 if insert
                     .fetch_optional(&mut *tx.0)
                     .await
@@ -706,10 +711,7 @@ impl PgStore {
             return Ok(Claim::Claimed(PgTx(tx)));
         }
         let claim = |sql: &'static str| {
-            sqlx::query(sql)
-                .bind(scope.tenant.as_str())
-                .bind(scope.operation.as_str())
-                .bind(scope.key.as_str())
+            leased::scoped(sql, scope)
                 .bind(&fingerprint.as_bytes()[..])
                 .bind(now_ms)
                 .bind(policy.expires_at_ms(now_ms))

@@ -299,9 +299,8 @@ SELECT request_hash, state, status_code, response_headers, response_body, resour
 FROM idem_keys WHERE tenant_id = ?1 AND operation = ?2 AND idempotency_key = ?3";
 
 /// Optimistic claims: the completed record, inserted at the end of the
-/// operation's transaction. A record that expired is replaced in the same
-/// statement; a live one is left alone (and locked, so the read that follows
-/// sees it as committed).
+/// operation's transaction (which holds the write lock). A record that
+/// expired is replaced in the same statement; a live one is left alone.
 const INSERT_COMPLETED: &str = "\
 INSERT INTO idem_keys (tenant_id, operation, idempotency_key, request_hash, state,
                        status_code, response_headers, response_body, resource_type,

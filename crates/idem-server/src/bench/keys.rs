@@ -110,13 +110,7 @@ macro_rules! ops {
                 }
             })
         });
-        use $crate::bench::report::{BASELINE, FRESH, FRESH_OPTIMISTIC, REPLAY};
-        vec![
-            (BASELINE, baseline),
-            (FRESH, fresh),
-            (FRESH_OPTIMISTIC, fresh_optimistic),
-            (REPLAY, replay),
-        ]
+        $crate::bench::keys::cases(baseline, fresh, fresh_optimistic, replay)
     }};
 }
 
@@ -207,14 +201,19 @@ macro_rules! http_ops {
         let replay_key = format!("hr{run_id}");
         post("/idem", Some(replay_key.clone())).await?;
         let replay: Op = Arc::new(move |_| Box::pin(post("/idem", Some(replay_key.clone()))));
-        use $crate::bench::report::{BASELINE, FRESH, FRESH_OPTIMISTIC, REPLAY};
-        vec![
-            (BASELINE, baseline),
-            (FRESH, fresh),
-            (FRESH_OPTIMISTIC, fresh_optimistic),
-            (REPLAY, replay),
-        ]
+        $crate::bench::keys::cases(baseline, fresh, fresh_optimistic, replay)
     }};
+}
+
+/// The key-engine table's cases, in the order they are measured.
+pub fn cases(baseline: Op, fresh: Op, fresh_optimistic: Op, replay: Op) -> Vec<(&'static str, Op)> {
+    use super::report::{BASELINE, FRESH, FRESH_OPTIMISTIC, REPLAY};
+    vec![
+        (BASELINE, baseline),
+        (FRESH, fresh),
+        (FRESH_OPTIMISTIC, fresh_optimistic),
+        (REPLAY, replay),
+    ]
 }
 
 pub type Client = hyper_util::client::legacy::Client<

@@ -41,18 +41,16 @@ UPDATE idem_keys SET state = :state, status_code = :status, response_headers = :
 WHERE tenant_id = :tenant AND operation = :operation AND idempotency_key = :id AND state = 'pending';
 ";
 
-const SELECT_RECORD: &str = "\
-SELECT request_hash, state, status_code, response_headers, response_body, resource_type,
+/// `SELECT_RECORD` of the key in pgbench variable `key`: of the stored
+/// record, or the read-first step's read of the key about to be claimed.
+fn select_record(key: &str) -> String {
+    format!(
+        "SELECT request_hash, state, status_code, response_headers, response_body, resource_type,
        resource_id, locked_until_ms, created_at_ms, expires_at_ms
-FROM idem_keys WHERE tenant_id = :tenant AND operation = :operation AND idempotency_key = :key;
-";
-
-/// The claim's read-first step, on the key about to be claimed (a miss).
-const READ_FIRST: &str = "\
-SELECT request_hash, state, status_code, response_headers, response_body, resource_type,
-       resource_id, locked_until_ms, created_at_ms, expires_at_ms
-FROM idem_keys WHERE tenant_id = :tenant AND operation = :operation AND idempotency_key = :id::text;
-";
+FROM idem_keys WHERE tenant_id = :tenant AND operation = :operation AND idempotency_key = {key};
+"
+    )
+}
 
 const OPTIMISTIC_RECORD: &str = "\
 INSERT INTO idem_keys (tenant_id, operation, idempotency_key, request_hash, state, status_code,
@@ -82,7 +80,10 @@ fn scripts() -> Vec<(&'static str, &'static str, String)> {
         (
             PG_FRESH,
             "fresh.sql",
-            format!("{NEXT_ID}{READ_FIRST}BEGIN;\n{CLAIM}{BUSINESS_INSERT}{COMPLETE}END;\n"),
+            format!(
+                "{NEXT_ID}{}BEGIN;\n{CLAIM}{BUSINESS_INSERT}{COMPLETE}END;\n",
+                select_record(":id::text")
+            ),
         ),
         (
             PG_PIPELINE,
@@ -91,11 +92,14 @@ fn scripts() -> Vec<(&'static str, &'static str, String)> {
                 "{NEXT_ID}\\startpipeline\nBEGIN;\n{CLAIM}{BUSINESS_INSERT}{COMPLETE}END;\n\\endpipeline\n"
             ),
         ),
-        (PG_SELECT, "select.sql", SELECT_RECORD.to_owned()),
+        (PG_SELECT, "select.sql", select_record(":key")),
         (
             PG_OPTIMISTIC,
             "optimistic.sql",
-            format!("{NEXT_ID}{READ_FIRST}BEGIN;\n{BUSINESS_INSERT}{OPTIMISTIC_RECORD}COMMIT;\n"),
+            format!(
+                "{NEXT_ID}{}BEGIN;\n{BUSINESS_INSERT}{OPTIMISTIC_RECORD}COMMIT;\n",
+                select_record(":id::text")
+            ),
         ),
         (
             PG_BARE_DEMO,
