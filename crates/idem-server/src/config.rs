@@ -50,7 +50,7 @@ pub struct ServerConfig {
     pub respond_within: Duration,
     /// `--upstream` and the file's `[gateway]`: serve as a gateway in front
     /// of that API instead of the demo.
-    pub gateway: Option<crate::gateway::config::GatewayConfig>,
+    pub gateway: Option<idem_gateway::GatewayConfig>,
 }
 
 /// The largest configuration file read.
@@ -102,54 +102,7 @@ pub fn file_defaults(text: &str, settings: &[&str]) -> anyhow::Result<Vec<(Strin
     Ok(out)
 }
 
-/// A base URL `http://HOST:PORT[/PREFIX]` given by an operator (the
-/// gateway's upstream, the drill's target, the checkout's peers), split.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HttpBase {
-    /// `HOST:PORT` to connect to (port 80 when none was given).
-    pub authority: String,
-    /// Prefix of every path, without its trailing `/` (empty for none).
-    pub prefix: String,
-}
-
-impl HttpBase {
-    /// Parses `url`; the error names `what` and the reason: not a URL,
-    /// another scheme (https: not supported, a TLS proxy in between), no
-    /// host, credentials (they would be logged with the URL), a query.
-    pub fn parse(what: &str, url: &str) -> Result<Self, String> {
-        let uri: axum::http::Uri = url.parse().map_err(|e| {
-            format!("{what}: {url:?} is not a URL ({e}); expected http://HOST:PORT[/PREFIX]")
-        })?;
-        let authority = match (uri.scheme_str(), uri.authority()) {
-            (Some("http"), Some(a)) if !a.host().is_empty() => a,
-            (Some("https"), _) => {
-                return Err(format!(
-                    "{what} must be an http:// URL, got {url}: https is not supported; put a \
-                     TLS-terminating proxy in between"
-                ));
-            }
-            _ => {
-                return Err(format!(
-                    "{what} must be an http:// URL with a host (expected \
-                     http://HOST:PORT[/PREFIX]), got {url}"
-                ));
-            }
-        };
-        if authority.as_str().contains('@') {
-            return Err(format!("{what} must not hold credentials (user:password@)"));
-        }
-        if uri.query().is_some() {
-            return Err(format!("{what} must not have a query string"));
-        }
-        Ok(Self {
-            authority: match authority.port_u16() {
-                Some(_) => authority.as_str().to_owned(),
-                None => format!("{}:80", authority.host()),
-            },
-            prefix: uri.path().trim_end_matches('/').to_owned(),
-        })
-    }
-}
+pub use idem_gateway::HttpBase;
 
 /// `value` within `lo..=hi`, or an error naming the flag, with durations
 /// written the way they are typed (`0s`, `400days`).

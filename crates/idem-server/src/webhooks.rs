@@ -20,7 +20,7 @@ struct FileConfig {
     /// `[server]`: read by [`crate::config::file_defaults`].
     #[allow(dead_code)]
     server: Option<toml::Table>,
-    /// `[gateway]`: read by [`crate::gateway::config::load`].
+    /// `[gateway]`: read by [`crate::gateway::load`].
     #[allow(dead_code)]
     gateway: Option<toml::Table>,
 }

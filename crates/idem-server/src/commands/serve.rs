@@ -147,7 +147,7 @@ impl ServeArgs {
         let checkout = config::checkout(&self.checkout)?;
         let respond_within = config::respond_within(self.respond_within)?;
         let gateway =
-            crate::gateway::config::load(self.upstream.as_deref(), file, self.max_body_bytes)?;
+            crate::gateway::load(self.upstream.as_deref(), file, self.max_body_bytes)?;
         if gateway.is_some() && checkout.is_some() {
             anyhow::bail!(
                 "--upstream (a gateway) and --provider-url (the checkout demo) are two different servers; start one of them"
@@ -250,7 +250,7 @@ impl Job for Start<'_> {
         if let Some(gateway) = &config.gateway {
             // The upstream's paths are the upstream's: no demo routes.
             let namespace = store.namespace().await?;
-            let gateway = crate::gateway::Gateway::new(store.clone(), namespace, gateway.clone())?;
+            let gateway = idem_gateway::Gateway::new(store.clone(), namespace, gateway.clone());
             return Ok((own, Some(gateway.into_router())));
         }
         Ok((

@@ -88,7 +88,7 @@ pub(super) async fn connection(
         in_flight: AtomicUsize::new(0),
         write_stalled_since: Mutex::new(None),
     });
-    let peer = stream.peer_addr().ok().map(super::Peer);
+    let peer = stream.peer_addr().ok().map(axum::extract::ConnectInfo);
     let io = TokioIo::new(Watched {
         inner: stream,
         conn: conn.clone(),

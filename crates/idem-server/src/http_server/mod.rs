@@ -36,10 +36,6 @@ use tokio::sync::{Semaphore, watch};
 use body::{BodyGuard, guard_body};
 use connection::connection;
 
-/// The address of the client a request came from (a request extension).
-#[derive(Debug, Clone, Copy)]
-pub struct Peer(pub std::net::SocketAddr);
-
 /// The server's limits. [`Limits::default`] holds the documented defaults.
 #[derive(Debug, Clone)]
 pub struct Limits {

@@ -28,6 +28,8 @@
 pub mod config;
 mod forward;
 
+pub use config::{GatewayConfig, GatewayConfigError, HttpBase, Route, RouteSpec};
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -44,7 +46,6 @@ use idem_core::steps::{Namespace, StepKey, StepName};
 use idem_http::{Keyed, Rejection, RequestOutcome};
 use tracing::Instrument;
 
-use config::{GatewayConfig, Route};
 use forward::Upstream;
 
 /// The gateway over a store.
@@ -58,16 +59,19 @@ pub struct Gateway<S> {
 
 impl<S: LeasedKeyStore> Gateway<S> {
     /// A gateway forwarding as `config` says, deriving keys in `namespace`.
-    pub fn new(store: S, namespace: Namespace, config: GatewayConfig) -> anyhow::Result<Self> {
+    pub fn new(store: S, namespace: Namespace, config: GatewayConfig) -> Self {
         let upstream = Upstream::new(&config.upstream, config.timeout);
-        Ok(Self {
+        let Ok(step) = StepName::new("forward") else {
+            unreachable!("\"forward\" is a valid step name");
+        };
+        Self {
             store,
             namespace,
             config,
             upstream,
             // The derived key is `idem:forward:<32 hex digits>`.
-            step: StepName::new("forward")?,
-        })
+            step,
+        }
     }
 
     /// The service every path not served by Idem itself goes to.

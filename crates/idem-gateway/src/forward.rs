@@ -3,9 +3,11 @@
 //! header replaced), over a keep-alive pool, bounded in time and in the
 //! bytes read back.
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::body::Body;
+use axum::extract::ConnectInfo;
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Request, StatusCode, header};
 use axum::response::Response;
@@ -17,7 +19,6 @@ use hyper_util::rt::TokioExecutor;
 use idem_http::RequestOutcome;
 
 use crate::config::HttpBase;
-use crate::http_server::Peer;
 
 /// The most bytes of an answer on a route that stores none (unlisted, or
 /// sent without a key).
@@ -219,7 +220,10 @@ impl Upstream {
         if let Some(key) = key {
             headers.insert(idem_http::IDEMPOTENCY_KEY, key.clone());
         }
-        let peer = parts.extensions.get::<Peer>().map(|p| p.0.ip().to_string());
+        let peer = parts
+            .extensions
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|c| c.0.ip().to_string());
         if let Some(ip) = peer {
             let value = match parts
                 .headers

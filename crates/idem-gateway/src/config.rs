@@ -1,0 +1,417 @@
+//! The gateway's settings: the upstream, the limit of one forward, and the
+//! keyed routes. [`RouteSpec`] is one route as an operator writes it (a
+//! `[[gateway.routes]]` table of `idem serve --config`); [`RouteSpec::route`]
+//! checks every value and gives the [`Route`] the gateway runs.
+
+use std::time::Duration;
+
+use axum::http::{HeaderName, Method};
+use idem_core::leased::OnAbandoned;
+use idem_core::{ConfigError, FingerprintSpec, Operation, Policy, Tenant};
+use idem_http::{RouteConfig, TenantSource};
+use serde::Deserialize;
+
+/// The tenant of every request when the route names no other source.
+pub const DEFAULT_TENANT: &str = "default";
+/// The operation of the route `--upstream` alone sets up.
+pub const DEFAULT_OPERATION: &str = "gateway";
+/// Default lease of a forward: how long it may go without a heartbeat
+/// before a retry counts it as abandoned.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(5);
+/// Default limit of one forward, from the request sent to the answer read.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+/// The bounds of [`GatewayConfig::timeout`].
+pub const TIMEOUT_RANGE: (Duration, Duration) =
+    (Duration::from_millis(100), Duration::from_secs(3600));
+/// The bounds of [`Route::lease`].
+pub const LEASE_RANGE: (Duration, Duration) =
+    (Duration::from_millis(500), Duration::from_secs(3600));
+
+/// The gateway: where to forward, and which routes hold keys.
+#[derive(Debug, Clone)]
+pub struct GatewayConfig {
+    /// `http://HOST:PORT[/PREFIX]`.
+    pub upstream: HttpBase,
+    /// Keyed routes, the first match wins; anything else passes through.
+    pub routes: Vec<Route>,
+    /// The limit of one forward.
+    pub timeout: Duration,
+    /// Largest request body passed through on an unlisted route.
+    pub max_body_bytes: usize,
+}
+
+impl GatewayConfig {
+    /// A gateway in front of `upstream` with the default routes (every POST
+    /// and PATCH keyed, the key optional) and the default timeout.
+    pub fn new(upstream: HttpBase, max_body_bytes: usize) -> Self {
+        Self {
+            upstream,
+            routes: default_routes(),
+            timeout: DEFAULT_TIMEOUT,
+            max_body_bytes,
+        }
+    }
+
+    /// Checks the bounds and every route against the timeout; the error
+    /// names the route by its index.
+    pub fn validate(&self) -> Result<(), GatewayConfigError> {
+        let (lo, hi) = TIMEOUT_RANGE;
+        ConfigError::check_duration("gateway", "timeout", self.timeout, lo, hi)?;
+        ConfigError::check_range("gateway", "max_body_bytes", self.max_body_bytes, 1, 1 << 30)?;
+        for (i, route) in self.routes.iter().enumerate() {
+            route
+                .check_timeout(self.timeout)
+                .map_err(|e| GatewayConfigError::Route(i, Box::new(e)))?;
+        }
+        Ok(())
+    }
+}
+
+/// A setting the gateway cannot use.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum GatewayConfigError {
+    /// A value out of its bounds.
+    #[error(transparent)]
+    Invalid(#[from] ConfigError),
+    /// A route's setting, with what is wrong (`lease: …`).
+    #[error("{0}")]
+    Setting(String),
+    /// The route at this index (of [`GatewayConfig::routes`]).
+    #[error("routes[{0}]: {1}")]
+    Route(usize, Box<GatewayConfigError>),
+}
+
+fn setting(text: String) -> GatewayConfigError {
+    GatewayConfigError::Setting(text)
+}
+
+/// A keyed route.
+#[derive(Debug, Clone)]
+pub struct Route {
+    /// The method it applies to.
+    pub method: Method,
+    /// The path it applies to.
+    pub path: PathPattern,
+    /// Operation, key requirement, TTL and wait, tenant, stored statuses,
+    /// fingerprint, body limits: the same settings as the HTTP layer's.
+    pub config: RouteConfig,
+    /// How long a forward may go without a heartbeat.
+    pub lease: Duration,
+    /// What a retry does with a forward whose gateway died.
+    pub on_unknown: OnAbandoned,
+}
+
+impl Route {
+    /// Whether the route covers a request.
+    pub fn matches(&self, method: &Method, path: &str) -> bool {
+        self.method == *method && self.path.matches(path)
+    }
+
+    /// A key that expires while its forward may still run would let a
+    /// retry forward a second time.
+    fn check_timeout(&self, timeout: Duration) -> Result<(), GatewayConfigError> {
+        if self.config.policy.ttl < timeout + self.lease {
+            return Err(setting(format!(
+                "ttl must be at least the gateway's timeout plus the route's lease ({:?} + {:?}): \
+                 a key that expires during its forward is a second forward",
+                timeout, self.lease
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A path: literal segments and `{param}` segments that match any one
+/// non-empty segment; `*` matches every path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PathPattern {
+    segments: Option<Vec<Segment>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Segment {
+    Literal(String),
+    Param,
+}
+
+impl PathPattern {
+    /// Every path.
+    pub fn any() -> Self {
+        Self { segments: None }
+    }
+
+    /// Parses `/v1/payments/{id}/refunds`.
+    pub fn parse(pattern: &str) -> Result<Self, String> {
+        if pattern == "*" {
+            return Ok(Self::any());
+        }
+        let Some(rest) = pattern.strip_prefix('/') else {
+            return Err(format!("{pattern:?} does not start with /"));
+        };
+        if pattern.len() > 1024 {
+            return Err("longer than 1024 characters".into());
+        }
+        let mut segments = Vec::new();
+        for s in rest.split('/') {
+            if s.starts_with('{') || s.ends_with('}') {
+                let name = s
+                    .strip_prefix('{')
+                    .and_then(|s| s.strip_suffix('}'))
+                    .filter(|n| {
+                        !n.is_empty() && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                    });
+                if name.is_none() {
+                    return Err(format!("{pattern:?}: {s:?} is not a {{param}} segment"));
+                }
+                segments.push(Segment::Param);
+            } else if s
+                .chars()
+                .any(|c| c.is_control() || c == ' ' || c == '?' || c == '#' || c == '{')
+            {
+                return Err(format!("{pattern:?}: {s:?} is not a path segment"));
+            } else {
+                segments.push(Segment::Literal(s.to_owned()));
+            }
+        }
+        Ok(Self {
+            segments: Some(segments),
+        })
+    }
+
+    /// Whether `path` (without its query) matches.
+    pub fn matches(&self, path: &str) -> bool {
+        let Some(segments) = &self.segments else {
+            return true;
+        };
+        let Some(rest) = path.strip_prefix('/') else {
+            return false;
+        };
+        let mut parts = rest.split('/');
+        for s in segments {
+            match (s, parts.next()) {
+                (Segment::Literal(l), Some(p)) if l == p => {}
+                (Segment::Param, Some(p)) if !p.is_empty() => {}
+                _ => return false,
+            }
+        }
+        parts.next().is_none()
+    }
+}
+
+/// One route as an operator writes it: every key but `method`, `path` and
+/// `operation` is optional. Unknown keys are refused.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteSpec {
+    /// `POST`, `PUT`, `PATCH`, `DELETE` (case-insensitive); safe methods are
+    /// refused.
+    pub method: String,
+    /// `/v1/payments/{id}/refunds`, or `*` for every path.
+    pub path: String,
+    /// The operation keys are scoped to.
+    pub operation: String,
+    /// `required` (the default) or `optional`.
+    pub key: Option<String>,
+    /// How long a stored answer is replayed (default 24h).
+    pub ttl: Option<String>,
+    /// How long a forward may go without a heartbeat (default 5s).
+    pub lease: Option<String>,
+    /// How long a retry waits for a forward in flight before 409.
+    pub wait: Option<String>,
+    /// `reforward` or `reject`.
+    pub on_unknown: Option<String>,
+    /// JSON pointers left out of the fingerprint.
+    #[serde(default)]
+    pub ignore_fields: Vec<String>,
+    /// A header a trusted component in front sets to the tenant.
+    pub tenant_header: Option<String>,
+    /// The tenant (the default of `tenant_header`, or the static one).
+    pub tenant: Option<String>,
+    /// 4xx statuses stored and replayed.
+    pub store_statuses: Option<Vec<u16>>,
+    /// Largest request body.
+    pub max_request_bytes: Option<usize>,
+    /// Largest answer stored.
+    pub max_response_bytes: Option<usize>,
+}
+
+/// A duration setting within its bounds.
+fn duration(
+    field: &'static str,
+    text: &str,
+    lo: Duration,
+    hi: Duration,
+) -> Result<Duration, GatewayConfigError> {
+    let d = humantime::parse_duration(text)
+        .map_err(|e| setting(format!("{field}: {text:?} is not a duration ({e})")))?;
+    ConfigError::check_duration("gateway.routes", field, d, lo, hi)?;
+    Ok(d)
+}
+
+/// Every POST and PATCH, the key optional, one static tenant.
+pub fn default_routes() -> Vec<Route> {
+    let (Ok(tenant), Ok(operation)) = (Tenant::new(DEFAULT_TENANT), Operation::new(DEFAULT_OPERATION))
+    else {
+        unreachable!("the default tenant and operation are valid names");
+    };
+    let tenant = TenantSource::Static(tenant);
+    [Method::POST, Method::PATCH]
+        .into_iter()
+        .map(|method| Route {
+            method,
+            path: PathPattern::any(),
+            config: RouteConfig::optional(operation.clone(), tenant.clone()),
+            lease: DEFAULT_LEASE,
+            on_unknown: OnAbandoned::TakeOver,
+        })
+        .collect()
+}
+
+impl RouteSpec {
+    /// The route, every value checked; the error names the setting.
+    pub fn route(self) -> Result<Route, GatewayConfigError> {
+        let f = self;
+        let method: Method = f
+            .method
+            .to_ascii_uppercase()
+            .parse()
+            .map_err(|_| setting(format!("method: {:?} is not a method", f.method)))?;
+        if matches!(
+            method,
+            Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
+        ) {
+            return Err(setting(format!(
+                "method: {method} is safe; only unsafe methods take keys"
+            )));
+        }
+        let path = PathPattern::parse(&f.path).map_err(|e| setting(format!("path: {e}")))?;
+        let operation =
+            Operation::new(&f.operation).map_err(|e| setting(format!("operation: {e}")))?;
+        let tenant = match (&f.tenant_header, &f.tenant) {
+            (Some(h), default) => TenantSource::TrustedHeader {
+                name: HeaderName::try_from(h.as_str())
+                    .map_err(|_| setting(format!("tenant_header: {h:?} is not a header name")))?,
+                default: default
+                    .as_deref()
+                    .map(Tenant::new)
+                    .transpose()
+                    .map_err(|e| setting(format!("tenant: {e}")))?,
+            },
+            (None, t) => TenantSource::Static(
+                Tenant::new(t.as_deref().unwrap_or(DEFAULT_TENANT))
+                    .map_err(|e| setting(format!("tenant: {e}")))?,
+            ),
+        };
+        let mut config = match f.key.as_deref() {
+            None | Some("required") => RouteConfig::required(operation, tenant),
+            Some("optional") => RouteConfig::optional(operation, tenant),
+            Some(other) => {
+                return Err(setting(format!(
+                    "key: {other:?}; expected \"required\" or \"optional\""
+                )));
+            }
+        };
+        config.methods = vec![method.clone()];
+        let mut policy = Policy::default();
+        if let Some(t) = &f.ttl {
+            policy = policy.ttl(duration("ttl", t, Duration::from_secs(1), Policy::MAX_TTL)?);
+        }
+        if let Some(w) = &f.wait {
+            policy.wait = duration("wait", w, Duration::ZERO, Policy::MAX_WAIT)?;
+        }
+        config.policy = policy;
+        let mut spec = FingerprintSpec::default();
+        for p in &f.ignore_fields {
+            spec = spec
+                .ignore_field(p)
+                .ok_or_else(|| setting(format!("ignore_fields: {p:?} is not a JSON pointer")))?;
+        }
+        config.fingerprint = spec;
+        if let Some(statuses) = f.store_statuses {
+            if let Some(s) = statuses.iter().find(|s| !(400..=499).contains(*s)) {
+                return Err(setting(format!(
+                    "store_statuses: {s} is not a 4xx status (2xx and 3xx are always stored)"
+                )));
+            }
+            config.store_client_errors = statuses.into_iter().collect();
+        }
+        if let Some(n) = f.max_request_bytes {
+            config.max_request_bytes = n;
+        }
+        if let Some(n) = f.max_response_bytes {
+            config.max_response_bytes = n;
+        }
+        config.validate().map_err(|e| setting(e.to_string()))?;
+        let lease = match &f.lease {
+            Some(l) => duration("lease", l, LEASE_RANGE.0, LEASE_RANGE.1)?,
+            None => DEFAULT_LEASE,
+        };
+        let on_unknown = match f.on_unknown.as_deref() {
+            None | Some("reforward") => OnAbandoned::TakeOver,
+            Some("reject") => OnAbandoned::Stop,
+            Some(other) => {
+                return Err(setting(format!(
+                    "on_unknown: {other:?}; expected \"reforward\" or \"reject\""
+                )));
+            }
+        };
+        Ok(Route {
+            method,
+            path,
+            config,
+            lease,
+            on_unknown,
+        })
+    }
+}
+
+/// A base URL `http://HOST:PORT[/PREFIX]` given by an operator (the
+/// gateway's upstream, the drill's target, the checkout's peers), split.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpBase {
+    /// `HOST:PORT` to connect to (port 80 when none was given).
+    pub authority: String,
+    /// Prefix of every path, without its trailing `/` (empty for none).
+    pub prefix: String,
+}
+
+impl HttpBase {
+    /// Parses `url`; the error names `what` and the reason: not a URL,
+    /// another scheme (https: not supported, a TLS proxy in between), no
+    /// host, credentials (they would be logged with the URL), a query.
+    pub fn parse(what: &str, url: &str) -> Result<Self, String> {
+        let uri: axum::http::Uri = url.parse().map_err(|e| {
+            format!("{what}: {url:?} is not a URL ({e}); expected http://HOST:PORT[/PREFIX]")
+        })?;
+        let authority = match (uri.scheme_str(), uri.authority()) {
+            (Some("http"), Some(a)) if !a.host().is_empty() => a,
+            (Some("https"), _) => {
+                return Err(format!(
+                    "{what} must be an http:// URL, got {url}: https is not supported; put a \
+                     TLS-terminating proxy in between"
+                ));
+            }
+            _ => {
+                return Err(format!(
+                    "{what} must be an http:// URL with a host (expected \
+                     http://HOST:PORT[/PREFIX]), got {url}"
+                ));
+            }
+        };
+        if authority.as_str().contains('@') {
+            return Err(format!("{what} must not hold credentials (user:password@)"));
+        }
+        if uri.query().is_some() {
+            return Err(format!("{what} must not have a query string"));
+        }
+        Ok(Self {
+            authority: match authority.port_u16() {
+                Some(_) => authority.as_str().to_owned(),
+                None => format!("{}:80", authority.host()),
+            },
+            prefix: uri.path().trim_end_matches('/').to_owned(),
+        })
+    }
+}
+

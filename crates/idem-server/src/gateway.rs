@@ -1,0 +1,324 @@
+//! The gateway's wiring: `--upstream URL` and the `[gateway]` table of the
+//! `--config` file, read into an [`idem_gateway::GatewayConfig`]. A route
+//! that cannot be used is refused at start-up, naming the line of its
+//! table. The gateway itself is the library crate `idem-gateway`.
+
+use anyhow::bail;
+use idem_gateway::{GatewayConfig, RouteSpec};
+use serde::Deserialize;
+
+pub use idem_gateway::config::{DEFAULT_OPERATION, DEFAULT_TENANT};
+
+use crate::config::HttpBase;
+
+/// The `[gateway]` table.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GatewayFile {
+    upstream: Option<String>,
+    timeout: Option<String>,
+    max_body_bytes: Option<usize>,
+    #[serde(default)]
+    routes: Vec<toml::Spanned<RouteSpec>>,
+}
+
+#[derive(Debug, Deserialize)]
+struct File {
+    // Not `Spanned`: a table that only `[[gateway.routes]]` creates has no
+    // span of its own.
+    gateway: Option<GatewayFile>,
+}
+
+/// The offset of the table's first line: `[gateway]`, else its first
+/// `[[gateway.routes]]`.
+fn table_start(text: &str) -> usize {
+    let mut offset = 0;
+    for line in text.split_inclusive('\n') {
+        let t = line.trim_start();
+        if t.starts_with("[gateway]") || t.starts_with("[[gateway.") || t.starts_with("[gateway.") {
+            return offset;
+        }
+        offset += line.len();
+    }
+    0
+}
+
+fn line_of(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())].matches('\n').count() + 1
+}
+
+/// The gateway of `idem serve`: `upstream` (`--upstream`) wins over the
+/// file's; without either there is no gateway. With routes in the file
+/// those are the keyed routes; with none, every POST and PATCH is keyed,
+/// the key optional.
+pub fn load(
+    upstream: Option<&str>,
+    file: Option<(&std::path::Path, &str)>,
+    max_body_bytes: usize,
+) -> anyhow::Result<Option<GatewayConfig>> {
+    let table = match file {
+        Some((path, text)) => {
+            let parsed: File = toml::from_str(text).map_err(|e| {
+                anyhow::anyhow!(
+                    "invalid configuration in {}: {}",
+                    path.display(),
+                    crate::config_error::redacted(text, &e)
+                )
+            })?;
+            parsed.gateway.map(|g| (path, text, table_start(text), g))
+        }
+        None => None,
+    };
+    let Some(url) = upstream.or(table.as_ref().and_then(|t| t.3.upstream.as_deref())) else {
+        if let Some((path, text, at, _)) = &table {
+            bail!(
+                "invalid configuration in {} ([gateway], line {}): upstream: required (or --upstream)",
+                path.display(),
+                line_of(text, *at)
+            );
+        }
+        return Ok(None);
+    };
+    let upstream = HttpBase::parse("upstream", url).map_err(|e| match &table {
+        // From the file: say where.
+        Some((path, text, at, _)) if upstream.is_none() => anyhow::anyhow!(
+            "invalid configuration in {} (line {}): gateway.{e}",
+            path.display(),
+            line_of(text, *at)
+        ),
+        _ => anyhow::anyhow!("--{e}"),
+    })?;
+    let mut config = GatewayConfig::new(upstream, max_body_bytes);
+    let Some((path, text, at, file)) = table else {
+        return Ok(Some(config));
+    };
+    let place = |line: usize| format!("invalid configuration in {} (line {line})", path.display());
+    if let Some(t) = &file.timeout {
+        let d = humantime::parse_duration(t).map_err(|e| {
+            anyhow::anyhow!(
+                "{}: gateway.timeout: {t:?} is not a duration ({e})",
+                place(line_of(text, at))
+            )
+        })?;
+        config.timeout = d;
+    }
+    if let Some(n) = file.max_body_bytes {
+        if !(1..=crate::config::MAX_BODY_BYTES_LIMIT).contains(&n) {
+            bail!(
+                "{}: gateway.max_body_bytes: 1 to {}, got {n}",
+                place(line_of(text, at)),
+                crate::config::MAX_BODY_BYTES_LIMIT
+            );
+        }
+        config.max_body_bytes = n;
+    }
+    let mut routes = Vec::new();
+    let mut lines = Vec::new();
+    for (i, route) in file.routes.into_iter().enumerate() {
+        let line = line_of(text, route.span().start);
+        let route = route
+            .into_inner()
+            .route()
+            .map_err(|e| anyhow::anyhow!("{}: gateway.routes[{i}]: {e}", place(line)))?;
+        routes.push(route);
+        lines.push(line);
+    }
+    if !routes.is_empty() {
+        config.routes = routes;
+    }
+    if let Err(e) = config.validate() {
+        let line = match &e {
+            idem_gateway::GatewayConfigError::Route(i, _) => lines.get(*i).copied(),
+            _ => None,
+        };
+        bail!("{}: gateway.{e}", place(line.unwrap_or_else(|| line_of(text, at))));
+    }
+    Ok(Some(config))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+    use axum::http::Method;
+    use idem_core::Policy;
+    use idem_core::leased::OnAbandoned;
+    use idem_gateway::config::DEFAULT_LEASE;
+    use idem_http::TenantSource;
+
+    fn parse(text: &str) -> anyhow::Result<Option<GatewayConfig>> {
+        load(
+            None,
+            Some((std::path::Path::new("idem.toml"), text)),
+            1 << 20,
+        )
+    }
+
+    #[test]
+    fn the_documented_file_works_as_written() {
+        let text = r#"
+[gateway]
+upstream = "http://127.0.0.1:9000"
+
+[[gateway.routes]]
+method = "POST"
+path = "/v1/payments"          # exact, or with {param} segments
+operation = "payments.create"
+key = "required"               # or "optional"
+ttl = "24h"
+lease = "2s"                   # how long a forward may be silent before it counts as abandoned
+on_unknown = "reforward"       # or "reject"
+ignore_fields = ["/client_ts"] # JSON pointers left out of the fingerprint
+tenant_header = "X-Tenant-Id"  # set by a trusted component in front; default: one static tenant
+"#;
+        let g = parse(text).unwrap().unwrap();
+        assert_eq!(g.upstream.authority, "127.0.0.1:9000");
+        let r = &g.routes[0];
+        assert_eq!(
+            (r.method.as_str(), r.lease),
+            ("POST", Duration::from_secs(2))
+        );
+        assert!(r.matches(&Method::POST, "/v1/payments"));
+        assert!(!r.matches(&Method::POST, "/v1/payments/x"));
+        assert!(r.config.key_required);
+        assert_eq!(r.on_unknown, OnAbandoned::TakeOver);
+        assert!(matches!(
+            r.config.tenant,
+            TenantSource::TrustedHeader { .. }
+        ));
+    }
+
+    #[test]
+    fn only_method_path_and_operation_are_required() {
+        let text = "[gateway]\nupstream = \"http://localhost:9000/api/\"\n\n[[gateway.routes]]\nmethod = \"put\"\npath = \"/v1/things/{id}\"\noperation = \"things.put\"\n";
+        let g = parse(text).unwrap().unwrap();
+        assert_eq!(g.upstream.prefix, "/api");
+        let r = &g.routes[0];
+        assert!(r.matches(&Method::PUT, "/v1/things/42"));
+        assert!(!r.matches(&Method::PUT, "/v1/things/"));
+        assert!(!r.matches(&Method::POST, "/v1/things/42"));
+        assert!(r.config.key_required, "required by default");
+        assert_eq!(r.lease, DEFAULT_LEASE);
+        assert_eq!(r.config.policy.ttl, Policy::DEFAULT_TTL);
+    }
+
+    #[test]
+    fn upstream_alone_keys_every_post_and_patch_optionally() {
+        let g = load(Some("http://127.0.0.1:9000"), None, 1 << 20)
+            .unwrap()
+            .unwrap();
+        assert_eq!(g.routes.len(), 2);
+        for r in &g.routes {
+            assert!(!r.config.key_required);
+            assert!(r.matches(&r.method, "/anything/at/all"));
+        }
+        assert!(!g.routes.iter().any(|r| r.method == Method::PUT));
+        assert!(
+            load(None, None, 1).unwrap().is_none(),
+            "no upstream, no gateway"
+        );
+    }
+
+    #[test]
+    fn bad_routes_are_refused_naming_their_line() {
+        let base = "[gateway]\nupstream = \"http://127.0.0.1:9000\"\n\n[[gateway.routes]]\n";
+        for (route, says) in [
+            (
+                "method = \"GET\"\npath = \"/a\"\noperation = \"a\"\n",
+                "safe",
+            ),
+            (
+                "method = \"POST\"\npath = \"a\"\noperation = \"a\"\n",
+                "path",
+            ),
+            (
+                "method = \"POST\"\npath = \"/a/{}\"\noperation = \"a\"\n",
+                "path",
+            ),
+            (
+                "method = \"POST\"\npath = \"/a\"\noperation = \"\"\n",
+                "operation",
+            ),
+            (
+                "method = \"POST\"\npath = \"/a\"\noperation = \"a\"\nkey = \"maybe\"\n",
+                "key",
+            ),
+            (
+                "method = \"POST\"\npath = \"/a\"\noperation = \"a\"\nttl = \"soon\"\n",
+                "ttl",
+            ),
+            (
+                "method = \"POST\"\npath = \"/a\"\noperation = \"a\"\nlease = \"1ms\"\n",
+                "lease",
+            ),
+            (
+                "method = \"POST\"\npath = \"/a\"\noperation = \"a\"\non_unknown = \"pray\"\n",
+                "on_unknown",
+            ),
+            (
+                "method = \"POST\"\npath = \"/a\"\noperation = \"a\"\nignore_fields = [\"x\"]\n",
+                "ignore_fields",
+            ),
+            (
+                "method = \"POST\"\npath = \"/a\"\noperation = \"a\"\nstore_statuses = [500]\n",
+                "store_statuses",
+            ),
+        ] {
+            let err = format!("{:#}", parse(&format!("{base}{route}")).unwrap_err());
+            assert!(err.contains("line 4"), "{err}");
+            assert!(err.contains(says), "{says}: {err}");
+        }
+        let err = format!(
+            "{:#}",
+            parse(&format!("{base}method = \"POST\"\npath = \"/a\"\n")).unwrap_err()
+        );
+        assert!(err.contains("operation"), "{err}");
+        let err = format!(
+            "{:#}",
+            parse(&format!(
+                "{base}method = \"POST\"\npath = \"/a\"\noperation = \"a\"\ncolour = 1\n"
+            ))
+            .unwrap_err()
+        );
+        assert!(err.contains("line 8") && err.contains("colour"), "{err}");
+    }
+
+    #[test]
+    fn routes_without_a_gateway_header_use_the_flag() {
+        let text = "[[gateway.routes]]\nmethod = \"POST\"\npath = \"/a\"\noperation = \"a\"\n";
+        let g = load(
+            Some("http://127.0.0.1:9000"),
+            Some((std::path::Path::new("x.toml"), text)),
+            1,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(g.routes.len(), 1);
+        let err = format!("{:#}", parse(text).unwrap_err());
+        assert!(err.contains("line 1") && err.contains("upstream"), "{err}");
+    }
+
+    #[test]
+    fn upstreams_other_than_plain_http_are_refused() {
+        for (url, says) in [
+            ("ftp://h:1", "expected http"),
+            ("https://h:1", "https"),
+            ("http://u:p@h:1", "credentials"),
+            ("http://h:1/?a=b", "query"),
+            ("not a url", "not a URL"),
+        ] {
+            let err = format!("{:#}", load(Some(url), None, 1).unwrap_err());
+            assert!(err.contains(says), "{url}: {err}");
+        }
+        let err = format!(
+            "{:#}",
+            parse("\n[gateway]\nupstream = \"ftp://x\"\n").unwrap_err()
+        );
+        assert!(
+            err.contains("line 2") && err.contains("gateway.upstream"),
+            "{err}"
+        );
+        let err = format!("{:#}", parse("[gateway]\ntimeout = \"1s\"\n").unwrap_err());
+        assert!(err.contains("line 1") && err.contains("upstream"), "{err}");
+    }
+}
