@@ -43,6 +43,7 @@ use idem_core::leased::{
     LeaseToken, LeasedClaim, LeasedDecision, LeasedKeyStore, OnAbandoned, leased_decision,
 };
 use idem_core::steps::{Namespace, StepKey, StepName};
+use idem_core::{Clock, SystemClock};
 use idem_http::{Keyed, Rejection, RequestOutcome};
 use tracing::Instrument;
 
@@ -55,6 +56,7 @@ pub struct Gateway<S> {
     config: GatewayConfig,
     upstream: Upstream,
     step: StepName,
+    clock: Arc<dyn Clock>,
 }
 
 impl<S: LeasedKeyStore> Gateway<S> {
@@ -71,7 +73,15 @@ impl<S: LeasedKeyStore> Gateway<S> {
             upstream,
             // The derived key is `idem:forward:<32 hex digits>`.
             step,
+            clock: Arc::new(SystemClock),
         }
+    }
+
+    /// The clock leases and expiries are judged by. Several gateways on one
+    /// database must read one clock: on PostgreSQL, the database's.
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// The service every path not served by Idem itself goes to.
@@ -151,7 +161,7 @@ impl<S: LeasedKeyStore> Gateway<S> {
         let waiting_until = Instant::now() + policy.wait;
         let mut pause = Duration::from_millis(10);
         loop {
-            let now = now_ms();
+            let now = self.clock.now_ms();
             let claimed_at = Instant::now();
             let claim = self
                 .store
@@ -267,7 +277,7 @@ impl<S: LeasedKeyStore> Gateway<S> {
             .completion(status, &answer.headers, &answer.body);
         match self
             .store
-            .complete_leased(scope, token, &completion, now_ms())
+            .complete_leased(scope, token, &completion, self.clock.now_ms())
             .await
         {
             Ok(true) => {}
@@ -323,7 +333,7 @@ impl<S: LeasedKeyStore> Gateway<S> {
         scope: &idem_core::Scope,
         token: &LeaseToken,
     ) -> Result<bool, idem_core::StoreError> {
-        let now = now_ms();
+        let now = self.clock.now_ms();
         let renewed = self
             .store
             .renew_leased(scope, token, now + millis(route.lease), now)
@@ -374,8 +384,4 @@ fn fence_rejected() {
 
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
-
-fn now_ms() -> i64 {
-    idem_core::Clock::now_ms(&idem_core::SystemClock)
 }
