@@ -6,11 +6,11 @@ use std::collections::BTreeSet;
 
 use idem_core::admin::{
     AdminStore, AuditFilter, InboxFilter, KeyFilter, KeyRelease, LeaseEnd, NewAudit, OutboxFilter,
-    OutboxRequeue, OutboxState, ReceiptFilter, RunPageFilter,
+    OutboxRequeue, OutboxState, ReceiptFilter, ReleaseRequest, RunPageFilter,
 };
 use idem_core::inbox::{InboxStore, MessageId, Subscriber};
 use idem_core::keys::Claim;
-use idem_core::leased::{LeaseToken, LeasedClaim, LeasedKeyStore, OnAbandoned};
+use idem_core::leased::{LeaseToken, LeasedClaim, LeasedKeyStore, OnUnknown};
 use idem_core::outbox::OutboxStore;
 use idem_core::steps::{RunState, RunStore};
 use idem_core::webhooks::{Finish, ReceiptState, Requeue, WebhookStore};
@@ -179,6 +179,12 @@ pub async fn admin_key_pages_and_literal_prefixes<S: AdminStore>(store: S) {
     );
 }
 
+/// A forced release that says it checked upstream.
+const FORCED: ReleaseRequest = ReleaseRequest {
+    force: true,
+    upstream_checked: true,
+};
+
 /// Release deletes only a pending *leased* record: a live lease needs
 /// `force`; a finished or lease-less record is refused; afterwards the old
 /// token writes nothing and the key is claimed afresh. A rolled-back
@@ -196,7 +202,7 @@ pub async fn admin_release_only_stuck_leased_records<S: AdminStore + LeasedKeySt
             &Policy::default(),
             &old,
             NOW + 60_000,
-            OnAbandoned::TakeOver,
+            OnUnknown::Reforward,
             NOW,
         )
         .await
@@ -215,7 +221,11 @@ pub async fn admin_release_only_stuck_leased_records<S: AdminStore + LeasedKeySt
         let (store, s) = (store.clone(), s.clone());
         async move {
             let mut tx = store.begin().await.unwrap();
-            let out = S::release_key(&mut tx, &s, force, at).await.unwrap();
+            let request = ReleaseRequest {
+                force,
+                upstream_checked: false,
+            };
+            let out = S::release_key(&mut tx, &s, request, at).await.unwrap();
             if commit {
                 store.commit(tx).await.unwrap();
             } else {
@@ -245,7 +255,8 @@ pub async fn admin_release_only_stuck_leased_records<S: AdminStore + LeasedKeySt
     );
     assert_eq!(release(true, NOW, true).await, KeyRelease::NotFound);
 
-    // An expired lease is released without force.
+    // An expired lease is released without force; on a route whose
+    // repeat is not harmless, only once the operator checked upstream.
     let s2 = scope("acme", "stuck-2");
     store
         .claim_leased(
@@ -254,14 +265,26 @@ pub async fn admin_release_only_stuck_leased_records<S: AdminStore + LeasedKeySt
             &Policy::default(),
             &LeaseToken::new(),
             NOW + 10,
-            OnAbandoned::Stop,
+            OnUnknown::Reject,
             NOW,
         )
         .await
         .unwrap();
     let mut tx = store.begin().await.unwrap();
     assert_eq!(
-        S::release_key(&mut tx, &s2, false, NOW + 11).await.unwrap(),
+        S::release_key(&mut tx, &s2, ReleaseRequest::default(), NOW + 11)
+            .await
+            .unwrap(),
+        KeyRelease::UpstreamUnchecked(Some(OnUnknown::Reject))
+    );
+    let checked = ReleaseRequest {
+        force: false,
+        upstream_checked: true,
+    };
+    assert_eq!(
+        S::release_key(&mut tx, &s2, checked, NOW + 11)
+            .await
+            .unwrap(),
         KeyRelease::Released
     );
     store.commit(tx).await.unwrap();
@@ -271,7 +294,7 @@ pub async fn admin_release_only_stuck_leased_records<S: AdminStore + LeasedKeySt
     completed(&store, &s3).await;
     let mut tx = store.begin().await.unwrap();
     assert_eq!(
-        S::release_key(&mut tx, &s3, true, NOW).await.unwrap(),
+        S::release_key(&mut tx, &s3, FORCED, NOW).await.unwrap(),
         KeyRelease::NotPending(RecordState::Completed)
     );
     store.rollback(tx).await.unwrap();
@@ -279,7 +302,7 @@ pub async fn admin_release_only_stuck_leased_records<S: AdminStore + LeasedKeySt
     crate::runs::start(&store, &s4, "exec", NOW).await;
     let mut tx = store.begin().await.unwrap();
     assert_eq!(
-        S::release_key(&mut tx, &s4, true, NOW).await.unwrap(),
+        S::release_key(&mut tx, &s4, FORCED, NOW).await.unwrap(),
         KeyRelease::NotReleasable
     );
     store.rollback(tx).await.unwrap();

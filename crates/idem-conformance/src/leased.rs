@@ -5,8 +5,7 @@
 use std::sync::Arc;
 
 use idem_core::leased::{
-    LeaseToken, LeasedClaim, LeasedDecision, LeasedKeyStore, OnAbandoned, Resolution,
-    leased_decision,
+    LeaseToken, LeasedClaim, LeasedDecision, LeasedKeyStore, OnUnknown, Resolution, leased_decision,
 };
 use idem_core::{Completion, Fingerprint, KeyStore, Policy, RecordState, StoredResponse};
 
@@ -38,7 +37,7 @@ pub async fn leased_claims_commit_and_only_the_holder_writes<S: LeasedKeyStore>(
             &policy,
             &mine,
             NOW + LEASE,
-            OnAbandoned::TakeOver,
+            OnUnknown::Reforward,
             NOW,
         )
         .await
@@ -63,7 +62,7 @@ pub async fn leased_claims_commit_and_only_the_holder_writes<S: LeasedKeyStore>(
             &policy,
             &other,
             NOW + 10 + LEASE,
-            OnAbandoned::TakeOver,
+            OnUnknown::Reforward,
             NOW + 10,
         )
         .await
@@ -126,7 +125,7 @@ pub async fn leased_claims_commit_and_only_the_holder_writes<S: LeasedKeyStore>(
             &policy,
             &other,
             NOW + 60 + LEASE,
-            OnAbandoned::TakeOver,
+            OnUnknown::Reforward,
             NOW + 60,
         )
         .await
@@ -152,7 +151,7 @@ pub async fn leased_claims_commit_and_only_the_holder_writes<S: LeasedKeyStore>(
             &policy,
             &other,
             NOW + LEASE,
-            OnAbandoned::TakeOver,
+            OnUnknown::Reforward,
             NOW + 70,
         )
         .await
@@ -179,7 +178,7 @@ pub async fn a_released_lease_frees_the_key<S: LeasedKeyStore>(store: S) {
             &policy,
             &first,
             NOW + LEASE,
-            OnAbandoned::Stop,
+            OnUnknown::Reject,
             NOW,
         )
         .await
@@ -197,7 +196,7 @@ pub async fn a_released_lease_frees_the_key<S: LeasedKeyStore>(store: S) {
             &policy,
             &second,
             NOW + 10 + LEASE,
-            OnAbandoned::Stop,
+            OnUnknown::Reject,
             NOW + 10,
         )
         .await
@@ -208,8 +207,8 @@ pub async fn a_released_lease_frees_the_key<S: LeasedKeyStore>(store: S) {
     assert!(store.fetch(&s).await.unwrap().is_some());
 }
 
-/// After the lease runs out: `TakeOver` gives the record to exactly one of
-/// many racing claimers (a new token; the old one writes nothing), `Stop`
+/// After the lease runs out: `Reforward` gives the record to exactly one of
+/// many racing claimers (a new token; the old one writes nothing), `Reject`
 /// leaves it as it was for an operator, and another request is still a
 /// mismatch.
 pub async fn an_abandoned_lease_is_taken_over_by_one<S: LeasedKeyStore>(store: S, racers: usize) {
@@ -224,13 +223,13 @@ pub async fn an_abandoned_lease_is_taken_over_by_one<S: LeasedKeyStore>(store: S
             &policy,
             &dead,
             NOW + LEASE,
-            OnAbandoned::TakeOver,
+            OnUnknown::Reforward,
             NOW,
         )
         .await
         .unwrap();
     let later = NOW + LEASE;
-    // Stop: the record stays, abandoned.
+    // Reject: the record stays, abandoned.
     let LeasedClaim::Existing(record) = store
         .claim_leased(
             &s,
@@ -238,13 +237,13 @@ pub async fn an_abandoned_lease_is_taken_over_by_one<S: LeasedKeyStore>(store: S
             &policy,
             &LeaseToken::new(),
             later + LEASE,
-            OnAbandoned::Stop,
+            OnUnknown::Reject,
             later,
         )
         .await
         .unwrap()
     else {
-        panic!("Stop takes nothing over")
+        panic!("Reject takes nothing over")
     };
     assert_eq!(
         leased_decision(record, &fp, later),
@@ -259,7 +258,7 @@ pub async fn an_abandoned_lease_is_taken_over_by_one<S: LeasedKeyStore>(store: S
             &policy,
             &LeaseToken::new(),
             later + LEASE,
-            OnAbandoned::TakeOver,
+            OnUnknown::Reforward,
             later,
         )
         .await
@@ -285,7 +284,7 @@ pub async fn an_abandoned_lease_is_taken_over_by_one<S: LeasedKeyStore>(store: S
                     &Policy::default(),
                     &token,
                     later + LEASE,
-                    OnAbandoned::TakeOver,
+                    OnUnknown::Reforward,
                     later,
                 )
                 .await
@@ -297,7 +296,14 @@ pub async fn an_abandoned_lease_is_taken_over_by_one<S: LeasedKeyStore>(store: S
     for t in tasks {
         let (token, claim) = t.await.unwrap();
         match claim {
-            LeasedClaim::TakenOver => winners.push(token),
+            LeasedClaim::TakenOver { lease_ended_at_ms } => {
+                assert_eq!(
+                    lease_ended_at_ms,
+                    NOW + LEASE,
+                    "the end of the lease taken over"
+                );
+                winners.push(token);
+            }
             LeasedClaim::Existing(r) => assert!(
                 matches!(
                     leased_decision(r, &fp, later),
@@ -350,7 +356,7 @@ pub async fn operators_resolve_only_abandoned_leases<S: LeasedKeyStore>(store: S
                 &policy,
                 &LeaseToken::new(),
                 NOW + LEASE,
-                OnAbandoned::Stop,
+                OnUnknown::Reject,
                 NOW,
             )
             .await
@@ -424,7 +430,7 @@ pub async fn leased_and_transactional_claims_share_keys<S: LeasedKeyStore + KeyS
             &policy,
             &LeaseToken::new(),
             NOW + LEASE,
-            OnAbandoned::TakeOver,
+            OnUnknown::Reforward,
             NOW + 1,
         )
         .await
@@ -451,7 +457,7 @@ pub async fn an_expired_leased_record_is_claimed_afresh<S: LeasedKeyStore>(store
             &policy,
             &old,
             NOW + LEASE,
-            OnAbandoned::Stop,
+            OnUnknown::Reject,
             NOW,
         )
         .await
@@ -472,7 +478,7 @@ pub async fn an_expired_leased_record_is_claimed_afresh<S: LeasedKeyStore>(store
             &policy,
             &new,
             later + LEASE,
-            OnAbandoned::Stop,
+            OnUnknown::Reject,
             later,
         )
         .await
@@ -499,5 +505,134 @@ pub async fn an_expired_leased_record_is_claimed_afresh<S: LeasedKeyStore>(store
             .renew_leased(&s, &old, later + 2 * LEASE, later + 1)
             .await
             .unwrap()
+    );
+}
+
+/// A holder that learns its work's outcome is unknown ends its lease at
+/// once: the record stays pending with the reason, a `Reject` retry finds
+/// it abandoned, a `Verify` retry takes it over and learns when the lease
+/// ended; a stale token ends nothing; the lease's end is never after now;
+/// a restored end (the verifier found nothing yet) is kept as given.
+pub async fn a_holder_ends_its_lease_when_the_outcome_is_unknown<S: LeasedKeyStore>(store: S) {
+    let s = scope("acme", "unknown-1");
+    let fp = Fingerprint::from_bytes([7; 32]);
+    let policy = Policy::default();
+    let holder = LeaseToken::new();
+    let claim = store
+        .claim_leased(
+            &s,
+            &fp,
+            &policy,
+            &holder,
+            NOW + LEASE,
+            OnUnknown::Verify,
+            NOW,
+        )
+        .await
+        .unwrap();
+    assert!(matches!(claim, LeasedClaim::Claimed));
+    assert!(
+        !store
+            .abandon_leased(&s, &LeaseToken::new(), NOW, Some("timeout"), NOW + 10)
+            .await
+            .unwrap(),
+        "another token ends nothing"
+    );
+    let at = NOW + 100;
+    assert!(
+        store
+            .abandon_leased(&s, &holder, at + 5_000, Some("timeout"), at)
+            .await
+            .unwrap(),
+        "the holder ends its own lease"
+    );
+    let r = store.fetch(&s).await.unwrap().unwrap();
+    assert_eq!(
+        r.state,
+        RecordState::Pending,
+        "still pending: the outcome is unknown"
+    );
+    assert_eq!(r.locked_until_ms, Some(at), "ended at most now");
+    // Reject: an operator's; no takeover.
+    let LeasedClaim::Existing(record) = store
+        .claim_leased(
+            &s,
+            &fp,
+            &policy,
+            &LeaseToken::new(),
+            at + 1 + LEASE,
+            OnUnknown::Reject,
+            at + 1,
+        )
+        .await
+        .unwrap()
+    else {
+        panic!("Reject takes nothing over")
+    };
+    assert_eq!(
+        leased_decision(record, &fp, at + 1),
+        LeasedDecision::Abandoned
+    );
+    // Verify: taken over at once, with the lease's end.
+    let verifier = LeaseToken::new();
+    let claim = store
+        .claim_leased(
+            &s,
+            &fp,
+            &policy,
+            &verifier,
+            at + 2 + LEASE,
+            OnUnknown::Verify,
+            at + 2,
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(claim, LeasedClaim::TakenOver { lease_ended_at_ms } if lease_ended_at_ms == at),
+        "{claim:?}"
+    );
+    // Nothing found yet: the verifier puts the old end back, reason kept.
+    assert!(
+        store
+            .abandon_leased(&s, &verifier, at, None, at + 3)
+            .await
+            .unwrap()
+    );
+    let again = LeaseToken::new();
+    let claim = store
+        .claim_leased(
+            &s,
+            &fp,
+            &policy,
+            &again,
+            at + 4 + LEASE,
+            OnUnknown::Verify,
+            at + 4,
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(claim, LeasedClaim::TakenOver { lease_ended_at_ms } if lease_ended_at_ms == at),
+        "the landing window still counts from the first end: {claim:?}"
+    );
+    assert!(
+        !store
+            .complete_leased(&s, &holder, &answer(201, "{}"), at + 5)
+            .await
+            .unwrap(),
+        "the first holder writes nothing any more"
+    );
+    assert!(
+        store
+            .complete_leased(&s, &again, &answer(201, "{}"), at + 5)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .abandon_leased(&s, &again, at + 6, None, at + 6)
+            .await
+            .unwrap(),
+        "a finished record is not abandoned"
     );
 }

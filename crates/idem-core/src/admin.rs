@@ -12,6 +12,7 @@ use std::future::Future;
 use crate::error::StoreError;
 use crate::fingerprint::Fingerprint;
 use crate::keys::{KeyStore, RecordState, ResourceRef, StoredResponse};
+use crate::leased::OnUnknown;
 use crate::scope::{Operation, Scope, Tenant};
 use crate::steps::{RunId, RunRecord, RunState};
 use crate::webhooks::{Receipt, ReceiptState, Requeue};
@@ -88,8 +89,12 @@ pub struct KeyDetail {
     pub response: Option<StoredResponse>,
     /// The resource the operation created.
     pub resource: Option<ResourceRef>,
-    /// A multi-phase operation's recovery point.
+    /// A multi-phase operation's recovery point; for a leased record whose
+    /// work's outcome became unknown, why (`timeout`, `status 502`, …).
     pub recovery_point: Option<String>,
+    /// A leased record's policy for an unknown outcome (what a retry does,
+    /// and whether an operator may release it without checking upstream).
+    pub on_unknown: Option<OnUnknown>,
 }
 
 /// The key record columns both backends select for the admin views
@@ -97,13 +102,14 @@ pub struct KeyDetail {
 /// response columns).
 pub const KEY_COLUMNS: &str = "tenant_id, operation, idempotency_key, request_hash, state, \
     status_code, response_headers, response_body, resource_type, resource_id, recovery_point, \
-    locked_until_ms, lock_token IS NOT NULL AS leased, created_at_ms, updated_at_ms, expires_at_ms";
+    locked_until_ms, lock_token IS NOT NULL AS leased, created_at_ms, updated_at_ms, expires_at_ms, \
+    on_unknown";
 
 /// [`KEY_COLUMNS`] without the stored response (listings).
 pub const KEY_LIST_COLUMNS: &str = "tenant_id, operation, idempotency_key, request_hash, state, \
     status_code, NULL AS response_headers, NULL AS response_body, resource_type, resource_id, \
     recovery_point, locked_until_ms, lock_token IS NOT NULL AS leased, created_at_ms, \
-    updated_at_ms, expires_at_ms";
+    updated_at_ms, expires_at_ms, on_unknown";
 
 /// A key record's admin columns as read from any backend, before validation.
 #[derive(Debug, Clone, Default)]
@@ -116,6 +122,7 @@ pub struct KeyColumns {
     pub recovery_point: Option<String>,
     pub leased: bool,
     pub updated_at_ms: i64,
+    pub on_unknown: Option<String>,
 }
 
 impl KeyColumns {
@@ -124,6 +131,12 @@ impl KeyColumns {
         let status = self.record.status_code;
         let created_at_ms = self.record.created_at_ms;
         let record = self.record.decode()?;
+        let on_unknown = match self.on_unknown.as_deref() {
+            None => None,
+            Some(name) => Some(OnUnknown::parse(name).ok_or_else(|| StoreError::Corrupt {
+                detail: format!("key on_unknown {name:?}"),
+            })?),
+        };
         Ok(KeyDetail {
             summary: KeySummary {
                 tenant: self.tenant,
@@ -141,6 +154,7 @@ impl KeyColumns {
             response: record.response,
             resource: record.resource,
             recovery_point: self.recovery_point,
+            on_unknown,
         })
     }
 }
@@ -159,7 +173,88 @@ pub enum KeyRelease {
     NotReleasable,
     /// Its lease still holds (until this unix ms) and `force` was not given.
     LeaseLive(i64),
+    /// Its work's outcome may be unknown and repeating it is not harmless
+    /// (this policy, or none recorded): the operator did not confirm that
+    /// they checked the other system.
+    UpstreamUnchecked(Option<OnUnknown>),
 }
+
+/// What an operator asks of [`AdminStore::release_key`]. Releasing deletes
+/// the record, so the next retry does the work again.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReleaseRequest {
+    /// Release a live lease too. Its holder loses every later write (its
+    /// token finds nothing), but the work it started — a forward already
+    /// sent — keeps running in the other system and may still land there.
+    pub force: bool,
+    /// The operator checked the other system: the work did not land (and,
+    /// with `force`, is not still running there). Required unless the
+    /// record's policy is [`OnUnknown::Reforward`] (a system that
+    /// deduplicates makes a repeat harmless).
+    pub upstream_checked: bool,
+}
+
+/// The columns [`release_decision`] reads, in the action's transaction.
+#[derive(Debug, Clone, Default)]
+#[allow(missing_docs)]
+pub struct ReleaseColumns {
+    pub state: String,
+    pub lock_token: Option<String>,
+    pub locked_until_ms: Option<i64>,
+    pub on_unknown: Option<String>,
+}
+
+/// [`RELEASE_SELECT`]'s row, as a driver decodes it.
+pub type ReleaseRow = (String, Option<String>, Option<i64>, Option<String>);
+
+impl From<ReleaseRow> for ReleaseColumns {
+    fn from((state, lock_token, locked_until_ms, on_unknown): ReleaseRow) -> Self {
+        Self {
+            state,
+            lock_token,
+            locked_until_ms,
+            on_unknown,
+        }
+    }
+}
+
+/// Whether a record may be released (pure logic, shared by every backend's
+/// [`AdminStore::release_key`]): `Ok` with the lease token to delete with,
+/// or the answer that releases nothing.
+pub fn release_decision(
+    cols: ReleaseColumns,
+    request: ReleaseRequest,
+    now_ms: i64,
+) -> Result<Result<String, KeyRelease>, StoreError> {
+    let state = RecordState::parse(&cols.state).ok_or_else(|| StoreError::Corrupt {
+        detail: format!("key state {:?}", cols.state),
+    })?;
+    if state != RecordState::Pending {
+        return Ok(Err(KeyRelease::NotPending(state)));
+    }
+    let Some(token) = cols.lock_token else {
+        return Ok(Err(KeyRelease::NotReleasable));
+    };
+    if let Some(until) = cols.locked_until_ms.filter(|u| *u > now_ms)
+        && !request.force
+    {
+        return Ok(Err(KeyRelease::LeaseLive(until)));
+    }
+    let policy = cols.on_unknown.as_deref().and_then(OnUnknown::parse);
+    if !policy.is_some_and(OnUnknown::repeat_is_harmless) && !request.upstream_checked {
+        return Ok(Err(KeyRelease::UpstreamUnchecked(policy)));
+    }
+    Ok(Ok(token))
+}
+
+/// The statement that reads [`ReleaseColumns`] (`$1`..`$3` the scope; the
+/// backend appends its row lock).
+pub const RELEASE_SELECT: &str = "SELECT state, lock_token, locked_until_ms, on_unknown \
+    FROM idem_keys WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3";
+
+/// The statement that releases: `$4` the token read.
+pub const RELEASE_DELETE: &str = "DELETE FROM idem_keys WHERE tenant_id = $1 AND operation = $2 \
+    AND idempotency_key = $3 AND state = 'pending' AND lock_token = $4";
 
 /// The state of an outbox message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -447,12 +542,14 @@ pub trait AdminStore: KeyStore {
     ) -> impl Future<Output = Result<Option<KeyDetail>, StoreError>> + Send;
 
     /// In `tx`: deletes a pending *leased* record (the next claim starts
-    /// afresh with a new token; the old token's writes find nothing). A live
-    /// lease only with `force`.
+    /// afresh with a new token; the old token's writes find nothing), as
+    /// [`release_decision`] allows: a live lease only with `force`, and a
+    /// record whose repeat is not harmless only when the operator checked
+    /// upstream.
     fn release_key<'a>(
         tx: &'a mut Self::Tx,
         scope: &'a Scope,
-        force: bool,
+        request: ReleaseRequest,
         now_ms: i64,
     ) -> impl Future<Output = Result<KeyRelease, StoreError>> + Send + 'a;
 

@@ -10,11 +10,17 @@
 //! Every write after the claim is conditional on the token: a holder that
 //! lost its lease (paused past it while another took over) changes nothing.
 //!
-//! A holder that died leaves a pending record whose lease runs out. What a
-//! retry does then is the caller's choice ([`OnAbandoned`]): take the
-//! record over and do the work again — safe when the work is itself
-//! idempotent, as a forward with a derived `Idempotency-Key` is — or stop
-//! and leave the record to an operator ([`LeasedKeyStore::resolve_abandoned`]).
+//! A holder that died leaves a pending record whose lease runs out; a holder
+//! that learns its work's outcome is unknown (the other system may have
+//! acted, and no answer came back) ends its lease at once
+//! ([`LeasedKeyStore::abandon_leased`]) and the record stays pending. Either
+//! way the record is *abandoned*, and what a retry does then is the
+//! record's [`OnUnknown`], chosen when it was claimed and stored with it:
+//! take the record over and do the work again — safe only when the work
+//! is itself idempotent, as a forward with a derived `Idempotency-Key` to a
+//! system that honours it is —, take it over to *verify* first whether the
+//! work landed, or stop and leave the record to an operator
+//! ([`LeasedKeyStore::resolve_abandoned`]).
 
 use std::fmt;
 use std::future::Future;
@@ -56,14 +62,59 @@ impl fmt::Debug for LeaseToken {
     }
 }
 
-/// What a retry does with a pending record whose holder stopped renewing
-/// its lease (it died, or it is stuck).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OnAbandoned {
-    /// Take it over (a new token, a new lease) and do the work again.
-    TakeOver,
+/// What a retry does with an abandoned record: its holder's work may have
+/// reached another system and no answer came back (the holder said so, or
+/// it stopped renewing its lease). Stored with the record as
+/// [`OnUnknown::as_str`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OnUnknown {
+    /// Take it over (a new token, a new lease) and do the work again with
+    /// the same derived key: only for a system known to deduplicate by it.
+    Reforward,
+    /// Take it over and first learn whether the work landed (a lookup on
+    /// the other system); do it again only once it is known it did not.
+    Verify,
     /// Leave it to an operator: the work's outcome is unknown.
-    Stop,
+    Reject,
+}
+
+impl OnUnknown {
+    /// Every policy, for listings and errors.
+    pub const ALL: [OnUnknown; 3] = [Self::Reforward, Self::Verify, Self::Reject];
+
+    /// The stored and configured name: `reforward`, `verify`, `reject`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Reforward => "reforward",
+            Self::Verify => "verify",
+            Self::Reject => "reject",
+        }
+    }
+
+    /// The policy of a stored or configured name.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.as_str() == name)
+    }
+
+    /// Whether a retry takes an abandoned record over (to do the work
+    /// again, or to verify it first).
+    pub fn takes_over(self) -> bool {
+        self != Self::Reject
+    }
+
+    /// Whether the work may be repeated without learning its outcome: only
+    /// when the other system deduplicates. An operator who deletes such a
+    /// record (a forced release) risks nothing; for the others they must
+    /// have checked the other system first.
+    pub fn repeat_is_harmless(self) -> bool {
+        self == Self::Reforward
+    }
+}
+
+impl fmt::Display for OnUnknown {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// What [`LeasedKeyStore::claim_leased`] did.
@@ -72,9 +123,15 @@ pub enum LeasedClaim {
     /// The key was free (or its record had expired): a pending record with
     /// the token is committed.
     Claimed,
-    /// The key's pending record was abandoned (its lease ran out) and the
-    /// request is the same: it now holds the token and a new lease.
-    TakenOver,
+    /// The key's pending record was abandoned (its lease ran out, or its
+    /// holder ended it) and the request is the same: it now holds the token
+    /// and a new lease. The earlier holder's work may have landed.
+    TakenOver {
+        /// When the earlier holder's lease ended (unix ms): from then on
+        /// its work's outcome was unknown, so "not found" by a lookup is
+        /// only trusted once a landing window from here has passed.
+        lease_ended_at_ms: i64,
+    },
     /// A record exists and stays as it was (see [`leased_decision`]).
     Existing(StoredRecord),
 }
@@ -92,8 +149,8 @@ pub enum LeasedDecision {
         /// When its lease runs out (at the latest).
         retry_after: Duration,
     },
-    /// Its holder stopped renewing the lease and the outcome of its work is
-    /// unknown ([`OnAbandoned::Stop`]).
+    /// Its holder's lease ended and the outcome of its work is unknown
+    /// ([`OnUnknown::Reject`], or a claimer that takes over got there first).
     Abandoned,
 }
 
@@ -140,12 +197,12 @@ pub enum NextStep {
 pub fn next_step(
     record: &StoredRecord,
     fingerprint: &Fingerprint,
-    on_abandoned: OnAbandoned,
+    on_unknown: OnUnknown,
     now_ms: i64,
 ) -> NextStep {
     if record.expires_at_ms <= now_ms {
         NextStep::Reclaim
-    } else if on_abandoned == OnAbandoned::TakeOver
+    } else if on_unknown.takes_over()
         && record.fingerprint == *fingerprint
         && record.state == RecordState::Pending
         && record.locked_until_ms.is_some_and(|t| t <= now_ms)
@@ -162,12 +219,13 @@ pub fn next_step(
 /// the token, or on the lease having run out.
 pub mod sql {
     /// A fresh claim: `$4` request hash, `$5` lease deadline, `$6` token,
-    /// `$7` now, `$8` expiry. Nothing on a conflict (no row lock: a replay
-    /// writes nothing).
+    /// `$7` now, `$8` expiry, `$9` the record's [`OnUnknown`](super::OnUnknown).
+    /// Nothing on a conflict (no row lock: a replay writes nothing).
     pub const INSERT: &str = "\
 INSERT INTO idem_keys (tenant_id, operation, idempotency_key, request_hash, state,
-                       locked_until_ms, lock_token, created_at_ms, updated_at_ms, expires_at_ms)
-VALUES ($1, $2, $3, $4, 'pending', $5, $6, $7, $7, $8)
+                       locked_until_ms, lock_token, created_at_ms, updated_at_ms, expires_at_ms,
+                       on_unknown)
+VALUES ($1, $2, $3, $4, 'pending', $5, $6, $7, $7, $8, $9)
 ON CONFLICT (tenant_id, operation, idempotency_key) DO NOTHING
 RETURNING 1";
 
@@ -178,16 +236,17 @@ UPDATE idem_keys SET
     request_hash = $4, state = 'pending', status_code = NULL, response_headers = NULL,
     response_body = NULL, resource_type = NULL, resource_id = NULL, recovery_point = NULL,
     locked_until_ms = $5, lock_token = $6, created_at_ms = $7, updated_at_ms = $7,
-    expires_at_ms = $8
+    expires_at_ms = $8, on_unknown = $9
 WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND expires_at_ms <= $7
 RETURNING 1";
 
     /// A takeover of an abandoned lease of the same request: `$4` request
-    /// hash, `$5` new deadline, `$6` new token, `$7` now.
+    /// hash, `$5` new deadline, `$6` new token, `$7` now, `$8` the lease end
+    /// the claimer read (so the end it reports is the one it took over).
     pub const TAKE_OVER: &str = "\
 UPDATE idem_keys SET locked_until_ms = $5, lock_token = $6, updated_at_ms = $7
 WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND request_hash = $4
-  AND state = 'pending' AND locked_until_ms IS NOT NULL AND locked_until_ms <= $7
+  AND state = 'pending' AND locked_until_ms = $8 AND locked_until_ms <= $7
   AND expires_at_ms > $7
 RETURNING 1";
 
@@ -202,6 +261,16 @@ FROM idem_keys WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3"
 UPDATE idem_keys SET locked_until_ms = $5, updated_at_ms = $6
 WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND lock_token = $4
   AND state = 'pending' AND expires_at_ms > $6";
+
+    /// `$4` token, `$5` the lease's new end (at most now: the work's
+    /// outcome is unknown from then on), `$6` a reason for operators (kept
+    /// when NULL), `$7` now. The record stays pending: a retry finds it
+    /// abandoned.
+    pub const ABANDON: &str = "\
+UPDATE idem_keys SET locked_until_ms = $5, recovery_point = COALESCE($6, recovery_point),
+       updated_at_ms = $7
+WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND lock_token = $4
+  AND state = 'pending' AND expires_at_ms > $7";
 
     /// `$4` token, `$5`..`$10` the outcome's columns, `$11` now.
     pub const COMPLETE: &str = "\
@@ -247,10 +316,11 @@ pub enum Resolution {
 /// path claimed it.
 pub trait LeasedKeyStore: KeyStore {
     /// Claims `scope` for `token` until `locked_until_ms` and commits:
-    /// inserts a pending record unless a live one exists. With
-    /// [`OnAbandoned::TakeOver`], a pending record of the same request whose
-    /// lease ran out is taken over (token and lease replaced). Otherwise the
-    /// record is returned unchanged.
+    /// inserts a pending record holding `on_unknown` unless a live one
+    /// exists. When `on_unknown` takes over ([`OnUnknown::takes_over`]), a
+    /// pending record of the same request whose lease ended is taken over
+    /// (token and lease replaced). Otherwise the record is returned
+    /// unchanged.
     #[allow(clippy::too_many_arguments)]
     fn claim_leased(
         &self,
@@ -259,7 +329,7 @@ pub trait LeasedKeyStore: KeyStore {
         policy: &Policy,
         token: &LeaseToken,
         locked_until_ms: i64,
-        on_abandoned: OnAbandoned,
+        on_unknown: OnUnknown,
         now_ms: i64,
     ) -> impl Future<Output = Result<LeasedClaim, StoreError>> + Send;
 
@@ -270,6 +340,21 @@ pub trait LeasedKeyStore: KeyStore {
         scope: &Scope,
         token: &LeaseToken,
         locked_until_ms: i64,
+        now_ms: i64,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Ends the lease `token` holds at `until_ms` (at most `now_ms`) and
+    /// commits, the record still pending: the work's outcome is unknown
+    /// from `until_ms` on, and the next retry finds the record abandoned
+    /// (its [`OnUnknown`] says what then). `reason` (kept when `None`) is
+    /// stored for operators as the record's recovery point. `false` when
+    /// `token` holds no lease.
+    fn abandon_leased(
+        &self,
+        scope: &Scope,
+        token: &LeaseToken,
+        until_ms: i64,
+        reason: Option<&str>,
         now_ms: i64,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
@@ -366,11 +451,16 @@ mod tests {
     #[test]
     fn only_expired_and_abandoned_records_are_written_over() {
         let fp = Fingerprint::from_bytes([1; 32]);
-        let take = OnAbandoned::TakeOver;
+        let take = OnUnknown::Reforward;
         let mut r = record([1; 32], RecordState::Pending, Some(500));
         assert_eq!(next_step(&r, &fp, take, 400), NextStep::Keep, "live");
         assert_eq!(next_step(&r, &fp, take, 500), NextStep::TakeOver);
-        assert_eq!(next_step(&r, &fp, OnAbandoned::Stop, 500), NextStep::Keep);
+        assert_eq!(
+            next_step(&r, &fp, OnUnknown::Verify, 500),
+            NextStep::TakeOver,
+            "verified by the claimer that takes it over"
+        );
+        assert_eq!(next_step(&r, &fp, OnUnknown::Reject, 500), NextStep::Keep);
         let other = Fingerprint::from_bytes([2; 32]);
         assert_eq!(
             next_step(&r, &other, take, 500),
@@ -379,11 +469,23 @@ mod tests {
         );
         r.expires_at_ms = 500;
         assert_eq!(
-            next_step(&r, &other, OnAbandoned::Stop, 500),
+            next_step(&r, &other, OnUnknown::Reject, 500),
             NextStep::Reclaim
         );
         let done = record([1; 32], RecordState::Completed, None);
         assert_eq!(next_step(&done, &fp, take, 999), NextStep::Keep, "a replay");
+    }
+
+    #[test]
+    fn policies_have_one_name_each_and_only_reforward_repeats_blindly() {
+        for p in OnUnknown::ALL {
+            assert_eq!(OnUnknown::parse(p.as_str()), Some(p));
+        }
+        assert_eq!(OnUnknown::parse("pray"), None);
+        assert!(OnUnknown::Reforward.repeat_is_harmless());
+        assert!(!OnUnknown::Verify.repeat_is_harmless());
+        assert!(!OnUnknown::Reject.repeat_is_harmless());
+        assert!(!OnUnknown::Reject.takes_over());
     }
 
     #[test]

@@ -3,10 +3,11 @@
 //! `[[gateway.routes]]` table of `idem serve --config`); [`RouteSpec::route`]
 //! checks every value and gives the [`Route`] the gateway runs.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use axum::http::{HeaderName, Method};
-use idem_core::leased::OnAbandoned;
+use idem_core::leased::OnUnknown;
 use idem_core::{ConfigError, FingerprintSpec, Operation, Policy, Tenant};
 use idem_http::{RouteConfig, TenantSource};
 use serde::Deserialize;
@@ -26,6 +27,14 @@ pub const TIMEOUT_RANGE: (Duration, Duration) =
 /// The bounds of [`Route::lease`].
 pub const LEASE_RANGE: (Duration, Duration) =
     (Duration::from_millis(500), Duration::from_secs(3600));
+/// Default bound of the answer bytes the gateway holds at once
+/// ([`GatewayConfig::max_held_bytes`]).
+pub const DEFAULT_MAX_HELD_BYTES: usize = 256 << 20;
+/// The largest [`GatewayConfig::max_held_bytes`].
+pub const MAX_HELD_BYTES_LIMIT: usize = 16 << 30;
+/// The statuses that say the upstream did not act on a request when a
+/// route names none: `429 Too Many Requests`.
+pub const DEFAULT_NOT_PROCESSED: [u16; 1] = [429];
 
 /// The gateway: where to forward, and which routes hold keys.
 #[derive(Debug, Clone)]
@@ -38,6 +47,13 @@ pub struct GatewayConfig {
     pub timeout: Duration,
     /// Largest request body passed through on an unlisted route.
     pub max_body_bytes: usize,
+    /// The answer bytes held at once, over every request: a keyed forward
+    /// reserves its route's `max_response_bytes` before it is sent and
+    /// keeps what it read until its client has it; a replay keeps its
+    /// body's bytes the same way. Past it a request is refused with `503
+    /// gateway-busy` before anything is sent. Pass-through answers are
+    /// streamed and hold none.
+    pub max_held_bytes: usize,
 }
 
 impl GatewayConfig {
@@ -49,6 +65,7 @@ impl GatewayConfig {
             routes: default_routes(),
             timeout: DEFAULT_TIMEOUT,
             max_body_bytes,
+            max_held_bytes: DEFAULT_MAX_HELD_BYTES,
         }
     }
 
@@ -58,9 +75,16 @@ impl GatewayConfig {
         let (lo, hi) = TIMEOUT_RANGE;
         ConfigError::check_duration("gateway", "timeout", self.timeout, lo, hi)?;
         ConfigError::check_range("gateway", "max_body_bytes", self.max_body_bytes, 1, 1 << 30)?;
+        ConfigError::check_range(
+            "gateway",
+            "max_held_bytes",
+            self.max_held_bytes,
+            1,
+            MAX_HELD_BYTES_LIMIT,
+        )?;
         for (i, route) in self.routes.iter().enumerate() {
             route
-                .check_timeout(self.timeout)
+                .check_against(self)
                 .map_err(|e| GatewayConfigError::Route(i, Box::new(e)))?;
         }
         Ok(())
@@ -98,8 +122,23 @@ pub struct Route {
     pub config: RouteConfig,
     /// How long a forward may go without a heartbeat.
     pub lease: Duration,
-    /// What a retry does with a forward whose gateway died.
-    pub on_unknown: OnAbandoned,
+    /// What happens when a forward's outcome is unknown (it may have
+    /// reached the upstream and no answer came back): held for an operator,
+    /// verified by a lookup, or forwarded again to an upstream that
+    /// deduplicates.
+    pub on_unknown: OnUnknown,
+    /// The lookup of a `verify` route (`Some` exactly then).
+    pub verify: Option<crate::verify::Verify>,
+    /// The header the derived key is sent upstream in.
+    pub key_header: HeaderName,
+    /// Statuses that say the upstream did not act (the key is released, the
+    /// answer passed on, not stored): by default 429.
+    pub not_processed: BTreeSet<u16>,
+    /// Statuses that say an earlier attempt with the key is still running
+    /// upstream: passed on as `409 request-in-flight` with `Retry-After`,
+    /// never stored. A 409 to a forwarded-again key on a `reforward` route
+    /// counts as one too, unless marked `Idempotent-Replayed`.
+    pub transient: BTreeSet<u16>,
 }
 
 impl Route {
@@ -108,14 +147,35 @@ impl Route {
         self.method == *method && self.path.matches(path)
     }
 
-    /// A key that expires while its forward may still run would let a
-    /// retry forward a second time.
-    fn check_timeout(&self, timeout: Duration) -> Result<(), GatewayConfigError> {
-        if self.config.policy.ttl < timeout + self.lease {
+    /// A key that expires while its forward may still run (or, on a
+    /// `verify` route, before its landing window ends) would let a retry
+    /// forward a second time; the answer bytes a forward reserves must fit
+    /// in the gateway's budget.
+    fn check_against(&self, gateway: &GatewayConfig) -> Result<(), GatewayConfigError> {
+        let landing = self.verify.as_ref().map_or(Duration::ZERO, |v| v.landing);
+        if self.config.policy.ttl < gateway.timeout + self.lease + landing {
             return Err(setting(format!(
-                "ttl must be at least the gateway's timeout plus the route's lease ({:?} + {:?}): \
-                 a key that expires during its forward is a second forward",
-                timeout, self.lease
+                "ttl must be at least the gateway's timeout plus the route's lease{} ({:?} + \
+                 {:?}{}): a key that expires while its forward may still land is a second forward",
+                if landing.is_zero() {
+                    ""
+                } else {
+                    " plus its landing window"
+                },
+                gateway.timeout,
+                self.lease,
+                if landing.is_zero() {
+                    String::new()
+                } else {
+                    format!(" + {landing:?}")
+                },
+            )));
+        }
+        if self.config.max_response_bytes > gateway.max_held_bytes {
+            return Err(setting(format!(
+                "max_response_bytes ({}) is more than the gateway's max_held_bytes ({}): no \
+                 forward could ever reserve its answer",
+                self.config.max_response_bytes, gateway.max_held_bytes
             )));
         }
         Ok(())
@@ -132,7 +192,7 @@ pub struct PathPattern {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Segment {
     Literal(String),
-    Param,
+    Param(String),
 }
 
 impl PathPattern {
@@ -161,10 +221,10 @@ impl PathPattern {
                     .filter(|n| {
                         !n.is_empty() && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
                     });
-                if name.is_none() {
+                let Some(name) = name else {
                     return Err(format!("{pattern:?}: {s:?} is not a {{param}} segment"));
-                }
-                segments.push(Segment::Param);
+                };
+                segments.push(Segment::Param(name.to_owned()));
             } else if s
                 .chars()
                 .any(|c| c.is_control() || c == ' ' || c == '?' || c == '#' || c == '{')
@@ -191,11 +251,29 @@ impl PathPattern {
         for s in segments {
             match (s, parts.next()) {
                 (Segment::Literal(l), Some(p)) if l == p => {}
-                (Segment::Param, Some(p)) if !p.is_empty() => {}
+                (Segment::Param(_), Some(p)) if !p.is_empty() => {}
                 _ => return false,
             }
         }
         parts.next().is_none()
+    }
+
+    /// Whether the pattern has a `{name}` segment.
+    pub fn has_param(&self, name: &str) -> bool {
+        self.segments
+            .iter()
+            .flatten()
+            .any(|s| matches!(s, Segment::Param(n) if n == name))
+    }
+
+    /// The value of the `{name}` segment in a matching `path`.
+    pub fn param<'p>(&self, name: &str, path: &'p str) -> Option<&'p str> {
+        let segments = self.segments.as_ref()?;
+        let rest = path.strip_prefix('/')?;
+        segments
+            .iter()
+            .zip(rest.split('/'))
+            .find_map(|(s, p)| matches!(s, Segment::Param(n) if n == name).then_some(p))
     }
 }
 
@@ -219,8 +297,33 @@ pub struct RouteSpec {
     pub lease: Option<String>,
     /// How long a retry waits for a forward in flight before 409.
     pub wait: Option<String>,
-    /// `reforward` or `reject`.
+    /// `reject` (the default), `verify` or `reforward`.
     pub on_unknown: Option<String>,
+    /// `verify` routes: the lookup, `GET /path?query` with `{key}` (the
+    /// derived key), `{/json/pointer}` (a field of the request body) or
+    /// `{param}` (a `{param}` segment of `path`) in it.
+    pub verify: Option<String>,
+    /// `verify` routes: a JSON pointer into the lookup's 2xx answer; a
+    /// value there (not null, not an empty array) means found, and is the
+    /// answer stored. Without it a 2xx is found and a 404 is not.
+    pub verify_found: Option<String>,
+    /// `verify` routes: the status a found answer is stored with (200).
+    pub verify_status: Option<u16>,
+    /// `verify` routes: how long after an unknown outcome a request the
+    /// gateway sent may still land upstream; a lookup that finds nothing
+    /// before then is not trusted (default 60s).
+    pub landing: Option<String>,
+    /// The header the derived key is sent in (default `Idempotency-Key`).
+    pub key_header: Option<String>,
+    /// Statuses that say the upstream did not act: the key is released and
+    /// the answer passed on (default `[429]`).
+    pub not_processed: Option<Vec<u16>>,
+    /// Statuses that say an earlier attempt with the key is still running
+    /// upstream (default none besides the `reforward` 409 rule).
+    pub transient: Option<Vec<u16>>,
+    /// Response headers replayed besides the default allow-list.
+    #[serde(default)]
+    pub replay_headers: Vec<String>,
     /// JSON pointers left out of the fingerprint.
     #[serde(default)]
     pub ignore_fields: Vec<String>,
@@ -251,8 +354,10 @@ fn duration(
 
 /// Every POST and PATCH, the key optional, one static tenant.
 pub fn default_routes() -> Vec<Route> {
-    let (Ok(tenant), Ok(operation)) = (Tenant::new(DEFAULT_TENANT), Operation::new(DEFAULT_OPERATION))
-    else {
+    let (Ok(tenant), Ok(operation)) = (
+        Tenant::new(DEFAULT_TENANT),
+        Operation::new(DEFAULT_OPERATION),
+    ) else {
         unreachable!("the default tenant and operation are valid names");
     };
     let tenant = TenantSource::Static(tenant);
@@ -263,7 +368,11 @@ pub fn default_routes() -> Vec<Route> {
             path: PathPattern::any(),
             config: RouteConfig::optional(operation.clone(), tenant.clone()),
             lease: DEFAULT_LEASE,
-            on_unknown: OnAbandoned::TakeOver,
+            on_unknown: OnUnknown::Reject,
+            verify: None,
+            key_header: idem_http::IDEMPOTENCY_KEY,
+            not_processed: DEFAULT_NOT_PROCESSED.into_iter().collect(),
+            transient: BTreeSet::new(),
         })
         .collect()
 }
@@ -342,28 +451,102 @@ impl RouteSpec {
         if let Some(n) = f.max_response_bytes {
             config.max_response_bytes = n;
         }
+        for h in &f.replay_headers {
+            let name = HeaderName::try_from(h.as_str())
+                .map_err(|_| setting(format!("replay_headers: {h:?} is not a header name")))?;
+            config = config
+                .replay_header(name)
+                .map_err(|e| setting(format!("replay_headers: {e}")))?;
+        }
         config.validate().map_err(|e| setting(e.to_string()))?;
         let lease = match &f.lease {
             Some(l) => duration("lease", l, LEASE_RANGE.0, LEASE_RANGE.1)?,
             None => DEFAULT_LEASE,
         };
         let on_unknown = match f.on_unknown.as_deref() {
-            None | Some("reforward") => OnAbandoned::TakeOver,
-            Some("reject") => OnAbandoned::Stop,
-            Some(other) => {
-                return Err(setting(format!(
-                    "on_unknown: {other:?}; expected \"reforward\" or \"reject\""
-                )));
+            None => OnUnknown::Reject,
+            Some(name) => OnUnknown::parse(name).ok_or_else(|| {
+                setting(format!(
+                    "on_unknown: {name:?}; expected \"reject\", \"verify\" or \"reforward\""
+                ))
+            })?,
+        };
+        let verify = match (on_unknown, f.verify) {
+            (OnUnknown::Verify, Some(lookup)) => Some(crate::verify::Verify::parse(
+                &lookup,
+                f.verify_found.as_deref(),
+                f.verify_status,
+                f.landing.as_deref(),
+                &path,
+            )?),
+            (OnUnknown::Verify, None) => {
+                return Err(setting(
+                    "verify: required with on_unknown = \"verify\" (the lookup that tells \
+                     whether a forward landed, e.g. \"GET /v1/payments?reference={/reference}\")"
+                        .into(),
+                ));
+            }
+            (_, lookup) => {
+                let stray = [
+                    ("verify", lookup.is_some()),
+                    ("verify_found", f.verify_found.is_some()),
+                    ("verify_status", f.verify_status.is_some()),
+                    ("landing", f.landing.is_some()),
+                ];
+                if let Some((name, _)) = stray.iter().find(|(_, set)| *set) {
+                    return Err(setting(format!(
+                        "{name}: only with on_unknown = \"verify\""
+                    )));
+                }
+                None
             }
         };
+        let key_header = match &f.key_header {
+            None => idem_http::IDEMPOTENCY_KEY,
+            Some(h) => HeaderName::try_from(h.as_str())
+                .map_err(|_| setting(format!("key_header: {h:?} is not a header name")))?,
+        };
+        let not_processed = statuses(
+            "not_processed",
+            f.not_processed
+                .unwrap_or_else(|| DEFAULT_NOT_PROCESSED.to_vec()),
+            &config.store_client_errors.iter().copied().collect(),
+        )?;
+        let mut taken: BTreeSet<u16> = config.store_client_errors.iter().copied().collect();
+        taken.extend(&not_processed);
+        let transient = statuses("transient", f.transient.unwrap_or_default(), &taken)?;
         Ok(Route {
             method,
             path,
             config,
             lease,
             on_unknown,
+            verify,
+            key_header,
+            not_processed,
+            transient,
         })
     }
+}
+
+/// A list of 4xx/5xx statuses, none of them in `taken` (stored, or named
+/// by another list).
+fn statuses(
+    field: &str,
+    list: Vec<u16>,
+    taken: &BTreeSet<u16>,
+) -> Result<BTreeSet<u16>, GatewayConfigError> {
+    for s in &list {
+        if !(400..=599).contains(s) {
+            return Err(setting(format!("{field}: {s} is not a 4xx or 5xx status")));
+        }
+        if taken.contains(s) {
+            return Err(setting(format!(
+                "{field}: {s} is stored (store_statuses) or already listed: one meaning per status"
+            )));
+        }
+    }
+    Ok(list.into_iter().collect())
 }
 
 /// A base URL `http://HOST:PORT[/PREFIX]` given by an operator (the
@@ -414,4 +597,3 @@ impl HttpBase {
         })
     }
 }
-

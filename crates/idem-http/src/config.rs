@@ -130,8 +130,15 @@ impl RouteConfig {
             methods: vec![Method::POST, Method::PATCH],
             max_request_bytes: 1 << 20,
             max_response_bytes: 1 << 20,
+            // The headers that define the representation replayed, and
+            // where it lives.
             replay_headers: vec![
                 header::CONTENT_TYPE,
+                header::CONTENT_ENCODING,
+                header::CONTENT_LANGUAGE,
+                header::CONTENT_DISPOSITION,
+                header::CONTENT_LOCATION,
+                header::VARY,
                 header::LOCATION,
                 header::ETAG,
                 header::LINK,

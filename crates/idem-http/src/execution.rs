@@ -5,7 +5,7 @@ use std::panic::AssertUnwindSafe;
 
 use bytes::Bytes;
 use futures_util::FutureExt;
-use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
+use http::{HeaderName, HeaderValue, Request, Response, StatusCode, header};
 use http_body::Body;
 use http_body_util::{BodyExt, Limited};
 use idem_core::{
@@ -63,6 +63,13 @@ where
         Ok(Begun::Replay(record)) => return Ok(RequestOutcome::Replayed.mark(replay(&record))),
         Err(e) => return Ok(reject(refusal(e))),
     };
+    // What is stored is replayed to every retry, whatever it accepts: the
+    // handler is asked for bytes every client can read (a compression
+    // layer belongs outside this one).
+    parts.headers.insert(
+        header::ACCEPT_ENCODING,
+        HeaderValue::from_static("identity"),
+    );
     let slot = IdemTx::new(Open::Keyed(claimed));
     parts.extensions.insert(slot.clone());
     parts.extensions.insert(tenant);

@@ -27,6 +27,9 @@ pub enum RequestOutcome {
     NotStored,
     /// A stored response was replayed.
     Replayed,
+    /// A gateway's forward had an unknown outcome and the upstream's
+    /// lookup found the intent: what it found was stored and answered.
+    Verified,
     /// Optimistic claims: the handler ran, a concurrent duplicate committed
     /// first, so this request's writes rolled back and it answered with the
     /// winner's stored response (marked replayed). Counts the wasted work.
@@ -73,6 +76,7 @@ impl RequestOutcome {
             Self::Executed => "executed",
             Self::NotStored => "not_stored",
             Self::Replayed => "replayed",
+            Self::Verified => "verified",
             Self::Superseded => "superseded",
             Self::Unkeyed => "unkeyed",
             Self::Mismatch => "mismatch",

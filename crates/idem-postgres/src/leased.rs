@@ -8,7 +8,7 @@
 //! on the token.
 
 use idem_core::leased::{
-    LeaseToken, LeasedClaim, LeasedKeyStore, NextStep, OnAbandoned, Resolution, next_step, sql,
+    LeaseToken, LeasedClaim, LeasedKeyStore, NextStep, OnUnknown, Resolution, next_step, sql,
 };
 use idem_core::{Completion, Fingerprint, KeyStore, Policy, Scope, StoreError};
 use sqlx::Postgres;
@@ -47,7 +47,7 @@ impl LeasedKeyStore for PgStore {
         policy: &Policy,
         token: &LeaseToken,
         locked_until_ms: i64,
-        on_abandoned: OnAbandoned,
+        on_unknown: OnUnknown,
         now_ms: i64,
     ) -> Result<LeasedClaim, StoreError> {
         // `$4`..`$7`; the statements that (re)create the record add `$8`.
@@ -64,7 +64,12 @@ impl LeasedKeyStore for PgStore {
         // so a few turns settle it.
         for _ in 0..3 {
             let inserted = self
-                .bounded_write(claim(sql::INSERT).bind(expiry).fetch_optional(self.pool()))
+                .bounded_write(
+                    claim(sql::INSERT)
+                        .bind(expiry)
+                        .bind(on_unknown.as_str())
+                        .fetch_optional(self.pool()),
+                )
                 .await?;
             if inserted.is_some() {
                 return Ok(LeasedClaim::Claimed);
@@ -72,13 +77,23 @@ impl LeasedKeyStore for PgStore {
             let Some(record) = self.fetch(scope).await? else {
                 continue;
             };
-            let (statement, won) = match next_step(&record, fingerprint, on_abandoned, now_ms) {
+            let (statement, won) = match next_step(&record, fingerprint, on_unknown, now_ms) {
                 NextStep::Keep => return Ok(LeasedClaim::Existing(record)),
                 NextStep::Reclaim => (
-                    claim(sql::RECLAIM_EXPIRED).bind(expiry),
+                    claim(sql::RECLAIM_EXPIRED)
+                        .bind(expiry)
+                        .bind(on_unknown.as_str()),
                     LeasedClaim::Claimed,
                 ),
-                NextStep::TakeOver => (claim(sql::TAKE_OVER), LeasedClaim::TakenOver),
+                NextStep::TakeOver => {
+                    let ended = record.locked_until_ms.unwrap_or(now_ms);
+                    (
+                        claim(sql::TAKE_OVER).bind(ended),
+                        LeasedClaim::TakenOver {
+                            lease_ended_at_ms: ended,
+                        },
+                    )
+                }
             };
             if self
                 .bounded_write(statement.fetch_optional(self.pool()))
@@ -103,6 +118,23 @@ impl LeasedKeyStore for PgStore {
         let q = scoped(sql::RENEW, scope)
             .bind(token.as_str())
             .bind(locked_until_ms)
+            .bind(now_ms);
+        let done = self.bounded_write(q.execute(self.pool())).await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn abandon_leased(
+        &self,
+        scope: &Scope,
+        token: &LeaseToken,
+        until_ms: i64,
+        reason: Option<&str>,
+        now_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let q = scoped(sql::ABANDON, scope)
+            .bind(token.as_str())
+            .bind(until_ms.min(now_ms))
+            .bind(reason)
             .bind(now_ms);
         let done = self.bounded_write(q.execute(self.pool())).await?;
         Ok(done.rows_affected() == 1)

@@ -89,6 +89,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "idem_admin_audit",
         sql: include_str!("../migrations/0008_idem_admin_audit.sql"),
     },
+    Migration {
+        version: 9,
+        name: "idem_keys_on_unknown",
+        sql: include_str!("../migrations/0009_idem_keys_on_unknown.sql"),
+    },
 ];
 
 mod admin;

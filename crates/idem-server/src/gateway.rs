@@ -18,6 +18,7 @@ struct GatewayFile {
     upstream: Option<String>,
     timeout: Option<String>,
     max_body_bytes: Option<usize>,
+    max_held_bytes: Option<usize>,
     #[serde(default)]
     routes: Vec<toml::Spanned<RouteSpec>>,
 }
@@ -112,6 +113,9 @@ pub fn load(
         }
         config.max_body_bytes = n;
     }
+    if let Some(n) = file.max_held_bytes {
+        config.max_held_bytes = n;
+    }
     let mut routes = Vec::new();
     let mut lines = Vec::new();
     for (i, route) in file.routes.into_iter().enumerate() {
@@ -131,7 +135,10 @@ pub fn load(
             idem_gateway::GatewayConfigError::Route(i, _) => lines.get(*i).copied(),
             _ => None,
         };
-        bail!("{}: gateway.{e}", place(line.unwrap_or_else(|| line_of(text, at))));
+        bail!(
+            "{}: gateway.{e}",
+            place(line.unwrap_or_else(|| line_of(text, at)))
+        );
     }
     Ok(Some(config))
 }
@@ -139,12 +146,12 @@ pub fn load(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
     use axum::http::Method;
     use idem_core::Policy;
-    use idem_core::leased::OnAbandoned;
+    use idem_core::leased::OnUnknown;
     use idem_gateway::config::DEFAULT_LEASE;
     use idem_http::TenantSource;
+    use std::time::Duration;
 
     fn parse(text: &str) -> anyhow::Result<Option<GatewayConfig>> {
         load(
@@ -167,7 +174,12 @@ operation = "payments.create"
 key = "required"               # or "optional"
 ttl = "24h"
 lease = "2s"                   # how long a forward may be silent before it counts as abandoned
-on_unknown = "reforward"       # or "reject"
+on_unknown = "verify"          # or "reject" (the default), or "reforward"
+verify = "GET /v1/payments?reference={/reference}"  # the lookup: {key}, {/body/field}, {param}
+verify_found = "/data/0"       # where in its answer the found payment is
+verify_status = 201            # the status a found payment is stored with
+landing = "30s"                # how long a request sent may still land upstream
+not_processed = [429, 503]     # statuses that say the upstream did nothing: key released
 ignore_fields = ["/client_ts"] # JSON pointers left out of the fingerprint
 tenant_header = "X-Tenant-Id"  # set by a trusted component in front; default: one static tenant
 "#;
@@ -181,7 +193,16 @@ tenant_header = "X-Tenant-Id"  # set by a trusted component in front; default: o
         assert!(r.matches(&Method::POST, "/v1/payments"));
         assert!(!r.matches(&Method::POST, "/v1/payments/x"));
         assert!(r.config.key_required);
-        assert_eq!(r.on_unknown, OnAbandoned::TakeOver);
+        assert_eq!(r.on_unknown, OnUnknown::Verify);
+        let v = r.verify.as_ref().unwrap();
+        assert_eq!(
+            (v.status.as_u16(), v.landing),
+            (201, Duration::from_secs(30))
+        );
+        assert_eq!(
+            r.not_processed.iter().copied().collect::<Vec<_>>(),
+            [429, 503]
+        );
         assert!(matches!(
             r.config.tenant,
             TenantSource::TrustedHeader { .. }
@@ -198,6 +219,12 @@ tenant_header = "X-Tenant-Id"  # set by a trusted component in front; default: o
         assert!(!r.matches(&Method::PUT, "/v1/things/"));
         assert!(!r.matches(&Method::POST, "/v1/things/42"));
         assert!(r.config.key_required, "required by default");
+        assert_eq!(
+            r.on_unknown,
+            OnUnknown::Reject,
+            "unknown outcomes held by default"
+        );
+        assert_eq!(r.key_header, "idempotency-key");
         assert_eq!(r.lease, DEFAULT_LEASE);
         assert_eq!(r.config.policy.ttl, Policy::DEFAULT_TTL);
     }
@@ -210,6 +237,11 @@ tenant_header = "X-Tenant-Id"  # set by a trusted component in front; default: o
         assert_eq!(g.routes.len(), 2);
         for r in &g.routes {
             assert!(!r.config.key_required);
+            assert_eq!(
+                r.on_unknown,
+                OnUnknown::Reject,
+                "--upstream alone never forwards an unknown outcome again"
+            );
             assert!(r.matches(&r.method, "/anything/at/all"));
         }
         assert!(!g.routes.iter().any(|r| r.method == Method::PUT));
@@ -262,6 +294,34 @@ tenant_header = "X-Tenant-Id"  # set by a trusted component in front; default: o
             (
                 "method = \"POST\"\npath = \"/a\"\noperation = \"a\"\nstore_statuses = [500]\n",
                 "store_statuses",
+            ),
+            (
+                "method = \"POST\"\npath = \"/a\"\noperation = \"a\"\non_unknown = \"verify\"\n",
+                "verify: required",
+            ),
+            (
+                "method = \"POST\"\npath = \"/a\"\noperation = \"a\"\nverify = \"GET /a?k={key}\"\n",
+                "only with on_unknown",
+            ),
+            (
+                "method = \"POST\"\npath = \"/a\"\noperation = \"a\"\non_unknown = \"verify\"\nverify = \"GET /a?k={id}\"\n",
+                "verify",
+            ),
+            (
+                "method = \"POST\"\npath = \"/a\"\noperation = \"a\"\nnot_processed = [409]\n",
+                "not_processed",
+            ),
+            (
+                "method = \"POST\"\npath = \"/a\"\noperation = \"a\"\ntransient = [200]\n",
+                "transient",
+            ),
+            (
+                "method = \"POST\"\npath = \"/a\"\noperation = \"a\"\nreplay_headers = [\"set-cookie\"]\n",
+                "replay_headers",
+            ),
+            (
+                "method = \"POST\"\npath = \"/a\"\noperation = \"a\"\nkey_header = \"a b\"\n",
+                "key_header",
             ),
         ] {
             let err = format!("{:#}", parse(&format!("{base}{route}")).unwrap_err());

@@ -91,6 +91,7 @@ async fn problem_errors(req: Request, next: Next) -> Response {
         Some(
             RequestOutcome::Executed
                 | RequestOutcome::Replayed
+                | RequestOutcome::Verified
                 | RequestOutcome::Superseded
                 | RequestOutcome::NotStored
                 | RequestOutcome::Unkeyed

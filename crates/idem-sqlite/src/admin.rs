@@ -6,7 +6,8 @@ use idem_core::admin::{
     AdminStore, AuditEntry, AuditFilter, InboxEntry, InboxFilter, KEY_COLUMNS, KEY_LIST_COLUMNS,
     KeyColumns, KeyDetail, KeyFilter, KeyRelease, KeySummary, LeaseEnd, NewAudit,
     OUTBOX_ENTRY_COLUMNS, OutboxEntry, OutboxEntryColumns, OutboxFilter, OutboxRequeue,
-    OutboxState, ReceiptFilter, RunPageFilter, StateCounts, like_prefix, page,
+    OutboxState, RELEASE_DELETE, RELEASE_SELECT, ReceiptFilter, ReleaseColumns, ReleaseRequest,
+    ReleaseRow, RunPageFilter, StateCounts, like_prefix, page, release_decision,
 };
 use idem_core::steps::{RUN_COLUMNS, RunId, RunRecord, RunState};
 use idem_core::webhooks::{Receipt, ReceiptState, Requeue};
@@ -24,6 +25,7 @@ fn decode_key(row: &SqliteRow) -> Result<KeyDetail, StoreError> {
         recovery_point: column(row, "recovery_point")?,
         leased: column(row, "leased")?,
         updated_at_ms: column(row, "updated_at_ms")?,
+        on_unknown: column(row, "on_unknown")?,
     }
     .decode()
 }
@@ -124,45 +126,32 @@ impl AdminStore for SqliteStore {
     async fn release_key<'a>(
         tx: &'a mut SqliteTx,
         scope: &'a Scope,
-        force: bool,
+        request: ReleaseRequest,
         now_ms: i64,
     ) -> Result<KeyRelease, StoreError> {
-        let row: Option<(String, Option<String>, Option<i64>)> = sqlx::query_as(
-            "SELECT state, lock_token, locked_until_ms FROM idem_keys
-             WHERE tenant_id = ?1 AND operation = ?2 AND idempotency_key = ?3",
-        )
-        .bind(scope.tenant.as_str())
-        .bind(scope.operation.as_str())
-        .bind(scope.key.as_str())
-        .fetch_optional(&mut **tx)
-        .await
-        .map_err(map_err)?;
-        let Some((state, token, until)) = row else {
+        let row: Option<ReleaseRow> = sqlx::query_as(RELEASE_SELECT)
+            .bind(scope.tenant.as_str())
+            .bind(scope.operation.as_str())
+            .bind(scope.key.as_str())
+            .fetch_optional(&mut **tx)
+            .await
+            .map_err(map_err)?;
+        let Some(row) = row else {
             return Ok(KeyRelease::NotFound);
         };
-        let state = RecordState::parse(&state).ok_or_else(|| StoreError::Corrupt {
-            detail: format!("key state {state:?}"),
-        })?;
-        if state != RecordState::Pending {
-            return Ok(KeyRelease::NotPending(state));
-        }
-        let Some(token) = token else {
-            return Ok(KeyRelease::NotReleasable);
+        let cols = ReleaseColumns::from(row);
+        let token = match release_decision(cols, request, now_ms)? {
+            Ok(token) => token,
+            Err(answer) => return Ok(answer),
         };
-        if let Some(until) = until.filter(|u| *u > now_ms && !force) {
-            return Ok(KeyRelease::LeaseLive(until));
-        }
-        let done = sqlx::query(
-            "DELETE FROM idem_keys WHERE tenant_id = ?1 AND operation = ?2
-               AND idempotency_key = ?3 AND state = 'pending' AND lock_token = ?4",
-        )
-        .bind(scope.tenant.as_str())
-        .bind(scope.operation.as_str())
-        .bind(scope.key.as_str())
-        .bind(token)
-        .execute(&mut **tx)
-        .await
-        .map_err(map_err)?;
+        let done = sqlx::query(RELEASE_DELETE)
+            .bind(scope.tenant.as_str())
+            .bind(scope.operation.as_str())
+            .bind(scope.key.as_str())
+            .bind(token)
+            .execute(&mut **tx)
+            .await
+            .map_err(map_err)?;
         Ok(if done.rows_affected() == 1 {
             KeyRelease::Released
         } else {

@@ -7,7 +7,7 @@
 //! on the token.
 
 use idem_core::leased::{
-    LeaseToken, LeasedClaim, LeasedKeyStore, NextStep, OnAbandoned, Resolution, next_step, sql,
+    LeaseToken, LeasedClaim, LeasedKeyStore, NextStep, OnUnknown, Resolution, next_step, sql,
 };
 use idem_core::{Completion, Fingerprint, KeyStore, Policy, Scope, StoreError};
 use sqlx::Sqlite;
@@ -46,12 +46,12 @@ impl LeasedKeyStore for SqliteStore {
         policy: &Policy,
         token: &LeaseToken,
         locked_until_ms: i64,
-        on_abandoned: OnAbandoned,
+        on_unknown: OnUnknown,
         now_ms: i64,
     ) -> Result<LeasedClaim, StoreError> {
         // Replays and live leases: a read, without the write lock.
         if let Some(record) = self.fetch(scope).await?
-            && next_step(&record, fingerprint, on_abandoned, now_ms) == NextStep::Keep
+            && next_step(&record, fingerprint, on_unknown, now_ms) == NextStep::Keep
         {
             return Ok(LeasedClaim::Existing(record));
         }
@@ -67,6 +67,7 @@ impl LeasedKeyStore for SqliteStore {
         let mut tx = self.begin_immediate().await?;
         let inserted = claim(sql::INSERT)
             .bind(expiry)
+            .bind(on_unknown.as_str())
             .fetch_optional(&mut *tx)
             .await
             .map_err(|e| self.map(e))?;
@@ -84,12 +85,22 @@ impl LeasedKeyStore for SqliteStore {
             };
             let record = decode(&row)?;
             // The write lock is ours: what was read is what is written over.
-            let (statement, claim) = match next_step(&record, fingerprint, on_abandoned, now_ms) {
+            let (statement, claim) = match next_step(&record, fingerprint, on_unknown, now_ms) {
                 NextStep::Reclaim => (
-                    claim(sql::RECLAIM_EXPIRED).bind(expiry),
+                    claim(sql::RECLAIM_EXPIRED)
+                        .bind(expiry)
+                        .bind(on_unknown.as_str()),
                     LeasedClaim::Claimed,
                 ),
-                NextStep::TakeOver => (claim(sql::TAKE_OVER), LeasedClaim::TakenOver),
+                NextStep::TakeOver => {
+                    let ended = record.locked_until_ms.unwrap_or(now_ms);
+                    (
+                        claim(sql::TAKE_OVER).bind(ended),
+                        LeasedClaim::TakenOver {
+                            lease_ended_at_ms: ended,
+                        },
+                    )
+                }
                 NextStep::Keep => {
                     let _ = tx.rollback().await;
                     return Ok(LeasedClaim::Existing(record));
@@ -112,6 +123,25 @@ impl LeasedKeyStore for SqliteStore {
         let done = scoped(sql::RENEW, scope)
             .bind(token.as_str())
             .bind(locked_until_ms)
+            .bind(now_ms)
+            .execute(self.pool())
+            .await
+            .map_err(|e| self.map(e))?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn abandon_leased(
+        &self,
+        scope: &Scope,
+        token: &LeaseToken,
+        until_ms: i64,
+        reason: Option<&str>,
+        now_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let done = scoped(sql::ABANDON, scope)
+            .bind(token.as_str())
+            .bind(until_ms.min(now_ms))
+            .bind(reason)
             .bind(now_ms)
             .execute(self.pool())
             .await

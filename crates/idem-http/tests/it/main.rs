@@ -157,6 +157,52 @@ macro_rules! http_suite {
                 assert_eq!(db.count().await, 1);
             }
 
+            /// A compression layer inside the idempotency layer (tower-http's
+            /// own): the first client accepts gzip, the retry does not; both
+            /// get the same readable bytes, and nothing claims an encoding
+            /// the body does not have.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn stored_answers_are_readable_whatever_the_first_client_accepted() {
+                let db = super::$db::setup().await;
+                let config = RouteConfig::required(
+                    Operation::new("payments.create").unwrap(),
+                    TenantSource::Static(Tenant::new("t").unwrap()),
+                );
+                let app = axum::Router::new().route(
+                    "/payments",
+                    post(create)
+                        .layer::<_, std::convert::Infallible>(
+                            tower_http::compression::CompressionLayer::new(),
+                        )
+                        .layer(IdempotencyLayer::new(db.store.clone(), config)),
+                );
+                let ask = |accept: Option<&'static str>| {
+                    let app = app.clone();
+                    async move {
+                        let mut req = Request::post("/payments")
+                            .header("content-type", "application/json")
+                            .header("idempotency-key", "gz-1");
+                        if let Some(a) = accept {
+                            req = req.header("accept-encoding", a);
+                        }
+                        let res = app
+                            .oneshot(req.body(Body::from(r#"{"amount":777}"#)).unwrap())
+                            .await
+                            .unwrap();
+                        let (parts, body) = res.into_parts();
+                        (parts.headers, body.collect().await.unwrap().to_bytes())
+                    }
+                };
+                let (h1, b1) = ask(Some("gzip, deflate, br")).await;
+                let (h2, b2) = ask(None).await;
+                assert_eq!(h2.get("idempotent-replayed").unwrap(), "true");
+                for (h, b) in [(&h1, &b1), (&h2, &b2)] {
+                    assert!(h.get("content-encoding").is_none(), "{h:?}");
+                    assert_eq!(&b[..], "x".repeat(8 * 1024).as_bytes(), "readable");
+                }
+                assert_eq!(db.count().await, 1);
+            }
+
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn different_body_same_key_is_422_and_runs_nothing() {
                 let (app, db) = app().await;

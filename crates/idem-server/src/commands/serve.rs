@@ -146,8 +146,7 @@ impl ServeArgs {
         let gc_interval = config::gc_interval(self.gc_interval)?;
         let checkout = config::checkout(&self.checkout)?;
         let respond_within = config::respond_within(self.respond_within)?;
-        let gateway =
-            crate::gateway::load(self.upstream.as_deref(), file, self.max_body_bytes)?;
+        let gateway = crate::gateway::load(self.upstream.as_deref(), file, self.max_body_bytes)?;
         if gateway.is_some() && checkout.is_some() {
             anyhow::bail!(
                 "--upstream (a gateway) and --provider-url (the checkout demo) are two different servers; start one of them"

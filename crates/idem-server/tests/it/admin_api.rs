@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use idem_core::inbox::{MessageId, Subscriber};
 use idem_core::keys::Claim;
-use idem_core::leased::{LeaseToken, OnAbandoned};
+use idem_core::leased::{LeaseToken, OnUnknown};
 use idem_core::outbox::{OutboxMessage, Topic};
 use idem_core::steps::{
     Fence, Lease, NewRun, RunChange, RunId, RunState, StepKind, StepRecord, StepState,
@@ -269,7 +269,7 @@ impl Job for Keys {
                 &Policy::default(),
                 &old,
                 now() + 600_000,
-                OnAbandoned::Stop,
+                OnUnknown::Reject,
                 now(),
             )
             .await
@@ -288,10 +288,31 @@ impl Job for Keys {
             store.fetch(&stuck).await.unwrap().is_some(),
             "nothing changed"
         );
-        let forced = r#"{"tenant":"gw","operation":"orders.create","key":"stuck-1","force":true}"#;
+        // A reject route's upstream does not deduplicate: forcing is not
+        // enough without the operator's word that they checked it.
+        let unchecked =
+            r#"{"tenant":"gw","operation":"orders.create","key":"stuck-1","force":true}"#;
+        let r = post(addr, "/admin/v1/keys/release", "rel-u", unchecked).await;
+        assert_problem(&r, 409, "upstream-unchecked");
+        let detail = r.json()["detail"].as_str().unwrap_or_default().to_owned();
+        assert!(
+            detail.contains("reject") && detail.contains("still running"),
+            "{detail}"
+        );
+        assert!(
+            store.fetch(&stuck).await.unwrap().is_some(),
+            "nothing changed"
+        );
+        let forced = r#"{"tenant":"gw","operation":"orders.create","key":"stuck-1","force":true,"upstream_checked":true}"#;
         let r = post(addr, "/admin/v1/keys/release", "rel-2", forced).await;
         assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
         assert_eq!(r.json()["released"], true);
+        assert!(
+            r.json()["warning"]
+                .as_str()
+                .is_some_and(|w| w.contains("may still land")),
+            "a forced release says what it cannot stop"
+        );
         assert!(store.fetch(&stuck).await.unwrap().is_none(), "released");
         let done = Completion::completed(StoredResponse {
             status: 200,
@@ -316,6 +337,7 @@ impl Job for Keys {
         assert_eq!(rows[0]["actor"], "admin");
         assert_eq!(rows[0]["target"], "gw/orders.create/stuck-1");
         assert_eq!(rows[0]["detail"]["force"], true);
+        assert_eq!(rows[0]["detail"]["upstream_checked"], true);
         assert_eq!(rows[0]["idempotency_key"], "rel-2");
 
         let fin = r#"{"tenant":"acme","operation":"payments.create","key":"50%_a","force":true}"#;
@@ -737,12 +759,13 @@ impl Job for AuthAndOverview {
                 &Policy::default(),
                 &LeaseToken::new(),
                 now() - 1,
-                OnAbandoned::Stop,
+                OnUnknown::Reject,
                 now() - 10,
             )
             .await
             .unwrap();
-        let rel = r#"{"tenant":"gw","operation":"orders.create","key":"s1"}"#;
+        let rel =
+            r#"{"tenant":"gw","operation":"orders.create","key":"s1","upstream_checked":true}"#;
         assert_eq!(
             post(addr, "/admin/v1/keys/release", "o-1", rel)
                 .await

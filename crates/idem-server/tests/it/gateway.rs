@@ -2,6 +2,8 @@
 //! deliberately non-idempotent upstream in the test process: every POST
 //! there is a new payment. What the upstream received is the evidence.
 
+use std::collections::HashMap;
+use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -43,13 +45,31 @@ impl Seen {
 /// A payments API without idempotency: `POST /v1/payments` creates one
 /// each time (`{"id":"pay_N", …body}`, 201); `/fail` answers 503 with
 /// `Retry-After: 7`; `/big` answers 2 MiB; `/hold` waits for
-/// [`Upstream::open`] before answering; `GET /v1/payments` lists them.
+/// [`Upstream::open`] before answering; `GET /v1/payments` lists them
+/// (`?reference=R`: those whose `reference` is R; `/v1/payments/broken`
+/// answers 500, a lookup that fails). And the boundary's failure cases:
+/// - `/lose`: creates the payment, then closes the connection without an
+///   answer — the first time it sees each `Idempotency-Key` — and answers
+///   201 after that (the seed's first failure case);
+/// - `/drop`: the first time it sees each key, closes the connection
+///   *without* acting; 201 after that;
+/// - `/act-then/{status}`: creates the payment, then answers that status;
+/// - `/dedupe`: Stripe's contract — a key seen first creates the payment
+///   and answers after [`Upstream::set_delay`] (then replays it, marked
+///   `Idempotent-Replayed: true`); a key whose first request still runs
+///   answers 409 `idempotency_key_in_use`;
+/// - `/gzip`: creates the payment and answers it gzip-encoded when the
+///   request accepts gzip (`Vary: Accept-Encoding`); `/always-gzip` even
+///   when it does not;
+/// - `GET /large?bytes=N` and `POST /large?bytes=N`: N bytes.
 #[derive(Clone)]
 pub struct Upstream {
     pub addr: SocketAddr,
     seen: Arc<Mutex<Vec<Seen>>>,
     payments: Arc<Mutex<Vec<Value>>>,
     gate: watch::Sender<bool>,
+    keys: Arc<Mutex<HashMap<String, Option<Value>>>>,
+    delay: Arc<Mutex<Duration>>,
 }
 
 type Answer = Result<Response<Full<Bytes>>, std::io::Error>;
@@ -72,6 +92,8 @@ impl Upstream {
             seen: Arc::default(),
             payments: Arc::default(),
             gate,
+            keys: Arc::default(),
+            delay: Arc::new(Mutex::new(Duration::from_secs(4))),
         };
         let me = up.clone();
         tokio::spawn(async move {
@@ -110,8 +132,115 @@ impl Upstream {
             all.push(p.clone());
             p
         };
-        match (parts.method.as_str(), parts.uri.path()) {
+        let key = parts
+            .headers
+            .get("idempotency-key")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        // Whether this key was seen on this path before (and now is).
+        let first_time = |me: &Self| {
+            let tag = format!("{}:{}", parts.uri.path(), key.clone().unwrap_or_default());
+            me.keys.lock().unwrap().insert(tag, None).is_none()
+        };
+        let query = |name: &str| {
+            parts.uri.query().and_then(|q| {
+                q.split('&')
+                    .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+                    .map(str::to_owned)
+            })
+        };
+        let path = parts.uri.path().to_owned();
+        match (parts.method.as_str(), path.as_str()) {
             ("POST", "/v1/payments") => json_answer(201, &create(self)),
+            ("POST", "/lose") => {
+                let p = create(self);
+                if first_time(self) {
+                    return Err(std::io::Error::other("the answer is lost"));
+                }
+                json_answer(201, &p)
+            }
+            ("POST", "/drop") => {
+                if first_time(self) {
+                    return Err(std::io::Error::other("dropped before acting"));
+                }
+                json_answer(201, &create(self))
+            }
+            ("POST", p) if p.starts_with("/act-then/") => {
+                let status = p.trim_start_matches("/act-then/").parse().unwrap_or(500);
+                create(self);
+                json_answer(status, &json!({"error": "acted, then failed"}))
+            }
+            ("POST", "/dedupe") => {
+                let tag = key.clone().unwrap_or_default();
+                let state = self.keys.lock().unwrap().get(&tag).cloned();
+                match state {
+                    Some(Some(done)) => {
+                        let mut r = json_answer(201, &done)?;
+                        r.headers_mut()
+                            .insert("idempotent-replayed", "true".parse().unwrap());
+                        Ok(r)
+                    }
+                    Some(None) => json_answer(
+                        409,
+                        &json!({"error": {"type": "idempotency_error",
+                                          "code": "idempotency_key_in_use"}}),
+                    ),
+                    None => {
+                        self.keys.lock().unwrap().insert(tag.clone(), None);
+                        let p = create(self);
+                        let delay = *self.delay.lock().unwrap();
+                        // In a task of its own: a client that hangs up does
+                        // not stop the work, as in a real service.
+                        let keys = self.keys.clone();
+                        let done = p.clone();
+                        let work = tokio::spawn(async move {
+                            tokio::time::sleep(delay).await;
+                            keys.lock().unwrap().insert(tag, Some(done));
+                        });
+                        let _ = work.await;
+                        json_answer(201, &p)
+                    }
+                }
+            }
+            ("POST", "/gzip" | "/always-gzip") => {
+                let p = create(self);
+                let accepts = parts
+                    .headers
+                    .get("accept-encoding")
+                    .and_then(|v| v.to_str().ok())
+                    .is_some_and(|v| v.contains("gzip"));
+                if !accepts && path == "/gzip" {
+                    return json_answer(201, &p);
+                }
+                let mut gz =
+                    flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+                gz.write_all(p.to_string().as_bytes()).unwrap();
+                let mut r = Response::new(Full::new(Bytes::from(gz.finish().unwrap())));
+                *r.status_mut() = hyper::StatusCode::CREATED;
+                for (n, v) in [
+                    ("content-type", "application/json"),
+                    ("content-encoding", "gzip"),
+                    ("vary", "Accept-Encoding"),
+                    ("content-language", "en"),
+                ] {
+                    r.headers_mut().insert(n, v.parse().unwrap());
+                }
+                Ok(r)
+            }
+            ("GET" | "POST", "/large") => {
+                // One buffer for every answer: the test process holds it once.
+                static BIG: std::sync::OnceLock<Bytes> = std::sync::OnceLock::new();
+                let big = BIG.get_or_init(|| Bytes::from(vec![b'x'; 16 << 20]));
+                let n = query("bytes")
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(1024)
+                    .min(big.len());
+                if parts.method == "POST" {
+                    create(self);
+                }
+                Ok(Response::new(Full::new(big.slice(..n))))
+            }
+            ("GET", "/v1/payments/broken") => json_answer(500, &json!({"error": "lookup down"})),
             ("POST", "/hold") => {
                 let p = create(self);
                 let mut rx = self.gate.subscribe();
@@ -129,7 +258,15 @@ impl Upstream {
             }
             ("POST", "/big") => Ok(Response::new(Full::new(Bytes::from(vec![b'x'; 2 << 20])))),
             ("GET", "/v1/payments") => {
-                json_answer(200, &json!({"data": *self.payments.lock().unwrap()}))
+                let all = self.payments.lock().unwrap().clone();
+                let data: Vec<Value> = match query("reference") {
+                    Some(r) => all
+                        .into_iter()
+                        .filter(|p| p["reference"] == r.as_str())
+                        .collect(),
+                    None => all,
+                };
+                json_answer(200, &json!({ "data": data }))
             }
             _ => json_answer(404, &json!({"error": "no such route"})),
         }
@@ -153,6 +290,10 @@ impl Upstream {
     }
     pub fn open(&self) {
         self.gate.send_replace(true);
+    }
+    /// How long `/dedupe` takes to answer a key's first request.
+    pub fn set_delay(&self, d: Duration) {
+        *self.delay.lock().unwrap() = d;
     }
 }
 
@@ -187,6 +328,12 @@ on_unknown = "{on_unknown}"
 
 [[gateway.routes]]
 method = "POST"
+path = "/flaky"
+operation = "flaky"
+not_processed = [503]          # this upstream's 503 says: warming up, nothing done
+
+[[gateway.routes]]
+method = "POST"
 path = "/{{kind}}"
 operation = "misc"
 max_response_bytes = 1048576
@@ -198,11 +345,11 @@ max_response_bytes = 1048576
     path.display().to_string()
 }
 
-async fn gateway(db: &ShopDb, config: &str, failpoints: Option<&str>) -> Server {
+pub async fn gateway(db: &ShopDb, config: &str, failpoints: Option<&str>) -> Server {
     Server::start_with(&db.url(), &["--config", config], failpoints).await
 }
 
-async fn post(addr: SocketAddr, path: &str, key: Option<&str>, body: &str) -> Reply {
+pub async fn post(addr: SocketAddr, path: &str, key: Option<&str>, body: &str) -> Reply {
     call(addr, "POST", path, key, body).await
 }
 
@@ -344,10 +491,11 @@ pub async fn concurrency(db: ShopDb) {
     );
 }
 
-/// The upstream fails: 5xx passed through with Retry-After and the key
-/// released (the retry forwards the same derived key); an answer over the
-/// limit is 502 and not stored; an upstream that is down is 502 and
-/// nothing is kept.
+/// The upstream fails on a `reject` route (the default): its 5xx is passed
+/// through (Retry-After included) and the key kept, so the retry gets 409
+/// outcome-unknown and nothing is forwarded again; an answer over the limit
+/// is 502 and kept the same way; an upstream that is down (nothing sent)
+/// is 502 and the key released, so a retry tries again.
 pub async fn upstream_failures(db: ShopDb) {
     let up = Upstream::start().await;
     let dir = idem_testkit::TempDir::new("gateway");
@@ -362,14 +510,16 @@ pub async fn upstream_failures(db: ShopDb) {
     );
     assert_eq!(a.json()["error"], "busy", "the upstream's own answer");
     let b = post(gw.addr, "/fail", Some("f-1"), "{}").await;
-    assert_eq!(b.status, 503, "not stored: forwarded again");
-    let keys: Vec<_> = up
-        .seen_at("/fail")
-        .iter()
-        .map(|s| s.key().unwrap().to_owned())
-        .collect();
-    assert_eq!(keys.len(), 2);
-    assert_eq!(keys[0], keys[1], "the same derived key on the retry");
+    assert_eq!(b.status, 409, "kept: {}", String::from_utf8_lossy(&b.body));
+    assert_eq!(
+        b.problem_type(),
+        "https://idem.dev/problems/outcome-unknown"
+    );
+    assert!(
+        b.header("retry-after").is_none(),
+        "an operator's, not a retry's"
+    );
+    assert_eq!(up.seen_at("/fail").len(), 1, "never forwarded again");
 
     let big = post(gw.addr, "/big", Some("b-1"), "{}").await;
     assert_eq!(big.status, 502);
@@ -378,8 +528,8 @@ pub async fn upstream_failures(db: ShopDb) {
         "https://idem.dev/problems/upstream-response-too-large"
     );
     let big = post(gw.addr, "/big", Some("b-1"), "{}").await;
-    assert_eq!(big.status, 502, "not stored, not replayed");
-    assert_eq!(up.seen_at("/big").len(), 2);
+    assert_eq!(big.status, 409, "the upstream acted: kept, not forwarded");
+    assert_eq!(up.seen_at("/big").len(), 1);
 
     // Down: a gateway in front of a closed port.
     let closed = crate::process::free_port();
@@ -526,9 +676,10 @@ pub async fn killed_mid_forward(db: ShopDb, on_unknown: &'static str) {
     );
 }
 
-/// `idem-client` through the gateway: the upstream's 503s are retried with
-/// the client's one key; the gateway forwards one derived key each time;
-/// one effect, and the same intent sent again is a replay.
+/// `idem-client` through the gateway: the upstream's 503s, which the route
+/// names as not processed, are retried with the client's one key; the
+/// gateway forwards one derived key each time; one effect, and the same
+/// intent sent again is a replay.
 pub async fn a_retrying_client_through_the_gateway(db: ShopDb) {
     let up = Upstream::start().await;
     let dir = idem_testkit::TempDir::new("gateway");

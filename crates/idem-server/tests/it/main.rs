@@ -9,6 +9,7 @@ mod console;
 mod drill_runner;
 mod fakes;
 mod gateway;
+mod gateway_unknown;
 mod hardening;
 mod history;
 mod messaging;

@@ -92,6 +92,7 @@ conformance! {
     the_namespace_is_drawn_once;
     leased_claims_commit_and_only_the_holder_writes;
     a_released_lease_frees_the_key;
+    a_holder_ends_its_lease_when_the_outcome_is_unknown;
     an_abandoned_lease_is_taken_over_by_one, 20;
     operators_resolve_only_abandoned_leases;
     leased_and_transactional_claims_share_keys;

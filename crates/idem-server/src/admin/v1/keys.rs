@@ -9,7 +9,7 @@ use axum::routing::{get, post};
 use axum::{Extension, Router};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
-use idem_core::admin::{KeyDetail, KeyFilter, KeyRelease, KeySummary};
+use idem_core::admin::{KeyDetail, KeyFilter, KeyRelease, KeySummary, ReleaseRequest};
 use idem_core::{IdempotencyKey, Operation, RecordState, Scope, StoredResponse, Tenant};
 use idem_http::IdemTx;
 use serde::Deserialize;
@@ -73,6 +73,7 @@ pub fn detail_json(d: &KeyDetail) -> Value {
         .as_ref()
         .map_or(Value::Null, |r| json!({"type": r.kind, "id": r.id}));
     v["recovery_point"] = json!(d.recovery_point);
+    v["on_unknown"] = json!(d.on_unknown.map(|p| p.as_str()));
     v
 }
 
@@ -172,6 +173,8 @@ struct ReleaseBody {
     key: Option<String>,
     #[serde(default)]
     force: bool,
+    #[serde(default)]
+    upstream_checked: bool,
 }
 
 async fn release<B: Backend>(
@@ -196,7 +199,11 @@ async fn release<B: Backend>(
         return internal("transaction finished");
     };
     let now = super::now_ms();
-    let outcome = match B::release_key(&mut tx, &scope, b.force, now).await {
+    let request = ReleaseRequest {
+        force: b.force,
+        upstream_checked: b.upstream_checked,
+    };
+    let outcome = match B::release_key(&mut tx, &scope, request, now).await {
         Ok(o) => o,
         Err(e) => return db_error(e),
     };
@@ -228,8 +235,30 @@ async fn release<B: Backend>(
                 "lease-live",
                 "The key record's lease is live",
                 &format!(
-                    "its holder may still be working until {}; send \"force\": true to release it anyway",
+                    "its holder may still be forwarding until {}: a forward already sent keeps \
+                     running upstream and may still land there even after a release; send \
+                     \"force\": true to release it anyway",
                     rfc3339(until)
+                ),
+            );
+        }
+        KeyRelease::UpstreamUnchecked(policy) => {
+            return conflict(
+                "upstream-unchecked",
+                "Check the upstream before releasing this key",
+                &format!(
+                    "the key's route {} keeps unknown outcomes because its upstream does not \
+                     deduplicate: after a release the next retry forwards the request again, a \
+                     second effect if the first landed{}; look the request up upstream, then send \
+                     \"upstream_checked\": true",
+                    policy.map_or("(of an older version)".to_owned(), |p| format!(
+                        "(on_unknown = \"{p}\")"
+                    )),
+                    if b.force {
+                        " or if the forward still running lands"
+                    } else {
+                        ""
+                    }
                 ),
             );
         }
@@ -238,11 +267,19 @@ async fn release<B: Backend>(
         action: "keys.release",
         target,
         detail: json!({"tenant": scope.tenant.as_str(), "operation": scope.operation.as_str(),
-                       "key": scope.key.as_str(), "force": b.force}),
+                       "key": scope.key.as_str(), "force": b.force,
+                       "upstream_checked": b.upstream_checked}),
     };
     if let Err(r) = record::<B>(&mut tx, actor.as_ref().map(|a| &a.0), &headers, audit).await {
         return r;
     }
-    ok(&json!({"released": true, "tenant": scope.tenant.as_str(),
-               "operation": scope.operation.as_str(), "key": scope.key.as_str()}))
+    let mut answer = json!({"released": true, "tenant": scope.tenant.as_str(),
+               "operation": scope.operation.as_str(), "key": scope.key.as_str()});
+    if b.force {
+        answer["warning"] = json!(
+            "a forward the holder already sent keeps running upstream and may still land there; \
+             its answer is not stored (its token writes nothing)"
+        );
+    }
+    ok(&answer)
 }

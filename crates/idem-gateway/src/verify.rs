@@ -1,0 +1,484 @@
+//! `on_unknown = "verify"`: the seed's *idempotency by validation*. A
+//! forward whose outcome is unknown (sent, and no usable answer came back)
+//! is not sent again blindly: the gateway asks the upstream whether the
+//! intent landed, with a lookup keyed by something it sent — the derived
+//! key, a field of the request body (a payment's `reference`) or a segment
+//! of its path.
+//!
+//! - Found: the found resource is stored as the request's answer (with
+//!   [`Verify::status`]) and every retry replays it.
+//! - Not found, and the [landing window](Verify::landing) since the outcome
+//!   became unknown has passed: nothing the gateway sent can land any more,
+//!   so the request is forwarded again (with the same derived key).
+//! - Not found within the window, or the lookup failed: still unknown; the
+//!   client gets `409 outcome-unknown` with `Retry-After` and the record
+//!   keeps the time the outcome became unknown.
+
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use serde_json::Value;
+
+use crate::config::{GatewayConfigError, PathPattern};
+
+/// Default [`Verify::landing`].
+pub const DEFAULT_LANDING: Duration = Duration::from_secs(60);
+/// The bounds of [`Verify::landing`].
+pub const LANDING_RANGE: (Duration, Duration) = (Duration::ZERO, Duration::from_secs(24 * 3600));
+/// The longest lookup template.
+const MAX_TEMPLATE: usize = 2048;
+
+/// A route's lookup.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verify {
+    target: Vec<Piece>,
+    found: Option<String>,
+    /// The status a found answer is stored and replayed with.
+    pub status: StatusCode,
+    /// How long after a forward's outcome became unknown a request the
+    /// gateway sent may still land upstream: a lookup that finds nothing
+    /// earlier is not trusted, and nothing is forwarded again before.
+    pub landing: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Piece {
+    Literal(String),
+    /// The derived key the gateway sends upstream.
+    Key,
+    /// A field of the request body (a JSON pointer; for a form body its
+    /// segments name the field as `a[b][c]`).
+    Body(String),
+    /// A `{param}` segment of the route's path.
+    Param(String),
+}
+
+/// What the lookup said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lookup {
+    /// The intent landed: this body is its answer.
+    Found {
+        /// The answer's media type.
+        content_type: String,
+        /// The answer's body.
+        body: Vec<u8>,
+    },
+    /// The upstream has no trace of it.
+    NotFound,
+    /// No usable answer: the outcome is still unknown.
+    Failed(String),
+}
+
+fn invalid(text: String) -> GatewayConfigError {
+    GatewayConfigError::Setting(text)
+}
+
+impl Verify {
+    /// Parses the `verify*` and `landing` settings of a route on `path`.
+    pub fn parse(
+        lookup: &str,
+        found: Option<&str>,
+        status: Option<u16>,
+        landing: Option<&str>,
+        path: &PathPattern,
+    ) -> Result<Self, GatewayConfigError> {
+        if lookup.len() > MAX_TEMPLATE {
+            return Err(invalid(format!(
+                "verify: longer than {MAX_TEMPLATE} characters"
+            )));
+        }
+        let Some(target) = lookup.strip_prefix("GET ") else {
+            return Err(invalid(format!(
+                "verify: {lookup:?} must be \"GET /path?query\": a lookup reads, it never acts"
+            )));
+        };
+        let target = target.trim();
+        if !target.starts_with('/')
+            || target.contains(['#', ' '])
+            || target.chars().any(char::is_control)
+        {
+            return Err(invalid(format!(
+                "verify: {target:?} is not a path and query starting with /"
+            )));
+        }
+        let mut pieces = Vec::new();
+        let mut rest = target;
+        while let Some(open) = rest.find('{') {
+            if open > 0 {
+                pieces.push(Piece::Literal(rest[..open].to_owned()));
+            }
+            let Some(close) = rest[open..].find('}') else {
+                return Err(invalid(format!("verify: an unclosed {{ in {target:?}")));
+            };
+            let name = &rest[open + 1..open + close];
+            pieces.push(match name {
+                "key" => Piece::Key,
+                p if p.starts_with('/') => {
+                    if !valid_pointer(p) {
+                        return Err(invalid(format!("verify: {{{p}}} is not a JSON pointer")));
+                    }
+                    Piece::Body(p.to_owned())
+                }
+                p if path.has_param(p) => Piece::Param(p.to_owned()),
+                p => {
+                    return Err(invalid(format!(
+                        "verify: {{{p}}} is neither {{key}}, a {{/json/pointer}} into the body, nor \
+                         a {{param}} of the route's path"
+                    )));
+                }
+            });
+            rest = &rest[open + close + 1..];
+        }
+        if rest.contains('}') {
+            return Err(invalid(format!("verify: a stray }} in {target:?}")));
+        }
+        if !rest.is_empty() {
+            pieces.push(Piece::Literal(rest.to_owned()));
+        }
+        if !pieces.iter().any(|p| !matches!(p, Piece::Literal(_))) {
+            return Err(invalid(format!(
+                "verify: {target:?} names nothing of the request ({{key}}, {{/field}} or \
+                 {{param}}): it cannot tell one intent from another"
+            )));
+        }
+        if let Some(p) = found
+            && !(p.is_empty() || valid_pointer(p))
+        {
+            return Err(invalid(format!(
+                "verify_found: {p:?} is not a JSON pointer"
+            )));
+        }
+        let status = match status {
+            None => StatusCode::OK,
+            Some(s) if (200..=299).contains(&s) => StatusCode::from_u16(s)
+                .map_err(|_| invalid(format!("verify_status: {s} is not a status")))?,
+            Some(s) => {
+                return Err(invalid(format!(
+                    "verify_status: {s} is not a 2xx status (a found intent succeeded)"
+                )));
+            }
+        };
+        let landing = match landing {
+            None => DEFAULT_LANDING,
+            Some(text) => {
+                let d = humantime::parse_duration(text)
+                    .map_err(|e| invalid(format!("landing: {text:?} is not a duration ({e})")))?;
+                idem_core::ConfigError::check_duration(
+                    "gateway.routes",
+                    "landing",
+                    d,
+                    LANDING_RANGE.0,
+                    LANDING_RANGE.1,
+                )?;
+                d
+            }
+        };
+        Ok(Self {
+            target: pieces,
+            found: found.filter(|p| !p.is_empty()).map(str::to_owned),
+            status,
+            landing,
+        })
+    }
+
+    /// Whether a request carries every value the lookup needs, so it can
+    /// be verified should its outcome become unknown: checked before
+    /// anything is forwarded. The error says what is missing.
+    pub fn check(&self, body: &[u8], path: &str, route: &PathPattern) -> Result<(), String> {
+        self.target("", body, path, route).map(drop)
+    }
+
+    /// The lookup's path and query for one request, every value
+    /// percent-encoded.
+    pub fn target(
+        &self,
+        key: &str,
+        body: &[u8],
+        path: &str,
+        route: &PathPattern,
+    ) -> Result<String, String> {
+        let mut out = String::new();
+        let mut parsed = None;
+        for piece in &self.target {
+            match piece {
+                Piece::Literal(l) => out.push_str(l),
+                Piece::Key => encode(key, &mut out),
+                Piece::Param(name) => match route.param(name, path) {
+                    Some(v) => encode(&percent_decoded(v), &mut out),
+                    None => return Err(format!("the path has no {{{name}}} segment")),
+                },
+                Piece::Body(pointer) => {
+                    let fields = parsed.get_or_insert_with(|| Fields::of(body));
+                    match fields.get(pointer) {
+                        Some(v) if !v.is_empty() && v.len() <= 1024 => encode(&v, &mut out),
+                        _ => {
+                            return Err(format!(
+                                "the request body has no {pointer} (a string or a number of 1 to \
+                                 1024 characters): this route verifies unknown outcomes by it"
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// What a lookup answer says. A 404 means not found only for a lookup
+    /// of one resource (no `verify_found`): for a search it is a lookup
+    /// that went wrong, never a reason to forward again.
+    pub fn read(&self, status: StatusCode, content_type: Option<&str>, body: &[u8]) -> Lookup {
+        if status == StatusCode::NOT_FOUND && self.found.is_none() {
+            return Lookup::NotFound;
+        }
+        if !status.is_success() {
+            return Lookup::Failed(format!("the lookup answered {}", status.as_u16()));
+        }
+        let Some(pointer) = &self.found else {
+            return Lookup::Found {
+                content_type: content_type
+                    .unwrap_or("application/octet-stream")
+                    .to_owned(),
+                body: body.to_vec(),
+            };
+        };
+        let Ok(v) = serde_json::from_slice::<Value>(body) else {
+            return Lookup::Failed("the lookup's answer is not JSON".into());
+        };
+        match v.pointer(pointer) {
+            None | Some(Value::Null) => Lookup::NotFound,
+            Some(Value::Array(a)) if a.is_empty() => Lookup::NotFound,
+            Some(found) => Lookup::Found {
+                content_type: "application/json".into(),
+                body: found.to_string().into_bytes(),
+            },
+        }
+    }
+}
+
+/// A request body's fields: JSON, else a form (`a[b]=…` for `/a/b`).
+enum Fields {
+    Json(Value),
+    Form(Vec<(String, String)>),
+    None,
+}
+
+impl Fields {
+    fn of(body: &[u8]) -> Self {
+        if let Ok(v) = serde_json::from_slice::<Value>(body) {
+            return Self::Json(v);
+        }
+        if std::str::from_utf8(body).is_ok() {
+            return Self::Form(
+                form_urlencoded::parse(body)
+                    .map(|(k, v)| (k.into_owned(), v.into_owned()))
+                    .collect(),
+            );
+        }
+        Self::None
+    }
+
+    fn get(&self, pointer: &str) -> Option<String> {
+        match self {
+            Self::Json(v) => match v.pointer(pointer)? {
+                Value::String(s) => Some(s.clone()),
+                Value::Number(n) => Some(n.to_string()),
+                _ => None,
+            },
+            Self::Form(pairs) => {
+                let mut segments = pointer.split('/').skip(1).map(unescape_pointer);
+                let mut name = segments.next()?;
+                for s in segments {
+                    name = format!("{name}[{s}]");
+                }
+                let mut values = pairs.iter().filter(|(k, _)| *k == name);
+                match (values.next(), values.next()) {
+                    (Some((_, v)), None) => Some(v.clone()),
+                    // Sent twice: which one the upstream reads is unknowable.
+                    _ => None,
+                }
+            }
+            Self::None => None,
+        }
+    }
+}
+
+fn unescape_pointer(segment: &str) -> String {
+    segment.replace("~1", "/").replace("~0", "~")
+}
+
+fn valid_pointer(p: &str) -> bool {
+    p.starts_with('/')
+        && p.len() <= 256
+        && !p.chars().any(char::is_control)
+        && p.split('~').skip(1).all(|s| s.starts_with(['0', '1']))
+}
+
+/// A path segment as the upstream reads it (`%XX` decoded; invalid UTF-8
+/// replaced).
+fn percent_decoded(segment: &str) -> String {
+    let bytes = segment.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        if bytes[i] == b'%'
+            && let (Some(h), Some(l)) = (
+                bytes.get(i + 1).copied().and_then(hex),
+                bytes.get(i + 2).copied().and_then(hex),
+            )
+        {
+            out.push((h * 16 + l) as u8);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Percent-encodes everything but RFC 3986's unreserved characters, so a
+/// value lands in one path segment or one query value whatever it holds.
+fn encode(value: &str, out: &mut String) {
+    for b in value.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn route(p: &str) -> PathPattern {
+        PathPattern::parse(p).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn verify(lookup: &str, found: Option<&str>) -> Verify {
+        Verify::parse(
+            lookup,
+            found,
+            None,
+            Some("2s"),
+            &route("/v1/orders/{order}/payments"),
+        )
+        .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn lookups_name_the_key_a_body_field_or_a_path_segment_encoded() {
+        let v = verify(
+            "GET /v1/payments?reference={/reference}&key={key}&order={order}",
+            Some("/data/0"),
+        );
+        let body = "{\"reference\":\"ord 1/ü&x\",\"amount\":5}".as_bytes();
+        let target = v
+            .target(
+                "idem:forward:ab",
+                body,
+                "/v1/orders/o%201/payments",
+                &route("/v1/orders/{order}/payments"),
+            )
+            .unwrap();
+        assert_eq!(
+            target,
+            "/v1/payments?reference=ord%201%2F%C3%BC%26x&key=idem%3Aforward%3Aab&order=o%201"
+        );
+        assert_eq!(v.landing, Duration::from_secs(2));
+        assert_eq!(v.status, StatusCode::OK);
+        // A form body, as Stripe's clients send it: /metadata/ref is metadata[ref].
+        let form = b"amount=5&metadata%5Bref%5D=r-1&reference=r-2";
+        let v = verify("GET /v1/payments?ref={/metadata/ref}&r={/reference}", None);
+        let t = v
+            .target("k", form, "/x", &route("/v1/orders/{order}/payments"))
+            .unwrap();
+        assert_eq!(t, "/v1/payments?ref=r-1&r=r-2");
+    }
+
+    #[test]
+    fn a_request_without_the_looked_up_value_is_refused_before_anything_is_sent() {
+        let v = verify("GET /v1/payments?reference={/reference}", Some("/data/0"));
+        let r = route("/v1/orders/{order}/payments");
+        for body in [
+            &br#"{"amount":5}"#[..],
+            br#"{"reference":""}"#,
+            br#"{"reference":{"a":1}}"#,
+            b"reference=a&reference=b",
+            b"\xff\xfe",
+        ] {
+            let e = v.check(body, "/v1/orders/1/payments", &r).unwrap_err();
+            assert!(e.contains("/reference"), "{e}");
+        }
+        assert!(
+            v.check(br#"{"reference":42}"#, "/v1/orders/1/payments", &r)
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn answers_say_found_not_found_or_failed_and_a_search_404_is_a_failure() {
+        let search = verify("GET /v1/payments?reference={/reference}", Some("/data/0"));
+        let ok = StatusCode::OK;
+        assert_eq!(
+            search.read(
+                ok,
+                Some("application/json"),
+                br#"{"data":[{"id":"pay_1"}]}"#
+            ),
+            Lookup::Found {
+                content_type: "application/json".into(),
+                body: br#"{"id":"pay_1"}"#.to_vec()
+            }
+        );
+        for empty in [&br#"{"data":[]}"#[..], br#"{"data":null}"#, br#"{}"#] {
+            assert_eq!(search.read(ok, None, empty), Lookup::NotFound);
+        }
+        assert!(matches!(
+            search.read(ok, None, b"<html>"),
+            Lookup::Failed(_)
+        ));
+        assert!(matches!(
+            search.read(StatusCode::NOT_FOUND, None, b""),
+            Lookup::Failed(_)
+        ));
+        assert!(matches!(
+            search.read(StatusCode::BAD_GATEWAY, None, b""),
+            Lookup::Failed(_)
+        ));
+        let one = verify("GET /v1/payments/by-key/{key}", None);
+        assert_eq!(one.read(StatusCode::NOT_FOUND, None, b""), Lookup::NotFound);
+        assert!(matches!(
+            one.read(ok, Some("application/json"), b"{}"),
+            Lookup::Found { .. }
+        ));
+    }
+
+    #[test]
+    fn bad_lookups_are_refused() {
+        let r = route("/v1/payments");
+        for (lookup, found, status, says) in [
+            ("POST /v1/x?k={key}", None, None, "GET"),
+            ("GET v1/x?k={key}", None, None, "starting with /"),
+            ("GET /v1/x", None, None, "names nothing"),
+            ("GET /v1/x?k={nope}", None, None, "neither"),
+            ("GET /v1/x?k={key", None, None, "unclosed"),
+            ("GET /v1/x?k={key}}", None, None, "stray"),
+            ("GET /v1/x?k={/a~2}", None, None, "pointer"),
+            ("GET /v1/x?k={key}", Some("data"), None, "verify_found"),
+            ("GET /v1/x?k={key}", None, Some(404), "verify_status"),
+        ] {
+            let e = Verify::parse(lookup, found, status, None, &r)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(says), "{lookup}: {e}");
+        }
+        let e = Verify::parse("GET /x?k={key}", None, None, Some("2days"), &r)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("landing"), "{e}");
+    }
+}

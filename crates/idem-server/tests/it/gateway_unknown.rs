@@ -1,0 +1,447 @@
+//! The gateway at the boundary with an upstream it does not own: an
+//! outcome that may have landed is never forwarded again blindly, an
+//! upstream's "still running" is never stored, a replay is readable by
+//! every client, and the answer bytes held for slow readers stay within
+//! their budget. The upstream is [`Upstream`], deliberately not idempotent
+//! (but for `/dedupe`); what it received is the evidence.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::checkout::ShopDb;
+use crate::gateway::{Upstream, gateway, post};
+use crate::process::Server;
+use crate::{Reply, exchange};
+
+const UNKNOWN: &str = "https://idem.dev/problems/outcome-unknown";
+const IN_FLIGHT: &str = "https://idem.dev/problems/request-in-flight";
+
+/// A `--config` file: the `[gateway]` table (`upstream` set) with `extra`
+/// lines, then `routes` as written.
+fn config(dir: &idem_testkit::TempDir, up: &Upstream, extra: &str, routes: &str) -> String {
+    let path = dir.path().join("gateway.toml");
+    std::fs::write(
+        &path,
+        format!("[gateway]\nupstream = \"{}\"\n{extra}\n{routes}", up.url()),
+    )
+    .unwrap();
+    path.display().to_string()
+}
+
+fn body_of(r: &Reply) -> String {
+    String::from_utf8_lossy(&r.body).into_owned()
+}
+
+/// `--upstream URL` alone, in front of an upstream that commits each
+/// key's first POST and loses its answer: the first try gets 502 saying
+/// the key is kept, every retry 409 `outcome-unknown`; `idem-client`
+/// retries the 502 and stops at the 409. One effect per intent.
+pub async fn a_default_gateway_never_forwards_a_lost_answer_again(db: ShopDb) {
+    let up = Upstream::start().await;
+    let gw = Server::start(&db.url(), &["--upstream", &up.url()]).await;
+    let intents = 5;
+    for i in 0..intents {
+        let key = format!("lost-{i}");
+        let body = format!(r#"{{"amount":{i},"reference":"r-{i}"}}"#);
+        let first = post(gw.addr, "/lose", Some(&key), &body).await;
+        assert_eq!(first.status, 502, "{}", body_of(&first));
+        assert!(
+            body_of(&first).contains("409 outcome-unknown"),
+            "{}",
+            body_of(&first)
+        );
+        for _ in 0..3 {
+            let retry = post(gw.addr, "/lose", Some(&key), &body).await;
+            assert_eq!(retry.status, 409, "{}", body_of(&retry));
+            assert_eq!(retry.problem_type(), UNKNOWN);
+            assert!(
+                retry.header("retry-after").is_none(),
+                "held for an operator"
+            );
+        }
+    }
+    // A real retrying client: the 502 is retried, the 409 is its answer.
+    let client = idem_client::Client::builder()
+        .build(&format!("http://{}", gw.addr))
+        .unwrap();
+    let answer = client
+        .post("/lose")
+        .json(&json!({"amount": 9, "reference": "r-client"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        answer.status.as_u16(),
+        409,
+        "{}",
+        String::from_utf8_lossy(&answer.body)
+    );
+    assert!(answer.attempts >= 2, "the 502 was retried");
+    assert_eq!(up.effects(), intents + 1, "one effect per intent");
+    assert_eq!(
+        up.seen_at("/lose").len(),
+        intents + 1,
+        "each forwarded once"
+    );
+    println!(
+        "default gateway, lost answers: intents={} forwards={} effects={} client_attempts={}",
+        intents + 1,
+        up.seen_at("/lose").len(),
+        up.effects(),
+        answer.attempts
+    );
+}
+
+const VERIFY_ROUTES: &str = r#"
+[[gateway.routes]]
+method = "POST"
+path = "/{kind}"
+operation = "verified"
+on_unknown = "verify"
+verify = "GET /v1/payments?reference={/reference}"
+verify_found = "/data/0"
+verify_status = 201
+landing = "1s"
+lease = "1s"
+
+[[gateway.routes]]
+method = "POST"
+path = "/act-then/{status}"
+operation = "verified-broken-lookup"
+on_unknown = "verify"
+verify = "GET /v1/payments/broken?reference={/reference}"
+landing = "1s"
+"#;
+
+/// `on_unknown = "verify"`: a lost answer is found by the lookup and
+/// answered (then replayed); a request that did not land is forwarded
+/// again only after the landing window; a lookup that fails keeps the
+/// outcome unknown; a request the lookup could not find is refused
+/// before anything is sent.
+pub async fn a_verify_route_finds_what_landed_and_forwards_again_only_what_did_not(db: ShopDb) {
+    let up = Upstream::start().await;
+    let dir = idem_testkit::TempDir::new("gateway-verify");
+    let gw = gateway(&db, &config(&dir, &up, "", VERIFY_ROUTES), None).await;
+
+    // Landed, answer lost: found and answered at once.
+    let body = r#"{"amount":10,"reference":"r-1"}"#;
+    let first = post(gw.addr, "/lose", Some("v-1"), body).await;
+    assert_eq!(first.status, 201, "{}", body_of(&first));
+    assert_eq!(first.json()["reference"], "r-1");
+    let replay = post(gw.addr, "/lose", Some("v-1"), body).await;
+    assert!(replay.replayed());
+    assert_eq!((replay.status, &replay.body), (201, &first.body));
+    assert_eq!(up.seen_at("/lose").len(), 1);
+
+    // Did not land: unknown until the landing window passed, then
+    // forwarded again, once.
+    let body = r#"{"amount":20,"reference":"r-2"}"#;
+    let first = post(gw.addr, "/drop", Some("v-2"), body).await;
+    let unknown_at = Instant::now();
+    assert_eq!(first.status, 502, "{}", body_of(&first));
+    assert_eq!(first.header("retry-after").as_deref(), Some("1"));
+    let early = post(gw.addr, "/drop", Some("v-2"), body).await;
+    if unknown_at.elapsed() < Duration::from_millis(900) {
+        assert_eq!(early.status, 409, "{}", body_of(&early));
+        assert_eq!(early.problem_type(), UNKNOWN);
+        assert!(early.header("retry-after").is_some(), "it resolves itself");
+        assert_eq!(
+            up.seen_at("/drop").len(),
+            1,
+            "nothing forwarded within the window"
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let later = post(gw.addr, "/drop", Some("v-2"), body).await;
+    assert_eq!(later.status, 201, "{}", body_of(&later));
+    assert_eq!(
+        up.seen_at("/drop").len(),
+        2,
+        "forwarded again once it did not land"
+    );
+    let seen = up.seen_at("/drop");
+    assert_eq!(seen[0].key(), seen[1].key(), "with the same derived key");
+    assert!(post(gw.addr, "/drop", Some("v-2"), body).await.replayed());
+
+    // The lookup fails: still unknown, never forwarded again.
+    let body = r#"{"amount":30,"reference":"r-3"}"#;
+    let first = post(gw.addr, "/act-then/500", Some("v-3"), body).await;
+    assert_eq!(
+        first.status,
+        500,
+        "the upstream's own answer: {}",
+        body_of(&first)
+    );
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let retry = post(gw.addr, "/act-then/500", Some("v-3"), body).await;
+    assert_eq!(retry.status, 409, "{}", body_of(&retry));
+    assert_eq!(retry.problem_type(), UNKNOWN);
+    assert!(retry.header("retry-after").is_some());
+    assert_eq!(up.seen_at("/act-then/500").len(), 1);
+
+    // Nothing to look up by: refused before anything is sent.
+    let r = post(gw.addr, "/lose", Some("v-4"), r#"{"amount":1}"#).await;
+    assert_eq!(r.status, 400, "{}", body_of(&r));
+    assert_eq!(
+        r.problem_type(),
+        "https://idem.dev/problems/unverifiable-request"
+    );
+    assert_eq!(up.effects(), 3, "r-1, r-2 and r-3, once each");
+    println!(
+        "verify route: found=1 forwarded_again_after_landing=1 lookup_failed=1 effects={}",
+        up.effects()
+    );
+}
+
+/// A `reject` route in front of an upstream that acts, then answers 500,
+/// or a 502/503/504 as a load balancer would: three attempts with one key
+/// make one effect; the retries get 409 `outcome-unknown`.
+pub async fn a_reject_route_keeps_the_key_on_every_5xx(db: ShopDb) {
+    let up = Upstream::start().await;
+    let dir = idem_testkit::TempDir::new("gateway-5xx");
+    let routes = "[[gateway.routes]]\nmethod = \"POST\"\npath = \"/act-then/{status}\"\noperation = \"acts\"\n";
+    let gw = gateway(&db, &config(&dir, &up, "", routes), None).await;
+    let codes = [500, 502, 503, 504];
+    for code in codes {
+        let path = format!("/act-then/{code}");
+        let key = format!("k-{code}");
+        let first = post(gw.addr, &path, Some(&key), "{}").await;
+        assert_eq!(first.status, code, "{}", body_of(&first));
+        for _ in 0..2 {
+            let retry = post(gw.addr, &path, Some(&key), "{}").await;
+            assert_eq!(
+                (retry.status, retry.problem_type()),
+                (409, UNKNOWN.to_owned())
+            );
+        }
+        assert_eq!(up.seen_at(&path).len(), 1, "{code}: never forwarded again");
+    }
+    assert_eq!(up.effects(), codes.len(), "one effect per intent");
+    println!(
+        "reject route, 5xx after acting: intents=4 attempts=12 effects={}",
+        up.effects()
+    );
+}
+
+/// Stripe's contract behind a `reforward` route with a timeout shorter
+/// than the upstream: the first try times out (504), a retry while the
+/// upstream still works gets its 409 as `request-in-flight` — not stored
+/// — and a later retry the upstream's real answer, stored from then on.
+pub async fn an_upstream_in_progress_answer_is_never_stored(db: ShopDb) {
+    let up = Upstream::start().await;
+    up.set_delay(Duration::from_secs(3));
+    let dir = idem_testkit::TempDir::new("gateway-transient");
+    let routes = "[[gateway.routes]]\nmethod = \"POST\"\npath = \"/dedupe\"\noperation = \"pay\"\non_unknown = \"reforward\"\nlease = \"1s\"\n";
+    let gw = gateway(&db, &config(&dir, &up, "timeout = \"1s\"", routes), None).await;
+    let started = Instant::now();
+    let first = post(gw.addr, "/dedupe", Some("t-1"), r#"{"amount":5}"#).await;
+    assert_eq!(first.status, 504, "{}", body_of(&first));
+    let mut in_flight = 0;
+    let answer = loop {
+        let r = post(gw.addr, "/dedupe", Some("t-1"), r#"{"amount":5}"#).await;
+        match r.status {
+            201 => break r,
+            409 => {
+                assert_eq!(r.problem_type(), IN_FLIGHT, "{}", body_of(&r));
+                assert!(r.header("retry-after").is_some());
+                in_flight += 1;
+            }
+            s => panic!("unexpected {s}: {}", body_of(&r)),
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "never answered"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    assert!(
+        in_flight >= 1,
+        "a retry came while the upstream still worked"
+    );
+    assert_eq!(answer.json()["amount"], 5);
+    let replay = post(gw.addr, "/dedupe", Some("t-1"), r#"{"amount":5}"#).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, answer.body, "the real answer, stored");
+    assert_eq!(up.effects(), 1);
+    println!(
+        "transient 409s: in_flight_answers={in_flight} forwards={} stored=201 effects=1",
+        up.seen_at("/dedupe").len()
+    );
+}
+
+/// An upstream that compresses (when asked, and one that always does):
+/// the first answer and the replay are the same readable bytes, to a
+/// client that accepted gzip and one that did not; the headers that
+/// describe them are replayed.
+pub async fn replays_are_the_first_answer_readable_by_every_client(db: ShopDb) {
+    let up = Upstream::start().await;
+    let dir = idem_testkit::TempDir::new("gateway-gzip");
+    let routes = "[[gateway.routes]]\nmethod = \"POST\"\npath = \"/{kind}\"\noperation = \"gz\"\n";
+    let gw = gateway(&db, &config(&dir, &up, "", routes), None).await;
+    for path in ["/gzip", "/always-gzip"] {
+        let key = format!("gz{}", path.replace('/', "-"));
+        let ask = |accept: &str| {
+            format!(
+                "POST {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Type: \
+                 application/json\r\n{accept}Idempotency-Key: {key}\r\nContent-Length: 12\r\n\r\n\
+                 {{\"amount\":7}}"
+            )
+        };
+        let first = exchange(gw.addr, &ask("Accept-Encoding: gzip, deflate\r\n")).await;
+        let replay = exchange(gw.addr, &ask("")).await;
+        assert!(replay.replayed());
+        for r in [&first, &replay] {
+            assert_eq!(r.status, 201, "{path}: {}", body_of(r));
+            assert!(r.header("content-encoding").is_none(), "{path}: {}", r.head);
+            assert_eq!(r.json()["amount"], 7, "{path}: readable");
+        }
+        assert_eq!(first.body, replay.body);
+        if path == "/always-gzip" {
+            assert_eq!(replay.header("content-language").as_deref(), Some("en"));
+            assert_eq!(replay.header("vary").as_deref(), Some("Accept-Encoding"));
+        }
+        let seen = up.seen_at(path);
+        assert_eq!(seen[0].header("accept-encoding"), Some("identity"));
+    }
+    assert_eq!(up.effects(), 2);
+}
+
+/// The resident memory of a process, in bytes.
+fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kb * 1024
+}
+
+/// Sends `raw` and reads the answer's head only, then stops reading: a
+/// client that holds its answer, with a small receive window (as a
+/// remote one has; loopback's would take megabytes off the server). The
+/// status, and the open socket.
+async fn slow_reader(addr: std::net::SocketAddr, raw: String) -> (u16, TcpStream) {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(16 << 10).unwrap();
+    let mut s = socket.connect(addr).await.unwrap();
+    s.write_all(raw.as_bytes()).await.unwrap();
+    let mut head = vec![0; 12];
+    s.read_exact(&mut head).await.unwrap();
+    let status = String::from_utf8_lossy(&head[9..12]).parse().unwrap();
+    (status, s)
+}
+
+/// Many clients that never read large answers: a pass-through answer is
+/// streamed (the gateway holds a little of each), and keyed answers take
+/// their bytes from `max_held_bytes` — past it `503 gateway-busy`, nothing
+/// sent — so the gateway's memory stays within the budget.
+pub async fn answers_held_for_slow_readers_stay_within_the_budget(db: ShopDb) {
+    const MIB: usize = 1 << 20;
+    let up = Upstream::start().await;
+    let dir = idem_testkit::TempDir::new("gateway-memory");
+    let routes = format!(
+        "[[gateway.routes]]\nmethod = \"POST\"\npath = \"/large\"\noperation = \"large\"\n\
+         max_response_bytes = {}\n",
+        12 * MIB
+    );
+    let extra = format!("max_held_bytes = {}", 32 * MIB);
+    let mut gw = gateway(&db, &config(&dir, &up, &extra, &routes), None).await;
+    let pid = gw.proc().pid();
+    // Warm up (pools, allocator) before the baseline.
+    let warm = crate::call(gw.addr, "GET", "/large?bytes=1024", None, "").await;
+    assert_eq!(warm.status, 200);
+    let baseline = rss(pid);
+
+    let readers = 40;
+    let mut held = Vec::new();
+    for _ in 0..readers {
+        let raw = format!(
+            "GET /large?bytes={} HTTP/1.1\r\nHost: test\r\n\r\n",
+            15 * MIB
+        );
+        let (status, socket) = slow_reader(gw.addr, raw).await;
+        assert_eq!(status, 200);
+        held.push(socket);
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let pass_through = rss(pid).saturating_sub(baseline);
+
+    let mut statuses = Vec::new();
+    for i in 0..readers {
+        let raw = format!(
+            "POST /large?bytes={} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n\
+             Idempotency-Key: big-{i}\r\nContent-Length: 2\r\n\r\n{{}}",
+            12 * MIB
+        );
+        let (status, socket) = slow_reader(gw.addr, raw).await;
+        statuses.push(status);
+        held.push(socket);
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let keyed = rss(pid).saturating_sub(baseline + pass_through);
+    let created = statuses.iter().filter(|s| **s == 200).count();
+    let busy = statuses.iter().filter(|s| **s == 503).count();
+    println!(
+        "slow readers: pass_through={readers}x15MiB rss_growth={} MiB; keyed={readers}x12MiB \
+         budget=32MiB created={created} busy={busy} rss_growth={} MiB",
+        pass_through / MIB as u64,
+        keyed / MIB as u64
+    );
+    assert!(
+        pass_through < 96 * MIB as u64,
+        "streamed pass-through answers are not held: grew {} MiB",
+        pass_through / MIB as u64
+    );
+    assert!(created >= 1 && busy >= 1, "{statuses:?}");
+    assert_eq!(created + busy, readers, "{statuses:?}");
+    // The budget, and twice as much again for the allocator's slack and
+    // the buffers of the forwards as they read (without a budget: 40 x 12
+    // MiB held).
+    assert!(
+        keyed < 96 * MIB as u64,
+        "keyed answers within the budget: grew {} MiB",
+        keyed / MIB as u64
+    );
+    // Refused before anything was sent: only admitted forwards reached it.
+    let sent = up.seen_at("/large?bytes=12582912").len();
+    assert_eq!(sent, created, "a refusal sends nothing");
+    drop(held);
+    // The budget comes back when the slow readers go.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let again = post(gw.addr, "/large?bytes=1024", Some("after"), "{}").await;
+    assert_eq!(again.status, 200, "the budget came back");
+}
+
+macro_rules! on_both {
+    ($($name:ident;)*) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(crate::checkout::ShopDb::sqlite().await).await;
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(crate::checkout::ShopDb::postgres().await).await;
+                }
+            )*
+        }
+    };
+}
+
+on_both! {
+    a_default_gateway_never_forwards_a_lost_answer_again;
+    a_verify_route_finds_what_landed_and_forwards_again_only_what_did_not;
+    a_reject_route_keeps_the_key_on_every_5xx;
+    an_upstream_in_progress_answer_is_never_stored;
+    replays_are_the_first_answer_readable_by_every_client;
+    answers_held_for_slow_readers_stay_within_the_budget;
+}
