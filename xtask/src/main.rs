@@ -473,6 +473,7 @@ fn test(extra: &[String]) -> Result<()> {
         .unwrap_or(false);
     let chromium = chromium_binary()?;
     browser_packages()?;
+    let python = venv("test-clients", CLIENT_PACKAGES, "the real HTTP clients")?;
     let mut cmd = Command::new("cargo");
     if have_nextest {
         cmd.args(["nextest", "run", "--workspace", "--no-fail-fast"]);
@@ -483,7 +484,8 @@ fn test(extra: &[String]) -> Result<()> {
         .env("IDEM_TEST_POSTGRES_URL", pg.url())
         .env("IDEM_TEST_NATS_URL", nats.url())
         .env("IDEM_TEST_NATS_SERVER", &nats_bin)
-        .env("IDEM_TEST_CHROMIUM", &chromium);
+        .env("IDEM_TEST_CHROMIUM", &chromium)
+        .env("IDEM_TEST_PYTHON", &python);
     let result = run(&mut cmd);
     if !extra.is_empty() || INTERRUPTED.load(Ordering::SeqCst) {
         // A filtered run is a developer's loop: the doc tests and the fuzz
@@ -638,19 +640,24 @@ impl Peer {
         if !redis_bin.exists() {
             return Err("redis-server installed but /usr/bin/redis-server is missing".into());
         }
-        let python = peer_venv()?;
+        let python = venv("bench-peer", PEER_PACKAGES, "the Powertools peer")?;
         let redis = start_redis(root, &redis_bin)?;
         Ok(Peer { redis, python })
     }
 }
 
-/// `target/bench-peer/venv`, made with `python3 -m venv` and filled with
-/// pip once; reused while its package list is the same.
-fn peer_venv() -> Result<PathBuf> {
-    let venv = workspace_root().join("target/bench-peer/venv");
+/// The retrying clients the gateway's tests drive (`IDEM_TEST_PYTHON`):
+/// requests with urllib3's `Retry`, and Stripe's own library. Pinned, so a
+/// run tests the clients a previous one did.
+const CLIENT_PACKAGES: &[&str] = &["requests==2.34.2", "urllib3==2.8.0", "stripe==16.1.0"];
+
+/// `target/<name>/venv`, made with `python3 -m venv` and filled with
+/// pip once; reused while its package list is the same. Its python.
+fn venv(name: &str, packages: &[&str], purpose: &str) -> Result<PathBuf> {
+    let venv = workspace_root().join(format!("target/{name}/venv"));
     let python = venv.join("bin/python");
     let stamp = venv.join("idem-packages.txt");
-    let wanted = PEER_PACKAGES.join("\n");
+    let wanted = packages.join("\n");
     if python.exists() && std::fs::read_to_string(&stamp).is_ok_and(|s| s == wanted) {
         return Ok(python);
     }
@@ -667,7 +674,7 @@ fn peer_venv() -> Result<PathBuf> {
             })
     };
     eprintln!(
-        "xtask: making a Python venv for the Powertools peer in {}",
+        "xtask: making a Python venv for {purpose} in {}",
         venv.display()
     );
     let _ = std::fs::remove_dir_all(&venv);
@@ -677,12 +684,12 @@ fn peer_venv() -> Result<PathBuf> {
     quiet(
         Command::new(venv.join("bin/pip"))
             .args(["install", "-q", "--disable-pip-version-check"])
-            .args(PEER_PACKAGES),
+            .args(packages),
     )
     .map_err(|e| {
         format!(
             "pip install {} failed ({e}); is PyPI reachable?",
-            PEER_PACKAGES.join(" ")
+            packages.join(" ")
         )
     })?;
     std::fs::write(&stamp, wanted).map_err(|e| e.to_string())?;

@@ -117,6 +117,14 @@ pub fn nats_url() -> String {
     })
 }
 
+/// The Python of the venv `cargo xtask test` fills with the real HTTP
+/// clients the gateway is tested with (requests, urllib3, stripe).
+pub fn python() -> String {
+    std::env::var("IDEM_TEST_PYTHON").unwrap_or_else(|_| {
+        panic!("IDEM_TEST_PYTHON is not set: run the suite with `cargo xtask test`")
+    })
+}
+
 /// A name unique to this test process and call, usable as a NATS stream name
 /// or subject token: `<TAG>_<pid>_<n>`.
 pub fn unique_name(tag: &str) -> String {

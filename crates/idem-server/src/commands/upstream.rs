@@ -30,6 +30,11 @@ pub struct UpstreamArgs {
     /// was created (default 0s; a slow answer to lose). At most 60s.
     #[arg(long, value_parser = humantime::parse_duration)]
     delay: Option<Duration>,
+    /// The first POST with each Idempotency-Key creates its payment, then
+    /// the connection is closed without an answer (a lost answer, for the
+    /// gateway tour); retries with the key are answered.
+    #[arg(long)]
+    lose_first_answer: bool,
 }
 
 impl UpstreamArgs {
@@ -43,9 +48,15 @@ impl UpstreamArgs {
         };
         let (listener, bound) = http_server::bind(self.listen).await?;
         tracing::info!(listen = %bound, mode = ?self.mode, delay = %crate::duration_text(delay),
+            lose_first_answer = self.lose_first_answer,
             "sample upstream (NOT idempotent): POST/GET /v1/payments, GET/PATCH /v1/payments/{{id}}");
         let shutdown = shutdown::on_signal();
-        let app = app(Upstream::new(self.mode, delay));
+        let upstream = if self.lose_first_answer {
+            Upstream::losing_first_answers(self.mode, delay)
+        } else {
+            Upstream::new(self.mode, delay)
+        };
+        let app = app(upstream);
         http_server::serve(listener, app, Limits::default(), stopped(shutdown)).await;
         Ok(())
     }

@@ -11,8 +11,15 @@
 //!   one key all create a payment. Neither mode compares the payload. In
 //!   naive mode `delay` holds the answer after the payment was created. A
 //!   payment is created even when the client hangs up.
-//! - `GET /v1/payments?customer=X` → `{"data":[…]}`, the payments whose
-//!   field `customer` is the string X; `GET /v1/payments/{id}`;
+//!   The body may be a form (`application/x-www-form-urlencoded`, as
+//!   Stripe's clients send): its fields become string fields.
+//! - With `lose_first_answer` ([`Upstream::losing_first_answers`]): the
+//!   first POST with each `Idempotency-Key` creates its payment and then
+//!   the connection is closed without an answer — the seed's first failure
+//!   case; a POST without a key is answered.
+//! - `GET /v1/payments?customer=X` or `?reference=R` → `{"data":[…]}`, the
+//!   payments whose field `customer` (`reference`) is that string — the
+//!   lookup a gateway's `verify` route asks; `GET /v1/payments/{id}`;
 //!   `PATCH /v1/payments/{id}` merges a JSON object into the payment (not
 //!   `id`).
 //! - `GET /_upstream/stats` → `{"requests":N,"payments":M}`: the requests
@@ -64,12 +71,15 @@ struct Store {
     by_id: HashMap<String, usize>,
     /// Answers stored under their key (check-then-act).
     answers: HashMap<String, Bytes>,
+    /// Keys whose first answer was lost (`lose_first_answer`).
+    lost: std::collections::HashSet<String>,
     bytes: usize,
 }
 
 struct Inner {
     mode: Mode,
     delay: Duration,
+    lose_first_answer: bool,
     store: Mutex<Store>,
     requests: AtomicU64,
 }
@@ -85,6 +95,19 @@ impl Upstream {
         Self(Arc::new(Inner {
             mode,
             delay,
+            lose_first_answer: false,
+            store: Mutex::new(Store::default()),
+            requests: AtomicU64::new(0),
+        }))
+    }
+
+    /// The same upstream, losing the answer of each key's first POST after
+    /// committing it.
+    pub fn losing_first_answers(mode: Mode, delay: Duration) -> Self {
+        Self(Arc::new(Inner {
+            mode,
+            delay,
+            lose_first_answer: true,
             store: Mutex::new(Store::default()),
             requests: AtomicU64::new(0),
         }))
@@ -129,6 +152,23 @@ fn object(body: &Bytes) -> Result<Map<String, Value>, Response> {
     }
 }
 
+/// A JSON object, or a form's fields as strings.
+fn fields(headers: &HeaderMap, body: &Bytes) -> Result<Map<String, Value>, Response> {
+    let form = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.starts_with("application/x-www-form-urlencoded"));
+    if !form {
+        return object(body);
+    }
+    if std::str::from_utf8(body).is_err() {
+        return Err(invalid("the form is not UTF-8"));
+    }
+    Ok(form_urlencoded::parse(body)
+        .map(|(k, v)| (k.into_owned(), Value::String(v.into_owned())))
+        .collect())
+}
+
 /// Creates a payment; with `key`, stores the answer under it too.
 fn insert(up: &Upstream, fields: Map<String, Value>, key: Option<String>) -> Response {
     let mut store = up.store();
@@ -158,10 +198,15 @@ fn insert(up: &Upstream, fields: Map<String, Value>, key: Option<String>) -> Res
 }
 
 async fn create(State(up): State<Upstream>, headers: HeaderMap, body: Bytes) -> Response {
-    let fields = match object(&body) {
+    let fields = match fields(&headers, &body) {
         Ok(f) => f,
         Err(r) => return r,
     };
+    let lose = up.0.lose_first_answer
+        && headers
+            .get("idempotency-key")
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+            .is_some_and(|key| up.store().lost.insert(key));
     let key = match up.0.mode {
         Mode::Naive => None,
         Mode::CheckThenAct => headers
@@ -192,6 +237,11 @@ async fn create(State(up): State<Upstream>, headers: HeaderMap, body: Bytes) -> 
         insert(&up, fields, Some(key))
     });
     match task.await {
+        Ok(mut res) if lose => {
+            res.extensions_mut()
+                .insert(crate::http_server::CloseWithoutAnswer);
+            res
+        }
         Ok(res) => res,
         Err(_) => crate::respond::problem(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -203,14 +253,16 @@ async fn create(State(up): State<Upstream>, headers: HeaderMap, body: Bytes) -> 
 }
 
 async fn list(State(up): State<Upstream>, Query(q): Query<HashMap<String, String>>) -> Response {
-    let Some(customer) = q.get("customer") else {
-        return invalid("query parameter customer is required");
+    let (field, value) = match (q.get("customer"), q.get("reference")) {
+        (Some(c), None) => ("customer", c),
+        (None, Some(r)) => ("reference", r),
+        _ => return invalid("one query parameter, customer or reference, is required"),
     };
     let store = up.store();
     let data: Vec<Value> = store
         .payments
         .iter()
-        .filter(|p| p.get("customer").and_then(Value::as_str) == Some(customer.as_str()))
+        .filter(|p| p.get(field).and_then(Value::as_str) == Some(value.as_str()))
         .map(|p| Value::Object(p.clone()))
         .collect();
     ok(&json!({ "data": data }))
@@ -347,5 +399,56 @@ mod tests {
         let big = format!(r#"{{"x":"{}"}}"#, "a".repeat(MAX_BODY_BYTES));
         let (status, _, _) = call(&app, "POST", "/v1/payments", None, &big).await;
         assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    }
+
+    #[tokio::test]
+    async fn forms_are_payments_too_references_are_looked_up_and_first_answers_can_be_lost() {
+        let up = Upstream::losing_first_answers(Mode::Naive, Duration::ZERO);
+        let app = app(up);
+        let form = |key: Option<&str>| {
+            let mut req = axum::http::Request::builder()
+                .method("POST")
+                .uri("/v1/payments")
+                .header("content-type", "application/x-www-form-urlencoded");
+            if let Some(k) = key {
+                req = req.header("idempotency-key", k);
+            }
+            req.body(Body::from("amount=1000&reference=ord%201"))
+                .unwrap()
+        };
+        let lost = app.clone().oneshot(form(Some("k1"))).await.unwrap();
+        assert!(
+            lost.extensions()
+                .get::<crate::http_server::CloseWithoutAnswer>()
+                .is_some(),
+            "the first answer of a key is lost"
+        );
+        let again = app.clone().oneshot(form(Some("k1"))).await.unwrap();
+        assert_eq!(again.status(), StatusCode::CREATED);
+        assert!(
+            again
+                .extensions()
+                .get::<crate::http_server::CloseWithoutAnswer>()
+                .is_none()
+        );
+        let unkeyed = app.clone().oneshot(form(None)).await.unwrap();
+        assert!(
+            unkeyed
+                .extensions()
+                .get::<crate::http_server::CloseWithoutAnswer>()
+                .is_none(),
+            "no key: answered"
+        );
+        let (status, _, found) =
+            call(&app, "GET", "/v1/payments?reference=ord%201", None, "").await;
+        assert_eq!(status, StatusCode::OK);
+        let data = found["data"].as_array().unwrap();
+        assert_eq!(data.len(), 3, "naive: every POST is a payment, lost or not");
+        assert_eq!(data[0]["amount"], "1000", "form fields are strings");
+        let (status, _, _) = call(&app, "GET", "/v1/payments", None, "").await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        let (status, _, _) =
+            call(&app, "GET", "/v1/payments?reference=a&customer=b", None, "").await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "one or the other");
     }
 }

@@ -105,7 +105,15 @@ pub(super) async fn connection(
                 }
                 let res = app.oneshot(req).await;
                 conn.answered();
-                res
+                match res {
+                    // Closed without an answer, as asked (`idem upstream
+                    // --lose-first-answer`).
+                    Ok(r) if r.extensions().get::<super::CloseWithoutAnswer>().is_some() => {
+                        Err(std::io::Error::other("closed without an answer, as asked"))
+                    }
+                    Ok(r) => Ok(r),
+                    Err(never) => match never {},
+                }
             }
         })
     };

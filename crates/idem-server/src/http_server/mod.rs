@@ -36,6 +36,11 @@ use tokio::sync::{Semaphore, watch};
 use body::{BodyGuard, guard_body};
 use connection::connection;
 
+/// A response extension: close the connection instead of sending the
+/// response (the sample upstream's lost answers; nothing else sets it).
+#[derive(Debug, Clone, Copy)]
+pub struct CloseWithoutAnswer;
+
 /// The server's limits. [`Limits::default`] holds the documented defaults.
 #[derive(Debug, Clone)]
 pub struct Limits {

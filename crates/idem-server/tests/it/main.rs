@@ -16,6 +16,7 @@ mod messaging;
 mod metrics;
 mod operate;
 mod process;
+mod real_clients;
 mod webhooks;
 
 use std::net::SocketAddr;
