@@ -445,3 +445,79 @@ on_both! {
     replays_are_the_first_answer_readable_by_every_client;
     answers_held_for_slow_readers_stay_within_the_budget;
 }
+
+fn signal(pid: u32, sig: &str) {
+    let ok = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill {sig} {pid}");
+}
+
+/// A takeover that lands while the first forward still runs upstream:
+/// gateway A is paused (`SIGSTOP`) past its lease mid-forward, a retry
+/// through gateway B (one PostgreSQL) takes the key over and forwards it
+/// again; the upstream's 409 "in use" is answered as in flight and never
+/// stored; once the upstream finished, a retry gets its real answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_while_the_first_forward_runs_stores_nothing_transient() {
+    let db = ShopDb::postgres().await;
+    let up = Upstream::start().await;
+    up.set_delay(Duration::from_secs(4));
+    let dir = idem_testkit::TempDir::new("gateway-paused");
+    let routes = "[[gateway.routes]]\nmethod = \"POST\"\npath = \"/dedupe\"\noperation = \"pay\"\non_unknown = \"reforward\"\nlease = \"1s\"\n";
+    let file = config(&dir, &up, "timeout = \"10s\"", routes);
+    let (mut a, b) = (
+        gateway(&db, &file, None).await,
+        gateway(&db, &file, None).await,
+    );
+    let body = r#"{"amount":8}"#;
+    let addr = a.addr;
+    let first =
+        tokio::spawn(
+            async move { crate::try_call(addr, "POST", "/dedupe", Some("z-1"), body).await },
+        );
+    for _ in 0..200 {
+        if !up.seen_at("/dedupe").is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let paused = a.proc().pid();
+    signal(paused, "-STOP");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let taken = post(b.addr, "/dedupe", Some("z-1"), body).await;
+    signal(paused, "-CONT");
+    assert_eq!(taken.status, 409, "{}", body_of(&taken));
+    assert_eq!(taken.problem_type(), IN_FLIGHT);
+    assert_eq!(up.seen_at("/dedupe").len(), 2, "B forwarded it again");
+    let a_answer = first.await.unwrap().unwrap();
+    assert_eq!(
+        a_answer.status, 201,
+        "A's client still gets the upstream's answer"
+    );
+    let started = Instant::now();
+    let answer = loop {
+        let r = post(b.addr, "/dedupe", Some("z-1"), body).await;
+        match r.status {
+            201 => break r,
+            409 => assert_eq!(r.problem_type(), IN_FLIGHT, "{}", body_of(&r)),
+            s => panic!("unexpected {s}: {}", body_of(&r)),
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "never answered"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    assert_eq!(answer.body, a_answer.body, "the one payment");
+    let replay = post(a.addr, "/dedupe", Some("z-1"), body).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, answer.body);
+    assert_eq!(up.effects(), 1);
+    println!(
+        "takeover during the first forward: forwards={} stored=201 effects=1",
+        up.seen_at("/dedupe").len()
+    );
+}
