@@ -1,9 +1,11 @@
-//! `idem keys show|resolve`: one key record, for operators — above all a
-//! gateway forward whose outcome is unknown (its gateway died, and the
-//! route says `on_unknown = "reject"`).
+//! `idem keys show|resolve|release`: one key record, for operators — above
+//! all a gateway forward whose outcome is unknown (the upstream may have
+//! acted and no answer came back, or its gateway died, and the route holds
+//! such keys: `on_unknown = "reject"` or `"verify"`).
 
 use anyhow::{Context, bail};
 use clap::Subcommand;
+use idem_core::admin::{NewAudit, ReleaseRequest};
 use idem_core::leased::Resolution;
 use idem_core::{
     Clock, Completion, IdempotencyKey, KeyStore, Operation, Scope, StoredResponse, SystemClock,
@@ -12,6 +14,7 @@ use idem_core::{
 use serde_json::json;
 
 use super::DbArgs;
+use crate::admin::v1::keys::{FORCED_WARNING, ReleaseHints, release_refusal};
 use crate::backend::{Backend, Db, Job};
 use crate::respond::rfc3339;
 
@@ -67,12 +70,34 @@ pub enum KeysAction {
         #[arg(long = "as", value_enum)]
         resolution: ResolveAs,
     },
+    /// Delete a pending leased record (what the admin API's release does),
+    /// so the next retry forwards the request again; written to the audit
+    /// log. A live lease only with --force: its holder's writes are fenced
+    /// off, but a forward it already sent keeps running upstream and may
+    /// still land there. On a route whose upstream does not deduplicate
+    /// (on_unknown reject or verify) only with --upstream-checked.
+    Release {
+        #[command(flatten)]
+        key: KeyArgs,
+        /// Release a live lease too (its forward may still land upstream).
+        #[arg(long)]
+        force: bool,
+        /// You looked the request up upstream: it did not land (and, with
+        /// --force, no forward of it is still running there).
+        #[arg(long)]
+        upstream_checked: bool,
+        /// Who acts, for the audit log (default: cli:$USER).
+        #[arg(long)]
+        actor: Option<String>,
+    },
 }
 
 impl KeysAction {
     /// Runs the subcommand.
     pub async fn run(self) -> anyhow::Result<()> {
-        let (KeysAction::Show(key) | KeysAction::Resolve { key, .. }) = &self;
+        let (KeysAction::Show(key)
+        | KeysAction::Resolve { key, .. }
+        | KeysAction::Release { key, .. }) = &self;
         key.scope()?;
         Db::open_existing(&key.db.database_url)
             .await?
@@ -142,7 +167,77 @@ impl Job for KeysAction {
                            "resolved_as": match resolution { ResolveAs::NotSent => "not-sent", ResolveAs::Sent => "sent" }})
                 );
             }
+            KeysAction::Release {
+                key,
+                force,
+                upstream_checked,
+                actor,
+            } => release(&store, &key, force, upstream_checked, actor).await?,
         }
         Ok(())
     }
+}
+
+/// `idem keys release`: the admin API's release, from the command line,
+/// with its audit row in the same transaction.
+async fn release<B: Backend>(
+    store: &B,
+    key: &KeyArgs,
+    force: bool,
+    upstream_checked: bool,
+    actor: Option<String>,
+) -> anyhow::Result<()> {
+    let scope = key.scope()?;
+    let actor = actor.unwrap_or_else(|| {
+        format!(
+            "cli:{}",
+            std::env::var("USER").unwrap_or_else(|_| "unknown".into())
+        )
+    });
+    if actor.is_empty() || actor.len() > 128 || actor.chars().any(char::is_control) {
+        bail!("--actor must be 1 to 128 characters without control characters");
+    }
+    let request = ReleaseRequest {
+        force,
+        upstream_checked,
+    };
+    let now = SystemClock.now_ms();
+    let mut tx = KeyStore::begin(store).await?;
+    let outcome = match B::release_key(&mut tx, &scope, request, now).await {
+        Ok(o) => o,
+        Err(e) => {
+            let _ = KeyStore::rollback(store, tx).await;
+            return Err(e.into());
+        }
+    };
+    if let Some(refusal) = release_refusal(&outcome, force, ReleaseHints::CLI) {
+        KeyStore::rollback(store, tx).await?;
+        bail!("not released ({}): {}", refusal.slug, refusal.detail);
+    }
+    let target = format!(
+        "{}/{}/{}",
+        scope.tenant.as_str(),
+        scope.operation.as_str(),
+        scope.key.as_str()
+    );
+    let detail = json!({"tenant": key.tenant, "operation": key.operation, "key": key.key,
+                        "force": force, "upstream_checked": upstream_checked})
+    .to_string();
+    let entry = NewAudit {
+        at_ms: now,
+        actor: &actor,
+        action: "keys.release",
+        target: &target,
+        detail: &detail,
+        idempotency_key: None,
+    };
+    B::insert_audit(&mut tx, &entry).await?;
+    KeyStore::commit(store, tx).await?;
+    let mut out = json!({"released": true, "tenant": key.tenant, "operation": key.operation,
+                         "key": key.key});
+    if force {
+        out["warning"] = json!(FORCED_WARNING);
+    }
+    println!("{out}");
+    Ok(())
 }

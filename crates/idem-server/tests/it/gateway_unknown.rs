@@ -416,6 +416,94 @@ pub async fn answers_held_for_slow_readers_stay_within_the_budget(db: ShopDb) {
     assert_eq!(again.status, 200, "the budget came back");
 }
 
+/// An operator's forced release of a key whose forward still runs, on a
+/// `reject` route: refused while the lease lives without `--force`,
+/// refused without `--upstream-checked`, and when done it says that the
+/// running forward may still land upstream and writes the audit row.
+pub async fn a_forced_release_says_what_it_cannot_stop(db: ShopDb) {
+    let up = Upstream::start().await;
+    up.hold();
+    let dir = idem_testkit::TempDir::new("gateway-release");
+    let routes = "[[gateway.routes]]\nmethod = \"POST\"\npath = \"/hold\"\noperation = \"hold\"\nlease = \"3s\"\n";
+    let token = "t0k3n-for-the-release-test-0123456789";
+    let gw = Server::start(
+        &db.url(),
+        &[
+            "--config",
+            &config(&dir, &up, "", routes),
+            "--admin-token",
+            token,
+        ],
+    )
+    .await;
+    let addr = gw.addr;
+    let first =
+        tokio::spawn(
+            async move { crate::try_call(addr, "POST", "/hold", Some("h-1"), "{}").await },
+        );
+    for _ in 0..200 {
+        if !up.seen_at("/hold").is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let url = db.url();
+    let release = |extra: &[&str]| {
+        let mut args = vec![
+            "keys",
+            "release",
+            "--database-url",
+            &url,
+            "--operation",
+            "hold",
+        ];
+        args.extend_from_slice(extra);
+        args.push("h-1");
+        crate::idem_cli(&args)
+    };
+    let live = release(&[]);
+    assert_eq!(live.status.code(), Some(1));
+    let said = String::from_utf8_lossy(&live.stderr);
+    assert!(
+        said.contains("lease-live") && said.contains("may still land"),
+        "{said}"
+    );
+    let unchecked = release(&["--force"]);
+    assert_eq!(unchecked.status.code(), Some(1));
+    let said = String::from_utf8_lossy(&unchecked.stderr);
+    assert!(
+        said.contains("upstream-unchecked")
+            && said.contains("on_unknown = \"reject\"")
+            && said.contains("still running"),
+        "{said}"
+    );
+    let done = release(&["--force", "--upstream-checked", "--actor", "ops-1"]);
+    assert!(
+        done.status.success(),
+        "{}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    let out: serde_json::Value = serde_json::from_slice(&done.stdout).unwrap();
+    assert_eq!(out["released"], true);
+    assert!(out["warning"].as_str().unwrap().contains("may still land"));
+    let audit = exchange(
+        gw.addr,
+        &format!(
+            "GET /admin/v1/audit?action=keys.release HTTP/1.1\r\nHost: test\r\nConnection: \
+             close\r\nAuthorization: Bearer {token}\r\n\r\n"
+        ),
+    )
+    .await;
+    assert_eq!(audit.status, 200, "{}", body_of(&audit));
+    let rows = audit.json()["items"].as_array().unwrap().clone();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["actor"], "ops-1");
+    assert_eq!(rows[0]["detail"]["force"], true);
+    assert_eq!(rows[0]["detail"]["upstream_checked"], true);
+    up.open();
+    assert_eq!(first.await.unwrap().unwrap().status, 201);
+}
+
 macro_rules! on_both {
     ($($name:ident;)*) => {
         mod sqlite {
@@ -444,6 +532,7 @@ on_both! {
     an_upstream_in_progress_answer_is_never_stored;
     replays_are_the_first_answer_readable_by_every_client;
     answers_held_for_slow_readers_stay_within_the_budget;
+    a_forced_release_says_what_it_cannot_stop;
 }
 
 fn signal(pid: u32, sig: &str) {

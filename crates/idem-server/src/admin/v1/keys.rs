@@ -207,62 +207,18 @@ async fn release<B: Backend>(
         Ok(o) => o,
         Err(e) => return db_error(e),
     };
+    if let Some(refusal) = release_refusal(&outcome, b.force, ReleaseHints::API) {
+        return match refusal.slug {
+            "not-found" => not_found("No such key record"),
+            slug => conflict(slug, refusal.title, &refusal.detail),
+        };
+    }
     let target = format!(
         "{}/{}/{}",
         scope.tenant.as_str(),
         scope.operation.as_str(),
         scope.key.as_str()
     );
-    match outcome {
-        KeyRelease::Released => {}
-        KeyRelease::NotFound => return not_found("No such key record"),
-        KeyRelease::NotPending(state) => {
-            return conflict(
-                "not-pending",
-                "The key record is not pending",
-                &format!("it is {state}: its answer is stored and replayed; nothing to release"),
-            );
-        }
-        KeyRelease::NotReleasable => {
-            return conflict(
-                "not-releasable",
-                "The key record is not held by a lease",
-                "it is held by an open transaction or a multi-step run: resolve the run instead",
-            );
-        }
-        KeyRelease::LeaseLive(until) => {
-            return conflict(
-                "lease-live",
-                "The key record's lease is live",
-                &format!(
-                    "its holder may still be forwarding until {}: a forward already sent keeps \
-                     running upstream and may still land there even after a release; send \
-                     \"force\": true to release it anyway",
-                    rfc3339(until)
-                ),
-            );
-        }
-        KeyRelease::UpstreamUnchecked(policy) => {
-            return conflict(
-                "upstream-unchecked",
-                "Check the upstream before releasing this key",
-                &format!(
-                    "the key's route {} keeps unknown outcomes because its upstream does not \
-                     deduplicate: after a release the next retry forwards the request again, a \
-                     second effect if the first landed{}; look the request up upstream, then send \
-                     \"upstream_checked\": true",
-                    policy.map_or("(of an older version)".to_owned(), |p| format!(
-                        "(on_unknown = \"{p}\")"
-                    )),
-                    if b.force {
-                        " or if the forward still running lands"
-                    } else {
-                        ""
-                    }
-                ),
-            );
-        }
-    }
     let audit = Audit {
         action: "keys.release",
         target,
@@ -276,10 +232,99 @@ async fn release<B: Backend>(
     let mut answer = json!({"released": true, "tenant": scope.tenant.as_str(),
                "operation": scope.operation.as_str(), "key": scope.key.as_str()});
     if b.force {
-        answer["warning"] = json!(
-            "a forward the holder already sent keeps running upstream and may still land there; \
-             its answer is not stored (its token writes nothing)"
-        );
+        answer["warning"] = json!(FORCED_WARNING);
     }
     ok(&answer)
+}
+
+/// What a forced release cannot stop.
+pub const FORCED_WARNING: &str = "a forward the holder already sent keeps running upstream and \
+    may still land there; its answer is not stored (its token writes nothing)";
+
+/// How an operator asks for more, in the words of their surface.
+#[derive(Debug, Clone, Copy)]
+pub struct ReleaseHints {
+    /// How to force (`send "force": true`, `add --force`).
+    pub force: &'static str,
+    /// How to confirm the upstream was checked.
+    pub checked: &'static str,
+}
+
+impl ReleaseHints {
+    /// The admin API's JSON fields.
+    pub const API: Self = Self {
+        force: "send \"force\": true",
+        checked: "send \"upstream_checked\": true",
+    };
+    /// `idem keys release`'s flags.
+    pub const CLI: Self = Self {
+        force: "add --force",
+        checked: "add --upstream-checked",
+    };
+}
+
+/// Why a release released nothing, as a problem's slug, title and detail.
+pub struct Refusal {
+    /// `not-found`, `not-pending`, `not-releasable`, `lease-live`,
+    /// `upstream-unchecked`.
+    pub slug: &'static str,
+    /// The problem's title.
+    pub title: &'static str,
+    /// What to do.
+    pub detail: String,
+}
+
+/// The refusal of a release that did nothing, `None` once released.
+pub fn release_refusal(outcome: &KeyRelease, force: bool, hints: ReleaseHints) -> Option<Refusal> {
+    let (slug, title, detail) = match outcome {
+        KeyRelease::Released => return None,
+        KeyRelease::NotFound => (
+            "not-found",
+            "No such key record",
+            "no record for this key".into(),
+        ),
+        KeyRelease::NotPending(state) => (
+            "not-pending",
+            "The key record is not pending",
+            format!("it is {state}: its answer is stored and replayed; nothing to release"),
+        ),
+        KeyRelease::NotReleasable => (
+            "not-releasable",
+            "The key record is not held by a lease",
+            "it is held by an open transaction or a multi-step run: resolve the run instead".into(),
+        ),
+        KeyRelease::LeaseLive(until) => (
+            "lease-live",
+            "The key record's lease is live",
+            format!(
+                "its holder may still be forwarding until {}: a forward already sent keeps running \
+                 upstream and may still land there even after a release; {} to release it anyway",
+                rfc3339(*until),
+                hints.force
+            ),
+        ),
+        KeyRelease::UpstreamUnchecked(policy) => (
+            "upstream-unchecked",
+            "Check the upstream before releasing this key",
+            format!(
+                "the key's route {} keeps unknown outcomes because its upstream does not \
+                 deduplicate: after a release the next retry forwards the request again, a second \
+                 effect if the first landed{}; look the request up upstream, then {}",
+                policy.map_or("(of an older version)".to_owned(), |p| format!(
+                    "(on_unknown = \"{p}\")"
+                )),
+                if force {
+                    " or if the forward still running lands"
+                } else {
+                    ""
+                },
+                hints.checked
+            ),
+        ),
+    };
+    Some(Refusal {
+        slug,
+        title,
+        detail,
+    })
 }
