@@ -330,15 +330,35 @@
         ["Lease", k.leased ? "held until " + show(k.locked_until) : "none"],
         ["Resource", k.resource ? k.resource.type + " " + k.resource.id : null],
         ["Recovery point", k.recovery_point],
+        ["On unknown outcome", k.on_unknown],
         ["Created", k.created_at], ["Updated", k.updated_at], ["Expires", k.expires_at],
       ])),
     ];
     if (k.state === "pending" && k.leased) {
+      // Releasing deletes the record: the next retry forwards the request
+      // again. Unless the upstream deduplicates (on_unknown "reforward"),
+      // that is a second effect if the first landed, so the operator says
+      // they looked it up; a live lease's forward may still be running.
+      const mustCheck = k.on_unknown !== "reforward";
       const force = el("input", { type: "checkbox", id: "force" });
-      out.push(el("div", { class: "actions" },
-        el("button", { type: "button", class: "danger", id: "release", text: "Release this pending key",
-          onclick: () => act("Release", "/keys/release", { ...q, force: force.checked }, () => render()) }),
-        el("label", {}, force, " even if its lease is live (the holder's writes are fenced off)")));
+      const checked = el("input", { type: "checkbox", id: "upstream-checked" });
+      const button = el("button", { type: "button", class: "danger", id: "release", text: "Release this pending key",
+        onclick: () => act("Release", "/keys/release",
+          { ...q, force: force.checked, upstream_checked: checked.checked }, () => render()) });
+      const sync = () => { button.disabled = mustCheck && !checked.checked; };
+      checked.addEventListener("change", sync);
+      sync();
+      const box = el("div", { class: "actions", id: "release-box" },
+        el("p", { id: "release-warning", text: "Releasing deletes this record: the next retry with this key forwards the request again. " +
+          "A forward its holder already sent keeps running upstream and may still land there, even after a release." }),
+        el("label", {}, force, " release even if its lease is live"));
+      if (mustCheck) {
+        box.appendChild(el("label", {}, checked,
+          " I looked this request up upstream: it did not land there, and no forward of it is still running " +
+          "(this route's upstream does not deduplicate: on_unknown " + show(k.on_unknown) + ")"));
+      }
+      box.appendChild(button);
+      out.push(box);
     }
     const resp = el("div", { class: "card", id: "stored-response" }, el("h2", { text: "Stored response" }));
     if (!r) resp.appendChild(el("p", { class: "muted", text: "No stored response." }));

@@ -5,6 +5,7 @@
 //   IDEM_ADMIN_TOKEN         the server's --admin-token
 //   IDEM_TEST_CHROMIUM       the chromium binary (default /usr/bin/chromium)
 //   IDEM_CONSOLE_KEY_PREFIX  the prefix of the key whose stored body is hostile
+//   IDEM_CONSOLE_STUCK_KEY   tenant/operation/key of a pending leased record (on_unknown reject)
 //   IDEM_CONSOLE_SCREENSHOT  where to save the overview screenshot (PNG)
 // Prints one line per check; exits non-zero on the first failure.
 import { mkdtempSync, rmSync } from "node:fs";
@@ -21,6 +22,7 @@ const base = env("IDEM_CONSOLE_URL");
 const token = env("IDEM_ADMIN_TOKEN");
 const executablePath = env("IDEM_TEST_CHROMIUM", "/usr/bin/chromium");
 const prefix = env("IDEM_CONSOLE_KEY_PREFIX");
+const [stuckTenant, stuckOperation, stuckKey] = env("IDEM_CONSOLE_STUCK_KEY").split("/");
 const screenshot = env("IDEM_CONSOLE_SCREENSHOT");
 const shots = process.env.IDEM_CONSOLE_SHOTS_DIR; // optional: every view's screenshot
 const ACTOR = "ops-browser";
@@ -127,6 +129,25 @@ try {
   check((await page.locator("#view script, #view img").count()) === 0, "no script or img element came from the body");
   check((await page.textContent("#view")).includes("Fingerprint"), "the key detail shows its fingerprint");
   await snap(page, "key");
+
+  // A stuck forward on a route whose upstream does not deduplicate: the
+  // release says what it cannot stop, and waits for the operator's word
+  // that they checked the upstream.
+  const stuckHash = "#/key?tenant=" + encodeURIComponent(stuckTenant) + "&operation=" +
+    encodeURIComponent(stuckOperation) + "&key=" + encodeURIComponent(stuckKey);
+  await page.goto(base + "/console/" + stuckHash);
+  await page.waitForSelector("#release-box");
+  check((await page.textContent("#release-warning")).includes("may still land"),
+    "a release says a running forward may still land upstream");
+  check((await page.textContent("#view")).includes("reject"), "the key shows its on_unknown policy");
+  check(await page.isDisabled("#release"), "release waits for the operator's upstream check");
+  await page.check("#force");
+  await page.check("#upstream-checked");
+  check(!(await page.isDisabled("#release")), "checked upstream: release is possible");
+  await snap(page, "release");
+  await page.click("#release");
+  await page.waitForFunction(() => document.getElementById("notice")?.textContent.includes("done"));
+  check(true, "the stuck key was released with force and the upstream checked");
 
   // Webhooks: the dead receipt, replayed, becomes processed.
   await page.goto(base + "/console/#/webhooks?state=dead");

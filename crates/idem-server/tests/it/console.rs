@@ -445,6 +445,13 @@ async fn console_in_chromium(db: ShopDb) {
         "https://idem.dev/problems/needs-attention"
     );
 
+    // A forward stuck on a reject route: pending, leased for 10 min.
+    idem_server::backend::Db::open(&w.db.url())
+        .await
+        .unwrap()
+        .run(StuckForward)
+        .await;
+
     let shot_dir = TempDir::new("console-shot");
     let screenshot = std::env::var_os("IDEM_CONSOLE_SCREENSHOT")
         .map(PathBuf::from)
@@ -456,6 +463,7 @@ async fn console_in_chromium(db: ShopDb) {
         .env("IDEM_ADMIN_TOKEN", TOKEN)
         .env("IDEM_TEST_CHROMIUM", &browser.chromium)
         .env("IDEM_CONSOLE_KEY_PREFIX", "xss-")
+        .env("IDEM_CONSOLE_STUCK_KEY", "default/gateway.pay/stuck-1")
         .env("IDEM_CONSOLE_SCREENSHOT", &screenshot)
         .output()
         .unwrap();
@@ -472,6 +480,8 @@ async fn console_in_chromium(db: ShopDb) {
         "the replayed receipt is shown as processed",
         "the resolved run's new state is shown",
         "a POST without the CSRF token gets 403 csrf",
+        "a release says a running forward may still land upstream",
+        "release waits for the operator's upstream check",
     ] {
         assert!(stdout.contains(&format!("ok - {check}")), "{check}");
     }
@@ -504,6 +514,35 @@ async fn console_in_chromium(db: ShopDb) {
         actors.len() >= 2 && actors.iter().all(|a| *a == "ops-browser"),
         "{audit}"
     );
+}
+
+/// Claims `default/gateway.pay/stuck-1` with a lease of 10 min, as a
+/// gateway forwarding on a `reject` route would.
+struct StuckForward;
+
+impl idem_server::backend::Job for StuckForward {
+    type Output = ();
+    async fn run<B: idem_server::backend::Backend>(self, store: B) {
+        use idem_core::leased::{LeaseToken, OnUnknown};
+        let scope = idem_core::Scope::new(
+            idem_core::Tenant::new("default").unwrap(),
+            idem_core::Operation::new("gateway.pay").unwrap(),
+            idem_core::IdempotencyKey::new("stuck-1").unwrap(),
+        );
+        let now = idem_core::Clock::now_ms(&idem_core::SystemClock);
+        store
+            .claim_leased(
+                &scope,
+                &idem_core::Fingerprint::from_bytes([3; 32]),
+                &idem_core::Policy::default(),
+                &LeaseToken::new(),
+                now + 600_000,
+                OnUnknown::Reject,
+                now,
+            )
+            .await
+            .unwrap();
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
