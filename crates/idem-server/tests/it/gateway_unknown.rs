@@ -202,7 +202,7 @@ pub async fn a_verify_route_finds_what_landed_and_forwards_again_only_what_did_n
 pub async fn a_reject_route_keeps_the_key_on_every_5xx(db: ShopDb) {
     let up = Upstream::start().await;
     let dir = idem_testkit::TempDir::new("gateway-5xx");
-    let routes = "[[gateway.routes]]\nmethod = \"POST\"\npath = \"/act-then/{status}\"\noperation = \"acts\"\n";
+    let routes = "[[gateway.routes]]\nmethod = \"POST\"\npath = \"/act-then/{status}\"\noperation = \"acts\"\non_unknown = \"reject\"\n";
     let gw = gateway(&db, &config(&dir, &up, "", routes), None).await;
     let codes = [500, 502, 503, 504];
     for code in codes {
