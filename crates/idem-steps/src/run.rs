@@ -20,7 +20,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
 pub(crate) use self::compensate::Undo;
-pub use self::compensate::UndoCtx;
+pub use self::compensate::{LookupCtx, UndoCtx};
 pub use self::forward::{Call, Phase};
 pub use self::send::{NoVerify, SendCtx, SendStep, Sent};
 use crate::error::{StepError, Stop};
@@ -531,13 +531,32 @@ impl<S: RunStore> Run<S> {
         &self,
         call: impl Future<Output = Result<T, StepError>>,
     ) -> impl Future<Output = Result<Result<T, StepError>, Stop>> {
+        self.timed_from(tokio::time::Instant::now(), call)
+    }
+
+    /// [`Run::timed`], its timeout counted from `began` (taken before the
+    /// attempt's start was recorded). The deadline is checked before the
+    /// call is polled, every time: a call is never polled past `began` +
+    /// `call_timeout` — not even once by an executor resumed after a pause
+    /// — so none of its requests is handed to the network later than that.
+    /// A compensation's landing window counts on it.
+    fn timed_from<T>(
+        &self,
+        began: tokio::time::Instant,
+        call: impl Future<Output = Result<T, StepError>>,
+    ) -> impl Future<Output = Result<Result<T, StepError>, Stop>> {
         let timeout = self.shared.config.call_timeout;
         let mut lost = self.lost.clone();
         async move {
             guarded(&mut lost, async {
-                match tokio::time::timeout(timeout, call).await {
-                    Ok(r) => r,
-                    Err(_) => Err(StepError::Unknown(format!("no answer within {timeout:?}"))),
+                let deadline = tokio::time::sleep_until(began + timeout);
+                tokio::pin!(deadline, call);
+                tokio::select! {
+                    biased;
+                    () = &mut deadline => {
+                        Err(StepError::Unknown(format!("no answer within {timeout:?}")))
+                    }
+                    r = &mut call => r,
                 }
             })
             .await

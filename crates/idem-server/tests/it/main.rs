@@ -5,6 +5,7 @@
 
 mod admin_api;
 mod checkout;
+mod compensation;
 mod console;
 mod drill_runner;
 mod fakes;

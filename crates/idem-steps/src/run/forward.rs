@@ -11,7 +11,9 @@ use idem_core::{BoxError, BoxFuture, StoreError};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::compensate::{UndoAction, UndoCallFn, UndoCtx, UndoPhaseFn, undo_phase_fn};
+use super::compensate::{
+    LookupCtx, LookupFn, UndoAction, UndoCallFn, UndoCtx, UndoPhaseFn, undo_phase_fn,
+};
 use super::{Mode, Run, StepCtx, store_stop};
 use crate::error::{StepError, Stop};
 
@@ -53,6 +55,7 @@ impl<S: RunStore> Run<S> {
             name: name.to_owned(),
             call,
             undo: None,
+            lookup: None,
             no_return: false,
             _t: PhantomData,
         }
@@ -127,6 +130,7 @@ impl<S: RunStore> Run<S> {
         name: &str,
         call: F,
         undo: Option<(String, UndoCallFn)>,
+        lookup: Option<LookupFn>,
         no_return: bool,
     ) -> Result<T, Stop>
     where
@@ -136,7 +140,7 @@ impl<S: RunStore> Run<S> {
     {
         let step = self.begin_step(name)?;
         if let Some((undo_name, f)) = undo {
-            self.register(undo_name, &step, UndoAction::Call(f))?;
+            self.register(undo_name, &step, UndoAction::Call { undo: f, lookup })?;
         }
         match self.existing(&step) {
             Some(rec) if rec.state == StepState::Done => return Self::decode(&rec),
@@ -163,6 +167,9 @@ impl<S: RunStore> Run<S> {
                 last_error.as_deref(),
             )?;
             let mut rec = self.attempt_record(&step, StepKind::Call, key.as_str());
+            // The call's timeout counts from before its start is recorded:
+            // a compensation's landing window starts from that record.
+            let began = tokio::time::Instant::now();
             self.start_attempt(&rec, no_return).await?;
             failpoint::hit("steps.before_call");
             let ctx = StepCtx {
@@ -170,7 +177,7 @@ impl<S: RunStore> Run<S> {
                 fence: self.lease.fence,
                 attempt: rec.attempts,
             };
-            let answer = self.timed(call(ctx)).await?;
+            let answer = self.timed_from(began, call(ctx)).await?;
             crate::metrics::attempt(step.as_str(), &answer);
             match answer {
                 Ok(value) => {
@@ -275,6 +282,7 @@ where
 }
 
 /// An external call being set up: `.undo(…)` registers its compensation,
+/// `.lookup(…)` how that compensation learns an unknown outcome,
 /// `.point_of_no_return()` marks it; `.await` runs it.
 #[must_use = "a call does nothing until it is awaited"]
 pub struct Call<'r, S: RunStore, T, F> {
@@ -282,37 +290,76 @@ pub struct Call<'r, S: RunStore, T, F> {
     name: String,
     call: F,
     undo: Option<(String, UndoCallFn)>,
+    lookup: Option<LookupFn>,
     no_return: bool,
     _t: PhantomData<fn() -> T>,
 }
 
 impl<'r, S: RunStore, T, F> Call<'r, S, T, F>
 where
-    T: DeserializeOwned + 'static,
+    T: Serialize + DeserializeOwned + 'static,
 {
     /// Registers the call's compensation, an external call named `name`
-    /// with its own derived key. It runs if the run fails after the call
-    /// was attempted: with the call's result, or `None` when its outcome
-    /// is unknown (find out with [`UndoCtx::undone`], the call's key).
+    /// with its own derived key ([`UndoCtx::key`]). It runs if the run
+    /// fails after the call was attempted, and gets what the call did: its
+    /// recorded result, or — when its outcome is unknown — what the call's
+    /// [`Call::lookup`] found. It never gets a guess: a call whose outcome
+    /// is unknown and that has no lookup makes the run wait for an operator
+    /// instead; one the lookup does not find (after the landing window) is
+    /// not compensated.
     pub fn undo<U, Fut>(mut self, name: &str, undo: U) -> Self
     where
-        U: Fn(UndoCtx, Option<T>) -> Fut + Send + Sync + 'static,
+        U: Fn(UndoCtx, T) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<(), StepError>> + Send + 'static,
     {
-        let f: UndoCallFn = Arc::new(move |ctx: UndoCtx, bytes: Option<&[u8]>| {
-            let value = match bytes.map(serde_json::from_slice::<T>) {
-                None => None,
-                Some(Ok(v)) => Some(v),
-                Some(Err(e)) => {
-                    let e = StepError::Permanent(format!(
-                        "the call's recorded result does not decode: {e}"
-                    ));
-                    return Box::pin(std::future::ready(Err(e)));
-                }
-            };
-            Box::pin(undo(ctx, value))
-        });
+        let f: UndoCallFn = Arc::new(
+            move |ctx: UndoCtx, bytes: &[u8]| match serde_json::from_slice::<T>(bytes) {
+                Ok(value) => Box::pin(undo(ctx, value)),
+                Err(e) => Box::pin(std::future::ready(Err(StepError::Permanent(format!(
+                    "the call's result does not decode: {e}"
+                ))))),
+            },
+        );
         self.undo = Some((name.to_owned(), f));
+        self
+    }
+
+    /// Registers how the call's compensation learns its outcome when it is
+    /// unknown (an answer lost, a timeout, a crash mid-call): a read-only
+    /// request to the other system, by the call's derived key
+    /// ([`LookupCtx::key`]) or a business reference the call sent, that
+    /// answers `Some(result)` if the call's effect exists and `None` if it
+    /// does not. Never the call itself: a lookup must not create what it
+    /// looks for.
+    ///
+    /// `Some` is undone at once. `None` is trusted only from a lookup that
+    /// starts once a request the call sent can no longer land: after its
+    /// last attempt's start, plus
+    /// [`RunsConfig::call_timeout`](crate::RunsConfig::call_timeout), plus
+    /// [`RunsConfig::landing_margin`](crate::RunsConfig::landing_margin).
+    /// Until then the compensation waits, then asks again. Either answer is
+    /// recorded on the compensation's step, so no executor asks twice. A
+    /// failed lookup is retried like a step ([`StepError::Unknown`] and
+    /// [`StepError::Retry`], within `max_attempts`);
+    /// [`StepError::Permanent`] or an exhausted budget makes the run wait
+    /// for an operator. Used only by the call's compensation.
+    pub fn lookup<L, LFut>(mut self, lookup: L) -> Self
+    where
+        L: Fn(LookupCtx) -> LFut + Send + Sync + 'static,
+        LFut: Future<Output = Result<Option<T>, StepError>> + Send + 'static,
+    {
+        let f: LookupFn = Arc::new(move |ctx: LookupCtx| {
+            let found = lookup(ctx);
+            Box::pin(async move {
+                match found.await? {
+                    None => Ok(None),
+                    Some(value) => serde_json::to_value(&value).map(Some).map_err(|e| {
+                        StepError::Permanent(format!("the lookup's result does not encode: {e}"))
+                    }),
+                }
+            })
+        });
+        self.lookup = Some(f);
         self
     }
 
@@ -341,9 +388,10 @@ where
             name,
             call,
             undo,
+            lookup,
             no_return,
             ..
         } = self;
-        Box::pin(async move { run.run_call(&name, call, undo, no_return).await })
+        Box::pin(async move { run.run_call(&name, call, undo, lookup, no_return).await })
     }
 }
