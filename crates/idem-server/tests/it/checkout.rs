@@ -1218,6 +1218,17 @@ fn steps_commands_refuse_bad_input() {
             ],
             "--mail-delivery needs --mail-url",
         ),
+        (
+            vec![
+                "steps",
+                "recover",
+                "--provider-url",
+                "http://127.0.0.1:9",
+                "--landing-margin",
+                "2h",
+            ],
+            "--landing-margin must be between 0s and 1h",
+        ),
     ] {
         let mut full = args.clone();
         full.extend(["--database-url", &url]);
