@@ -352,7 +352,8 @@ named_enum! {
         /// outcome waits for an operator.
         AtMostOnce = "at_most_once",
         /// The compensation of an external call, itself a recorded call
-        /// with its own derived key.
+        /// with its own derived key; when the call's outcome is unknown, its
+        /// lookup's attempts are this step's too.
         Undo = "undo",
         /// The compensation of a phase: local work, committed with its record.
         UndoPhase = "undo_phase",
@@ -369,8 +370,9 @@ named_enum! {
         Done = "done",
         /// Failed for good; recorded and returned on resume.
         Failed = "failed",
-        /// An operator said the last attempt did not happen: it may run
-        /// once more.
+        /// The last attempt certainly did nothing (a refused call, a
+        /// rolled-back phase, a compensation's lookup, or an operator's
+        /// word): it may run once more.
         NotSent = "not_sent",
     }
 }
@@ -407,7 +409,10 @@ pub struct StepRecord {
     pub key: String,
     /// The fence of the executor that wrote this record last.
     pub fence: Fence,
-    /// The recorded result (JSON), once `Done`.
+    /// The recorded result (JSON), once `Done`. On the compensation of a
+    /// call whose outcome was unknown (`undo`): what the call's lookup
+    /// found, as soon as it is known (`{"lookup":"found","value":…}`, then
+    /// kept once done; or `{"lookup":"not_found"}`, done: nothing undone).
     pub result: Option<Vec<u8>>,
     /// The last error, if an attempt failed.
     pub error: Option<String>,

@@ -200,6 +200,12 @@ pub fn checkout(args: &CheckoutArgs) -> anyhow::Result<Option<CheckoutConfig>> {
         Duration::from_millis(100),
         Duration::from_secs(300),
     ))?;
+    let landing_margin = check(within(
+        "--landing-margin",
+        args.landing_margin,
+        Duration::ZERO,
+        hour,
+    ))?;
     if !(1..=10_000).contains(&args.max_runs) {
         bail!(
             "--max-runs must be between 1 and 10000, got {}",
@@ -226,6 +232,7 @@ pub fn checkout(args: &CheckoutArgs) -> anyhow::Result<Option<CheckoutConfig>> {
         lease,
         deadline,
         call_timeout,
+        landing_margin,
         max_runs: args.max_runs,
     }))
 }

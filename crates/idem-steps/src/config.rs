@@ -28,6 +28,16 @@ pub struct RunsConfig {
     /// The longest one attempt of an external call may take; past it the
     /// attempt's outcome is unknown. Default 30 s, 10 ms to 1 h.
     pub call_timeout: Duration,
+    /// How long after a call's attempt is abandoned (its start plus
+    /// `call_timeout`) a request it sent may still take effect at the other
+    /// system: bytes the network still holds (Linux retransmits an
+    /// abandoned connection's data for about 100 s by default), a server
+    /// still finishing a request it read. A compensation trusts its lookup's
+    /// "not found" only from a lookup that starts after the call's last
+    /// attempt plus `call_timeout` plus this; until then it waits (and the
+    /// run's answer with it). Set it above the other system's own request
+    /// timeout. Default 2 min, 0 to 1 h.
+    pub landing_margin: Duration,
     /// A retry delay longer than this gives the run back (due after the
     /// delay, for any executor) instead of holding a slot while sleeping.
     /// Default 10 s, at most 1 h.
@@ -54,6 +64,7 @@ impl Default for RunsConfig {
             },
             max_attempts: 10,
             call_timeout: Duration::from_secs(30),
+            landing_margin: Duration::from_secs(120),
             release_after: Duration::from_secs(10),
             message_retention: Duration::from_secs(30 * 24 * 3600),
             poll: Duration::from_secs(1),
@@ -89,6 +100,13 @@ impl RunsConfig {
             "call_timeout",
             self.call_timeout,
             Duration::from_millis(10),
+            hour,
+        )?;
+        ConfigError::check_duration(
+            C,
+            "landing_margin",
+            self.landing_margin,
+            Duration::ZERO,
             hour,
         )?;
         ConfigError::check_duration(C, "release_after", self.release_after, Duration::ZERO, hour)?;
@@ -178,6 +196,13 @@ mod tests {
                 ..d()
             })
             .starts_with("RunsConfig.backoff.max")
+        );
+        assert_eq!(
+            bad(RunsConfig {
+                landing_margin: Duration::from_secs(7200),
+                ..d()
+            }),
+            "RunsConfig.landing_margin must be between 0s and 1h, got 2h"
         );
         assert!(
             bad(RunsConfig {

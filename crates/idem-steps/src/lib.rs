@@ -17,10 +17,16 @@
 //!   effects on sinks without keys, claimed in a send-once ledger;
 //! - `.undo(…)`: a compensation, itself a recorded step with its own derived
 //!   key, run newest first when the run fails (before its point of no
-//!   return). It gets the step's result, or `None` when the step's outcome is
-//!   unknown (find out with the step's own key, [`UndoCtx::undone`]); a step
-//!   that never started, failed for good, or whose every attempt certainly
-//!   did nothing ([`StepError::Retry`]) is not compensated.
+//!   return). It gets what the step did, never a guess: the step's recorded
+//!   result or, when a call's outcome is unknown, what the call's
+//!   [`Call::lookup`] finds at the other system. A compensation never
+//!   creates what it undoes: it does not re-send the call to find out. A
+//!   lookup's "not found" is trusted only once a request the call sent can
+//!   no longer land (the **landing window**,
+//!   [`RunsConfig::landing_margin`]); an unknown outcome without a lookup
+//!   waits for an operator. A step that never started, failed for good,
+//!   whose every attempt certainly did nothing ([`StepError::Retry`]), or
+//!   that its lookup did not find, is not compensated.
 //!
 //! Every write of a run is conditional on the **fence** of the lease its
 //! executor holds, so an executor paused past its lease records nothing
@@ -47,11 +53,27 @@
 //!     Ok(format!("pay_for_{amount}"))
 //! }
 //!
+//! async fn find_charge(key: &str) -> Result<Option<String>, StepError> {
+//!     // GET /v1/payments?idempotency_key=key: read-only, never a charge …
+//!     Ok(None)
+//! }
+//!
+//! async fn refund(key: &str, payment: &str) -> Result<(), StepError> {
+//!     // POST /v1/payments/{payment}/refunds with `Idempotency-Key: key` …
+//!     Ok(())
+//! }
+//!
 //! impl<S: RunStore> Workflow<S> for Checkout {
 //!     fn run<'r>(&'r self, run: &'r mut Run<S>) -> BoxFuture<'r, Result<Completion, Stop>> {
 //!         Box::pin(async move {
 //!             let payment: String = run
 //!                 .call("charge", |ctx| async move { charge(ctx.key.as_str(), 1000).await })
+//!                 // Should the run fail: what the charge did — its answer, or
+//!                 // what the lookup finds if the answer was lost — is refunded.
+//!                 .lookup(|ctx| async move { find_charge(ctx.key.as_str()).await })
+//!                 .undo("refund", |ctx, payment: String| async move {
+//!                     refund(ctx.key.as_str(), &payment).await
+//!                 })
 //!                 .await?;
 //!             Ok(Completion::completed(StoredResponse {
 //!                 status: 201,
@@ -119,7 +141,8 @@ pub use http::{ResponseFuture, ServiceError, WorkflowService};
 pub use recovery::Recovery;
 pub use resolve::{Resolution, Resolved, resolve, resolve_in};
 pub use run::{
-    CUT_SHORT_FACTOR, Call, NoVerify, Phase, Run, SendCtx, SendStep, Sent, StepCtx, UndoCtx,
+    CUT_SHORT_FACTOR, Call, LookupCtx, NoVerify, Phase, Run, SendCtx, SendStep, Sent, StepCtx,
+    UndoCtx,
 };
 pub use runs::{Keep, RunHandle, Runs, RunsBuilder, Started};
 pub use workflow::Workflow;

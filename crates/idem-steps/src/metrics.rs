@@ -7,8 +7,14 @@ use crate::StepError;
 /// Attempts of external calls, sends and compensating calls, by step and
 /// result (`ok`, `unknown`, `retry`, `permanent`).
 pub const STEP_ATTEMPTS_TOTAL: &str = "idem_step_attempts_total";
-/// Compensations that ended, by result (`done`, `failed`).
+/// Compensations that ended, by result (`done`; `nothing_found`: the
+/// compensated call's lookup found no effect after the landing window;
+/// `failed`).
 pub const COMPENSATIONS_TOTAL: &str = "idem_compensations_total";
+/// Lookups of calls whose outcome was unknown, made by their compensation
+/// (by the compensation's step, and `found`, `not_found`, `unknown`,
+/// `retry`, `permanent`).
+pub const LOOKUPS_TOTAL: &str = "idem_step_lookups_total";
 /// Runs taken over after their lease lapsed (by a retry or by recovery).
 pub const LEASE_TAKEOVERS_TOTAL: &str = "idem_lease_takeovers_total";
 /// Fenced writes refused because another executor holds the run.
@@ -26,7 +32,19 @@ pub(crate) fn attempt<T>(step: &str, answer: &Result<T, StepError>) {
         .increment(1);
 }
 
-/// Counts a compensation that ended: `done` or `failed`.
+/// Counts a lookup made by compensation `step` by what it answered.
+pub(crate) fn lookup<T>(step: &str, answer: &Result<Option<T>, StepError>) {
+    let result = match answer {
+        Ok(Some(_)) => "found",
+        Ok(None) => "not_found",
+        Err(StepError::Unknown(_)) => "unknown",
+        Err(StepError::Retry(_)) => "retry",
+        Err(StepError::Permanent(_)) => "permanent",
+    };
+    metrics::counter!(LOOKUPS_TOTAL, "step" => step.to_owned(), "result" => result).increment(1);
+}
+
+/// Counts a compensation that ended: `done`, `nothing_found` or `failed`.
 pub(crate) fn compensation(result: &'static str) {
     metrics::counter!(COMPENSATIONS_TOTAL, "result" => result).increment(1);
 }

@@ -263,6 +263,12 @@ pub struct CheckoutArgs {
     /// (100ms to 5min).
     #[arg(long, env = "IDEM_CALL_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
     pub call_timeout: Duration,
+    /// After a charge's last attempt and its call timeout, how long a
+    /// request of it may still land at the provider (the network, the
+    /// provider's own request timeout): a failing order's refund trusts the
+    /// provider's "no such payment" only after it (0s to 1h).
+    #[arg(long, env = "IDEM_LANDING_MARGIN", default_value = "2m", value_parser = humantime::parse_duration)]
+    pub landing_margin: Duration,
     /// Runs executed at once by this process (1 to 10000).
     #[arg(long, env = "IDEM_MAX_RUNS", default_value_t = 64)]
     pub max_runs: usize,

@@ -266,14 +266,31 @@ async fn list<S: DemoSql>(
         Ok(t) => t,
         Err(r) => return r,
     };
-    let Some(customer) = q.get("customer") else {
-        return invalid("query parameter customer is required");
+    // A customer's payments, or the one payment of a `reference` (the
+    // client's natural key: how a caller whose charge went unanswered finds
+    // out whether it happened, without charging again).
+    let (name, value) = match (q.get("customer"), q.get("reference")) {
+        (Some(c), None) => ("customer", c),
+        (None, Some(r)) => ("reference", r),
+        (Some(_), Some(_)) => return invalid("give customer or reference, not both"),
+        (None, None) => return invalid("query parameter customer or reference is required"),
     };
-    if !valid_text(customer) {
-        return invalid("customer must be 1 to 255 characters without control characters");
+    if !valid_text(value) {
+        return invalid(&format!(
+            "{name} must be 1 to 255 characters without control characters"
+        ));
     }
-    let read = app.store.payments_of(tenant.as_str(), customer);
-    match within(app.read_timeout, read).await {
+    let rows = if name == "customer" {
+        within(
+            app.read_timeout,
+            app.store.payments_of(tenant.as_str(), value),
+        )
+        .await
+    } else {
+        let read = app.store.payment_by_reference(tenant.as_str(), value);
+        within(app.read_timeout, read).await.map(Vec::from_iter)
+    };
+    match rows {
         Ok(rows) => ok(&json!({"data": rows.iter().map(payment_json).collect::<Vec<_>>()})),
         Err(r) => r,
     }

@@ -120,6 +120,13 @@ pub trait DemoSql: OutboxWriter {
         id: &str,
     ) -> impl Future<Output = Result<Option<RefundRow>, StoreError>> + Send;
 
+    /// The payment whose `reference` is `reference` (there is at most one).
+    fn payment_by_reference(
+        &self,
+        tenant: &str,
+        reference: &str,
+    ) -> impl Future<Output = Result<Option<PaymentRow>, StoreError>> + Send;
+
     /// A customer's payments, oldest first, at most 1000.
     fn payments_of(
         &self,
@@ -328,6 +335,19 @@ macro_rules! demo_sql {
                         .bind(tenant)
                         .bind(id)
                         .bind(payment_id)
+                        .fetch_optional(self.pool())
+                        .await
+                        .map_err($map_err)
+                }
+
+                async fn payment_by_reference(
+                    &self,
+                    tenant: &str,
+                    reference: &str,
+                ) -> Result<Option<PaymentRow>, StoreError> {
+                    sqlx::query_as(&select_payments(PaymentKey::Reference.filter()))
+                        .bind(tenant)
+                        .bind(reference)
                         .fetch_optional(self.pool())
                         .await
                         .map_err($map_err)

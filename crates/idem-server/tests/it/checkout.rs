@@ -52,8 +52,17 @@ pub struct World {
 }
 
 /// The shop's settings in these drills: leases of 1 s, so a dead shop's
-/// runs are taken over within a second or two.
-const SHOP: &[&str] = &["--run-lease", "1s", "--call-timeout", "2s"];
+/// runs are taken over within a second or two; a landing margin of 2 s (the
+/// provider behind the proxy commits what it receives at once, and the
+/// proxy never delivers a request late).
+const SHOP: &[&str] = &[
+    "--run-lease",
+    "1s",
+    "--call-timeout",
+    "2s",
+    "--landing-margin",
+    "2s",
+];
 
 impl World {
     pub async fn new(db: ShopDb) -> Self {
@@ -373,7 +382,7 @@ pub async fn compensation_crash(db: ShopDb) {
         .await;
     set_stock(shop.addr, "tee", 10).await;
     // The charge goes through, but its answers are lost past the deadline:
-    // the run compensates, learning the charge's outcome with its key.
+    // the run compensates, finding the charge with the provider's lookup.
     w.proxy.lose_charges_for(Duration::from_secs(3));
     let body = order_body("cus_cc", "tee", 3, 4500);
     let _ = try_call(shop.addr, "POST", "/v1/orders", Some("cc"), &body).await;
@@ -1208,6 +1217,17 @@ fn steps_commands_refuse_bad_input() {
                 "at-most-once",
             ],
             "--mail-delivery needs --mail-url",
+        ),
+        (
+            vec![
+                "steps",
+                "recover",
+                "--provider-url",
+                "http://127.0.0.1:9",
+                "--landing-margin",
+                "2h",
+            ],
+            "--landing-margin must be between 0s and 1h",
         ),
     ] {
         let mut full = args.clone();

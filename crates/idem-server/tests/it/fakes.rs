@@ -159,6 +159,8 @@ pub struct Seen {
     pub replayed: bool,
     /// Whether the answer was withheld from the shop (lost or garbled).
     pub withheld: bool,
+    /// Swallowed by the black hole: the provider never saw it.
+    pub swallowed: bool,
 }
 
 /// What the proxy does to answers.
@@ -177,6 +179,10 @@ struct Faults {
     seed: u64,
     /// Latency added to every request.
     latency: Duration,
+    /// Until then every request (any method) is read and dropped: never
+    /// forwarded, never answered (a black hole, not a delay: nothing it
+    /// swallowed reaches the provider later).
+    black_hole_until: Option<Instant>,
 }
 
 /// An HTTP proxy in front of the provider that records what it forwards.
@@ -230,16 +236,25 @@ impl ProviderProxy {
                         status: None,
                         replayed: false,
                         withheld: false,
+                        swallowed: false,
                     });
                     seen.len() - 1
                 };
-                let (latency, refuse) = {
+                let (latency, refuse, hole) = {
                     let f = faults.lock().unwrap();
                     (
                         f.latency,
                         charge && f.refuse_charges_until.is_some_and(|t| Instant::now() < t),
+                        f.black_hole_until.filter(|t| Instant::now() < *t),
                     )
                 };
+                if let Some(until) = hole {
+                    // Read, never forwarded; the connection stays silent
+                    // until the hole closes, then it is dropped unanswered.
+                    seen.lock().unwrap()[index].swallowed = true;
+                    tokio::time::sleep_until(until.into()).await;
+                    return lost();
+                }
                 if refuse {
                     return respond(503, json!({"error": "provider unavailable"}));
                 }
@@ -374,6 +389,20 @@ impl ProviderProxy {
         let mut f = self.faults.lock().unwrap();
         f.lose_percent = percent;
         f.seed = seed;
+    }
+
+    /// For `d`, every request is swallowed: read, never forwarded, never
+    /// answered.
+    pub fn black_hole_for(&self, d: Duration) {
+        self.faults.lock().unwrap().black_hole_until = Some(Instant::now() + d);
+    }
+
+    /// The lookups of payments the provider was sent (`GET /v1/payments?…`).
+    pub fn lookups(&self) -> Vec<Seen> {
+        self.seen()
+            .into_iter()
+            .filter(|s| s.method == "GET" && s.path == "/v1/payments")
+            .collect()
     }
 
     pub fn latency(&self, d: Duration) {

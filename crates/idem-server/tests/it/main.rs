@@ -5,6 +5,7 @@
 
 mod admin_api;
 mod checkout;
+mod compensation;
 mod console;
 mod drill_runner;
 mod fakes;
@@ -505,6 +506,11 @@ macro_rules! drills {
                     ("GET", "/v1/payments/pay%00x".into(), None, "", 404, "not-found"),
                     ("GET", format!("/v1/payments/{long}"), None, "", 404, "not-found"),
                     ("GET", "/v1/payments?customer=a%00b".into(), None, "", 400, "invalid-request"),
+                    ("GET", "/v1/payments?reference=a%00b".into(), None, "", 400, "invalid-request"),
+                    ("GET", "/v1/payments?reference=".into(), None, "", 400, "invalid-request"),
+                    ("GET", format!("/v1/payments?reference={long}"), None, "", 400, "invalid-request"),
+                    ("GET", "/v1/payments?customer=cus_1&reference=r".into(), None, "", 400, "invalid-request"),
+                    ("GET", "/v1/payments".into(), None, "", 400, "invalid-request"),
                     ("GET", "/v1/payments/pay%00x/effects".into(), None, "", 404, "not-found"),
                     ("POST", "/v1/payments/pay%00x/refunds".into(), Some("h-5"), r#"{"amount":1}"#, 404, "not-found"),
                     ("POST", refunds.clone(), Some("h-6"), r#"{"amount":10000000000000}"#, 400, "invalid-request"),
@@ -522,6 +528,23 @@ macro_rules! drills {
                 assert_eq!(payment.json()["amount_refunded"], 0);
                 let ok = call(f.addr, "POST", &refunds, Some("h-6"), r#"{"amount":1}"#).await;
                 assert_eq!((ok.status, ok.replayed()), (201, false));
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_payment_is_found_by_its_reference() {
+                let f = setup().await;
+                let body = r#"{"amount":700,"currency":"EUR","customer":"cus_ref","reference":"ord_42"}"#;
+                let paid = create(f.addr, "ref-1", body).await;
+                assert_eq!(paid.status, 201);
+                let find = |reference: &'static str| async move {
+                    let r = call(f.addr, "GET", &format!("/v1/payments?reference={reference}"), None, "").await;
+                    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+                    r.json()["data"].as_array().unwrap().clone()
+                };
+                let found = find("ord_42").await;
+                assert_eq!(found.len(), 1);
+                assert_eq!((&found[0]["id"], &found[0]["reference"]), (&paid.json()["id"], &"ord_42".into()));
+                assert!(find("ord_43").await.is_empty(), "none for another reference");
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

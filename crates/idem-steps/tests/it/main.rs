@@ -2,6 +2,7 @@
 //! PostgreSQL server, one fresh database per test.
 #![allow(clippy::unwrap_used, missing_docs)]
 
+mod compensate;
 mod http;
 mod steps;
 mod support;
@@ -50,6 +51,12 @@ on_both! {
     steps::verify_then_send_asks_before_sending_again;
     steps::the_send_once_ledger_spans_runs;
     steps::concurrent_executors_never_run_one_run_at_once;
+    compensate::a_lookup_that_finds_the_effect_undoes_it;
+    compensate::not_found_after_the_landing_window_is_nothing_to_undo;
+    compensate::not_found_before_the_landing_window_is_not_trusted;
+    compensate::a_failing_lookup_waits_for_an_operator;
+    compensate::without_a_lookup_an_unknown_outcome_waits_for_an_operator;
+    compensate::a_crash_between_the_lookup_and_the_undo_does_not_look_again;
     http::the_key_contract_holds_for_runs;
     http::a_slow_run_is_accepted_then_replayed;
     http::a_blocked_run_answers_needs_attention;

@@ -480,7 +480,7 @@ pub async fn a_step_that_keeps_crashing_waits_for_an_operator<S: TestStore>(db: 
 
 /// Retried with its key until the deadline, a call whose outcome stays
 /// unknown makes the run compensate; its compensation learns the outcome
-/// with the call's key and refunds: no net charge.
+/// by the call's lookup and refunds: no net charge.
 pub async fn past_its_deadline_a_run_compensates<S: TestStore>(db: Db) {
     let store = S::open(&db.url()).await;
     let flow = Flow::new(Plan::default());

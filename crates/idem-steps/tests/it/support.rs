@@ -16,8 +16,8 @@ use idem_core::{
 use idem_postgres::{PgConfig, PgStore};
 use idem_sqlite::{SqliteConfig, SqliteStore};
 use idem_steps::{
-    Ended, Run, RunHandle, Runs, RunsConfig, Started, StepError, Stop, UndoCtx, Workflow,
-    WorkflowPolicy,
+    Ended, LookupCtx, Run, RunHandle, Runs, RunsConfig, Started, StepError, Stop, UndoCtx,
+    Workflow, WorkflowPolicy,
 };
 use idem_testkit::{PgDatabase, TempDir};
 use tokio::sync::watch;
@@ -140,7 +140,8 @@ pub struct Provider(pub Arc<Mutex<ProviderState>>);
 
 #[derive(Default)]
 pub struct ProviderState {
-    /// `("charge" | "refund", key)` for every request, in order.
+    /// `("charge" | "vanished" | "lookup" | "refund", key)` for every
+    /// request, in order (`vanished`: a charge the black hole swallowed).
     pub requests: Vec<(String, String)>,
     /// Payment per charge key.
     pub payments: BTreeMap<String, String>,
@@ -155,6 +156,14 @@ pub struct ProviderState {
     pub refuse_charges_until: Option<Instant>,
     /// How long a charge takes.
     pub charge_delay: Duration,
+    /// Until then, charges vanish: no answer ever comes (the call times
+    /// out), and nothing happens — unless `land_after` is set.
+    pub black_hole_charges_until: Option<Instant>,
+    /// A vanished charge takes effect this long after it was sent (a
+    /// request the network held).
+    pub land_after: Option<Duration>,
+    /// Until then, lookups fail with an unknown outcome.
+    pub lookups_fail_until: Option<Instant>,
 }
 
 impl Provider {
@@ -171,7 +180,14 @@ impl Provider {
         })
     }
 
+    pub fn requests(&self, op: &str) -> usize {
+        self.state(|s| s.requests.iter().filter(|(o, _)| o == op).count())
+    }
+
     pub async fn charge(&self, key: &str) -> Result<String, StepError> {
+        if self.vanishes(key) {
+            return std::future::pending().await;
+        }
         let delay = {
             let mut s = self.0.lock().unwrap();
             if s.refuse_charges_until.is_some_and(|t| Instant::now() < t) {
@@ -199,6 +215,39 @@ impl Provider {
             return Err(StepError::Unknown("the answer was lost".into()));
         }
         Ok(id)
+    }
+
+    /// Whether the black hole swallows this charge (it may land later).
+    fn vanishes(&self, key: &str) -> bool {
+        let mut s = self.0.lock().unwrap();
+        if s.black_hole_charges_until
+            .is_none_or(|t| Instant::now() >= t)
+        {
+            return false;
+        }
+        s.requests.push(("vanished".into(), key.into()));
+        if let Some(after) = s.land_after {
+            let (state, key) = (self.0.clone(), key.to_owned());
+            tokio::spawn(async move {
+                tokio::time::sleep(after).await;
+                let mut s = state.lock().unwrap();
+                let next = s.payments.len() + 1;
+                s.payments
+                    .entry(key)
+                    .or_insert_with(|| format!("pay_{next}"));
+            });
+        }
+        true
+    }
+
+    /// The payment made with charge key `key`, if any: read-only.
+    pub async fn find(&self, key: &str) -> Result<Option<String>, StepError> {
+        let mut s = self.0.lock().unwrap();
+        s.requests.push(("lookup".into(), key.into()));
+        if s.lookups_fail_until.is_some_and(|t| Instant::now() < t) {
+            return Err(StepError::Unknown("the lookup timed out".into()));
+        }
+        Ok(s.payments.get(key).cloned())
     }
 
     pub async fn refund(&self, key: &str, payment: &str) -> Result<(), StepError> {
@@ -275,6 +324,10 @@ pub struct Plan {
     pub hold_charge: Option<Gate>,
     /// After the provider's effect, the refund waits here.
     pub hold_refund: Option<Gate>,
+    /// Before the refund is sent (after its lookup), it waits here.
+    pub hold_before_refund: Option<Gate>,
+    /// The charge has no lookup.
+    pub no_lookup: bool,
     pub mail: Mail,
     pub mail_id: Option<String>,
     /// The mail is the point of no return.
@@ -356,12 +409,14 @@ impl<S: TestStore> Workflow<S> for Flow {
                 })
                 .await?;
             let (provider, hold) = (self.provider.clone(), self.plan.hold_charge.clone());
-            let (refunds, log, hold_refund) = (
+            let (refunds, log, hold_refund, hold_before) = (
                 self.provider.clone(),
                 self.log.clone(),
                 self.plan.hold_refund.clone(),
+                self.plan.hold_before_refund.clone(),
             );
-            let payment: String = run
+            let lookups = self.provider.clone();
+            let mut charge = run
                 .call("charge", move |ctx| {
                     let (provider, hold) = (provider.clone(), hold.clone());
                     async move {
@@ -372,14 +427,17 @@ impl<S: TestStore> Workflow<S> for Flow {
                         Ok(id)
                     }
                 })
-                .undo("refund", move |ctx: UndoCtx, payment: Option<String>| {
-                    let (provider, log, hold) = (refunds.clone(), log.clone(), hold_refund.clone());
+                .undo("refund", move |ctx: UndoCtx, payment: String| {
+                    let (provider, log, hold, before) = (
+                        refunds.clone(),
+                        log.clone(),
+                        hold_refund.clone(),
+                        hold_before.clone(),
+                    );
                     async move {
-                        // Unknown outcome: the charge's own key tells.
-                        let payment = match payment {
-                            Some(p) => p,
-                            None => provider.charge(ctx.undone.as_str()).await?,
-                        };
+                        if let Some(gate) = before {
+                            gate.wait().await;
+                        }
                         provider.refund(ctx.key.as_str(), &payment).await?;
                         if let Some(gate) = hold {
                             gate.wait().await;
@@ -387,8 +445,15 @@ impl<S: TestStore> Workflow<S> for Flow {
                         log.lock().unwrap().push("refund".into());
                         Ok(())
                     }
-                })
-                .await?;
+                });
+            if !self.plan.no_lookup {
+                // Read-only: the payment the charge's key made, if any.
+                charge = charge.lookup(move |ctx: LookupCtx| {
+                    let provider = lookups.clone();
+                    async move { provider.find(ctx.key.as_str()).await }
+                });
+            }
+            let payment: String = charge.await?;
             let (ship, tries) = (self.plan.ship, self.ship_tries.clone());
             run.call("ship", move |_ctx| {
                 let tries = tries.clone();
@@ -484,6 +549,8 @@ pub fn quick() -> RunsConfig {
             max: Duration::from_millis(50),
         },
         poll: Duration::from_millis(20),
+        // The fakes act at once: a request not seen by now never lands.
+        landing_margin: Duration::from_millis(200),
         ..RunsConfig::default()
     }
 }
@@ -567,18 +634,37 @@ impl Doomed {
         config: RunsConfig,
         keys: Vec<String>,
     ) -> Self {
-        Self::launch::<S>(url, flow, config, keys, false)
+        Self::launch::<S>(url, flow, config, WorkflowPolicy::default(), keys, false)
+    }
+
+    /// Starts the runs of `keys` under `policy`.
+    pub fn start_with<S: TestStore>(
+        url: String,
+        flow: Flow,
+        config: RunsConfig,
+        policy: WorkflowPolicy,
+        keys: Vec<String>,
+    ) -> Self {
+        Self::launch::<S>(url, flow, config, policy, keys, false)
     }
 
     /// A recovery worker: takes over the runs whose lease lapsed.
     pub fn recovering<S: TestStore>(url: String, flow: Flow, config: RunsConfig) -> Self {
-        Self::launch::<S>(url, flow, config, Vec::new(), true)
+        Self::launch::<S>(
+            url,
+            flow,
+            config,
+            WorkflowPolicy::default(),
+            Vec::new(),
+            true,
+        )
     }
 
     fn launch<S: TestStore>(
         url: String,
         flow: Flow,
         config: RunsConfig,
+        policy: WorkflowPolicy,
         keys: Vec<String>,
         recover: bool,
     ) -> Self {
@@ -592,7 +678,7 @@ impl Doomed {
                 .unwrap();
             rt.block_on(async move {
                 let store = S::open(&url).await;
-                let runs = runs(store, flow, config);
+                let runs = runs_with(store, flow, config, policy);
                 for key in &keys {
                     drop(start(&runs, key).await);
                 }

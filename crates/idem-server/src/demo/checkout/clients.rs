@@ -162,6 +162,47 @@ impl Provider {
         }
     }
 
+    /// Whether a charge for `order_id` happened: `GET
+    /// /v1/payments?reference=…` (the order id is the payment's
+    /// `reference`). `Some` is the payment; `None` means the provider holds
+    /// none *now* — a charge still travelling may land later (the caller
+    /// trusts it only after the landing window). Read-only, so any failure
+    /// may be retried; a 4xx other than 409/425/429 is for good.
+    pub async fn find_charge(&self, order_id: &str) -> Result<Option<Charge>, StepError> {
+        if !crate::demo::valid_id(order_id) {
+            return Err(StepError::Permanent(format!(
+                "order id {order_id:?} cannot be looked up"
+            )));
+        }
+        let path = format!("/v1/payments?reference={order_id}");
+        let (status, answer) = self.0.exchange(Method::GET, &path, None, None).await?;
+        if status != StatusCode::OK {
+            return Err(classify("lookup", status, status.as_u16(), &answer));
+        }
+        let v: Value = serde_json::from_slice(&answer)
+            .map_err(|e| StepError::Unknown(format!("the provider's answer is not JSON: {e}")))?;
+        let Some(found) = v.get("data").and_then(Value::as_array) else {
+            return Err(StepError::Unknown(
+                "the provider's answer has no data list".into(),
+            ));
+        };
+        let ours = |p: &&Value| p.get("reference").and_then(Value::as_str) == Some(order_id);
+        match found.iter().filter(ours).collect::<Vec<_>>()[..] {
+            [] => Ok(None),
+            [p] => match p.get("id").and_then(Value::as_str) {
+                Some(id) if crate::demo::valid_id(id) => Ok(Some(Charge::Paid {
+                    payment_id: id.to_owned(),
+                })),
+                _ => Err(StepError::Unknown(
+                    "the provider's payment has no valid id".into(),
+                )),
+            },
+            _ => Err(StepError::Permanent(format!(
+                "the provider holds several payments for {order_id}"
+            ))),
+        }
+    }
+
     /// `POST /v1/payments/{id}/refunds` of `amount`, with its own key.
     pub async fn refund(&self, key: &str, payment_id: &str, amount: i64) -> Result<(), StepError> {
         if !crate::demo::valid_id(payment_id) {

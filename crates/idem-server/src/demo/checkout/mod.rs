@@ -15,7 +15,7 @@ use std::time::Duration;
 use idem_core::patterns::{PatternExec, StateMachine, Transition, Value};
 use idem_core::steps::{Failure, RunId, RunStore};
 use idem_core::{BoxError, BoxFuture, Completion, Operation, StoredResponse};
-use idem_steps::{Run, SendCtx, Stop, UndoCtx, Workflow};
+use idem_steps::{LookupCtx, Run, SendCtx, Stop, UndoCtx, Workflow};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value as Json, json};
 
@@ -274,9 +274,16 @@ where
                 }
             }
 
-            // 2. Charge, with the key derived from the run and the step.
-            let (provider, refunds) = (self.provider.clone(), self.provider.clone());
-            let (o, i, ro, ri) = (order.clone(), id.clone(), order.clone(), id.clone());
+            // 2. Charge, with the key derived from the run and the step. Its
+            // refund works from what the charge did: its answer, or — when
+            // the answer was lost — the payment the provider holds for the
+            // order (a read-only lookup by reference, never a charge).
+            let (provider, lookups, refunds) = (
+                self.provider.clone(),
+                self.provider.clone(),
+                self.provider.clone(),
+            );
+            let (o, i, li, amount) = (order.clone(), id.clone(), id.clone(), order.amount);
             let charge: Charge = run
                 .call("charge", move |ctx| {
                     let (provider, o, i) = (provider.clone(), o.clone(), i.clone());
@@ -286,30 +293,16 @@ where
                             .await
                     }
                 })
-                .undo("refund", move |ctx: UndoCtx, charge: Option<Charge>| {
-                    let (provider, o, i) = (refunds.clone(), ro.clone(), ri.clone());
+                .lookup(move |_ctx: LookupCtx| {
+                    let (provider, i) = (lookups.clone(), li.clone());
+                    async move { provider.find_charge(&i).await }
+                })
+                .undo("refund", move |ctx: UndoCtx, charge: Charge| {
+                    let provider = refunds.clone();
                     async move {
-                        // Outcome unknown: the charge's own key tells what
-                        // happened (a replay if it went through).
-                        let charge = match charge {
-                            Some(c) => c,
-                            None => {
-                                provider
-                                    .charge(
-                                        ctx.undone.as_str(),
-                                        &o.customer,
-                                        o.amount,
-                                        &o.currency,
-                                        &i,
-                                    )
-                                    .await?
-                            }
-                        };
                         match charge {
                             Charge::Paid { payment_id } => {
-                                provider
-                                    .refund(ctx.key.as_str(), &payment_id, o.amount)
-                                    .await
+                                provider.refund(ctx.key.as_str(), &payment_id, amount).await
                             }
                             Charge::Declined => Ok(()),
                         }
@@ -623,6 +616,9 @@ pub struct CheckoutConfig {
     pub deadline: Duration,
     /// `--call-timeout`: one exchange with the provider or the relay.
     pub call_timeout: Duration,
+    /// `--landing-margin`: how long after a charge's call timeout a request
+    /// of it may still land at the provider.
+    pub landing_margin: Duration,
     /// `--max-runs`.
     pub max_runs: usize,
 }
@@ -639,6 +635,7 @@ impl CheckoutConfig {
             // The clients bound each exchange; this bounds a call whose
             // client hangs anyway.
             call_timeout: self.call_timeout + Duration::from_secs(1),
+            landing_margin: self.landing_margin,
             ..idem_steps::RunsConfig::default()
         };
         let policy = idem_steps::WorkflowPolicy {
