@@ -58,7 +58,7 @@ use http_body_util::BodyExt;
 use idem_core::leased::LeasedKeyStore;
 use idem_core::steps::{Namespace, StepName};
 use idem_core::{Clock, SystemClock};
-use idem_http::{Rejection, RequestOutcome};
+use idem_http::Rejection;
 use tracing::Instrument;
 
 use budget::Budget;
@@ -139,13 +139,7 @@ impl<S: LeasedKeyStore> Gateway<S> {
         }
         .instrument(span.clone())
         .await;
-        let outcome = res
-            .extensions()
-            .get::<RequestOutcome>()
-            .copied()
-            .unwrap_or(RequestOutcome::Internal);
-        span.record("outcome", tracing::field::display(outcome));
-        outcome.record(&route.config.operation, started.elapsed());
+        idem_http::record_answered(&span, &route.config.operation, &res, started.elapsed());
         res
     }
 

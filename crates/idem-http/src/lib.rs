@@ -102,7 +102,9 @@ pub use config::{Disposition, NEVER_REPLAYED, RouteConfig, RouteConfigError, Ten
 pub use execution::{execute, replay, stored_response};
 pub use outcome::{REQUEST_DURATION, REQUESTS_TOTAL, RequestOutcome};
 pub use problem::{Rejection, TYPE_BASE, problem, store_problem};
-pub use service::{Idempotency, IdempotencyLayer, ResponseFuture, record_admitted, request_span};
+pub use service::{
+    Idempotency, IdempotencyLayer, ResponseFuture, record_admitted, record_answered, request_span,
+};
 pub use tx::{IdemTx, TxFinished};
 
 /// The header carrying the key.

@@ -188,6 +188,24 @@ pub fn request_span(config: &RouteConfig) -> tracing::Span {
     )
 }
 
+/// Ends a request the layer's way for a service that answers it itself (a
+/// gateway, runs' routes): the response's [`RequestOutcome`] (`internal`
+/// when it carries none) goes into the span and the request counters.
+pub fn record_answered<B>(
+    span: &tracing::Span,
+    operation: &idem_core::Operation,
+    res: &http::Response<B>,
+    elapsed: std::time::Duration,
+) {
+    let outcome = res
+        .extensions()
+        .get::<RequestOutcome>()
+        .copied()
+        .unwrap_or(RequestOutcome::Internal);
+    span.record("outcome", tracing::field::display(outcome));
+    outcome.record(operation, elapsed);
+}
+
 /// Fills the span's tenant and key hash from an admitted request.
 pub fn record_admitted(span: &tracing::Span, admitted: &crate::Admitted) {
     // The key's hash is a SHA-256: not worth it for a span nobody records.

@@ -244,13 +244,7 @@ where
             let span = idem_http::request_span(&this.config);
             let operation = this.config.operation.clone();
             let res = tracing::Instrument::instrument(this.handle(req), span.clone()).await;
-            let outcome = res
-                .extensions()
-                .get::<RequestOutcome>()
-                .copied()
-                .unwrap_or(RequestOutcome::Internal);
-            span.record("outcome", tracing::field::display(outcome));
-            outcome.record(&operation, started.elapsed());
+            idem_http::record_answered(&span, &operation, &res, started.elapsed());
             Ok(res)
         }))
     }

@@ -1251,27 +1251,6 @@ fn steps_commands_refuse_bad_input() {
     assert_eq!(missing.status.code(), Some(1));
 }
 
-macro_rules! on_both {
-    ($($name:ident $(, $arg:expr)*;)*) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::ShopDb::sqlite().await $(, $arg)*).await;
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::ShopDb::postgres().await $(, $arg)*).await;
-                }
-            )*
-        }
-    };
-}
-
 on_both! {
     drill7;
     compensation_crash;

@@ -168,27 +168,6 @@ pub async fn a_lost_charge_answer_is_found_and_refunded_once(db: ShopDb) {
     );
 }
 
-macro_rules! on_both {
-    ($($name:ident;)*) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::ShopDb::sqlite().await).await;
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::ShopDb::postgres().await).await;
-                }
-            )*
-        }
-    };
-}
-
 on_both! {
     a_black_holed_provider_is_not_charged_by_compensation;
     a_lost_charge_answer_is_found_and_refunded_once;

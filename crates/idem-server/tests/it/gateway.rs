@@ -791,28 +791,7 @@ pub async fn two_gateways_on_postgres() {
     );
 }
 
-macro_rules! gateway_on_both {
-    ($($name:ident $(, $arg:expr)*;)*) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(crate::checkout::ShopDb::sqlite().await $(, $arg)*).await;
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(crate::checkout::ShopDb::postgres().await $(, $arg)*).await;
-                }
-            )*
-        }
-    };
-}
-
-gateway_on_both! {
+on_both! {
     contract;
     concurrency;
     upstream_failures;

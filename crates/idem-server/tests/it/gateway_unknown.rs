@@ -504,27 +504,6 @@ pub async fn a_forced_release_says_what_it_cannot_stop(db: ShopDb) {
     assert_eq!(first.await.unwrap().unwrap().status, 201);
 }
 
-macro_rules! on_both {
-    ($($name:ident;)*) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(crate::checkout::ShopDb::sqlite().await).await;
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(crate::checkout::ShopDb::postgres().await).await;
-                }
-            )*
-        }
-    };
-}
-
 on_both! {
     a_default_gateway_never_forwards_a_lost_answer_again;
     a_verify_route_finds_what_landed_and_forwards_again_only_what_did_not;

@@ -3,6 +3,29 @@
 //! binary started, killed with SIGKILL and restarted (`process`).
 #![allow(clippy::unwrap_used, missing_docs)]
 
+/// One test per backend: `mod sqlite` and `mod postgres`, each calling
+/// `super::NAME(ShopDb, ARGS…)` on a fresh database.
+macro_rules! on_both {
+    ($($name:ident $(, $arg:expr)*;)*) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(crate::checkout::ShopDb::sqlite().await $(, $arg)*).await;
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(crate::checkout::ShopDb::postgres().await $(, $arg)*).await;
+                }
+            )*
+        }
+    };
+}
+
 mod admin_api;
 mod checkout;
 mod compensation;

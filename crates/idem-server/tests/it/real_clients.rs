@@ -185,27 +185,6 @@ pub async fn real_clients_through_a_verify_route_get_the_payment(db: ShopDb) {
     );
 }
 
-macro_rules! on_both {
-    ($($name:ident;)*) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(crate::checkout::ShopDb::sqlite().await).await;
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(crate::checkout::ShopDb::postgres().await).await;
-                }
-            )*
-        }
-    };
-}
-
 on_both! {
     real_clients_through_a_default_gateway_make_one_effect_per_intent;
     real_clients_through_a_verify_route_get_the_payment;
