@@ -3,7 +3,7 @@
 use std::future::Future;
 use std::pin::Pin;
 
-use crate::clock::{Clock, SystemClock};
+use crate::clock::{Clock, SharedClock};
 use crate::error::{Error, StoreError};
 use crate::fingerprint::Fingerprint;
 use crate::keys::{Claim, Completion, Decision, KeyStore, Settled, StoredRecord, decide};
@@ -95,18 +95,17 @@ pub enum Begun<T> {
 /// # Ok(()) }
 /// ```
 #[derive(Debug, Clone)]
-pub struct Engine<S, C = SystemClock> {
+pub struct Engine<S, C = SharedClock> {
     store: S,
     clock: C,
 }
 
 impl<S: KeyStore> Engine<S> {
-    /// An engine on the system clock.
+    /// An engine on the store's clock ([`KeyStore::clock`]): the host's for
+    /// SQLite, the database server's for PostgreSQL.
     pub fn new(store: S) -> Self {
-        Self {
-            store,
-            clock: SystemClock,
-        }
+        let clock = store.clock();
+        Self { store, clock }
     }
 }
 

@@ -5,6 +5,7 @@ use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
+use crate::clock::SharedClock;
 use crate::error::StoreError;
 use crate::fingerprint::Fingerprint;
 use crate::policy::Policy;
@@ -367,6 +368,23 @@ pub trait KeyStore: Clone + Send + Sync + 'static {
         now_ms: i64,
         limit: u32,
     ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// The clock this store's records are judged by: every lease, takeover
+    /// and expiry decided on them by any process. Processes that share the
+    /// records must read one clock, or one whose clock runs ahead takes over
+    /// a live holder's lease.
+    ///
+    /// The default is this host's clock
+    /// ([`SystemClock`](crate::SystemClock)), right when every process
+    /// sharing the store runs on one host (SQLite). A store shared across
+    /// hosts returns a clock that follows the database server's
+    /// (`idem_postgres::PgStore` does, with a
+    /// [`ReferenceClock`](crate::ReferenceClock)).
+    /// [`Engine::new`](crate::Engine::new) and the components built on a key
+    /// store take it by default.
+    fn clock(&self) -> SharedClock {
+        SharedClock::system()
+    }
 }
 
 #[cfg(test)]

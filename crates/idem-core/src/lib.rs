@@ -10,6 +10,10 @@
 //!   numbers compared by exact value, so a different JSON value is always a
 //!   different fingerprint).
 //! - [`Policy`]: per-operation TTL and bounded wait.
+//! - [`Clock`] and the rest of [`clock`]: the time every lease, takeover and
+//!   expiry is judged by — the host's ([`SystemClock`]) or a database
+//!   server's, followed from samples ([`ReferenceClock`]); a store names the
+//!   one its records are judged by ([`KeyStore::clock`]).
 //! - [`Engine`]: claim, run the mutation in the same transaction, store, replay.
 //! - [`KeyStore`] and the rest of [`keys`] (record states, [`Completion`],
 //!   [`StoredRecord`], the pure [`keys::decide`]): the capability a backend
@@ -54,6 +58,7 @@
 //! ```
 
 pub mod admin;
+pub mod clock;
 pub mod failpoint;
 pub mod headers;
 pub mod inbox;
@@ -65,7 +70,6 @@ pub mod steps;
 pub mod webhooks;
 
 mod backoff;
-mod clock;
 mod config;
 mod engine;
 mod error;
@@ -76,7 +80,7 @@ mod rounds;
 mod scope;
 
 pub use backoff::Backoff;
-pub use clock::{Clock, ManualClock, SystemClock};
+pub use clock::{Clock, ClockSample, ManualClock, ReferenceClock, SharedClock, SystemClock};
 pub use config::ConfigError;
 pub use engine::{Aborted, Begun, BoxFuture, Claimed, Engine, Finished, Outcome};
 pub use error::{BoxError, Error, ErrorChain, KeyError, ScopeError, StoreError};

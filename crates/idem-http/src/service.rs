@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body::Body;
-use idem_core::{BoxError, Clock, Engine, KeyStore, SystemClock};
+use idem_core::{BoxError, Clock, Engine, KeyStore, SharedClock};
 
 use tracing::Instrument;
 
@@ -20,14 +20,16 @@ use crate::outcome::RequestOutcome;
 /// Applies the idempotency contract to a service. One layer per route: the
 /// [`RouteConfig`] names the operation keys are scoped to.
 #[derive(Debug, Clone)]
-pub struct IdempotencyLayer<S: KeyStore, C = SystemClock> {
+pub struct IdempotencyLayer<S: KeyStore, C = SharedClock> {
     engine: Engine<S, C>,
     config: Arc<RouteConfig>,
 }
 
 impl<S: KeyStore> IdempotencyLayer<S> {
-    /// A layer for one route, on the system clock. The settings are taken as
-    /// they are; [`IdempotencyLayer::try_new`] checks them first.
+    /// A layer for one route, on the store's clock ([`KeyStore::clock`]: the
+    /// host's for SQLite, the database server's for PostgreSQL). The
+    /// settings are taken as they are; [`IdempotencyLayer::try_new`] checks
+    /// them first.
     pub fn new(store: S, config: RouteConfig) -> Self {
         Self {
             engine: Engine::new(store),
@@ -72,7 +74,7 @@ impl<S: KeyStore, C: Clock + Clone, I> tower::Layer<I> for IdempotencyLayer<S, C
 
 /// The service produced by [`IdempotencyLayer`].
 #[derive(Debug, Clone)]
-pub struct Idempotency<S: KeyStore, I, C = SystemClock> {
+pub struct Idempotency<S: KeyStore, I, C = SharedClock> {
     engine: Engine<S, C>,
     config: Arc<RouteConfig>,
     inner: I,

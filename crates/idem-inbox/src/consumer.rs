@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use idem_core::inbox::{InboxStore, MessageId, Subscriber};
 use idem_core::{
-    Backoff, BoxError, BoxFuture, Clock, ConfigError, Pause, RoundLoop, Rounds, failpoint,
+    Backoff, BoxError, BoxFuture, Clock, ConfigError, Pause, RoundLoop, Rounds, SharedClock,
+    failpoint,
 };
 
 use crate::{Committed, Inbox, InboxBegun};
@@ -169,7 +170,7 @@ pub struct ConsumerStats {
 
 /// Consumes a [`MessageSource`] through an [`Inbox`] with a [`Handler`].
 #[derive(Debug)]
-pub struct Consumer<Src, S, H, C = idem_core::SystemClock> {
+pub struct Consumer<Src, S, H, C = SharedClock> {
     source: Src,
     inbox: Inbox<S, C>,
     subscriber: Subscriber,

@@ -76,7 +76,7 @@ pub use consumer::{
 use std::time::Duration;
 
 use idem_core::inbox::{InboxStore, MessageId, Subscriber};
-use idem_core::{Clock, StoreError, SystemClock};
+use idem_core::{Clock, SharedClock, StoreError};
 
 /// When the inbox record is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -119,7 +119,7 @@ pub enum Committed {
 
 /// The inbox over an [`InboxStore`].
 #[derive(Debug, Clone)]
-pub struct Inbox<S, C = SystemClock> {
+pub struct Inbox<S, C = SharedClock> {
     store: S,
     clock: C,
     retention: Duration,
@@ -132,9 +132,12 @@ impl<S: InboxStore> Inbox<S> {
     /// Longest retention accepted.
     pub const MAX_RETENTION: Duration = Duration::from_secs(400 * 24 * 3600);
 
-    /// A pessimistic inbox with the default retention, on the system clock.
+    /// A pessimistic inbox with the default retention, on the store's clock
+    /// ([`KeyStore::clock`](idem_core::KeyStore::clock)), which its records'
+    /// expiry is judged by.
     pub fn new(store: S) -> Self {
-        Self::with_clock(store, SystemClock)
+        let clock = store.clock();
+        Self::with_clock(store, clock)
     }
 }
 

@@ -198,7 +198,10 @@ impl<S: OutboxStore, P: Publisher> Dispatcher<S, P> {
 }
 
 impl<S: OutboxStore, P: Publisher, C: Clock> Dispatcher<S, P, C> {
-    /// A dispatcher on its own clock.
+    /// A dispatcher on its own clock: the one its leases on messages are
+    /// judged by, which every dispatcher sharing the outbox must read. On a
+    /// store shared across hosts pass the store's
+    /// ([`KeyStore::clock`](idem_core::KeyStore::clock): PostgreSQL's).
     pub fn with_clock(
         store: S,
         publisher: P,

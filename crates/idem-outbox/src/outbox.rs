@@ -1,7 +1,7 @@
 //! [`Outbox`], the write side: messages enqueued in the business transaction.
 
 use idem_core::outbox::{OutboxMessage, OutboxWriter};
-use idem_core::{Clock, StoreError, SystemClock};
+use idem_core::{Clock, SharedClock, StoreError};
 
 /// Writes messages to the outbox in the caller's transaction, on its own
 /// clock — the entry point mirroring `idem_inbox::Inbox`. A message is
@@ -36,15 +36,17 @@ use idem_core::{Clock, StoreError, SystemClock};
 /// # Ok(()) }
 /// ```
 #[derive(Debug, Clone)]
-pub struct Outbox<S, C = SystemClock> {
+pub struct Outbox<S, C = SharedClock> {
     store: S,
     clock: C,
 }
 
 impl<S: OutboxWriter> Outbox<S> {
-    /// An outbox on the system clock.
+    /// An outbox on the store's clock ([`KeyStore::clock`](idem_core::KeyStore::clock)),
+    /// the one the relay judges a message's availability by.
     pub fn new(store: S) -> Self {
-        Self::with_clock(store, SystemClock)
+        let clock = store.clock();
+        Self::with_clock(store, clock)
     }
 }
 

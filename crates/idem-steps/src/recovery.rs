@@ -4,7 +4,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use idem_core::steps::{RunChange, RunStore};
-use idem_core::{Pause, Polling, RoundLoop, Rounds};
+use idem_core::{Clock, Pause, Polling, RoundLoop, Rounds};
 
 use crate::runs::{Keep, Runs};
 

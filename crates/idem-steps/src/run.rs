@@ -14,7 +14,7 @@ use idem_core::steps::{
     Failure, Fence, Lease, Namespace, RunChange, RunId, RunRecord, RunState, RunStore, StepKey,
     StepKind, StepName, StepRecord, StepState,
 };
-use idem_core::{BoxError, Scope, StoreError};
+use idem_core::{BoxError, Clock, Scope, StoreError};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;

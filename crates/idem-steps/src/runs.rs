@@ -13,7 +13,7 @@ use idem_core::steps::{
 };
 use idem_core::{
     Begun, Clock, Completion, ConfigError, Engine, Error, Fingerprint, Operation, Policy,
-    RecordState, Scope, StoredRecord, SystemClock,
+    RecordState, Scope, SharedClock, StoredRecord,
 };
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
@@ -35,8 +35,8 @@ pub(crate) struct Registered<S: RunStore> {
 
 pub(crate) struct Shared<S: RunStore> {
     pub(crate) store: S,
-    pub(crate) engine: Engine<S, Arc<dyn Clock>>,
-    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) engine: Engine<S, SharedClock>,
+    pub(crate) clock: SharedClock,
     pub(crate) config: RunsConfig,
     pub(crate) holder: String,
     pub(crate) workflows: HashMap<Operation, Registered<S>>,
@@ -94,7 +94,7 @@ impl<S: RunStore> std::fmt::Debug for Runs<S> {
 pub struct RunsBuilder<S: RunStore> {
     store: S,
     config: RunsConfig,
-    clock: Arc<dyn Clock>,
+    clock: SharedClock,
     workflows: HashMap<Operation, Registered<S>>,
 }
 
@@ -105,9 +105,11 @@ impl<S: RunStore> RunsBuilder<S> {
         self
     }
 
-    /// Another clock (tests).
+    /// Another clock than the store's (tests pass a
+    /// [`ManualClock`](idem_core::ManualClock)). Every executor sharing the
+    /// store must read the same one.
     pub fn clock(mut self, clock: impl Clock) -> Self {
-        self.clock = Arc::new(clock);
+        self.clock = SharedClock::new(clock);
         self
     }
 
@@ -223,12 +225,16 @@ fn keep_all() -> Keep {
 }
 
 impl<S: RunStore> Runs<S> {
-    /// A builder on the system clock with the default settings.
+    /// A builder with the default settings, on the store's clock
+    /// ([`KeyStore::clock`](idem_core::KeyStore::clock): the host's for
+    /// SQLite, the database server's for PostgreSQL), so executors on hosts
+    /// whose clocks disagree judge each other's leases alike.
     pub fn builder(store: S) -> RunsBuilder<S> {
+        let clock = store.clock();
         RunsBuilder {
             store,
             config: RunsConfig::default(),
-            clock: Arc::new(SystemClock),
+            clock,
             workflows: HashMap::new(),
         }
     }

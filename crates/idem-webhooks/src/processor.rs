@@ -183,7 +183,11 @@ impl<S: WebhookStore> Processor<S> {
 }
 
 impl<S: WebhookStore, C: Clock> Processor<S, C> {
-    /// A processor on its own clock; `config` is validated.
+    /// A processor on its own clock, the one its claims' leases are judged
+    /// by, which every processor sharing the receipts must read (on a store
+    /// shared across hosts the store's,
+    /// [`KeyStore::clock`](idem_core::KeyStore::clock)); `config` is
+    /// validated.
     pub fn with_clock(store: S, config: ProcessorConfig, clock: C) -> Result<Self, ConfigError> {
         config.validate()?;
         Ok(Self {

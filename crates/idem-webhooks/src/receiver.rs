@@ -388,7 +388,9 @@ impl<S: WebhookStore> Receiver<S> {
 }
 
 impl<S: WebhookStore, C: Clock> Receiver<S, C> {
-    /// A receiver on its own clock.
+    /// A receiver on its own clock: receipts' times and expiries (on a store
+    /// shared across hosts pass the store's,
+    /// [`KeyStore::clock`](idem_core::KeyStore::clock)).
     pub fn with_clock(store: S, endpoints: Vec<Endpoint>, clock: C) -> Self {
         Self {
             store,

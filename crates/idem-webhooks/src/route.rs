@@ -18,6 +18,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::Response;
 use axum::routing::post;
 use http_body_util::{BodyExt, Limited};
+use idem_core::Clock;
 use idem_core::webhooks::WebhookStore;
 use idem_http::Rejection;
 
@@ -46,8 +47,8 @@ fn accepted(status: StatusCode, outcome: &str, delivery_id: &str) -> Response {
     res
 }
 
-async fn receive<S: WebhookStore>(
-    State(receiver): State<Arc<Receiver<S>>>,
+async fn receive<S: WebhookStore, C: Clock>(
+    State(receiver): State<Arc<Receiver<S, C>>>,
     Path(name): Path<String>,
     headers: HeaderMap,
     body: Body,
@@ -92,8 +93,8 @@ async fn receive<S: WebhookStore>(
 }
 
 /// `POST /webhooks/{endpoint}` for every endpoint of `receiver`.
-pub fn router<S: WebhookStore>(receiver: Arc<Receiver<S>>) -> Router {
+pub fn router<S: WebhookStore, C: Clock>(receiver: Arc<Receiver<S, C>>) -> Router {
     Router::new()
-        .route("/webhooks/{endpoint}", post(receive::<S>))
+        .route("/webhooks/{endpoint}", post(receive::<S, C>))
         .with_state(receiver)
 }

@@ -10,7 +10,7 @@ use idem_core::inbox::InboxStore;
 use idem_core::outbox::OutboxStore;
 use idem_core::steps::RunStore;
 use idem_core::webhooks::WebhookStore;
-use idem_core::{Clock, ConfigError, KeyStore, Pause, RoundLoop, Rounds, StoreError, SystemClock};
+use idem_core::{Clock, ConfigError, KeyStore, Pause, RoundLoop, Rounds, SharedClock, StoreError};
 
 /// How much a [`Collector`] deletes per run, and what it keeps.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -114,7 +114,7 @@ pub const KEYS_PURGED_TOTAL: &str = "idem_keys_purged_total";
 /// # Ok(()) }
 /// ```
 #[derive(Debug, Clone)]
-pub struct Collector<S, C = SystemClock> {
+pub struct Collector<S, C = SharedClock> {
     store: S,
     clock: C,
     config: CollectorConfig,
@@ -124,9 +124,12 @@ impl<S> Collector<S>
 where
     S: KeyStore + InboxStore + OutboxStore + WebhookStore + RunStore,
 {
-    /// A collector on the system clock; `config` is validated.
+    /// A collector on the store's clock ([`KeyStore::clock`]: the host's
+    /// for SQLite, the database server's for PostgreSQL), which every
+    /// expiry it purges by is judged by; `config` is validated.
     pub fn new(store: S, config: CollectorConfig) -> Result<Self, ConfigError> {
-        Self::with_clock(store, config, SystemClock)
+        let clock = store.clock();
+        Self::with_clock(store, config, clock)
     }
 }
 
