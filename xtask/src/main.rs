@@ -1,9 +1,9 @@
 //! Developer commands: `cargo xtask test` provisions a throwaway PostgreSQL 15
 //! and a NATS server with JetStream on loopback (installing the Debian packages
-//! `postgresql-15`, `nats-server` and `chromium` when root and they are
-//! missing, and the browser tests' npm packages with `npm ci`), runs the
-//! whole test suite against them, stops them, and runs each fuzz target
-//! briefly. `cargo xtask fuzz [TARGET] [--secs N]` runs the fuzz targets of
+//! `postgresql-15`, `nats-server`, `chromium` and `libfaketime` when root
+//! and they are missing, and the browser tests' npm packages with `npm ci`),
+//! runs the whole test suite against them, stops them, and runs each fuzz
+//! target briefly. `cargo xtask fuzz [TARGET] [--secs N]` runs the fuzz targets of
 //! `fuzz/` for longer.
 
 use std::net::TcpListener;
@@ -16,8 +16,8 @@ const USAGE: &str = "\
 usage: cargo xtask <command>
 
 commands:
-  test [nextest args]      provision PostgreSQL 15, NATS, chromium and the npm packages of the browser
-                           tests, run the whole suite (tests, browser tests,
+  test [nextest args]      provision PostgreSQL 15, NATS, chromium, libfaketime and the npm packages
+                           of the browser tests, run the whole suite (tests, browser tests,
                            doc tests, 20 s per fuzz target), stop them; with nextest args (a filter),
                            only those tests
   bench [idem bench args]  the same servers, pgbench, wrk, perf, a Redis and a Python venv for
@@ -214,6 +214,31 @@ fn nats_binary() -> Result<PathBuf> {
     }
     apt_install("nats-server")?;
     find().ok_or_else(|| "nats-server installed but its binary is missing".into())
+}
+
+/// Finds libfaketime's preload library (the clock tests start a process
+/// whose wall clock is off), installing the Debian package `libfaketime` if
+/// root.
+fn libfaketime() -> Result<PathBuf> {
+    let find = || {
+        let multiarch = std::fs::read_dir("/usr/lib")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|entry| entry.path().join("faketime/libfaketime.so.1"));
+        [
+            PathBuf::from("/usr/lib/faketime/libfaketime.so.1"),
+            PathBuf::from("/usr/local/lib/faketime/libfaketime.so.1"),
+        ]
+        .into_iter()
+        .chain(multiarch)
+        .find(|p| p.exists())
+    };
+    if let Some(p) = find() {
+        return Ok(p);
+    }
+    apt_install("libfaketime")?;
+    find().ok_or_else(|| "libfaketime installed but libfaketime.so.1 is missing".into())
 }
 
 /// Finds Debian's `chromium` for the browser tests, installing it if root.
@@ -472,6 +497,7 @@ fn test(extra: &[String]) -> Result<()> {
         .map(|s| s.success())
         .unwrap_or(false);
     let chromium = chromium_binary()?;
+    let faketime = libfaketime()?;
     browser_packages()?;
     let python = venv("test-clients", CLIENT_PACKAGES, "the real HTTP clients")?;
     let mut cmd = Command::new("cargo");
@@ -485,7 +511,8 @@ fn test(extra: &[String]) -> Result<()> {
         .env("IDEM_TEST_NATS_URL", nats.url())
         .env("IDEM_TEST_NATS_SERVER", &nats_bin)
         .env("IDEM_TEST_CHROMIUM", &chromium)
-        .env("IDEM_TEST_PYTHON", &python);
+        .env("IDEM_TEST_PYTHON", &python)
+        .env("IDEM_TEST_LIBFAKETIME", &faketime);
     let result = run(&mut cmd);
     if !extra.is_empty() || INTERRUPTED.load(Ordering::SeqCst) {
         // A filtered run is a developer's loop: the doc tests and the fuzz

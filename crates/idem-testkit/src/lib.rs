@@ -457,6 +457,29 @@ pub fn url_via(url: &str, addr: SocketAddr) -> String {
     format!("{scheme}://{user}{addr}{path}")
 }
 
+/// The environment that starts a child process with its wall clock
+/// `offset_secs` ahead of this host's (behind, when negative): libfaketime
+/// (`IDEM_TEST_LIBFAKETIME`, the path of `libfaketime.so.1`, which `cargo
+/// xtask test` provides) preloaded with a fixed offset. Only the wall clock
+/// moves: the monotonic clock stays the host's
+/// (`FAKETIME_DONT_FAKE_MONOTONIC`), as between two hosts whose clocks
+/// disagree — libfaketime would otherwise shift `CLOCK_MONOTONIC` to
+/// epoch-sized values.
+pub fn clock_offset_env(offset_secs: i64) -> Vec<(&'static str, String)> {
+    let lib = std::env::var("IDEM_TEST_LIBFAKETIME").unwrap_or_else(|_| {
+        panic!("IDEM_TEST_LIBFAKETIME is not set: run the suite with `cargo xtask test`")
+    });
+    assert!(
+        Path::new(&lib).exists(),
+        "IDEM_TEST_LIBFAKETIME={lib}: no such file"
+    );
+    vec![
+        ("LD_PRELOAD", lib),
+        ("FAKETIME", format!("{offset_secs:+}")),
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1".to_owned()),
+    ]
+}
+
 /// The seed of a randomised test: `IDEM_SEED` or the clock. Printed, so a
 /// failure can be replayed with the same faults.
 pub fn seed() -> u64 {
