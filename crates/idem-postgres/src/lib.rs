@@ -42,10 +42,12 @@ use std::time::Duration;
 use idem_core::keys::{Claim, RecordColumns, Settled, answered_by_read};
 use idem_core::{
     ClaimMode, Completion, ConfigError, Fingerprint, KeyStore, Migration, Policy, Scope,
-    StoreError, StoredRecord,
+    SharedClock, StoreError, StoredRecord,
 };
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{PgPool, Postgres, Row, Transaction};
+
+pub use clock::PgClock;
 
 /// The key store's own migrations.
 pub const MIGRATIONS: &[Migration] = &[
@@ -97,6 +99,7 @@ pub const MIGRATIONS: &[Migration] = &[
 ];
 
 mod admin;
+pub mod clock;
 mod inbox;
 mod leased;
 pub mod outbox;
@@ -209,6 +212,9 @@ impl PgConfig {
 pub struct PgStore {
     pool: PgPool,
     readers: std::sync::Arc<readers::Readers>,
+    clock: PgClock,
+    /// `clock`, as [`KeyStore::clock`] hands it out.
+    shared_clock: SharedClock,
     lock_timeout: Duration,
     statement_timeout: Duration,
 }
@@ -265,6 +271,12 @@ impl PgStore {
             }
             Err(e) => return Err(map_err(e)),
         };
+        let clock = PgClock::start(
+            &options,
+            pool.clone(),
+            config.statement_timeout + NETWORK_MARGIN,
+        )
+        .await?;
         Ok(Self {
             pool,
             readers: std::sync::Arc::new(readers::Readers::new(
@@ -272,6 +284,8 @@ impl PgStore {
                 config.max_connections,
                 config.acquire_timeout,
             )),
+            shared_clock: SharedClock::new(clock.clone()),
+            clock,
             lock_timeout: config.lock_timeout,
             statement_timeout: config.statement_timeout,
         })
@@ -361,6 +375,13 @@ impl PgStore {
     /// The pool, for reads outside a key's transaction.
     pub fn pool(&self) -> &PgPool {
         &self.pool
+    }
+
+    /// The database server's clock, which every lease, takeover and expiry
+    /// on this store is judged by ([`KeyStore::clock`] hands it out as
+    /// a [`SharedClock`]); see [`clock`] for what it assumes.
+    pub fn database_clock(&self) -> &PgClock {
+        &self.clock
     }
 
     /// Applies the key store's migrations (idempotent, safe to run from several
@@ -679,6 +700,12 @@ impl KeyStore for PgStore {
             Ok(done.rows_affected())
         })
         .await
+    }
+
+    /// The database server's clock ([`PgStore::database_clock`]): processes
+    /// on hosts whose clocks disagree judge this store's leases alike.
+    fn clock(&self) -> SharedClock {
+        self.shared_clock.clone()
     }
 }
 

@@ -8,6 +8,8 @@ use idem_postgres::{PgConfig, PgStore, PgTx};
 use idem_testkit::{PgDatabase, postgres_admin_url};
 use sqlx::Connection;
 
+mod clock;
+
 struct TestDb {
     db: PgDatabase,
     store: PgStore,
