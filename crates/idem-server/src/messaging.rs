@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use idem_core::SharedClock;
 use idem_core::inbox::{InboxStore, Subscriber};
 use idem_core::outbox::{OutboxStore, Wake};
 use idem_inbox::{Consumer, ConsumerConfig, Handler, Inbox};
@@ -190,7 +191,7 @@ async fn probe(url: &str) -> String {
 
 /// The relay: a dispatcher from the outbox to JetStream, until `shutdown`.
 pub async fn relay<S: OutboxStore>(
-    dispatcher: Arc<Dispatcher<S, NatsPublisher>>,
+    dispatcher: Arc<Dispatcher<S, NatsPublisher, SharedClock>>,
     wake: impl Wake,
     shutdown: watch::Receiver<bool>,
 ) {
@@ -198,19 +199,26 @@ pub async fn relay<S: OutboxStore>(
     dispatcher.run(wake, stopped(shutdown)).await;
 }
 
-/// A dispatcher for `store` on `js`.
+/// A dispatcher for `store` on `js`, its leases judged by `clock` (the
+/// store's).
 pub fn dispatcher<S: OutboxStore>(
     store: S,
+    clock: SharedClock,
     js: Context,
     poll_interval: Duration,
     lease: Duration,
-) -> anyhow::Result<Dispatcher<S, NatsPublisher>> {
+) -> anyhow::Result<Dispatcher<S, NatsPublisher, SharedClock>> {
     let config = DispatcherConfig {
         poll_interval,
         lease,
         ..DispatcherConfig::default()
     };
-    Ok(Dispatcher::new(store, NatsPublisher::new(js), config)?)
+    Ok(Dispatcher::with_clock(
+        store,
+        NatsPublisher::new(js),
+        config,
+        clock,
+    )?)
 }
 
 /// Settings of the ledger consumer.

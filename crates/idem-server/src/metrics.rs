@@ -173,7 +173,8 @@ impl<S: OutboxStore + RunStore + WebhookStore> Scrape<S> {
     /// Sets the gauges from the store: three grouped queries.
     async fn gauges(&self) -> Result<(), idem_core::StoreError> {
         let outbox = self.store.stats().await?;
-        let now = idem_core::Clock::now_ms(&idem_core::SystemClock);
+        // By the store's clock, which stamped the messages.
+        let now = idem_core::Clock::now_ms(&self.store.clock());
         metrics::gauge!(OUTBOX_PENDING).set(outbox.pending as f64);
         metrics::gauge!(OUTBOX_DEAD).set(outbox.dead as f64);
         let age_ms = outbox

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use idem_core::SharedClock;
 use idem_core::webhooks::WebhookStore;
 use idem_webhooks::{Endpoint, EndpointConfig, Forward, Processor, ProcessorConfig};
 use serde::Deserialize;
@@ -114,11 +115,13 @@ pub fn parse(text: &str) -> anyhow::Result<WebhookConfig> {
 
 /// The workers: each endpoint's deliveries forwarded to its `forward_to`,
 /// each endpoint independently of the others.
+/// Their claims' leases are judged by `clock` (the store's).
 pub fn processor<S: WebhookStore>(
     store: S,
+    clock: SharedClock,
     config: &WebhookConfig,
-) -> Result<Processor<S>, idem_core::ConfigError> {
-    let processor = Processor::new(store, config.worker.clone())?;
+) -> Result<Processor<S, SharedClock>, idem_core::ConfigError> {
+    let processor = Processor::with_clock(store, config.worker.clone(), clock)?;
     Ok(config
         .endpoints
         .iter()

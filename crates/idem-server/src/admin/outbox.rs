@@ -9,6 +9,7 @@ use axum::extract::State;
 use axum::response::Response;
 use axum::routing::get;
 use idem_core::outbox::OutboxStore;
+use idem_core::{Clock, KeyStore, SharedClock};
 use idem_nats::NatsPublisher;
 use idem_outbox::{Dispatcher, DispatcherStats};
 use serde_json::{Value, json};
@@ -16,7 +17,7 @@ use serde_json::{Value, json};
 use crate::respond::{db_error, ok};
 
 /// The relay of this process, once it has started.
-pub type RelaySlot<S> = Arc<OnceLock<Arc<Dispatcher<S, NatsPublisher>>>>;
+pub type RelaySlot<S> = Arc<OnceLock<Arc<Dispatcher<S, NatsPublisher, SharedClock>>>>;
 
 /// The relay's figures as JSON.
 pub fn stats_json(s: &DispatcherStats) -> Value {
@@ -29,10 +30,11 @@ pub fn stats_json(s: &DispatcherStats) -> Value {
     })
 }
 
-/// The outbox's figures as JSON, read from the store (no relay needed).
-pub async fn store_stats_json<S: OutboxStore>(store: &S) -> anyhow::Result<Value> {
+/// The outbox's figures as JSON, read from the store (no relay needed); the
+/// age by the store's clock, which stamped the messages.
+pub async fn store_stats_json<S: OutboxStore + KeyStore>(store: &S) -> anyhow::Result<Value> {
     let s = store.stats().await.context("failed to read the outbox")?;
-    let now = idem_core::Clock::now_ms(&idem_core::SystemClock);
+    let now = store.clock().now_ms();
     Ok(json!({
         "pending": s.pending,
         "oldest_pending_age_ms": s.oldest_pending_ms.map(|t| now.saturating_sub(t).max(0)),
@@ -41,8 +43,10 @@ pub async fn store_stats_json<S: OutboxStore>(store: &S) -> anyhow::Result<Value
 }
 
 /// `GET /admin/outbox`.
-pub fn router<S: OutboxStore>(store: S, relay: RelaySlot<S>) -> Router {
-    async fn outbox<S: OutboxStore>(State((store, relay)): State<(S, RelaySlot<S>)>) -> Response {
+pub fn router<S: OutboxStore + KeyStore>(store: S, relay: RelaySlot<S>) -> Router {
+    async fn outbox<S: OutboxStore + KeyStore>(
+        State((store, relay)): State<(S, RelaySlot<S>)>,
+    ) -> Response {
         let figures = match relay.get() {
             Some(d) => d
                 .stats()

@@ -11,6 +11,7 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use axum::routing::{get, post};
 use idem_core::webhooks::{Receipt, ReceiptState, Requeue, WebhookStore};
+use idem_core::{Clock, KeyStore, SharedClock};
 use idem_webhooks::{Endpoint, Receiver, find_receipt, replay_receipt};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -93,7 +94,7 @@ struct OneQuery {
     delivery: String,
 }
 
-type St<S> = (S, Arc<Receiver<S>>);
+type St<S> = (S, Arc<Receiver<S, SharedClock>>);
 
 async fn list<S: WebhookStore>(
     State((store, _)): State<St<S>>,
@@ -138,11 +139,12 @@ async fn show<S: WebhookStore>(
     }
 }
 
-async fn replay<S: WebhookStore>(
+async fn replay<S: WebhookStore + KeyStore>(
     State((store, _)): State<St<S>>,
     Query(q): Query<OneQuery>,
 ) -> Response {
-    let now = idem_core::Clock::now_ms(&idem_core::SystemClock);
+    // Requeued by the clock the workers' claims are judged by.
+    let now = store.clock().now_ms();
     match replay_receipt(&store, &q.endpoint, &q.delivery, now).await {
         Ok((delivery, outcome)) => {
             let (status, body) = replay_json(&q.endpoint, &delivery, outcome);
@@ -171,7 +173,10 @@ async fn stats<S: WebhookStore>(State((_, receiver)): State<St<S>>) -> Response 
 }
 
 /// The webhook admin routes over `store`, with `receiver`'s counters.
-pub fn router<S: WebhookStore>(store: S, receiver: Arc<Receiver<S>>) -> Router {
+pub fn router<S: WebhookStore + KeyStore>(
+    store: S,
+    receiver: Arc<Receiver<S, SharedClock>>,
+) -> Router {
     Router::new()
         .route("/admin/webhooks", get(list::<S>))
         .route("/admin/webhooks/receipt", get(show::<S>))

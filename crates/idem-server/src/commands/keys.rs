@@ -8,8 +8,7 @@ use clap::Subcommand;
 use idem_core::admin::{NewAudit, ReleaseRequest};
 use idem_core::leased::Resolution;
 use idem_core::{
-    Clock, Completion, IdempotencyKey, KeyStore, Operation, Scope, StoredResponse, SystemClock,
-    Tenant,
+    Clock, Completion, IdempotencyKey, KeyStore, Operation, Scope, StoredResponse, Tenant,
 };
 use serde_json::json;
 
@@ -131,7 +130,8 @@ impl Job for KeysAction {
                 let Some(r) = KeyStore::fetch(&store, &scope).await? else {
                     bail!("no record for this key (never used, released, or expired)");
                 };
-                let now = SystemClock.now_ms();
+                // Judged like the gateways judge it: by the store's clock.
+                let now = store.clock().now_ms();
                 let abandoned = r.state == idem_core::RecordState::Pending
                     && r.locked_until_ms.is_some_and(|t| t <= now);
                 println!(
@@ -153,7 +153,7 @@ impl Job for KeysAction {
                     ResolveAs::NotSent => Resolution::Release,
                     ResolveAs::Sent => Resolution::Answer(resolved_sent()),
                 };
-                let now = SystemClock.now_ms();
+                let now = store.clock().now_ms();
                 if !store.resolve_abandoned(&scope, &how, now).await? {
                     bail!(
                         "nothing to resolve: the key has no pending record whose lease ran out \
@@ -201,7 +201,8 @@ async fn release<B: Backend>(
         force,
         upstream_checked,
     };
-    let now = SystemClock.now_ms();
+    // Judged like every process judges the lease: by the store's clock.
+    let now = store.clock().now_ms();
     let mut tx = KeyStore::begin(store).await?;
     let outcome = match B::release_key(&mut tx, &scope, request, now).await {
         Ok(o) => o,
@@ -224,7 +225,8 @@ async fn release<B: Backend>(
                         "force": force, "upstream_checked": upstream_checked})
     .to_string();
     let entry = NewAudit {
-        at_ms: now,
+        // Like the admin API's audit rows: this host's time, read by people.
+        at_ms: crate::admin::v1::host_now_ms(),
         actor: &actor,
         action: "keys.release",
         target: &target,

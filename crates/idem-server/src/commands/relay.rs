@@ -58,7 +58,14 @@ impl Job for Relay {
         else {
             return Ok(());
         };
-        let d = Arc::new(messaging::dispatcher(store, js, B::RELAY_POLL, self.lease)?);
+        let clock = store.clock();
+        let d = Arc::new(messaging::dispatcher(
+            store,
+            clock,
+            js,
+            B::RELAY_POLL,
+            self.lease,
+        )?);
         let reporter = {
             let d = d.clone();
             tokio::spawn(async move {

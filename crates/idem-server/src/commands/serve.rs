@@ -249,7 +249,10 @@ impl Job for Start<'_> {
         if let Some(gateway) = &config.gateway {
             // The upstream's paths are the upstream's: no demo routes.
             let namespace = store.namespace().await?;
-            let gateway = idem_gateway::Gateway::new(store.clone(), namespace, gateway.clone());
+            // Several gateways on one database judge each other's leases
+            // by one clock: the store's.
+            let gateway = idem_gateway::Gateway::new(store.clone(), namespace, gateway.clone())
+                .with_clock(Arc::new(store.clock()));
             return Ok((own, Some(gateway.into_router())));
         }
         Ok((
@@ -316,7 +319,7 @@ fn start_messaging<B: Backend>(
             tokio::spawn(task);
         }
         let lease = idem_outbox::DispatcherConfig::default().lease;
-        match messaging::dispatcher(store.clone(), js, B::RELAY_POLL, lease) {
+        match messaging::dispatcher(store.clone(), store.clock(), js, B::RELAY_POLL, lease) {
             Ok(d) => {
                 let d = Arc::new(d);
                 let _ = filled.set(d.clone());
@@ -340,7 +343,11 @@ fn start_webhooks<B: Backend>(
     // The admin view of stored receipts works without endpoints too (an
     // endpoint taken out of the file still has receipts to look at).
     let stored_only = || {
-        let receiver = Arc::new(idem_webhooks::Receiver::new(store.clone(), vec![]));
+        let receiver = Arc::new(idem_webhooks::Receiver::with_clock(
+            store.clone(),
+            vec![],
+            store.clock(),
+        ));
         admin::router(store.clone(), receiver)
     };
     let Some(config) = config else {
@@ -356,11 +363,12 @@ fn start_webhooks<B: Backend>(
         );
         return stored_only();
     }
-    let receiver = Arc::new(idem_webhooks::Receiver::new(
+    let receiver = Arc::new(idem_webhooks::Receiver::with_clock(
         store.clone(),
         config.endpoints.clone(),
+        store.clock(),
     ));
-    match crate::webhooks::processor(store.clone(), config) {
+    match crate::webhooks::processor(store.clone(), store.clock(), config) {
         Ok(processor) => {
             let shutdown = shutdown.clone();
             tokio::spawn(async move {

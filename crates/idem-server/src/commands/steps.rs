@@ -2,8 +2,8 @@
 
 use anyhow::{Context, bail};
 use clap::Subcommand;
+use idem_core::Clock;
 use idem_core::steps::{RunFilter, RunId, RunRecord, RunState, StepRecord};
-use idem_core::{Clock, SystemClock};
 use idem_steps::{Resolution, ResolveError, resolve};
 use serde_json::{Value, json};
 
@@ -171,7 +171,7 @@ impl Job for StepsAction {
                     ResolveAs::Sent => Resolution::Sent,
                     ResolveAs::NotSent => Resolution::NotSent,
                 };
-                match resolve(&store, &id, how, SystemClock.now_ms()).await {
+                match resolve(&store, &id, how, store.clock().now_ms()).await {
                     Ok(done) => println!(
                         "{}",
                         json!({"run": done.run.as_str(), "step": done.step, "state": done.state.as_str(),

@@ -112,7 +112,8 @@ impl Job for WebhookAction {
                 delivery_id: Some(delivery_id),
                 ..
             } => {
-                let now = idem_core::Clock::now_ms(&idem_core::SystemClock);
+                // Requeued by the clock the workers' claims are judged by.
+                let now = idem_core::Clock::now_ms(&store.clock());
                 let (delivery_id, outcome) =
                     replay_receipt(&store, &endpoint, &delivery_id, now).await?;
                 let (_, v) = replay_json(&endpoint, &delivery_id, outcome);
@@ -136,7 +137,7 @@ const REPLAY_PAGE: u32 = 500;
 /// each page is read afresh; a page that requeues nothing ends the run (a
 /// worker may be failing deliveries as fast as they are replayed: the run
 /// never chases them for ever).
-async fn replay_all<S: WebhookStore>(
+async fn replay_all<S: WebhookStore + idem_core::KeyStore>(
     store: &S,
     endpoint: Option<&str>,
     state: &str,
@@ -163,7 +164,7 @@ async fn replay_all<S: WebhookStore>(
             if !seen.insert((e.clone(), d.clone())) {
                 continue;
             }
-            let now = idem_core::Clock::now_ms(&idem_core::SystemClock);
+            let now = idem_core::Clock::now_ms(&store.clock());
             let outcome = store.replay_receipt(e, d, now).await?;
             if outcome == Requeue::Requeued {
                 moved += 1;

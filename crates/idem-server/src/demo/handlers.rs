@@ -9,7 +9,7 @@ use axum::response::Response;
 use axum::routing::{get, post};
 use axum::{Extension, Router};
 use bytes::Bytes;
-use idem_core::{Clock, Operation, Policy, ResourceRef, SystemClock, Tenant};
+use idem_core::{Clock, Operation, Policy, ResourceRef, Tenant};
 use idem_http::{IdemTx, IdempotencyLayer, RouteConfig, TenantSource};
 use idem_outbox::Outbox;
 use serde_json::json;
@@ -312,9 +312,11 @@ async fn effects<S: DemoSql>(
 }
 
 /// The demo router. The tenant comes from `X-Tenant-Id`, trusted here only
-/// because this is a demo; `default` when absent.
+/// because this is a demo; `default` when absent. Keys expire by the
+/// store's clock, the one every process on the database reads.
 pub fn router<S: DemoSql>(store: S, config: &DemoConfig) -> Router {
-    router_with_clock(store, config, SystemClock)
+    let clock = store.clock();
+    router_with_clock(store, config, clock)
 }
 
 /// The demo router on another clock (tests pass a TTL without sleeping).

@@ -241,10 +241,14 @@ async fn gc_shows_progress_on_stderr_and_the_result_on_stdout() {
 
 /// Three dead deliveries of `github` (their upstream refuses every
 /// connection; one attempt each).
-async fn three_dead<S: WebhookStore>(store: &S) {
+async fn three_dead<S: WebhookStore + idem_core::KeyStore>(store: &S) {
     let text = config("http://127.0.0.1:9/hook", "max_attempts = 1");
     let config = webhooks::parse(&text).unwrap();
-    let receiver = Arc::new(Receiver::new(store.clone(), config.endpoints.clone()));
+    let receiver = Arc::new(Receiver::with_clock(
+        store.clone(),
+        config.endpoints.clone(),
+        store.clock(),
+    ));
     let addr = serve(idem_webhooks::route::router(receiver)).await;
     for d in ["d1", "d2", "d3"] {
         let body = payment(d, "");
@@ -257,7 +261,7 @@ async fn three_dead<S: WebhookStore>(store: &S) {
         .await;
         assert_eq!(r.status, 202);
     }
-    let processor = webhooks::processor(store.clone(), &config).unwrap();
+    let processor = webhooks::processor(store.clone(), store.clock(), &config).unwrap();
     let mut dead = 0;
     for _ in 0..20 {
         dead += processor.run_once().await.unwrap().dead;
@@ -268,7 +272,10 @@ async fn three_dead<S: WebhookStore>(store: &S) {
     assert_eq!(dead, 3);
 }
 
-async fn replay_all_requeues_every_dead_delivery<S: WebhookStore>(store: S, url: &str) {
+async fn replay_all_requeues_every_dead_delivery<S: WebhookStore + idem_core::KeyStore>(
+    store: S,
+    url: &str,
+) {
     three_dead(&store).await;
     let out = idem(&["webhooks", "replay", "--all", "--database-url", url]);
     assert!(out.status.success(), "{}", text(&out.stderr));

@@ -10,8 +10,8 @@ use std::time::Duration;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
 use hmac::{Hmac, Mac};
-use idem_core::ManualClock;
 use idem_core::webhooks::{ReceiptState, WebhookStore};
+use idem_core::{KeyStore, ManualClock, SharedClock};
 use idem_server::webhooks;
 use idem_webhooks::Receiver;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -184,27 +184,31 @@ pub async fn upstream() -> (SocketAddr, idem_testkit::TempDir) {
     (addr, dir)
 }
 
-pub struct Rig<S: WebhookStore> {
+pub struct Rig<S: WebhookStore + KeyStore> {
     pub addr: SocketAddr,
     pub store: S,
-    pub receiver: Arc<Receiver<S>>,
-    pub processor: idem_webhooks::Processor<S>,
+    pub receiver: Arc<Receiver<S, SharedClock>>,
+    pub processor: idem_webhooks::Processor<S, SharedClock>,
     pub upstream: SocketAddr,
     _up: idem_testkit::TempDir,
 }
 
-impl<S: WebhookStore> Rig<S> {
+impl<S: WebhookStore + KeyStore> Rig<S> {
     pub async fn new(store: S, extra: &str) -> Self {
         let (upstream, up) = upstream().await;
         let config =
             webhooks::parse(&config(&format!("http://{upstream}/v1/payments"), extra)).unwrap();
-        let receiver = Arc::new(Receiver::new(store.clone(), config.endpoints.clone()));
+        let receiver = Arc::new(Receiver::with_clock(
+            store.clone(),
+            config.endpoints.clone(),
+            store.clock(),
+        ));
         let router = idem_webhooks::route::router(receiver.clone()).merge(
             idem_server::admin::webhooks::router(store.clone(), receiver.clone()),
         );
         Self {
             addr: serve(router).await,
-            processor: webhooks::processor(store.clone(), &config).unwrap(),
+            processor: webhooks::processor(store.clone(), store.clock(), &config).unwrap(),
             store,
             receiver,
             upstream,
@@ -590,9 +594,9 @@ macro_rules! webhook_suite {
                     initial: Duration::from_millis(200),
                     max: Duration::from_millis(200),
                 };
-                let receiver = Arc::new(Receiver::new(store.clone(), config.endpoints.clone()));
+                let receiver = Arc::new(Receiver::with_clock(store.clone(), config.endpoints.clone(), store.clock()));
                 let addr = serve(idem_webhooks::route::router(receiver)).await;
-                let processor = webhooks::processor(store.clone(), &config).unwrap();
+                let processor = webhooks::processor(store.clone(), store.clock(), &config).unwrap();
                 let worker = tokio::spawn(async move {
                     processor.run(Duration::from_secs(3600), std::future::pending()).await
                 });
@@ -821,9 +825,9 @@ macro_rules! webhook_suite {
                     initial: Duration::from_millis(20),
                     max: Duration::from_millis(20),
                 };
-                let receiver = Arc::new(Receiver::new(store.clone(), config.endpoints.clone()));
+                let receiver = Arc::new(Receiver::with_clock(store.clone(), config.endpoints.clone(), store.clock()));
                 let addr = serve(idem_webhooks::route::router(receiver.clone()).merge(idem_server::admin::webhooks::router(store.clone(), receiver))).await;
-                let processor = webhooks::processor(store.clone(), &config).unwrap();
+                let processor = webhooks::processor(store.clone(), store.clock(), &config).unwrap();
                 let body = payment("cus_r", "");
                 assert_eq!(deliver(addr, "github", &sign::github("github-secret", "r1", &body), &body).await.status, 202);
                 assert_eq!(processor.run_once().await.unwrap().retried, 1);

@@ -178,6 +178,7 @@ struct ReleaseBody {
 }
 
 async fn release<B: Backend>(
+    State(st): State<V1<B>>,
     Extension(tx): Extension<IdemTx<B::Tx>>,
     actor: Option<Extension<Actor>>,
     headers: HeaderMap,
@@ -198,7 +199,7 @@ async fn release<B: Backend>(
     let Ok(mut tx) = tx.lock().await else {
         return internal("transaction finished");
     };
-    let now = super::now_ms();
+    let now = super::now_ms(&st.store);
     let request = ReleaseRequest {
         force: b.force,
         upstream_checked: b.upstream_checked,

@@ -215,7 +215,7 @@ pub async fn record<B: Backend>(
     headers: &HeaderMap,
     audit: Audit<'_>,
 ) -> Result<(), Response> {
-    let now = idem_core::Clock::now_ms(&idem_core::SystemClock);
+    let now = host_now_ms();
     let detail = audit.detail.to_string();
     let entry = NewAudit {
         at_ms: now,
@@ -231,7 +231,15 @@ pub async fn record<B: Backend>(
         .map_err(db_error)
 }
 
-/// The current time (unix ms).
-pub fn now_ms() -> i64 {
+/// Now (unix ms) by the store's clock — the database's on PostgreSQL —
+/// which an operator's action on a lease or an expiry is judged by, like
+/// every process's.
+pub fn now_ms<B: Backend>(store: &B) -> i64 {
+    idem_core::Clock::now_ms(&store.clock())
+}
+
+/// Now (unix ms) by this host's clock: for this process's own request
+/// figures and the audit rows' times, which only people read.
+pub fn host_now_ms() -> i64 {
     idem_core::Clock::now_ms(&idem_core::SystemClock)
 }

@@ -117,6 +117,7 @@ struct RequeueBody {
 }
 
 async fn requeue<B: Backend>(
+    State(st): State<V1<B>>,
     Extension(tx): Extension<IdemTx<B::Tx>>,
     actor: Option<Extension<Actor>>,
     headers: HeaderMap,
@@ -132,7 +133,7 @@ async fn requeue<B: Backend>(
     let Ok(mut tx) = tx.lock().await else {
         return internal("transaction finished");
     };
-    match B::requeue_outbox(&mut tx, &b.message_id, super::now_ms()).await {
+    match B::requeue_outbox(&mut tx, &b.message_id, super::now_ms(&st.store)).await {
         Ok(OutboxRequeue::Requeued) => {}
         Ok(OutboxRequeue::NotFound) => return not_found("No such outbox message"),
         Ok(OutboxRequeue::NotDead(state)) => {

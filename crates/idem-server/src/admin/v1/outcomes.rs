@@ -83,7 +83,7 @@ pub async fn track(State(ring): State<Arc<OutcomeRing>>, mut req: Request, next:
     req.extensions_mut().insert(ring.clone());
     let res = next.run(req).await;
     if let Some(outcome) = res.extensions().get::<RequestOutcome>() {
-        ring.record(*outcome, super::now_ms());
+        ring.record(*outcome, super::host_now_ms());
     }
     res
 }

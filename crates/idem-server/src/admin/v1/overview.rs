@@ -33,7 +33,7 @@ async fn overview<B: Backend>(
     State(st): State<V1<B>>,
     ring: Option<Extension<Arc<OutcomeRing>>>,
 ) -> Response {
-    let now = super::now_ms();
+    let now = super::host_now_ms();
     let (minutes, totals) = match &ring {
         Some(Extension(ring)) => ring.snapshot(now),
         None => (Vec::new(), Default::default()),

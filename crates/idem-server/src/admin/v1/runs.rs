@@ -177,7 +177,8 @@ async fn resolve<B: Backend>(
     let Ok(mut tx) = tx.lock().await else {
         return internal("transaction finished");
     };
-    let done = match idem_steps::resolve_in::<B>(&mut tx, run, how, super::now_ms()).await {
+    let done = match idem_steps::resolve_in::<B>(&mut tx, run, how, super::now_ms(&st.store)).await
+    {
         Ok(done) => done,
         Err(ResolveError::NotFound(_)) => return not_found("No such run"),
         Err(e @ ResolveError::NotBlocked { .. }) => {
@@ -214,6 +215,7 @@ async fn resolve<B: Backend>(
 struct ResumeBody {}
 
 async fn resume<B: Backend>(
+    State(st): State<V1<B>>,
     Path(id): Path<String>,
     Extension(tx): Extension<IdemTx<B::Tx>>,
     actor: Option<Extension<Actor>>,
@@ -232,7 +234,7 @@ async fn resume<B: Backend>(
     let Ok(mut tx) = tx.lock().await else {
         return internal("transaction finished");
     };
-    match B::end_run_lease(&mut tx, &id, super::now_ms()).await {
+    match B::end_run_lease(&mut tx, &id, super::now_ms(&st.store)).await {
         Ok(LeaseEnd::Ended) => {}
         Ok(LeaseEnd::NotFound) => return not_found("No such run"),
         Ok(LeaseEnd::Final(state)) => {

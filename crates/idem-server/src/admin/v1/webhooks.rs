@@ -98,6 +98,7 @@ struct ReplayBody {
 }
 
 async fn replay<B: Backend>(
+    State(st): State<V1<B>>,
     Extension(tx): Extension<IdemTx<B::Tx>>,
     actor: Option<Extension<Actor>>,
     headers: HeaderMap,
@@ -116,7 +117,7 @@ async fn replay<B: Backend>(
     let Ok(mut tx) = tx.lock().await else {
         return internal("transaction finished");
     };
-    let now = super::now_ms();
+    let now = super::now_ms(&st.store);
     let mut found = None;
     for id in delivery_forms(&b.endpoint, &b.delivery_id) {
         match B::replay_receipt_in(&mut tx, &b.endpoint, &id, now).await {
