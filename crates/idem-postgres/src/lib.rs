@@ -34,6 +34,20 @@
 //!   was sent, or the deadline passed — is [`StoreError::OutcomeUnknown`]:
 //!   it may have committed. Any failure before `COMMIT` was sent rolls back
 //!   and is `Unavailable`.
+//!
+//! ## Clock
+//! Processes on several hosts share the database and its leases, so every
+//! lease, takeover and expiry is judged by the database server's clock, not
+//! by each host's: [`PgStore::connect`] samples the server's
+//! `clock_timestamp()`, and [`KeyStore::clock`] hands out a [`PgClock`]
+//! that runs on from the sample with the process's monotonic clock (error:
+//! half the sample's round trip plus the drift since, resampled every 30 s;
+//! see [`clock`]). `Engine::new`, `IdempotencyLayer::new`, `Runs::builder`,
+//! the inbox, the outbox's write side and the collector take it by default;
+//! pass `store.clock()` to what takes a clock explicitly (the relay's
+//! `Dispatcher::with_clock`, the webhook `Processor` and `Receiver`, the
+//! gateway's `with_clock`). With it, a host whose wall clock is off takes
+//! over no live lease; NTP is not needed on the application hosts.
 
 use std::future::Future;
 use std::str::FromStr;

@@ -29,6 +29,11 @@
 //!   for at most the policy's wait, and then get "in flight". Several processes
 //!   on one file stay correct (the write lock serialises them) but a waiter
 //!   then only sees `Busy`. One process per file is the supported layout.
+//! - Leases, takeovers and expiries are judged by the host's clock (the
+//!   default [`KeyStore::clock`], a
+//!   `SystemClock`): every process sharing the file runs on one host and
+//!   reads one kernel clock. A file shared by several hosts is not
+//!   supported.
 
 mod admin;
 mod gate;
