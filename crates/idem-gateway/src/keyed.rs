@@ -13,7 +13,7 @@ use idem_core::leased::{
     LeaseToken, LeasedClaim, LeasedDecision, LeasedKeyStore, OnUnknown, leased_decision,
 };
 use idem_core::steps::StepKey;
-use idem_core::{Completion, Scope, StoreError, StoredRecord, StoredResponse};
+use idem_core::{Clock, Completion, Scope, StoreError, StoredRecord, StoredResponse};
 use idem_http::{Keyed, Rejection, RequestOutcome};
 
 use crate::budget::{Held, HeldBody};

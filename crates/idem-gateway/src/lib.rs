@@ -57,7 +57,7 @@ use axum::response::Response;
 use http_body_util::BodyExt;
 use idem_core::leased::LeasedKeyStore;
 use idem_core::steps::{Namespace, StepName};
-use idem_core::{Clock, SystemClock};
+use idem_core::{Clock, SharedClock};
 use idem_http::Rejection;
 use tracing::Instrument;
 
@@ -72,7 +72,7 @@ pub struct Gateway<S> {
     config: GatewayConfig,
     upstream: Upstream,
     step: StepName,
-    clock: Arc<dyn Clock>,
+    clock: SharedClock,
     budget: Budget,
 }
 
@@ -81,6 +81,7 @@ impl<S: LeasedKeyStore> Gateway<S> {
     pub fn new(store: S, namespace: Namespace, config: GatewayConfig) -> Self {
         let upstream = Upstream::new(&config.upstream, config.timeout);
         let budget = Budget::new(config.max_held_bytes);
+        let clock = store.clock();
         let Ok(step) = StepName::new("forward") else {
             unreachable!("\"forward\" is a valid step name");
         };
@@ -91,15 +92,16 @@ impl<S: LeasedKeyStore> Gateway<S> {
             upstream,
             // The derived key is `idem:forward:<32 hex digits>`.
             step,
-            clock: Arc::new(SystemClock),
+            clock,
             budget,
         }
     }
 
-    /// The clock leases and expiries are judged by. Several gateways on one
-    /// database must read one clock: on PostgreSQL, the database's.
-    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
-        self.clock = clock;
+    /// The clock leases and expiries are judged by, instead of the
+    /// store's ([`idem_core::KeyStore::clock`]: on PostgreSQL the
+    /// database's, so several gateways on one database read one clock).
+    pub fn with_clock(mut self, clock: impl Clock) -> Self {
+        self.clock = SharedClock::new(clock);
         self
     }
 

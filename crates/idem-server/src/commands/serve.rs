@@ -251,8 +251,8 @@ impl Job for Start<'_> {
             let namespace = store.namespace().await?;
             // Several gateways on one database judge each other's leases
             // by one clock: the store's.
-            let gateway = idem_gateway::Gateway::new(store.clone(), namespace, gateway.clone())
-                .with_clock(Arc::new(store.clock()));
+            // On the store's clock: the database's on PostgreSQL.
+            let gateway = idem_gateway::Gateway::new(store.clone(), namespace, gateway.clone());
             return Ok((own, Some(gateway.into_router())));
         }
         Ok((
