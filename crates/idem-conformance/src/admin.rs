@@ -248,7 +248,7 @@ pub async fn admin_release_only_stuck_leased_records<S: AdminStore + LeasedKeySt
     let done = Completion::completed(response(200, "{}"));
     assert!(
         !store
-            .complete_leased(&s, &old, &done, NOW + 1)
+            .complete_leased(&s, &old, &done, NOW + 1, i64::MAX)
             .await
             .unwrap(),
         "the old holder's token writes nothing"

@@ -83,7 +83,13 @@ pub async fn leased_claims_commit_and_only_the_holder_writes<S: LeasedKeyStore>(
     );
     assert!(
         !store
-            .complete_leased(&s, &other, &answer(201, "{\"by\":\"other\"}"), NOW + 20)
+            .complete_leased(
+                &s,
+                &other,
+                &answer(201, "{\"by\":\"other\"}"),
+                NOW + 20,
+                i64::MAX
+            )
             .await
             .unwrap()
     );
@@ -106,7 +112,7 @@ pub async fn leased_claims_commit_and_only_the_holder_writes<S: LeasedKeyStore>(
     );
     assert!(
         store
-            .complete_leased(&s, &mine, &answer(201, "{\"id\":1}"), NOW + 40)
+            .complete_leased(&s, &mine, &answer(201, "{\"id\":1}"), NOW + 40, i64::MAX)
             .await
             .unwrap()
     );
@@ -322,7 +328,13 @@ pub async fn an_abandoned_lease_is_taken_over_by_one<S: LeasedKeyStore>(store: S
     // The dead holder wakes up: its token writes nothing.
     assert!(
         !store
-            .complete_leased(&s, &dead, &answer(201, "{\"by\":\"zombie\"}"), later + 1)
+            .complete_leased(
+                &s,
+                &dead,
+                &answer(201, "{\"by\":\"zombie\"}"),
+                later + 1,
+                i64::MAX
+            )
             .await
             .unwrap()
     );
@@ -333,7 +345,8 @@ pub async fn an_abandoned_lease_is_taken_over_by_one<S: LeasedKeyStore>(store: S
                 &s,
                 &winners[0],
                 &answer(201, "{\"by\":\"successor\"}"),
-                later + 2
+                later + 2,
+                i64::MAX
             )
             .await
             .unwrap()
@@ -464,7 +477,7 @@ pub async fn an_expired_leased_record_is_claimed_afresh<S: LeasedKeyStore>(store
         .unwrap();
     assert!(
         store
-            .complete_leased(&s, &old, &answer(201, "{\"old\":true}"), NOW + 1)
+            .complete_leased(&s, &old, &answer(201, "{\"old\":true}"), NOW + 1, i64::MAX)
             .await
             .unwrap()
     );
@@ -617,16 +630,22 @@ pub async fn a_holder_ends_its_lease_when_the_outcome_is_unknown<S: LeasedKeySto
     );
     assert!(
         !store
-            .complete_leased(&s, &holder, &answer(201, "{}"), at + 5)
+            .complete_leased(&s, &holder, &answer(201, "{}"), at + 5, i64::MAX)
             .await
             .unwrap(),
         "the first holder writes nothing any more"
     );
     assert!(
         store
-            .complete_leased(&s, &again, &answer(201, "{}"), at + 5)
+            .complete_leased(&s, &again, &answer(201, "{}"), at + 5, at + 86_400_000)
             .await
             .unwrap()
+    );
+    let done = store.fetch(&s).await.unwrap().unwrap();
+    assert_eq!(
+        done.expires_at_ms,
+        at + 86_400_000,
+        "kept for its TTL from its answer"
     );
     assert!(
         !store

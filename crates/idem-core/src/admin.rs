@@ -122,7 +122,6 @@ pub struct KeyColumns {
     pub recovery_point: Option<String>,
     pub leased: bool,
     pub updated_at_ms: i64,
-    pub on_unknown: Option<String>,
 }
 
 impl KeyColumns {
@@ -131,12 +130,7 @@ impl KeyColumns {
         let status = self.record.status_code;
         let created_at_ms = self.record.created_at_ms;
         let record = self.record.decode()?;
-        let on_unknown = match self.on_unknown.as_deref() {
-            None => None,
-            Some(name) => Some(OnUnknown::parse(name).ok_or_else(|| StoreError::Corrupt {
-                detail: format!("key on_unknown {name:?}"),
-            })?),
-        };
+        let on_unknown = record.on_unknown;
         Ok(KeyDetail {
             summary: KeySummary {
                 tenant: self.tenant,

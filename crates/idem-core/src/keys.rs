@@ -104,7 +104,83 @@ pub struct StoredRecord {
     pub created_at_ms: i64,
     /// When the record may be deleted (unix ms).
     pub expires_at_ms: i64,
+    /// A leased record's policy for an unknown outcome
+    /// ([`crate::leased`]); `None` for the other claim paths.
+    pub on_unknown: Option<OnUnknown>,
 }
+
+/// What a retry does with an abandoned record: its holder's work may have
+/// reached another system and no answer came back (the holder said so, or
+/// it stopped renewing its lease). Stored with the record as
+/// [`OnUnknown::as_str`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OnUnknown {
+    /// Take it over (a new token, a new lease) and do the work again with
+    /// the same derived key: only for a system known to deduplicate by it.
+    Reforward,
+    /// Take it over and first learn whether the work landed (a lookup on
+    /// the other system); do it again only once it is known it did not.
+    Verify,
+    /// Leave it to an operator: the work's outcome is unknown.
+    Reject,
+}
+
+impl OnUnknown {
+    /// Every policy, for listings and errors.
+    pub const ALL: [OnUnknown; 3] = [Self::Reforward, Self::Verify, Self::Reject];
+
+    /// The stored and configured name: `reforward`, `verify`, `reject`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Reforward => "reforward",
+            Self::Verify => "verify",
+            Self::Reject => "reject",
+        }
+    }
+
+    /// The policy of a stored or configured name.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.as_str() == name)
+    }
+
+    /// Whether a retry takes an abandoned record over (to do the work
+    /// again, or to verify it first).
+    pub fn takes_over(self) -> bool {
+        self != Self::Reject
+    }
+
+    /// How strict the policy is: a retry honours the stricter of the
+    /// record's and its own (`reforward` < `verify` < `reject`).
+    pub fn strictness(self) -> u8 {
+        match self {
+            Self::Reforward => 0,
+            Self::Verify => 1,
+            Self::Reject => 2,
+        }
+    }
+
+    /// Whether the work may be repeated without learning its outcome: only
+    /// when the other system deduplicates. An operator who deletes such a
+    /// record (a forced release) risks nothing; for the others they must
+    /// have checked the other system first.
+    pub fn repeat_is_harmless(self) -> bool {
+        self == Self::Reforward
+    }
+}
+
+impl fmt::Display for OnUnknown {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The key record's columns every decoder of [`RecordColumns`] reads, and
+/// the statement that selects them (`$1`..`$3` the scope), for every
+/// backend.
+pub const SELECT_RECORD: &str = "\
+SELECT request_hash, state, status_code, response_headers, response_body, resource_type,
+       resource_id, locked_until_ms, created_at_ms, expires_at_ms, on_unknown
+FROM idem_keys WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3";
 
 /// A key record's columns as read from any backend, before validation.
 #[derive(Debug, Clone, Default)]
@@ -129,6 +205,8 @@ pub struct RecordColumns {
     pub created_at_ms: i64,
     /// `expires_at_ms`.
     pub expires_at_ms: i64,
+    /// `on_unknown`.
+    pub on_unknown: Option<String>,
 }
 
 impl RecordColumns {
@@ -159,6 +237,13 @@ impl RecordColumns {
             locked_until_ms: self.locked_until_ms,
             created_at_ms: self.created_at_ms,
             expires_at_ms: self.expires_at_ms,
+            on_unknown: match self.on_unknown.as_deref() {
+                None => None,
+                Some(name) => Some(
+                    OnUnknown::parse(name)
+                        .ok_or_else(|| corrupt(format!("on_unknown {name:?}")))?,
+                ),
+            },
         })
     }
 }
@@ -404,6 +489,7 @@ mod tests {
             locked_until_ms: (state == RecordState::Pending).then_some(10_500),
             created_at_ms: 0,
             expires_at_ms: 100_000,
+            on_unknown: None,
         }
     }
 

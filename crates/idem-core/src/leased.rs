@@ -62,60 +62,7 @@ impl fmt::Debug for LeaseToken {
     }
 }
 
-/// What a retry does with an abandoned record: its holder's work may have
-/// reached another system and no answer came back (the holder said so, or
-/// it stopped renewing its lease). Stored with the record as
-/// [`OnUnknown::as_str`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum OnUnknown {
-    /// Take it over (a new token, a new lease) and do the work again with
-    /// the same derived key: only for a system known to deduplicate by it.
-    Reforward,
-    /// Take it over and first learn whether the work landed (a lookup on
-    /// the other system); do it again only once it is known it did not.
-    Verify,
-    /// Leave it to an operator: the work's outcome is unknown.
-    Reject,
-}
-
-impl OnUnknown {
-    /// Every policy, for listings and errors.
-    pub const ALL: [OnUnknown; 3] = [Self::Reforward, Self::Verify, Self::Reject];
-
-    /// The stored and configured name: `reforward`, `verify`, `reject`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Reforward => "reforward",
-            Self::Verify => "verify",
-            Self::Reject => "reject",
-        }
-    }
-
-    /// The policy of a stored or configured name.
-    pub fn parse(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|p| p.as_str() == name)
-    }
-
-    /// Whether a retry takes an abandoned record over (to do the work
-    /// again, or to verify it first).
-    pub fn takes_over(self) -> bool {
-        self != Self::Reject
-    }
-
-    /// Whether the work may be repeated without learning its outcome: only
-    /// when the other system deduplicates. An operator who deletes such a
-    /// record (a forced release) risks nothing; for the others they must
-    /// have checked the other system first.
-    pub fn repeat_is_harmless(self) -> bool {
-        self == Self::Reforward
-    }
-}
-
-impl fmt::Display for OnUnknown {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+pub use crate::keys::OnUnknown;
 
 /// What [`LeasedKeyStore::claim_leased`] did.
 #[derive(Debug)]
@@ -194,6 +141,10 @@ pub enum NextStep {
 /// What a claimer does with an existing record (pure logic, shared by every
 /// backend's [`LeasedKeyStore::claim_leased`]): a finished record, a live
 /// lease and another request's record are kept, so a replay writes nothing.
+/// An abandoned record is taken over only when the claimer's policy takes
+/// over and the record's own (stored when it was claimed) is no stricter:
+/// a claimer configured otherwise since never repeats what the record's
+/// policy holds.
 pub fn next_step(
     record: &StoredRecord,
     fingerprint: &Fingerprint,
@@ -203,6 +154,9 @@ pub fn next_step(
     if record.expires_at_ms <= now_ms {
         NextStep::Reclaim
     } else if on_unknown.takes_over()
+        && record
+            .on_unknown
+            .is_none_or(|stored| stored.strictness() <= on_unknown.strictness())
         && record.fingerprint == *fingerprint
         && record.state == RecordState::Pending
         && record.locked_until_ms.is_some_and(|t| t <= now_ms)
@@ -250,11 +204,8 @@ WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND request_has
   AND expires_at_ms > $7
 RETURNING 1";
 
-    /// The record.
-    pub const SELECT: &str = "\
-SELECT request_hash, state, status_code, response_headers, response_body, resource_type,
-       resource_id, locked_until_ms, created_at_ms, expires_at_ms
-FROM idem_keys WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3";
+    /// The record ([`crate::keys::SELECT_RECORD`]).
+    pub const SELECT: &str = crate::keys::SELECT_RECORD;
 
     /// `$4` token, `$5` new deadline, `$6` now.
     pub const RENEW: &str = "\
@@ -264,19 +215,26 @@ WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND lock_token 
 
     /// `$4` token, `$5` the lease's new end (at most now: the work's
     /// outcome is unknown from then on), `$6` a reason for operators (kept
-    /// when NULL), `$7` now. The record stays pending: a retry finds it
-    /// abandoned.
+    /// when NULL), `$7` now, `$8` [`super::UNRESOLVED_EXPIRES_AT_MS`]. The
+    /// record stays pending: a retry finds it abandoned. Unless its work may
+    /// be repeated harmlessly (`reforward`), it no longer expires: an
+    /// unknown outcome is held until it is verified or resolved, never
+    /// claimed afresh or collected.
     pub const ABANDON: &str = "\
 UPDATE idem_keys SET locked_until_ms = $5, recovery_point = COALESCE($6, recovery_point),
-       updated_at_ms = $7
+       updated_at_ms = $7,
+       expires_at_ms = CASE WHEN on_unknown = 'reforward' THEN expires_at_ms ELSE $8 END
 WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND lock_token = $4
   AND state = 'pending' AND expires_at_ms > $7";
 
-    /// `$4` token, `$5`..`$10` the outcome's columns, `$11` now.
+    /// `$4` token, `$5`..`$10` the outcome's columns, `$11` now, `$12`
+    /// the latest expiry (a record held while its outcome was unknown
+    /// expires then).
     pub const COMPLETE: &str = "\
 UPDATE idem_keys SET state = $5, status_code = $6, response_headers = $7, response_body = $8,
        resource_type = $9, resource_id = $10, locked_until_ms = NULL, lock_token = NULL,
-       updated_at_ms = $11
+       updated_at_ms = $11,
+       expires_at_ms = CASE WHEN expires_at_ms > $12 THEN $12 ELSE expires_at_ms END
 WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND lock_token = $4
   AND state = 'pending' AND expires_at_ms > $11";
 
@@ -292,14 +250,21 @@ DELETE FROM idem_keys
 WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND state = 'pending'
   AND locked_until_ms IS NOT NULL AND locked_until_ms <= $4 AND expires_at_ms > $4";
 
-    /// `$4` now, `$5`..`$10` the outcome's columns.
+    /// `$4` now, `$5`..`$10` the outcome's columns, `$11` the latest
+    /// expiry.
     pub const RESOLVE_ANSWER: &str = "\
 UPDATE idem_keys SET state = $5, status_code = $6, response_headers = $7, response_body = $8,
        resource_type = $9, resource_id = $10, locked_until_ms = NULL, lock_token = NULL,
-       updated_at_ms = $4
+       updated_at_ms = $4,
+       expires_at_ms = CASE WHEN expires_at_ms > $11 THEN $11 ELSE expires_at_ms END
 WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND state = 'pending'
   AND locked_until_ms IS NOT NULL AND locked_until_ms <= $4 AND expires_at_ms > $4";
 }
+
+/// The expiry of a record whose outcome is unknown and whose work may not
+/// be repeated blindly (9999-12-31T23:59:59.999Z): it is held until it is
+/// verified or resolved.
+pub const UNRESOLVED_EXPIRES_AT_MS: i64 = 253_402_300_799_999;
 
 /// How an operator ends an abandoned record
 /// ([`LeasedKeyStore::resolve_abandoned`]).
@@ -359,13 +324,16 @@ pub trait LeasedKeyStore: KeyStore {
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Stores the outcome on the pending record `token` holds and commits;
-    /// `false` (nothing written) when it holds none.
+    /// `false` (nothing written) when it holds none. The record expires at
+    /// `expires_at_ms` at the latest (one held while its outcome was
+    /// unknown expires only then).
     fn complete_leased(
         &self,
         scope: &Scope,
         token: &LeaseToken,
         completion: &Completion,
         now_ms: i64,
+        expires_at_ms: i64,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Deletes the pending record `token` holds, so a retry does the work
@@ -377,8 +345,9 @@ pub trait LeasedKeyStore: KeyStore {
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// An operator's end of an abandoned record: a pending record whose
-    /// lease ran out by `now_ms` is deleted or given an outcome. `false`
-    /// when there is no such record (finished, live, absent).
+    /// lease ran out by `now_ms` is deleted or given an outcome (kept for
+    /// [`Policy::DEFAULT_TTL`] at most). `false` when there is no such
+    /// record (finished, live, absent).
     fn resolve_abandoned(
         &self,
         scope: &Scope,
@@ -405,6 +374,7 @@ mod tests {
             locked_until_ms: until,
             created_at_ms: 0,
             expires_at_ms: 1_000_000,
+            on_unknown: None,
         }
     }
 
@@ -461,6 +431,22 @@ mod tests {
             "verified by the claimer that takes it over"
         );
         assert_eq!(next_step(&r, &fp, OnUnknown::Reject, 500), NextStep::Keep);
+        // The record's own policy, stored when it was claimed, wins when it
+        // is stricter: a gateway configured otherwise since repeats nothing.
+        r.on_unknown = Some(OnUnknown::Reject);
+        assert_eq!(next_step(&r, &fp, take, 500), NextStep::Keep);
+        r.on_unknown = Some(OnUnknown::Verify);
+        assert_eq!(next_step(&r, &fp, take, 500), NextStep::Keep);
+        assert_eq!(
+            next_step(&r, &fp, OnUnknown::Verify, 500),
+            NextStep::TakeOver
+        );
+        r.on_unknown = Some(OnUnknown::Reforward);
+        assert_eq!(
+            next_step(&r, &fp, OnUnknown::Verify, 500),
+            NextStep::TakeOver
+        );
+        r.on_unknown = None;
         let other = Fingerprint::from_bytes([2; 32]);
         assert_eq!(
             next_step(&r, &other, take, 500),

@@ -88,13 +88,23 @@ impl<S: LeasedKeyStore> Gateway<S> {
                     })
                 }
                 Ok(LeasedClaim::Existing(record)) => {
+                    // The record's own policy, when stricter than the
+                    // route's (configured otherwise since it was claimed).
+                    let policy = record
+                        .on_unknown
+                        .filter(|p| p.strictness() > route.on_unknown.strictness())
+                        .unwrap_or(route.on_unknown);
                     let retry_after = match leased_decision(record, &fingerprint, now) {
                         LeasedDecision::Replay(r) => return self.replay(&r),
                         LeasedDecision::Mismatch => {
                             return reject(Rejection::FingerprintMismatch);
                         }
-                        LeasedDecision::Abandoned if !route.on_unknown.takes_over() => {
-                            return problems::outcome_unknown(route.on_unknown, None);
+                        LeasedDecision::Abandoned if policy != route.on_unknown => {
+                            // Stricter than this route can act on: held.
+                            return problems::outcome_unknown(OnUnknown::Reject, None);
+                        }
+                        LeasedDecision::Abandoned if !policy.takes_over() => {
+                            return problems::outcome_unknown(policy, None);
                         }
                         // Another claimer took it over between our
                         // statements: it is in flight.
@@ -411,7 +421,13 @@ impl<S: LeasedKeyStore> Gateway<S> {
         let now = self.clock.now_ms();
         match self
             .store
-            .complete_leased(h.scope, h.token, completion, now)
+            .complete_leased(
+                h.scope,
+                h.token,
+                completion,
+                now,
+                h.route.config.policy.expires_at_ms(now),
+            )
             .await
         {
             Ok(true) => {}

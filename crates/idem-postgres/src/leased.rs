@@ -8,7 +8,8 @@
 //! on the token.
 
 use idem_core::leased::{
-    LeaseToken, LeasedClaim, LeasedKeyStore, NextStep, OnUnknown, Resolution, next_step, sql,
+    LeaseToken, LeasedClaim, LeasedKeyStore, NextStep, OnUnknown, Resolution,
+    UNRESOLVED_EXPIRES_AT_MS, next_step, sql,
 };
 use idem_core::{Completion, Fingerprint, KeyStore, Policy, Scope, StoreError};
 use sqlx::Postgres;
@@ -135,7 +136,8 @@ impl LeasedKeyStore for PgStore {
             .bind(token.as_str())
             .bind(until_ms.min(now_ms))
             .bind(reason)
-            .bind(now_ms);
+            .bind(now_ms)
+            .bind(UNRESOLVED_EXPIRES_AT_MS);
         let done = self.bounded_write(q.execute(self.pool())).await?;
         Ok(done.rows_affected() == 1)
     }
@@ -146,12 +148,14 @@ impl LeasedKeyStore for PgStore {
         token: &LeaseToken,
         completion: &Completion,
         now_ms: i64,
+        expires_at_ms: i64,
     ) -> Result<bool, StoreError> {
         let q = outcome(
             scoped(sql::COMPLETE, scope).bind(token.as_str()),
             completion,
         )
-        .bind(now_ms);
+        .bind(now_ms)
+        .bind(expires_at_ms);
         let done = self.bounded_write(q.execute(self.pool())).await?;
         Ok(done.rows_affected() == 1)
     }
@@ -170,7 +174,8 @@ impl LeasedKeyStore for PgStore {
     ) -> Result<bool, StoreError> {
         let q = match resolution {
             Resolution::Release => scoped(sql::RESOLVE_RELEASE, scope).bind(now_ms),
-            Resolution::Answer(c) => outcome(scoped(sql::RESOLVE_ANSWER, scope).bind(now_ms), c),
+            Resolution::Answer(c) => outcome(scoped(sql::RESOLVE_ANSWER, scope).bind(now_ms), c)
+                .bind(Policy::default().expires_at_ms(now_ms)),
         };
         let done = self.bounded_write(q.execute(self.pool())).await?;
         Ok(done.rows_affected() == 1)

@@ -556,10 +556,7 @@ UPDATE idem_keys SET
 WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND expires_at_ms <= $5
 RETURNING 1";
 
-const SELECT_RECORD: &str = "\
-SELECT request_hash, state, status_code, response_headers, response_body, resource_type,
-       resource_id, locked_until_ms, created_at_ms, expires_at_ms
-FROM idem_keys WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3";
+const SELECT_RECORD: &str = idem_core::keys::SELECT_RECORD;
 
 /// Optimistic claims: the completed record, inserted at the end of the
 /// operation's transaction. A record that expired is replaced in the same
@@ -828,6 +825,7 @@ pub(crate) fn record_columns(row: &PgRow) -> Result<RecordColumns, StoreError> {
         locked_until_ms: column(row, "locked_until_ms")?,
         created_at_ms: column(row, "created_at_ms")?,
         expires_at_ms: column(row, "expires_at_ms")?,
+        on_unknown: column(row, "on_unknown")?,
     })
 }
 

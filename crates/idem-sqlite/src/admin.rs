@@ -25,7 +25,6 @@ fn decode_key(row: &SqliteRow) -> Result<KeyDetail, StoreError> {
         recovery_point: column(row, "recovery_point")?,
         leased: column(row, "leased")?,
         updated_at_ms: column(row, "updated_at_ms")?,
-        on_unknown: column(row, "on_unknown")?,
     }
     .decode()
 }

@@ -7,7 +7,8 @@
 //! on the token.
 
 use idem_core::leased::{
-    LeaseToken, LeasedClaim, LeasedKeyStore, NextStep, OnUnknown, Resolution, next_step, sql,
+    LeaseToken, LeasedClaim, LeasedKeyStore, NextStep, OnUnknown, Resolution,
+    UNRESOLVED_EXPIRES_AT_MS, next_step, sql,
 };
 use idem_core::{Completion, Fingerprint, KeyStore, Policy, Scope, StoreError};
 use sqlx::Sqlite;
@@ -143,6 +144,7 @@ impl LeasedKeyStore for SqliteStore {
             .bind(until_ms.min(now_ms))
             .bind(reason)
             .bind(now_ms)
+            .bind(UNRESOLVED_EXPIRES_AT_MS)
             .execute(self.pool())
             .await
             .map_err(|e| self.map(e))?;
@@ -155,10 +157,12 @@ impl LeasedKeyStore for SqliteStore {
         token: &LeaseToken,
         completion: &Completion,
         now_ms: i64,
+        expires_at_ms: i64,
     ) -> Result<bool, StoreError> {
         let q = scoped(sql::COMPLETE, scope).bind(token.as_str());
         let done = outcome(q, completion)
             .bind(now_ms)
+            .bind(expires_at_ms)
             .execute(self.pool())
             .await
             .map_err(|e| self.map(e))?;
@@ -182,7 +186,8 @@ impl LeasedKeyStore for SqliteStore {
     ) -> Result<bool, StoreError> {
         let q = match resolution {
             Resolution::Release => scoped(sql::RESOLVE_RELEASE, scope).bind(now_ms),
-            Resolution::Answer(c) => outcome(scoped(sql::RESOLVE_ANSWER, scope).bind(now_ms), c),
+            Resolution::Answer(c) => outcome(scoped(sql::RESOLVE_ANSWER, scope).bind(now_ms), c)
+                .bind(Policy::default().expires_at_ms(now_ms)),
         };
         let done = q.execute(self.pool()).await.map_err(|e| self.map(e))?;
         Ok(done.rows_affected() == 1)

@@ -46,7 +46,7 @@ WHERE tenant_id = :tenant AND operation = :operation AND idempotency_key = :id A
 fn select_record(key: &str) -> String {
     format!(
         "SELECT request_hash, state, status_code, response_headers, response_body, resource_type,
-       resource_id, locked_until_ms, created_at_ms, expires_at_ms
+       resource_id, locked_until_ms, created_at_ms, expires_at_ms, on_unknown
 FROM idem_keys WHERE tenant_id = :tenant AND operation = :operation AND idempotency_key = {key};
 "
     )

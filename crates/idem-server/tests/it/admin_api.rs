@@ -321,7 +321,7 @@ impl Job for Keys {
         });
         assert!(
             !store
-                .complete_leased(&stuck, &old, &done, now())
+                .complete_leased(&stuck, &old, &done, now(), i64::MAX)
                 .await
                 .unwrap(),
             "the old holder is fenced out"
