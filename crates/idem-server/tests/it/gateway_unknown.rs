@@ -309,6 +309,43 @@ pub async fn replays_are_the_first_answer_readable_by_every_client(db: ShopDb) {
     assert_eq!(up.effects(), 2);
 }
 
+/// An unknown outcome on a `reject` route outlives the key's TTL: a retry
+/// long after it still gets 409 (it is never claimed afresh and forwarded
+/// blindly), and a gateway restarted with a laxer policy (`reforward`) on
+/// the same database honours the record's own.
+pub async fn an_unknown_outcome_is_held_past_its_ttl_and_a_policy_change(db: ShopDb) {
+    let up = Upstream::start().await;
+    let dir = idem_testkit::TempDir::new("gateway-held");
+    let route = |policy: &str| {
+        format!(
+            "[[gateway.routes]]\nmethod = \"POST\"\npath = \"/lose\"\noperation = \"held\"\n\
+             on_unknown = \"{policy}\"\nttl = \"2s\"\nlease = \"1s\"\n"
+        )
+    };
+    let mut gw = gateway(
+        &db,
+        &config(&dir, &up, "timeout = \"500ms\"", &route("reject")),
+        None,
+    )
+    .await;
+    let body = r#"{"amount":1,"reference":"held-1"}"#;
+    assert_eq!(post(gw.addr, "/lose", Some("h-1"), body).await.status, 502);
+    assert_eq!(post(gw.addr, "/lose", Some("h-1"), body).await.status, 409);
+    tokio::time::sleep(Duration::from_millis(2300)).await;
+    let late = post(gw.addr, "/lose", Some("h-1"), body).await;
+    assert_eq!(late.status, 409, "past the TTL: {}", body_of(&late));
+    assert_eq!(late.problem_type(), UNKNOWN);
+    // The same database, the route now says reforward: the record's reject holds.
+    let dir2 = idem_testkit::TempDir::new("gateway-held-2");
+    let lax = config(&dir2, &up, "timeout = \"500ms\"", &route("reforward"));
+    gw.proc().kill9();
+    gw = gateway(&db, &lax, None).await;
+    let retry = post(gw.addr, "/lose", Some("h-1"), body).await;
+    assert_eq!(retry.status, 409, "{}", body_of(&retry));
+    assert_eq!(up.seen_at("/lose").len(), 1, "never forwarded again");
+    assert_eq!(up.effects(), 1);
+}
+
 /// The resident memory of a process, in bytes.
 fn rss(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
@@ -512,6 +549,7 @@ on_both! {
     replays_are_the_first_answer_readable_by_every_client;
     answers_held_for_slow_readers_stay_within_the_budget;
     a_forced_release_says_what_it_cannot_stop;
+    an_unknown_outcome_is_held_past_its_ttl_and_a_policy_change;
 }
 
 fn signal(pid: u32, sig: &str) {
