@@ -10,6 +10,8 @@ use axum::http::{HeaderName, Method};
 use idem_core::leased::OnUnknown;
 use idem_core::{ConfigError, FingerprintSpec, Operation, Policy, Tenant};
 use idem_http::{RouteConfig, TenantSource};
+
+pub use crate::path::PathPattern;
 use serde::Deserialize;
 
 /// The tenant of every request when the route names no other source.
@@ -179,101 +181,6 @@ impl Route {
             )));
         }
         Ok(())
-    }
-}
-
-/// A path: literal segments and `{param}` segments that match any one
-/// non-empty segment; `*` matches every path.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PathPattern {
-    segments: Option<Vec<Segment>>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Segment {
-    Literal(String),
-    Param(String),
-}
-
-impl PathPattern {
-    /// Every path.
-    pub fn any() -> Self {
-        Self { segments: None }
-    }
-
-    /// Parses `/v1/payments/{id}/refunds`.
-    pub fn parse(pattern: &str) -> Result<Self, String> {
-        if pattern == "*" {
-            return Ok(Self::any());
-        }
-        let Some(rest) = pattern.strip_prefix('/') else {
-            return Err(format!("{pattern:?} does not start with /"));
-        };
-        if pattern.len() > 1024 {
-            return Err("longer than 1024 characters".into());
-        }
-        let mut segments = Vec::new();
-        for s in rest.split('/') {
-            if s.starts_with('{') || s.ends_with('}') {
-                let name = s
-                    .strip_prefix('{')
-                    .and_then(|s| s.strip_suffix('}'))
-                    .filter(|n| {
-                        !n.is_empty() && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-                    });
-                let Some(name) = name else {
-                    return Err(format!("{pattern:?}: {s:?} is not a {{param}} segment"));
-                };
-                segments.push(Segment::Param(name.to_owned()));
-            } else if s
-                .chars()
-                .any(|c| c.is_control() || c == ' ' || c == '?' || c == '#' || c == '{')
-            {
-                return Err(format!("{pattern:?}: {s:?} is not a path segment"));
-            } else {
-                segments.push(Segment::Literal(s.to_owned()));
-            }
-        }
-        Ok(Self {
-            segments: Some(segments),
-        })
-    }
-
-    /// Whether `path` (without its query) matches.
-    pub fn matches(&self, path: &str) -> bool {
-        let Some(segments) = &self.segments else {
-            return true;
-        };
-        let Some(rest) = path.strip_prefix('/') else {
-            return false;
-        };
-        let mut parts = rest.split('/');
-        for s in segments {
-            match (s, parts.next()) {
-                (Segment::Literal(l), Some(p)) if l == p => {}
-                (Segment::Param(_), Some(p)) if !p.is_empty() => {}
-                _ => return false,
-            }
-        }
-        parts.next().is_none()
-    }
-
-    /// Whether the pattern has a `{name}` segment.
-    pub fn has_param(&self, name: &str) -> bool {
-        self.segments
-            .iter()
-            .flatten()
-            .any(|s| matches!(s, Segment::Param(n) if n == name))
-    }
-
-    /// The value of the `{name}` segment in a matching `path`.
-    pub fn param<'p>(&self, name: &str, path: &'p str) -> Option<&'p str> {
-        let segments = self.segments.as_ref()?;
-        let rest = path.strip_prefix('/')?;
-        segments
-            .iter()
-            .zip(rest.split('/'))
-            .find_map(|(s, p)| matches!(s, Segment::Param(n) if n == name).then_some(p))
     }
 }
 

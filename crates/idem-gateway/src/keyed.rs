@@ -54,7 +54,11 @@ impl<S: LeasedKeyStore> Gateway<S> {
     ) -> Response {
         let Keyed { scope, fingerprint } = keyed;
         if let Some(v) = &route.verify
-            && let Err(why) = v.check(&body, parts.uri.path(), &route.path)
+            && let Err(why) = v.check(
+                &body,
+                &crate::path::normalized(parts.uri.path()),
+                &route.path,
+            )
         {
             return problems::unverifiable(&why);
         }
@@ -321,7 +325,7 @@ impl<S: LeasedKeyStore> Gateway<S> {
             .target(
                 h.key.1.to_str().unwrap_or_default(),
                 h.body,
-                h.parts.uri.path(),
+                &crate::path::normalized(h.parts.uri.path()),
                 &h.route.path,
             )
             .map_err(Lookup::Failed)?;

@@ -42,6 +42,7 @@ pub mod config;
 mod forward;
 mod keyed;
 pub mod metrics;
+mod path;
 mod problems;
 mod settle;
 pub mod verify;
@@ -115,7 +116,7 @@ impl<S: LeasedKeyStore> Gateway<S> {
     }
 
     async fn handle(&self, req: Request) -> Response {
-        let path = req.uri().path().to_owned();
+        let path = path::normalized(req.uri().path());
         let route = self
             .config
             .routes

@@ -346,6 +346,49 @@ pub async fn an_unknown_outcome_is_held_past_its_ttl_and_a_policy_change(db: Sho
     assert_eq!(up.effects(), 1);
 }
 
+/// Every spelling of a keyed route's path is keyed: a trailing slash, a
+/// doubled or dotted segment, an escaped letter, another case. Each is its
+/// own request under the key (422 with a key used on another spelling, 400
+/// without one), and what reaches the upstream carries the derived key,
+/// never the client's.
+pub async fn every_spelling_of_a_keyed_path_is_keyed(db: ShopDb) {
+    let up = Upstream::start().await;
+    let dir = idem_testkit::TempDir::new("gateway-paths");
+    let routes =
+        "[[gateway.routes]]\nmethod = \"POST\"\npath = \"/v1/payments\"\noperation = \"pay\"\n";
+    let gw = gateway(&db, &config(&dir, &up, "", routes), None).await;
+    let body = r#"{"amount":3}"#;
+    assert_eq!(
+        post(gw.addr, "/v1/payments", Some("pk"), body).await.status,
+        201
+    );
+    for (i, path) in [
+        "//v1/payments",
+        "/v1/payments/",
+        "/v1/./payments",
+        "/v1//payments",
+        "/v1/%70ayments",
+        "/V1/payments",
+        "/v1/payments;x",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let reused = post(gw.addr, path, Some("pk"), body).await;
+        assert_eq!(reused.status, 422, "{path}: {}", body_of(&reused));
+        let keyless = post(gw.addr, path, None, body).await;
+        assert_eq!(keyless.status, 400, "{path}: the key is required");
+        let own = post(gw.addr, path, Some(&format!("pk-{i}")), body).await;
+        let seen = up.seen().into_iter().rfind(|s| s.path == path).unwrap();
+        assert!(
+            seen.key().is_some_and(|k| k.starts_with("idem:forward:")),
+            "{path}: forwarded with the derived key ({})",
+            own.status
+        );
+    }
+    assert_eq!(up.effects(), 1, "one payment on the route itself");
+}
+
 /// The resident memory of a process, in bytes.
 fn rss(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
@@ -550,6 +593,7 @@ on_both! {
     answers_held_for_slow_readers_stay_within_the_budget;
     a_forced_release_says_what_it_cannot_stop;
     an_unknown_outcome_is_held_past_its_ttl_and_a_policy_change;
+    every_spelling_of_a_keyed_path_is_keyed;
 }
 
 fn signal(pid: u32, sig: &str) {
