@@ -216,6 +216,12 @@ pub struct RouteSpec {
     pub verify_found: Option<String>,
     /// `verify` routes: the status a found answer is stored with (200).
     pub verify_status: Option<u16>,
+    /// `verify` routes: JSON pointers whose values a found resource must
+    /// share with the request, or it is another intent's (default: the
+    /// body fields the lookup names). Name a field only the caller's own
+    /// resources have (a customer) when references may repeat across
+    /// callers.
+    pub verify_match: Option<Vec<String>>,
     /// `verify` routes: how long after an unknown outcome a request the
     /// gateway sent may still land upstream; a lookup that finds nothing
     /// before then is not trusted (default 60s).
@@ -379,13 +385,19 @@ impl RouteSpec {
             })?,
         };
         let verify = match (on_unknown, f.verify) {
-            (OnUnknown::Verify, Some(lookup)) => Some(crate::verify::Verify::parse(
-                &lookup,
-                f.verify_found.as_deref(),
-                f.verify_status,
-                f.landing.as_deref(),
-                &path,
-            )?),
+            (OnUnknown::Verify, Some(lookup)) => Some(
+                crate::verify::Verify::parse(
+                    crate::verify::VerifySettings {
+                        lookup: &lookup,
+                        found: f.verify_found.as_deref(),
+                        status: f.verify_status,
+                        landing: f.landing.as_deref(),
+                        matching: f.verify_match.as_deref(),
+                    },
+                    &path,
+                )
+                .map_err(setting)?,
+            ),
             (OnUnknown::Verify, None) => {
                 return Err(setting(
                     "verify: required with on_unknown = \"verify\" (the lookup that tells \
@@ -399,6 +411,7 @@ impl RouteSpec {
                     ("verify_found", f.verify_found.is_some()),
                     ("verify_status", f.verify_status.is_some()),
                     ("landing", f.landing.is_some()),
+                    ("verify_match", f.verify_match.is_some()),
                 ];
                 if let Some((name, _)) = stray.iter().find(|(_, set)| *set) {
                     return Err(setting(format!(
@@ -410,8 +423,18 @@ impl RouteSpec {
         };
         let key_header = match &f.key_header {
             None => idem_http::IDEMPOTENCY_KEY,
-            Some(h) => HeaderName::try_from(h.as_str())
-                .map_err(|_| setting(format!("key_header: {h:?} is not a header name")))?,
+            Some(h) => {
+                let name = HeaderName::try_from(h.as_str())
+                    .map_err(|_| setting(format!("key_header: {h:?} is not a header name")))?;
+                if reserved_header(name.as_str()) {
+                    return Err(setting(format!(
+                        "key_header: {h:?} is a header the gateway or HTTP itself gives a \
+                         meaning (framing, routing, credentials, encodings); name one of the \
+                         upstream's own, such as Idempotency-Key or X-Request-Id"
+                    )));
+                }
+                name
+            }
         };
         let not_processed = statuses(
             "not_processed",
@@ -434,6 +457,34 @@ impl RouteSpec {
             transient,
         })
     }
+}
+
+/// Whether the derived key may not be sent under this (lowercase) header:
+/// one that frames or routes the request, carries credentials or
+/// encodings, or that the gateway sets itself.
+fn reserved_header(name: &str) -> bool {
+    const RESERVED: &[&str] = &[
+        "accept-encoding",
+        "authorization",
+        "connection",
+        "content-encoding",
+        "content-length",
+        "content-type",
+        "cookie",
+        "expect",
+        "forwarded",
+        "host",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "via",
+    ];
+    RESERVED.contains(&name) || name.starts_with("x-forwarded-") || name.starts_with("content-")
 }
 
 /// A list of 4xx/5xx statuses, none of them in `taken` (stored, or named

@@ -383,6 +383,11 @@ fn decoded(headers: &mut HeaderMap, body: Bytes, max: usize) -> Result<Bytes, Fo
         .map(|v| v.trim().to_ascii_lowercase());
     let limit = u64::try_from(max).unwrap_or(u64::MAX).saturating_add(1);
     let mut out = Vec::new();
+    if body.is_empty() {
+        // Nothing to decode (a 204, a HEAD-like answer): nothing is encoded.
+        headers.remove(header::CONTENT_ENCODING);
+        return Ok(body);
+    }
     let read = match coding.as_deref() {
         None | Some("") | Some("identity") => return Ok(body),
         Some("gzip" | "x-gzip") => flate2::read::MultiGzDecoder::new(&body[..])
@@ -564,6 +569,11 @@ mod tests {
             decoded(&mut h, Bytes::from_static(b"plain"), 1 << 20),
             Err(ForwardError::Broken(_))
         ));
+        // An empty body is not encoded, whatever it says.
+        let mut h = HeaderMap::new();
+        h.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+        assert!(decoded(&mut h, Bytes::new(), 1 << 20).unwrap().is_empty());
+        assert!(h.get(header::CONTENT_ENCODING).is_none());
         // A coding the gateway cannot read stays as it came, labelled.
         let mut h = HeaderMap::new();
         h.insert(header::CONTENT_ENCODING, HeaderValue::from_static("br"));

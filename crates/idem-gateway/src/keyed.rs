@@ -255,14 +255,10 @@ impl<S: LeasedKeyStore> Gateway<S> {
                 RequestOutcome::NotStored.mark(held_response(answer_response(answer), bytes))
             }
             Verdict::InProgress => {
-                match attempt {
-                    Attempt::First => self.release(h).await,
-                    // The earlier attempt still runs: it may land from now.
-                    Attempt::Again { .. } => {
-                        let now = self.clock.now_ms();
-                        self.abandon(h, now, Some("in progress upstream")).await;
-                    }
-                }
+                // Something still runs upstream — an earlier attempt, or
+                // this one — and may land from now: the outcome is unknown.
+                let now = self.clock.now_ms();
+                self.abandon(h, now, Some("in progress upstream")).await;
                 problems::upstream_in_progress(
                     answer.status.as_u16(),
                     settle::retry_after(&answer.headers),
@@ -293,10 +289,12 @@ impl<S: LeasedKeyStore> Gateway<S> {
             on_unknown = policy.as_str(),
             "a forward's outcome is unknown: the upstream may have acted; the key is kept"
         );
-        if policy == OnUnknown::Verify
-            && let Ok(found) = self.verify(h, bytes).await
-        {
-            return found;
+        let mut lookup_failed = false;
+        if policy == OnUnknown::Verify {
+            match self.verify(h, bytes).await {
+                Ok(found) => return found,
+                Err(lookup) => lookup_failed = matches!(lookup, Lookup::Failed(_)),
+            }
         }
         let now = self.clock.now_ms();
         self.abandon(h, now, Some(reason)).await;
@@ -304,12 +302,15 @@ impl<S: LeasedKeyStore> Gateway<S> {
         let retry_after = (policy == OnUnknown::Verify).then_some(landing.max(1));
         match first {
             First::Failed(e) => {
-                let then = problems::unknown_then(policy, landing);
+                let then = problems::unknown_then(policy, landing, lookup_failed);
                 RequestOutcome::OutcomeUnknown.mark(e.into_response(&then, retry_after))
             }
-            // The upstream's own 5xx, passed on (not stored).
+            // The upstream's own 5xx, passed on (not stored), its bytes
+            // held like any answer's.
             First::Answered(answer) => {
-                RequestOutcome::NotStored.mark(answer_response(answer).map(Body::from))
+                bytes.shrink_to(answer.body.len());
+                let held = std::mem::replace(bytes, Held::none());
+                RequestOutcome::NotStored.mark(held_response(answer_response(answer), held))
             }
         }
     }
@@ -341,7 +342,7 @@ impl<S: LeasedKeyStore> Gateway<S> {
                     .headers
                     .get(header::CONTENT_TYPE)
                     .and_then(|v| v.to_str().ok());
-                verify.read(a.status, content_type, &a.body)
+                verify.read(a.status, content_type, &a.body, h.body)
             }
             Err(e) => {
                 e.log();
@@ -502,6 +503,7 @@ enum First {
 /// so themselves.
 fn answer_response(mut answer: Answer) -> Response<Bytes> {
     answer.headers.remove(idem_http::IDEMPOTENT_REPLAYED);
+    answer.headers.remove("idempotency-replayed");
     let mut res = Response::new(answer.body);
     *res.status_mut() = answer.status;
     *res.headers_mut() = answer.headers;

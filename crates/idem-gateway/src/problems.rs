@@ -29,13 +29,19 @@ pub fn reject(rejection: Rejection) -> Response {
     RequestOutcome::of(&rejection).mark(rejection.into_response())
 }
 
-/// What an unknown outcome means for the client's retry, by policy.
-pub fn unknown_then(policy: OnUnknown, landing_secs: u64) -> String {
+/// What an unknown outcome means for the client's retry, by policy (and,
+/// on a `verify` route, whether its lookup failed or found nothing).
+pub fn unknown_then(policy: OnUnknown, landing_secs: u64, lookup_failed: bool) -> String {
     match policy {
         OnUnknown::Reject => "the upstream may have acted on the request; this route keeps the \
              key, so a retry gets 409 outcome-unknown until an operator resolves it (idem keys \
              resolve) — nothing is forwarded again by itself"
             .into(),
+        OnUnknown::Verify if lookup_failed => format!(
+            "the upstream may have acted on the request and its lookup failed; a retry with the \
+             same Idempotency-Key asks the upstream again, gets the result if it landed, and \
+             forwards the request again only once it is known it did not (not before {landing_secs} s)"
+        ),
         OnUnknown::Verify => format!(
             "the upstream may have acted on the request and its lookup has not found it (yet); \
              a retry with the same Idempotency-Key asks the upstream again, gets the result if \

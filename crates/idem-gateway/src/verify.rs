@@ -19,12 +19,14 @@ use std::time::Duration;
 use axum::http::StatusCode;
 use serde_json::Value;
 
-use crate::config::{GatewayConfigError, PathPattern};
+use crate::path::PathPattern;
 
 /// Default [`Verify::landing`].
 pub const DEFAULT_LANDING: Duration = Duration::from_secs(60);
-/// The bounds of [`Verify::landing`].
-pub const LANDING_RANGE: (Duration, Duration) = (Duration::ZERO, Duration::from_secs(24 * 3600));
+/// The bounds of [`Verify::landing`]: never zero, a forward the gateway
+/// gave up on may still be running upstream.
+pub const LANDING_RANGE: (Duration, Duration) =
+    (Duration::from_secs(1), Duration::from_secs(24 * 3600));
 /// The longest lookup template.
 const MAX_TEMPLATE: usize = 2048;
 
@@ -39,6 +41,10 @@ pub struct Verify {
     /// gateway sent may still land upstream: a lookup that finds nothing
     /// earlier is not trusted, and nothing is forwarded again before.
     pub landing: Duration,
+    /// JSON pointers whose values a found resource shares with the request;
+    /// one that does not is another intent's (another caller's reused
+    /// reference), not this one's.
+    matching: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,19 +75,37 @@ pub enum Lookup {
     Failed(String),
 }
 
-fn invalid(text: String) -> GatewayConfigError {
-    GatewayConfigError::Setting(text)
+fn invalid(text: String) -> String {
+    text
+}
+
+/// A route's `verify*` and `landing` settings, as written.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct VerifySettings<'a> {
+    /// `verify`: `GET /path?query` with placeholders.
+    pub lookup: &'a str,
+    /// `verify_found`: a JSON pointer into the lookup's answer.
+    pub found: Option<&'a str>,
+    /// `verify_status`.
+    pub status: Option<u16>,
+    /// `landing`.
+    pub landing: Option<&'a str>,
+    /// `verify_match`: JSON pointers whose values the found resource must
+    /// share with the request (default: the body fields the lookup names).
+    pub matching: Option<&'a [String]>,
 }
 
 impl Verify {
-    /// Parses the `verify*` and `landing` settings of a route on `path`.
-    pub fn parse(
-        lookup: &str,
-        found: Option<&str>,
-        status: Option<u16>,
-        landing: Option<&str>,
-        path: &PathPattern,
-    ) -> Result<Self, GatewayConfigError> {
+    /// Parses the `verify*` and `landing` settings of a route on `path`;
+    /// the error names the setting.
+    pub fn parse(settings: VerifySettings<'_>, path: &PathPattern) -> Result<Self, String> {
+        let VerifySettings {
+            lookup,
+            found,
+            status,
+            landing,
+            matching,
+        } = settings;
         if lookup.len() > MAX_TEMPLATE {
             return Err(invalid(format!(
                 "verify: longer than {MAX_TEMPLATE} characters"
@@ -94,11 +118,12 @@ impl Verify {
         };
         let target = target.trim();
         if !target.starts_with('/')
+            || target.starts_with("//")
             || target.contains(['#', ' '])
-            || target.chars().any(char::is_control)
+            || !target.bytes().all(|b| b.is_ascii_graphic())
         {
             return Err(invalid(format!(
-                "verify: {target:?} is not a path and query starting with /"
+                "verify: {target:?} is not a path and query starting with one / (visible ASCII)"
             )));
         }
         let mut pieces = Vec::new();
@@ -150,11 +175,12 @@ impl Verify {
         }
         let status = match status {
             None => StatusCode::OK,
-            Some(s) if (200..=299).contains(&s) => StatusCode::from_u16(s)
+            Some(s) if (200..=299).contains(&s) && s != 204 && s != 205 => StatusCode::from_u16(s)
                 .map_err(|_| invalid(format!("verify_status: {s} is not a status")))?,
             Some(s) => {
                 return Err(invalid(format!(
-                    "verify_status: {s} is not a 2xx status (a found intent succeeded)"
+                    "verify_status: {s} is not a 2xx status with a body (a found intent \
+                     succeeded, and its answer is what was found)"
                 )));
             }
         };
@@ -169,15 +195,34 @@ impl Verify {
                     d,
                     LANDING_RANGE.0,
                     LANDING_RANGE.1,
-                )?;
+                )
+                .map_err(|e| e.to_string())?;
                 d
             }
+        };
+        let matching = match matching {
+            Some(list) => {
+                if let Some(p) = list.iter().find(|p| !valid_pointer(p)) {
+                    return Err(invalid(format!(
+                        "verify_match: {p:?} is not a JSON pointer"
+                    )));
+                }
+                list.to_vec()
+            }
+            None => pieces
+                .iter()
+                .filter_map(|p| match p {
+                    Piece::Body(pointer) => Some(pointer.clone()),
+                    _ => None,
+                })
+                .collect(),
         };
         Ok(Self {
             target: pieces,
             found: found.filter(|p| !p.is_empty()).map(str::to_owned),
             status,
             landing,
+            matching,
         })
     }
 
@@ -213,8 +258,8 @@ impl Verify {
                         Some(v) if !v.is_empty() && v.len() <= 1024 => encode(&v, &mut out),
                         _ => {
                             return Err(format!(
-                                "the request body has no {pointer} (a string or a number of 1 to \
-                                 1024 characters): this route verifies unknown outcomes by it"
+                                "the request body has no {pointer} (a string of 1 to 1024 \
+                                 characters): this route verifies unknown outcomes by it"
                             ));
                         }
                     }
@@ -224,10 +269,23 @@ impl Verify {
         Ok(out)
     }
 
-    /// What a lookup answer says. A 404 means not found only for a lookup
-    /// of one resource (no `verify_found`): for a search it is a lookup
-    /// that went wrong, never a reason to forward again.
-    pub fn read(&self, status: StatusCode, content_type: Option<&str>, body: &[u8]) -> Lookup {
+    /// What a lookup answer says about the request whose body is
+    /// `request`. "Not found" is a reason to forward again, so it is only
+    /// read from an answer of the expected shape: a 404 for a lookup of one
+    /// resource (no `verify_found`); for a search, the pointer's container
+    /// present with the pointer's last step missing (an index past the
+    /// array's end, a key absent or null from the object), or an empty
+    /// list. Anything else — another status, another shape, several
+    /// candidates — fails and leaves the outcome unknown. A candidate that
+    /// does not share the request's [`matching`](Self) values is another
+    /// intent's: not found.
+    pub fn read(
+        &self,
+        status: StatusCode,
+        content_type: Option<&str>,
+        body: &[u8],
+        request: &[u8],
+    ) -> Lookup {
         if status == StatusCode::NOT_FOUND && self.found.is_none() {
             return Lookup::NotFound;
         }
@@ -235,6 +293,14 @@ impl Verify {
             return Lookup::Failed(format!("the lookup answered {}", status.as_u16()));
         }
         let Some(pointer) = &self.found else {
+            if !self.matching.is_empty() {
+                let Ok(v) = serde_json::from_slice::<Value>(body) else {
+                    return Lookup::Failed("the lookup's answer is not JSON".into());
+                };
+                if !self.shares_values(&v, request) {
+                    return Lookup::NotFound;
+                }
+            }
             return Lookup::Found {
                 content_type: content_type
                     .unwrap_or("application/octet-stream")
@@ -245,14 +311,58 @@ impl Verify {
         let Ok(v) = serde_json::from_slice::<Value>(body) else {
             return Lookup::Failed("the lookup's answer is not JSON".into());
         };
-        match v.pointer(pointer) {
-            None | Some(Value::Null) => Lookup::NotFound,
-            Some(Value::Array(a)) if a.is_empty() => Lookup::NotFound,
-            Some(found) => Lookup::Found {
-                content_type: "application/json".into(),
-                body: found.to_string().into_bytes(),
+        let (parent, last) = pointer.rsplit_once('/').unwrap_or(("", pointer));
+        let last = unescape_pointer(last);
+        let candidate = match (v.pointer(parent), last.parse::<usize>()) {
+            (Some(Value::Array(items)), Ok(i)) => {
+                if i >= items.len() {
+                    return Lookup::NotFound;
+                }
+                if items.len() > i + 1 {
+                    return Lookup::Failed(format!(
+                        "the lookup found {} candidates: it cannot tell which is this request's",
+                        items.len() - i
+                    ));
+                }
+                &items[i]
+            }
+            (Some(Value::Object(fields)), Err(_)) => match fields.get(&last) {
+                None | Some(Value::Null) => return Lookup::NotFound,
+                Some(v) => v,
             },
+            _ => {
+                return Lookup::Failed(format!(
+                    "the lookup's answer does not have the shape {pointer} names"
+                ));
+            }
+        };
+        match candidate {
+            Value::Array(a) if a.is_empty() => Lookup::NotFound,
+            Value::Object(_) => {
+                if self.shares_values(candidate, request) {
+                    Lookup::Found {
+                        content_type: "application/json".into(),
+                        body: candidate.to_string().into_bytes(),
+                    }
+                } else {
+                    Lookup::NotFound
+                }
+            }
+            _ => Lookup::Failed(format!(
+                "the lookup's {pointer} is not an object (or an empty list)"
+            )),
         }
+    }
+
+    /// Whether `found` holds the request's values at every matching
+    /// pointer (as JSON strings).
+    fn shares_values(&self, found: &Value, request: &[u8]) -> bool {
+        let fields = Fields::of(request);
+        self.matching.iter().all(|p| {
+            let mine = fields.get(p);
+            let theirs = found.pointer(p).and_then(Value::as_str);
+            mine.is_some() && mine.as_deref() == theirs
+        })
     }
 }
 
@@ -280,9 +390,10 @@ impl Fields {
 
     fn get(&self, pointer: &str) -> Option<String> {
         match self {
+            // Strings only: a number's text differs between servers
+            // (`100` and `100.0`), and a lookup that misses is a forward.
             Self::Json(v) => match v.pointer(pointer)? {
                 Value::String(s) => Some(s.clone()),
-                Value::Number(n) => Some(n.to_string()),
                 _ => None,
             },
             Self::Form(pairs) => {
@@ -360,10 +471,12 @@ mod tests {
 
     fn verify(lookup: &str, found: Option<&str>) -> Verify {
         Verify::parse(
-            lookup,
-            found,
-            None,
-            Some("2s"),
+            VerifySettings {
+                lookup,
+                found,
+                landing: Some("2s"),
+                ..VerifySettings::default()
+            },
             &route("/v1/orders/{order}/payments"),
         )
         .unwrap_or_else(|e| panic!("{e}"))
@@ -407,6 +520,7 @@ mod tests {
             &br#"{"amount":5}"#[..],
             br#"{"reference":""}"#,
             br#"{"reference":{"a":1}}"#,
+            br#"{"reference":42}"#,
             b"reference=a&reference=b",
             b"\xff\xfe",
         ] {
@@ -414,71 +528,187 @@ mod tests {
             assert!(e.contains("/reference"), "{e}");
         }
         assert!(
-            v.check(br#"{"reference":42}"#, "/v1/orders/1/payments", &r)
+            v.check(br#"{"reference":"42"}"#, "/v1/orders/1/payments", &r)
                 .is_ok()
         );
     }
 
+    const MINE: &[u8] = br#"{"reference":"r-1","amount":5}"#;
+
     #[test]
-    fn answers_say_found_not_found_or_failed_and_a_search_404_is_a_failure() {
+    fn not_found_is_read_only_from_an_answer_of_the_expected_shape() {
         let search = verify("GET /v1/payments?reference={/reference}", Some("/data/0"));
         let ok = StatusCode::OK;
         assert_eq!(
             search.read(
                 ok,
                 Some("application/json"),
-                br#"{"data":[{"id":"pay_1"}]}"#
+                br#"{"data":[{"id":"pay_1","reference":"r-1"}]}"#,
+                MINE
             ),
             Lookup::Found {
                 content_type: "application/json".into(),
-                body: br#"{"id":"pay_1"}"#.to_vec()
+                body: br#"{"id":"pay_1","reference":"r-1"}"#.to_vec()
             }
         );
-        for empty in [&br#"{"data":[]}"#[..], br#"{"data":null}"#, br#"{}"#] {
-            assert_eq!(search.read(ok, None, empty), Lookup::NotFound);
+        assert_eq!(
+            search.read(ok, None, br#"{"data":[]}"#, MINE),
+            Lookup::NotFound
+        );
+        for (wrong, why) in [
+            (&br#"{}"#[..], "no /data at all"),
+            (br#"{"data":null}"#, "null, not a list"),
+            (br#"{"error":"database unavailable"}"#, "an error in a 200"),
+            (br#"{"data":"oops"}"#, "a string"),
+            (br#"{"data":[null]}"#, "a null candidate"),
+            (br#"{"data":{"0":null}}"#, "an object where a list is named"),
+            (br#"[]"#, "the root is a list"),
+            (
+                br#"{"data":[{"reference":"r-1"},{"reference":"r-1"}]}"#,
+                "two candidates",
+            ),
+            (b"<html>", "not JSON"),
+        ] {
+            assert!(
+                matches!(search.read(ok, None, wrong, MINE), Lookup::Failed(_)),
+                "{why}"
+            );
         }
-        assert!(matches!(
-            search.read(ok, None, b"<html>"),
-            Lookup::Failed(_)
-        ));
-        assert!(matches!(
-            search.read(StatusCode::NOT_FOUND, None, b""),
-            Lookup::Failed(_)
-        ));
-        assert!(matches!(
-            search.read(StatusCode::BAD_GATEWAY, None, b""),
-            Lookup::Failed(_)
-        ));
+        for status in [
+            StatusCode::NOT_FOUND,
+            StatusCode::BAD_GATEWAY,
+            StatusCode::FOUND,
+        ] {
+            assert!(matches!(
+                search.read(status, None, b"", MINE),
+                Lookup::Failed(_)
+            ));
+        }
         let one = verify("GET /v1/payments/by-key/{key}", None);
-        assert_eq!(one.read(StatusCode::NOT_FOUND, None, b""), Lookup::NotFound);
+        assert_eq!(
+            one.read(StatusCode::NOT_FOUND, None, b"", MINE),
+            Lookup::NotFound
+        );
         assert!(matches!(
-            one.read(ok, Some("application/json"), b"{}"),
+            one.read(ok, Some("application/json"), b"{}", MINE),
             Lookup::Found { .. }
         ));
+        let by_field = verify("GET /v1/payment?reference={/reference}", Some("/payment"));
+        assert_eq!(
+            by_field.read(ok, None, br#"{"payment":null}"#, MINE),
+            Lookup::NotFound
+        );
+    }
+
+    #[test]
+    fn a_candidate_of_another_intent_is_not_this_one() {
+        let r = route("/v1/payments");
+        let scoped = Verify::parse(
+            VerifySettings {
+                lookup: "GET /v1/payments?reference={/reference}",
+                found: Some("/data/0"),
+                matching: Some(&["/reference".to_owned(), "/customer".to_owned()]),
+                ..VerifySettings::default()
+            },
+            &r,
+        )
+        .unwrap();
+        let bob = br#"{"reference":"order-1","customer":"bob"}"#;
+        let alices = br#"{"data":[{"id":"pay_1","reference":"order-1","customer":"alice"}]}"#;
+        assert_eq!(
+            scoped.read(StatusCode::OK, None, alices, bob),
+            Lookup::NotFound,
+            "a reused reference of another customer's"
+        );
+        let bobs = br#"{"data":[{"id":"pay_2","reference":"order-1","customer":"bob"}]}"#;
+        assert!(matches!(
+            scoped.read(StatusCode::OK, None, bobs, bob),
+            Lookup::Found { .. }
+        ));
+        // By default the lookup's own fields must match: a lookup that
+        // ignores its filter finds nothing of this request's.
+        let plain = verify("GET /v1/payments?reference={/reference}", Some("/data/0"));
+        let other = br#"{"data":[{"id":"pay_3","reference":"r-9"}]}"#;
+        assert_eq!(
+            plain.read(StatusCode::OK, None, other, MINE),
+            Lookup::NotFound
+        );
     }
 
     #[test]
     fn bad_lookups_are_refused() {
         let r = route("/v1/payments");
-        for (lookup, found, status, says) in [
-            ("POST /v1/x?k={key}", None, None, "GET"),
-            ("GET v1/x?k={key}", None, None, "starting with /"),
-            ("GET /v1/x", None, None, "names nothing"),
-            ("GET /v1/x?k={nope}", None, None, "neither"),
-            ("GET /v1/x?k={key", None, None, "unclosed"),
-            ("GET /v1/x?k={key}}", None, None, "stray"),
-            ("GET /v1/x?k={/a~2}", None, None, "pointer"),
-            ("GET /v1/x?k={key}", Some("data"), None, "verify_found"),
-            ("GET /v1/x?k={key}", None, Some(404), "verify_status"),
+        let bad = |settings: VerifySettings<'_>| Verify::parse(settings, &r).unwrap_err();
+        for (lookup, says) in [
+            ("POST /v1/x?k={key}", "GET"),
+            ("GET v1/x?k={key}", "starting with one /"),
+            ("GET //evil.example/x?k={key}", "starting with one /"),
+            ("GET /v1/ü/{key}", "visible ASCII"),
+            ("GET /v1/x", "names nothing"),
+            ("GET /v1/x?k={nope}", "neither"),
+            ("GET /v1/x?k={key", "unclosed"),
+            ("GET /v1/x?k={key}}", "stray"),
+            ("GET /v1/x?k={/a~2}", "pointer"),
         ] {
-            let e = Verify::parse(lookup, found, status, None, &r)
-                .unwrap_err()
-                .to_string();
+            let e = bad(VerifySettings {
+                lookup,
+                ..VerifySettings::default()
+            });
             assert!(e.contains(says), "{lookup}: {e}");
         }
-        let e = Verify::parse("GET /x?k={key}", None, None, Some("2days"), &r)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("landing"), "{e}");
+        let lookup = "GET /v1/x?k={key}";
+        for (settings, says) in [
+            (
+                VerifySettings {
+                    lookup,
+                    found: Some("data"),
+                    ..VerifySettings::default()
+                },
+                "verify_found",
+            ),
+            (
+                VerifySettings {
+                    lookup,
+                    status: Some(404),
+                    ..VerifySettings::default()
+                },
+                "verify_status",
+            ),
+            (
+                VerifySettings {
+                    lookup,
+                    status: Some(204),
+                    ..VerifySettings::default()
+                },
+                "verify_status",
+            ),
+            (
+                VerifySettings {
+                    lookup,
+                    landing: Some("2days"),
+                    ..VerifySettings::default()
+                },
+                "landing",
+            ),
+            (
+                VerifySettings {
+                    lookup,
+                    landing: Some("0s"),
+                    ..VerifySettings::default()
+                },
+                "landing",
+            ),
+            (
+                VerifySettings {
+                    lookup,
+                    matching: Some(&["x".to_owned()]),
+                    ..VerifySettings::default()
+                },
+                "verify_match",
+            ),
+        ] {
+            let e = bad(settings);
+            assert!(e.contains(says), "{says}: {e}");
+        }
     }
 }

@@ -135,8 +135,13 @@ pub fn load(
             idem_gateway::GatewayConfigError::Route(i, _) => lines.get(*i).copied(),
             _ => None,
         };
+        // A route's error names its setting; a value's names itself.
+        let prefix = match &e {
+            idem_gateway::GatewayConfigError::Invalid(_) => "",
+            _ => "gateway.",
+        };
         bail!(
-            "{}: gateway.{e}",
+            "{}: {prefix}{e}",
             place(line.unwrap_or_else(|| line_of(text, at)))
         );
     }
@@ -323,6 +328,14 @@ tenant_header = "X-Tenant-Id"  # set by a trusted component in front; default: o
                 "method = \"POST\"\npath = \"/a\"\noperation = \"a\"\nkey_header = \"a b\"\n",
                 "key_header",
             ),
+            (
+                "method = \"POST\"\npath = \"/a\"\noperation = \"a\"\nkey_header = \"Transfer-Encoding\"\n",
+                "key_header",
+            ),
+            (
+                "method = \"POST\"\npath = \"/a\"\noperation = \"a\"\nkey_header = \"authorization\"\n",
+                "key_header",
+            ),
         ] {
             let err = format!("{:#}", parse(&format!("{base}{route}")).unwrap_err());
             assert!(err.contains("line 4"), "{err}");
@@ -341,6 +354,19 @@ tenant_header = "X-Tenant-Id"  # set by a trusted component in front; default: o
             .unwrap_err()
         );
         assert!(err.contains("line 8") && err.contains("colour"), "{err}");
+    }
+
+    #[test]
+    fn gateway_values_are_named_once() {
+        let err = format!(
+            "{:#}",
+            parse("[gateway]\nupstream = \"http://127.0.0.1:9000\"\nmax_held_bytes = 0\n")
+                .unwrap_err()
+        );
+        assert!(
+            err.contains("gateway.max_held_bytes") && !err.contains("gateway.gateway"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -140,6 +140,7 @@ impl Job for KeysAction {
                         "tenant": key.tenant, "operation": key.operation, "key": key.key,
                         "state": r.state.as_str(),
                         "lease_until": r.locked_until_ms.map(rfc3339),
+                        "on_unknown": r.on_unknown.map(|p| p.as_str()),
                         "abandoned": abandoned,
                         "status": r.response.as_ref().map(|s| s.status),
                         "created_at": rfc3339(r.created_at_ms),

@@ -238,7 +238,11 @@ impl Upstream {
                 if parts.method == "POST" {
                     create(self);
                 }
-                Ok(Response::new(Full::new(big.slice(..n))))
+                let mut r = Response::new(Full::new(big.slice(..n)));
+                if let Some(s) = query("status").and_then(|s| s.parse().ok()) {
+                    *r.status_mut() = hyper::StatusCode::from_u16(s).unwrap();
+                }
+                Ok(r)
             }
             ("GET", "/v1/payments/broken") => json_answer(500, &json!({"error": "lookup down"})),
             ("POST", "/hold") => {

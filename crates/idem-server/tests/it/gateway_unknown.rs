@@ -451,6 +451,7 @@ pub async fn answers_held_for_slow_readers_stay_within_the_budget(db: ShopDb) {
     let pass_through = rss(pid).saturating_sub(baseline);
 
     let mut statuses = Vec::new();
+    let mut keyed_readers = Vec::new();
     for i in 0..readers {
         let raw = format!(
             "POST /large?bytes={} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n\
@@ -459,7 +460,7 @@ pub async fn answers_held_for_slow_readers_stay_within_the_budget(db: ShopDb) {
         );
         let (status, socket) = slow_reader(gw.addr, raw).await;
         statuses.push(status);
-        held.push(socket);
+        keyed_readers.push(socket);
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
     let keyed = rss(pid).saturating_sub(baseline + pass_through);
@@ -489,6 +490,34 @@ pub async fn answers_held_for_slow_readers_stay_within_the_budget(db: ShopDb) {
     // Refused before anything was sent: only admitted forwards reached it.
     let sent = up.seen_at("/large?bytes=12582912").len();
     assert_eq!(sent, created, "a refusal sends nothing");
+    // An upstream's 5xx (an unknown outcome, passed on) holds its bytes too.
+    drop(keyed_readers);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before_5xx = rss(pid);
+    let mut failed = 0;
+    for i in 0..readers {
+        let raw = format!(
+            "POST /large?bytes={}&status=500 HTTP/1.1\r\nHost: test\r\nContent-Type: \
+             application/json\r\nIdempotency-Key: big5-{i}\r\nContent-Length: 2\r\n\r\n{{}}",
+            12 * MIB
+        );
+        let (status, socket) = slow_reader(gw.addr, raw).await;
+        assert!(status == 500 || status == 503, "{status}");
+        failed += usize::from(status == 500);
+        held.push(socket);
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let failing = rss(pid).saturating_sub(before_5xx);
+    println!(
+        "slow readers of 5xx answers: {readers}x12MiB passed_on={failed} rss_growth={} MiB",
+        failing / MIB as u64
+    );
+    assert!(failed >= 1 && failed < readers, "{failed} passed on");
+    assert!(
+        failing < 96 * MIB as u64,
+        "5xx answers within the budget: grew {} MiB",
+        failing / MIB as u64
+    );
     drop(held);
     // The budget comes back when the slow readers go.
     tokio::time::sleep(Duration::from_millis(500)).await;
