@@ -5,7 +5,8 @@
 use std::sync::Arc;
 
 use idem_core::leased::{
-    LeaseToken, LeasedClaim, LeasedDecision, LeasedKeyStore, OnUnknown, Resolution, leased_decision,
+    LeaseToken, LeasedClaim, LeasedDecision, LeasedKeyStore, OnUnknown, Resolution,
+    UNRESOLVED_EXPIRES_AT_MS, leased_decision,
 };
 use idem_core::{Completion, Fingerprint, KeyStore, Policy, RecordState, StoredResponse};
 
@@ -477,7 +478,13 @@ pub async fn an_expired_leased_record_is_claimed_afresh<S: LeasedKeyStore>(store
         .unwrap();
     assert!(
         store
-            .complete_leased(&s, &old, &answer(201, "{\"old\":true}"), NOW + 1, i64::MAX)
+            .complete_leased(
+                &s,
+                &old,
+                &answer(201, "{\"old\":true}"),
+                NOW + 1,
+                policy.expires_at_ms(NOW)
+            )
             .await
             .unwrap()
     );
@@ -506,7 +513,10 @@ pub async fn an_expired_leased_record_is_claimed_afresh<S: LeasedKeyStore>(store
         (RecordState::Pending, true)
     );
     assert_eq!(r.fingerprint, other);
-    assert_eq!(r.expires_at_ms, later + 10_000);
+    assert_eq!(
+        r.expires_at_ms, UNRESOLVED_EXPIRES_AT_MS,
+        "a reject claim is held while pending"
+    );
     assert!(
         store
             .renew_leased(&s, &new, later + 2 * LEASE, later + 1)
@@ -653,5 +663,118 @@ pub async fn a_holder_ends_its_lease_when_the_outcome_is_unknown<S: LeasedKeySto
             .await
             .unwrap(),
         "a finished record is not abandoned"
+    );
+}
+
+/// A pending record whose work may not be repeated blindly is held from
+/// its claim on: its holder may die before writing anything (the work's
+/// outcome as unknown as after a timeout), so it is never claimed afresh
+/// nor collected, however long after its TTL — by a `reject` or `verify`
+/// claim; only its answer brings it back to a TTL. A `reforward` claim
+/// expires with its TTL, and one taken over by a stricter claimer is held
+/// as that claimer's.
+pub async fn a_pending_unknown_is_held_from_its_claim<S: LeasedKeyStore>(store: S) {
+    let policy = Policy::with_ttl(std::time::Duration::from_secs(10));
+    let fp = Fingerprint::from_bytes([3; 32]);
+    let far = NOW + 10 * 86_400_000;
+    for on_unknown in [OnUnknown::Reject, OnUnknown::Verify] {
+        let s = scope("acme", &format!("held-{on_unknown}"));
+        let dead = LeaseToken::new();
+        let claim = store
+            .claim_leased(&s, &fp, &policy, &dead, NOW + LEASE, on_unknown, NOW)
+            .await
+            .unwrap();
+        assert!(matches!(claim, LeasedClaim::Claimed));
+        let r = store.fetch(&s).await.unwrap().unwrap();
+        assert_eq!(r.expires_at_ms, UNRESOLVED_EXPIRES_AT_MS, "{on_unknown}");
+        // The holder died; a month of TTLs later nothing is collected…
+        store.purge_expired(far, 1000).await.unwrap();
+        assert!(store.fetch(&s).await.unwrap().is_some(), "{on_unknown}");
+        // …and another request under the key finds it, never a fresh claim.
+        let other = store
+            .claim_leased(
+                &s,
+                &Fingerprint::from_bytes([4; 32]),
+                &policy,
+                &LeaseToken::new(),
+                far + LEASE,
+                on_unknown,
+                far,
+            )
+            .await
+            .unwrap();
+        assert!(
+            matches!(other, LeasedClaim::Existing(_)),
+            "{on_unknown}: {other:?}"
+        );
+        // The same request: held for an operator, or taken over to verify.
+        let again = LeaseToken::new();
+        let retry = store
+            .claim_leased(&s, &fp, &policy, &again, far + LEASE, on_unknown, far)
+            .await
+            .unwrap();
+        match on_unknown {
+            OnUnknown::Reject => {
+                let LeasedClaim::Existing(r) = retry else {
+                    panic!("reject takes nothing over: {retry:?}")
+                };
+                assert_eq!(leased_decision(r, &fp, far), LeasedDecision::Abandoned);
+            }
+            _ => {
+                assert!(
+                    matches!(retry, LeasedClaim::TakenOver { lease_ended_at_ms } if lease_ended_at_ms == NOW + LEASE),
+                    "{retry:?}"
+                );
+                assert!(
+                    store
+                        .complete_leased(
+                            &s,
+                            &again,
+                            &answer(200, "{}"),
+                            far + 1,
+                            policy.expires_at_ms(far + 1)
+                        )
+                        .await
+                        .unwrap()
+                );
+                let r = store.fetch(&s).await.unwrap().unwrap();
+                assert_eq!(r.expires_at_ms, far + 1 + 10_000, "answered: its TTL again");
+            }
+        }
+    }
+    // Reforward: expires with its TTL; a verify claimer's takeover holds it.
+    let s = scope("acme", "held-reforward");
+    store
+        .claim_leased(
+            &s,
+            &fp,
+            &policy,
+            &LeaseToken::new(),
+            NOW + LEASE,
+            OnUnknown::Reforward,
+            NOW,
+        )
+        .await
+        .unwrap();
+    let r = store.fetch(&s).await.unwrap().unwrap();
+    assert_eq!(r.expires_at_ms, NOW + 10_000);
+    let at = NOW + LEASE + 1;
+    let claim = store
+        .claim_leased(
+            &s,
+            &fp,
+            &policy,
+            &LeaseToken::new(),
+            at + LEASE,
+            OnUnknown::Verify,
+            at,
+        )
+        .await
+        .unwrap();
+    assert!(matches!(claim, LeasedClaim::TakenOver { .. }), "{claim:?}");
+    let r = store.fetch(&s).await.unwrap().unwrap();
+    assert_eq!(
+        (r.on_unknown, r.expires_at_ms),
+        (Some(OnUnknown::Verify), UNRESOLVED_EXPIRES_AT_MS)
     );
 }

@@ -196,9 +196,15 @@ RETURNING 1";
 
     /// A takeover of an abandoned lease of the same request: `$4` request
     /// hash, `$5` new deadline, `$6` new token, `$7` now, `$8` the lease end
-    /// the claimer read (so the end it reports is the one it took over).
+    /// the claimer read (so the end it reports is the one it took over),
+    /// `$9` the claimer's [`OnUnknown`](super::OnUnknown) (never less strict
+    /// than the record's: [`super::next_step`]), `$10` its claim expiry
+    /// ([`super::claim_expires_at_ms`]). A record taken over by a stricter
+    /// claimer is held as that claimer's would be.
     pub const TAKE_OVER: &str = "\
-UPDATE idem_keys SET locked_until_ms = $5, lock_token = $6, updated_at_ms = $7
+UPDATE idem_keys SET locked_until_ms = $5, lock_token = $6, updated_at_ms = $7,
+       on_unknown = $9,
+       expires_at_ms = CASE WHEN $9 = 'reforward' THEN expires_at_ms ELSE $10 END
 WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND request_hash = $4
   AND state = 'pending' AND locked_until_ms = $8 AND locked_until_ms <= $7
   AND expires_at_ms > $7
@@ -265,6 +271,22 @@ WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND state = 'pe
 /// be repeated blindly (9999-12-31T23:59:59.999Z): it is held until it is
 /// verified or resolved.
 pub const UNRESOLVED_EXPIRES_AT_MS: i64 = 253_402_300_799_999;
+
+/// The expiry a claim gives its pending record. Work that may be repeated
+/// harmlessly ([`OnUnknown::Reforward`]) expires with the policy's TTL, so
+/// a record whose holder died is claimed afresh later. Any other is held
+/// ([`UNRESOLVED_EXPIRES_AT_MS`]) from the claim on: a holder killed before
+/// it could write anything leaves an outcome as unknown as one that timed
+/// out, and it is never claimed afresh or collected while pending. Its
+/// answer ([`LeasedKeyStore::complete_leased`]) or an operator's
+/// ([`LeasedKeyStore::resolve_abandoned`]) brings it back to a TTL.
+pub fn claim_expires_at_ms(policy: &Policy, on_unknown: OnUnknown, now_ms: i64) -> i64 {
+    if on_unknown.repeat_is_harmless() {
+        policy.expires_at_ms(now_ms)
+    } else {
+        UNRESOLVED_EXPIRES_AT_MS
+    }
+}
 
 /// How an operator ends an abandoned record
 /// ([`LeasedKeyStore::resolve_abandoned`]).

@@ -144,33 +144,27 @@ pub struct Route {
 }
 
 impl Route {
-    /// Whether the route covers a request.
+    /// Whether the route covers a request with this method (in any
+    /// letters' case: some servers read `post` as `POST`) and path (as
+    /// sent: [`PathPattern::covers`]).
     pub fn matches(&self, method: &Method, path: &str) -> bool {
-        self.method == *method && self.path.matches(path)
+        self.method.as_str().eq_ignore_ascii_case(method.as_str()) && self.path.covers(path)
     }
 
-    /// A key that expires while its forward may still run (or, on a
-    /// `verify` route, before its landing window ends) would let a retry
-    /// forward a second time; the answer bytes a forward reserves must fit
-    /// in the gateway's budget.
+    /// On a `reforward` route, a key that expires while its forward may
+    /// still run would be claimed afresh and forwarded a second time, as a
+    /// new request (the other policies hold a pending key until its
+    /// outcome is known: [`idem_core::leased::claim_expires_at_ms`]); the
+    /// answer bytes a forward reserves must fit in the gateway's budget.
     fn check_against(&self, gateway: &GatewayConfig) -> Result<(), GatewayConfigError> {
-        let landing = self.verify.as_ref().map_or(Duration::ZERO, |v| v.landing);
-        if self.config.policy.ttl < gateway.timeout + self.lease + landing {
+        if self.on_unknown.repeat_is_harmless()
+            && self.config.policy.ttl < gateway.timeout + self.lease
+        {
             return Err(setting(format!(
-                "ttl must be at least the gateway's timeout plus the route's lease{} ({:?} + \
-                 {:?}{}): a key that expires while its forward may still land is a second forward",
-                if landing.is_zero() {
-                    ""
-                } else {
-                    " plus its landing window"
-                },
-                gateway.timeout,
-                self.lease,
-                if landing.is_zero() {
-                    String::new()
-                } else {
-                    format!(" + {landing:?}")
-                },
+                "ttl must be at least the gateway's timeout plus the route's lease ({:?} + {:?}) \
+                 on a reforward route: a key that expires while its forward may still run is \
+                 claimed afresh",
+                gateway.timeout, self.lease,
             )));
         }
         if self.config.max_response_bytes > gateway.max_held_bytes {

@@ -54,11 +54,7 @@ impl<S: LeasedKeyStore> Gateway<S> {
     ) -> Response {
         let Keyed { scope, fingerprint } = keyed;
         if let Some(v) = &route.verify
-            && let Err(why) = v.check(
-                &body,
-                &crate::path::normalized(parts.uri.path()),
-                &route.path,
-            )
+            && let Err(why) = v.check(&body, parts.uri.path(), &route.path)
         {
             return problems::unverifiable(&why);
         }
@@ -198,7 +194,18 @@ impl<S: LeasedKeyStore> Gateway<S> {
                         );
                     }
                     // Known not to have landed, and nothing sent can land
-                    // any more: forwarded again, as a first time.
+                    // any more: forwarded again, as a first time — by the
+                    // lease's holder only. The lookup took time; a retry
+                    // may have taken the lease over meanwhile (this process
+                    // paused past it) and be forwarding itself.
+                    match self.renew(h).await {
+                        Ok(true) => {}
+                        Ok(false) => return reject(Rejection::InFlight(Duration::from_secs(1))),
+                        Err(e) => {
+                            self.abandon(h, unknown_since_ms, None).await;
+                            return reject(Rejection::for_store(&e));
+                        }
+                    }
                 }
             }
         }
@@ -326,7 +333,7 @@ impl<S: LeasedKeyStore> Gateway<S> {
             .target(
                 h.key.1.to_str().unwrap_or_default(),
                 h.body,
-                &crate::path::normalized(h.parts.uri.path()),
+                h.parts.uri.path(),
                 &h.route.path,
             )
             .map_err(Lookup::Failed)?;

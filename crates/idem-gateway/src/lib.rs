@@ -116,12 +116,12 @@ impl<S: LeasedKeyStore> Gateway<S> {
     }
 
     async fn handle(&self, req: Request) -> Response {
-        let path = path::normalized(req.uri().path());
+        let path = req.uri().path();
         let route = self
             .config
             .routes
             .iter()
-            .find(|r| r.matches(req.method(), &path));
+            .find(|r| r.matches(req.method(), path));
         let Some(route) = route else {
             return self.pass_through(req).await;
         };

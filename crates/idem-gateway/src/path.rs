@@ -1,14 +1,17 @@
-//! Route paths: the patterns routes are written with, and the one form a
+//! Route paths: the patterns routes are written with, and the readings a
 //! request's path is matched in.
 //!
 //! Servers read a path in more ways than one: `//v1/payments`,
-//! `/v1/./payments`, `/v1/payments/`, `/v1/%70ayments`, `/V1/payments` and
-//! `/v1/payments;x` all reach `/v1/payments` on some of them. A keyed route
-//! must cover every spelling its upstream may act on, or a client (a base
-//! URL with a trailing slash is enough) gets past the key: so a request's
-//! path is [`normalized`] before it is matched — the forwarded request keeps
-//! the path as the client sent it, and its fingerprint too, so each spelling
-//! is its own request under the key.
+//! `/v1/./payments`, `/v1/payments/`, `/v1/%70ayments`, `/V1/payments`,
+//! `/v1/payments;x` and `/v1%2Fpayments` all reach `/v1/payments` on some
+//! of them, while others read `%2F` and `;x` as part of a segment. A keyed
+//! route must cover every spelling its upstream may act on, or a client (a
+//! base URL with a trailing slash is enough) gets past the key: so a
+//! request's path is read every plausible way ([`readings`]) and a route
+//! covers it when any reading matches. The forwarded request keeps the path
+//! as the client sent it, and its fingerprint too, so each spelling is its
+//! own request under the key. A `{param}` a lookup needs is taken only when
+//! every matching reading gives it the same value.
 
 /// A path: literal segments and `{param}` segments that match any one
 /// non-empty segment; `*` matches every path.
@@ -67,10 +70,10 @@ impl PathPattern {
         })
     }
 
-    /// Whether `path` (without its query; [`normalized`] first) matches.
+    /// Whether one reading of a path ([`readings`]) matches.
     /// Literal segments match whatever their letters' case: a path that
     /// differs from a keyed route only in case is keyed too.
-    pub fn matches(&self, path: &str) -> bool {
+    fn matches(&self, path: &str) -> bool {
         let Some(segments) = &self.segments else {
             return true;
         };
@@ -96,10 +99,35 @@ impl PathPattern {
             .any(|s| matches!(s, Segment::Param(n) if n == name))
     }
 
-    /// The value of the `{name}` segment in a matching `path`.
-    pub fn param<'p>(&self, name: &str, path: &'p str) -> Option<&'p str> {
+    /// Whether any reading of `path` (as sent, without its query)
+    /// matches.
+    pub fn covers(&self, path: &str) -> bool {
+        readings(path).iter().any(|r| self.matches(r))
+    }
+
+    /// The value of the `{name}` segment of `path` (as sent), percent-decoded
+    /// as the upstream reads it: the same in every reading that matches, or
+    /// an error saying why it cannot be told.
+    pub fn param(&self, name: &str, path: &str) -> Result<String, String> {
+        let mut values = readings(path)
+            .into_iter()
+            .filter(|r| self.matches(r))
+            .filter_map(|r| self.segment(name, &r).map(percent_decoded));
+        let Some(first) = values.next() else {
+            return Err(format!("the path has no {{{name}}} segment"));
+        };
+        if values.any(|v| v != first) {
+            return Err(format!(
+                "the path's {{{name}}} segment reads differently on different servers (an \
+                 escaped / or a ;parameter in it): it cannot be looked up"
+            ));
+        }
+        Ok(first)
+    }
+
+    fn segment<'p>(&self, name: &str, reading: &'p str) -> Option<&'p str> {
         let segments = self.segments.as_ref()?;
-        let rest = path.strip_prefix('/')?;
+        let rest = reading.strip_prefix('/')?;
         segments
             .iter()
             .zip(rest.split('/'))
@@ -107,15 +135,38 @@ impl PathPattern {
     }
 }
 
-/// A path as routes are matched against it: percent-encoded unreserved
-/// characters, `/` and `\\` decoded, `\\` read as `/`, each segment's
-/// `;parameters` dropped, empty and `.` segments removed, `..` resolved,
-/// no trailing `/`. Always starts with `/`.
-pub(crate) fn normalized(path: &str) -> String {
-    let decoded = decode_for_matching(path).replace('\\', "/");
+/// Every way a server may read `path`: percent-encoded unreserved
+/// characters decoded, empty and `.` segments removed, `..` resolved, no
+/// trailing `/` — with `%2F`, `%5C` and `\\` read as `/` or kept inside
+/// their segment, and each segment's `;parameters` dropped or kept. Each
+/// starts with `/`; no two are the same.
+pub(crate) fn readings(path: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::with_capacity(4);
+    for slashes in [true, false] {
+        for params in [true, false] {
+            let r = reading(path, slashes, params);
+            if !out.contains(&r) {
+                out.push(r);
+            }
+        }
+    }
+    out
+}
+
+fn reading(path: &str, slashes: bool, drop_params: bool) -> String {
+    let decoded = decode_for_matching(path, slashes);
+    let decoded = if slashes {
+        decoded.replace('\\', "/")
+    } else {
+        decoded
+    };
     let mut out: Vec<&str> = Vec::new();
     for segment in decoded.split('/') {
-        let segment = segment.split(';').next().unwrap_or("");
+        let segment = if drop_params {
+            segment.split(';').next().unwrap_or("")
+        } else {
+            segment
+        };
         match segment {
             "" | "." => {}
             ".." => {
@@ -127,9 +178,9 @@ pub(crate) fn normalized(path: &str) -> String {
     format!("/{}", out.join("/"))
 }
 
-/// `%XX` decoded where it stands for an unreserved character, `/` or `\\`;
-/// any other escape is left as written.
-fn decode_for_matching(path: &str) -> String {
+/// `%XX` decoded where it stands for an unreserved character (and, with
+/// `slashes`, `/` or `\\`); any other escape is left as written.
+fn decode_for_matching(path: &str, slashes: bool) -> String {
     let bytes = path.as_bytes();
     let mut out = String::with_capacity(path.len());
     let mut i = 0;
@@ -139,7 +190,9 @@ fn decode_for_matching(path: &str) -> String {
                 .get(i + 1..i + 3)
                 .and_then(|h| std::str::from_utf8(h).ok())
                 .and_then(|h| u8::from_str_radix(h, 16).ok())
-            && (b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b'/' | b'\\'))
+            && (b.is_ascii_alphanumeric()
+                || matches!(b, b'-' | b'.' | b'_' | b'~')
+                || (slashes && matches!(b, b'/' | b'\\')))
         {
             out.push(b as char);
             i += 3;
@@ -151,6 +204,30 @@ fn decode_for_matching(path: &str) -> String {
         i += c.len_utf8();
     }
     out
+}
+
+/// A path segment as the upstream reads it (`%XX` decoded; invalid UTF-8
+/// replaced).
+fn percent_decoded(segment: &str) -> String {
+    let bytes = segment.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        if bytes[i] == b'%'
+            && let (Some(h), Some(l)) = (
+                bytes.get(i + 1).copied().and_then(hex),
+                bytes.get(i + 2).copied().and_then(hex),
+            )
+        {
+            out.push((h * 16 + l) as u8);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 #[cfg(test)]
@@ -175,20 +252,38 @@ mod tests {
             "/v1\\payments",
             "/v1%5Cpayments",
         ] {
-            assert!(
-                p.matches(&normalized(path)),
-                "{path} -> {}",
-                normalized(path)
-            );
+            assert!(p.covers(path), "{path} -> {:?}", readings(path));
         }
         for path in ["/v1/payments/x", "/v1/pay%20ments", "/v2/payments", "/"] {
-            assert!(!p.matches(&normalized(path)), "{path}");
+            assert!(!p.covers(path), "{path}");
         }
+        assert_eq!(readings(""), ["/"]);
+        assert_eq!(readings("/../../etc"), ["/etc"]);
+    }
+
+    #[test]
+    fn a_param_is_read_as_the_upstream_reads_it_or_not_at_all() {
         let with = PathPattern::parse("/v1/orders/{id}/refunds").unwrap();
-        let n = normalized("//v1/orders/o%2D1/refunds/");
-        assert!(with.matches(&n));
-        assert_eq!(with.param("id", &n), Some("o-1"));
-        assert_eq!(normalized(""), "/");
-        assert_eq!(normalized("/../../etc"), "/etc");
+        assert_eq!(
+            with.param("id", "//v1/orders/o%2D1/refunds/").as_deref(),
+            Ok("o-1")
+        );
+        assert_eq!(
+            with.param("id", "/v1/orders/o%201/refunds").as_deref(),
+            Ok("o 1")
+        );
+        // An escaped slash inside the id: keyed (one reading matches), and
+        // the id is the whole segment.
+        assert!(with.covers("/v1/orders/a%2Fb/refunds"));
+        assert_eq!(
+            with.param("id", "/v1/orders/a%2Fb/refunds").as_deref(),
+            Ok("a/b")
+        );
+        // A ;parameter: one server reads id 1, another 1;1 — not looked up.
+        assert!(with.covers("/v1/orders/1;1/refunds"));
+        let e = with.param("id", "/v1/orders/1;1/refunds").unwrap_err();
+        assert!(e.contains("differently"), "{e}");
+        assert!(with.param("id", "/v1/orders").is_err());
+        assert!(with.param("nope", "/v1/orders/1/refunds").is_err());
     }
 }

@@ -230,7 +230,15 @@ impl Verify {
     /// be verified should its outcome become unknown: checked before
     /// anything is forwarded. The error says what is missing.
     pub fn check(&self, body: &[u8], path: &str, route: &PathPattern) -> Result<(), String> {
-        self.target("", body, path, route).map(drop)
+        self.target("", body, path, route)?;
+        let fields = Fields::of(body);
+        match self.matching.iter().find(|p| !fields.has_text(p)) {
+            Some(p) => Err(format!(
+                "the request body has no {p} (a string of 1 to 1024 characters): this route \
+                 tells its own intent from another's by it (verify_match)"
+            )),
+            None => Ok(()),
+        }
     }
 
     /// The lookup's path and query for one request, every value
@@ -248,10 +256,7 @@ impl Verify {
             match piece {
                 Piece::Literal(l) => out.push_str(l),
                 Piece::Key => encode(key, &mut out),
-                Piece::Param(name) => match route.param(name, path) {
-                    Some(v) => encode(&percent_decoded(v), &mut out),
-                    None => return Err(format!("the path has no {{{name}}} segment")),
-                },
+                Piece::Param(name) => encode(&route.param(name, path)?, &mut out),
                 Piece::Body(pointer) => {
                     let fields = parsed.get_or_insert_with(|| Fields::of(body));
                     match fields.get(pointer) {
@@ -297,8 +302,10 @@ impl Verify {
                 let Ok(v) = serde_json::from_slice::<Value>(body) else {
                     return Lookup::Failed("the lookup's answer is not JSON".into());
                 };
-                if !self.shares_values(&v, request) {
-                    return Lookup::NotFound;
+                match self.shares_values(&v, request) {
+                    Shared::All => {}
+                    Shared::Differs => return Lookup::NotFound,
+                    Shared::Unclear(why) => return Lookup::Failed(why),
                 }
             }
             return Lookup::Found {
@@ -338,16 +345,14 @@ impl Verify {
         };
         match candidate {
             Value::Array(a) if a.is_empty() => Lookup::NotFound,
-            Value::Object(_) => {
-                if self.shares_values(candidate, request) {
-                    Lookup::Found {
-                        content_type: "application/json".into(),
-                        body: candidate.to_string().into_bytes(),
-                    }
-                } else {
-                    Lookup::NotFound
-                }
-            }
+            Value::Object(_) => match self.shares_values(candidate, request) {
+                Shared::All => Lookup::Found {
+                    content_type: "application/json".into(),
+                    body: candidate.to_string().into_bytes(),
+                },
+                Shared::Differs => Lookup::NotFound,
+                Shared::Unclear(why) => Lookup::Failed(why),
+            },
             _ => Lookup::Failed(format!(
                 "the lookup's {pointer} is not an object (or an empty list)"
             )),
@@ -355,15 +360,38 @@ impl Verify {
     }
 
     /// Whether `found` holds the request's values at every matching
-    /// pointer (as JSON strings).
-    fn shares_values(&self, found: &Value, request: &[u8]) -> bool {
+    /// pointer (as JSON strings). Only a different string there makes it
+    /// another intent's; a value it lacks (or holds as something else)
+    /// says nothing either way.
+    fn shares_values(&self, found: &Value, request: &[u8]) -> Shared {
         let fields = Fields::of(request);
-        self.matching.iter().all(|p| {
-            let mine = fields.get(p);
-            let theirs = found.pointer(p).and_then(Value::as_str);
-            mine.is_some() && mine.as_deref() == theirs
-        })
+        let mut shared = Shared::All;
+        for p in &self.matching {
+            let Some(mine) = fields.get(p) else {
+                return Shared::Unclear(format!("the request has no {p} to compare"));
+            };
+            match found.pointer(p) {
+                Some(Value::String(theirs)) if *theirs == mine => {}
+                Some(Value::String(_)) => return Shared::Differs,
+                _ => {
+                    shared = Shared::Unclear(format!(
+                        "the lookup's candidate has no string at {p}: it cannot tell whose it is"
+                    ));
+                }
+            }
+        }
+        shared
     }
+}
+
+/// What a candidate shares with the request.
+enum Shared {
+    /// Every matching value: this request's intent.
+    All,
+    /// A different value at some pointer: another intent's.
+    Differs,
+    /// A value missing: unknown whose it is.
+    Unclear(String),
 }
 
 /// A request body's fields: JSON, else a form (`a[b]=…` for `/a/b`).
@@ -386,6 +414,12 @@ impl Fields {
             );
         }
         Self::None
+    }
+
+    /// Whether the body holds a string of 1 to 1024 characters there.
+    fn has_text(&self, pointer: &str) -> bool {
+        self.get(pointer)
+            .is_some_and(|v| !v.is_empty() && v.len() <= 1024)
     }
 
     fn get(&self, pointer: &str) -> Option<String> {
@@ -423,30 +457,6 @@ fn valid_pointer(p: &str) -> bool {
         && p.len() <= 256
         && !p.chars().any(char::is_control)
         && p.split('~').skip(1).all(|s| s.starts_with(['0', '1']))
-}
-
-/// A path segment as the upstream reads it (`%XX` decoded; invalid UTF-8
-/// replaced).
-fn percent_decoded(segment: &str) -> String {
-    let bytes = segment.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = |b: u8| (b as char).to_digit(16);
-        if bytes[i] == b'%'
-            && let (Some(h), Some(l)) = (
-                bytes.get(i + 1).copied().and_then(hex),
-                bytes.get(i + 2).copied().and_then(hex),
-            )
-        {
-            out.push((h * 16 + l) as u8);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Percent-encodes everything but RFC 3986's unreserved characters, so a
@@ -625,6 +635,31 @@ mod tests {
             scoped.read(StatusCode::OK, None, bobs, bob),
             Lookup::Found { .. }
         ));
+        // Only a different string is another's: a candidate without the
+        // value (or with a number there) says nothing: still unknown.
+        for unclear in [
+            &br#"{"data":[{"id":"pay_4","reference":"order-1"}]}"#[..],
+            br#"{"data":[{"id":"pay_5","reference":"order-1","customer":7}]}"#,
+        ] {
+            assert!(
+                matches!(
+                    scoped.read(StatusCode::OK, None, unclear, bob),
+                    Lookup::Failed(_)
+                ),
+                "{}",
+                String::from_utf8_lossy(unclear)
+            );
+        }
+        // A request without a value to compare is refused before it is sent.
+        for body in [
+            &br#"{"reference":"order-1"}"#[..],
+            br#"{"reference":"order-1","customer":7}"#,
+            br#"{"reference":"order-1","customer":""}"#,
+        ] {
+            let e = scoped.check(body, "/v1/payments", &r).unwrap_err();
+            assert!(e.contains("/customer") && e.contains("verify_match"), "{e}");
+        }
+        assert!(scoped.check(bob, "/v1/payments", &r).is_ok());
         // By default the lookup's own fields must match: a lookup that
         // ignores its filter finds nothing of this request's.
         let plain = verify("GET /v1/payments?reference={/reference}", Some("/data/0"));

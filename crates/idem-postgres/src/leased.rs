@@ -9,7 +9,7 @@
 
 use idem_core::leased::{
     LeaseToken, LeasedClaim, LeasedKeyStore, NextStep, OnUnknown, Resolution,
-    UNRESOLVED_EXPIRES_AT_MS, next_step, sql,
+    UNRESOLVED_EXPIRES_AT_MS, claim_expires_at_ms, next_step, sql,
 };
 use idem_core::{Completion, Fingerprint, KeyStore, Policy, Scope, StoreError};
 use sqlx::Postgres;
@@ -59,7 +59,7 @@ impl LeasedKeyStore for PgStore {
                 .bind(token.as_str())
                 .bind(now_ms)
         };
-        let expiry = policy.expires_at_ms(now_ms);
+        let expiry = claim_expires_at_ms(policy, on_unknown, now_ms);
         // Between two statements the record can be released, collected or
         // taken by another claimer; each turn sees a newer committed state,
         // so a few turns settle it.
@@ -89,7 +89,10 @@ impl LeasedKeyStore for PgStore {
                 NextStep::TakeOver => {
                     let ended = record.locked_until_ms.unwrap_or(now_ms);
                     (
-                        claim(sql::TAKE_OVER).bind(ended),
+                        claim(sql::TAKE_OVER)
+                            .bind(ended)
+                            .bind(on_unknown.as_str())
+                            .bind(expiry),
                         LeasedClaim::TakenOver {
                             lease_ended_at_ms: ended,
                         },

@@ -285,6 +285,10 @@ tenant_header = "X-Tenant-Id"  # set by a trusted component in front; default: o
                 "ttl",
             ),
             (
+                "method = \"POST\"\npath = \"/a\"\noperation = \"a\"\non_unknown = \"reforward\"\nttl = \"2s\"\n",
+                "claimed afresh",
+            ),
+            (
                 "method = \"POST\"\npath = \"/a\"\noperation = \"a\"\nlease = \"1ms\"\n",
                 "lease",
             ),

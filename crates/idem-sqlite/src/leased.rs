@@ -8,7 +8,7 @@
 
 use idem_core::leased::{
     LeaseToken, LeasedClaim, LeasedKeyStore, NextStep, OnUnknown, Resolution,
-    UNRESOLVED_EXPIRES_AT_MS, next_step, sql,
+    UNRESOLVED_EXPIRES_AT_MS, claim_expires_at_ms, next_step, sql,
 };
 use idem_core::{Completion, Fingerprint, KeyStore, Policy, Scope, StoreError};
 use sqlx::Sqlite;
@@ -64,7 +64,7 @@ impl LeasedKeyStore for SqliteStore {
                 .bind(token.as_str())
                 .bind(now_ms)
         };
-        let expiry = policy.expires_at_ms(now_ms);
+        let expiry = claim_expires_at_ms(policy, on_unknown, now_ms);
         let mut tx = self.begin_immediate().await?;
         let inserted = claim(sql::INSERT)
             .bind(expiry)
@@ -96,7 +96,10 @@ impl LeasedKeyStore for SqliteStore {
                 NextStep::TakeOver => {
                     let ended = record.locked_until_ms.unwrap_or(now_ms);
                     (
-                        claim(sql::TAKE_OVER).bind(ended),
+                        claim(sql::TAKE_OVER)
+                            .bind(ended)
+                            .bind(on_unknown.as_str())
+                            .bind(expiry),
                         LeasedClaim::TakenOver {
                             lease_ended_at_ms: ended,
                         },

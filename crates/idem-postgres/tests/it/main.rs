@@ -103,6 +103,7 @@ conformance! {
     operators_resolve_only_abandoned_leases;
     leased_and_transactional_claims_share_keys;
     an_expired_leased_record_is_claimed_afresh;
+    a_pending_unknown_is_held_from_its_claim;
     runs_are_created_with_their_key;
     fenced_writes_land_only_with_the_current_fence;
     takeover_needs_an_expired_lease;

@@ -42,8 +42,8 @@ impl Seen {
     }
 }
 
-/// A payments API without idempotency: `POST /v1/payments` creates one
-/// each time (`{"id":"pay_N", …body}`, 201); `/fail` answers 503 with
+/// A payments API without idempotency: `POST /v1/payments` (and
+/// `/v1/orders/…`) creates one each time (`{"id":"pay_N", …body}`, 201); `/fail` answers 503 with
 /// `Retry-After: 7`; `/big` answers 2 MiB; `/hold` waits for
 /// [`Upstream::open`] before answering; `GET /v1/payments` lists them
 /// (`?reference=R`: those whose `reference` is R; `/v1/payments/broken`
@@ -152,6 +152,7 @@ impl Upstream {
         let path = parts.uri.path().to_owned();
         match (parts.method.as_str(), path.as_str()) {
             ("POST", "/v1/payments") => json_answer(201, &create(self)),
+            ("POST", p) if p.starts_with("/v1/orders/") => json_answer(201, &create(self)),
             ("POST", "/lose") => {
                 let p = create(self);
                 if first_time(self) {

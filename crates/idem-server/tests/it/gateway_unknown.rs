@@ -346,6 +346,88 @@ pub async fn an_unknown_outcome_is_held_past_its_ttl_and_a_policy_change(db: Sho
     assert_eq!(up.effects(), 1);
 }
 
+/// A gateway killed (`abort` at a failpoint, like `kill -9`) after the
+/// upstream acted and before it could write a word about it leaves the key
+/// as held as one whose answer was lost: on a `reject` route a retry
+/// through another gateway long past the key's TTL, after `idem gc`, still
+/// gets 409 `outcome-unknown` and nothing is forwarded again; on a
+/// `verify` route the retry takes the key over and finds the payment.
+pub async fn a_gateway_killed_mid_forward_leaves_its_key_held(db: ShopDb) {
+    let up = Upstream::start().await;
+    let dir = idem_testkit::TempDir::new("gateway-killed");
+    let routes = r#"
+[[gateway.routes]]
+method = "POST"
+path = "/v1/payments"
+operation = "killed"
+on_unknown = "reject"
+ttl = "2s"
+lease = "1s"
+
+[[gateway.routes]]
+method = "POST"
+path = "/v1/orders/{order}/payments"
+operation = "killed-verified"
+on_unknown = "verify"
+verify = "GET /v1/payments?reference={/reference}"
+verify_found = "/data/0"
+ttl = "2s"
+lease = "1s"
+landing = "1s"
+"#;
+    let file = config(&dir, &up, "timeout = \"500ms\"", routes);
+    let (body, verified_body) = (
+        r#"{"amount":4,"reference":"killed-1"}"#,
+        r#"{"amount":4,"reference":"killed-2"}"#,
+    );
+    for (path, body) in [
+        ("/v1/payments", body),
+        ("/v1/orders/o-1/payments", verified_body),
+    ] {
+        let mut doomed = gateway(&db, &file, Some("gateway.after_forward")).await;
+        let lost = crate::try_call(doomed.addr, "POST", path, Some("kk"), body).await;
+        assert!(lost.is_err(), "{path}: the gateway died before answering");
+        assert!(doomed.proc().exited_within(Duration::from_secs(5)).await);
+    }
+    assert_eq!(up.effects(), 2, "the upstream acted on both");
+    let gw = gateway(&db, &file, None).await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let gc = crate::idem_cli(&["gc", "--database-url", &db.url()]);
+    assert!(
+        gc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&gc.stderr)
+    );
+    let held = post(gw.addr, "/v1/payments", Some("kk"), body).await;
+    assert_eq!(held.status, 409, "past the TTL: {}", body_of(&held));
+    assert_eq!(held.problem_type(), UNKNOWN);
+    let verified = post(
+        gw.addr,
+        "/v1/orders/o-1/payments",
+        Some("kk"),
+        verified_body,
+    )
+    .await;
+    assert_eq!(verified.status, 200, "found: {}", body_of(&verified));
+    assert_eq!(verified.json()["reference"], "killed-2");
+    let replay = post(
+        gw.addr,
+        "/v1/orders/o-1/payments",
+        Some("kk"),
+        verified_body,
+    )
+    .await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, verified.body);
+    assert_eq!(up.seen_at("/v1/payments").len(), 1, "never forwarded again");
+    assert_eq!(up.seen_at("/v1/orders/o-1/payments").len(), 1);
+    assert_eq!(up.effects(), 2, "one effect per intent");
+    println!(
+        "killed mid-forward, retried past the TTL after gc: held=409 verified=200 effects={}",
+        up.effects()
+    );
+}
+
 /// Every spelling of a keyed route's path is keyed: a trailing slash, a
 /// doubled or dotted segment, an escaped letter, another case. Each is its
 /// own request under the key (422 with a key used on another spelling, 400
@@ -623,6 +705,7 @@ on_both! {
     a_forced_release_says_what_it_cannot_stop;
     an_unknown_outcome_is_held_past_its_ttl_and_a_policy_change;
     every_spelling_of_a_keyed_path_is_keyed;
+    a_gateway_killed_mid_forward_leaves_its_key_held;
 }
 
 fn signal(pid: u32, sig: &str) {
