@@ -429,10 +429,10 @@ landing = "1s"
 }
 
 /// Every spelling of a keyed route's path is keyed: a trailing slash, a
-/// doubled or dotted segment, an escaped letter, another case. Each is its
-/// own request under the key (422 with a key used on another spelling, 400
-/// without one), and what reaches the upstream carries the derived key,
-/// never the client's.
+/// doubled or dotted segment, an escaped letter or slash, another case, a
+/// lowercase method. Each is its own request under the key (422 with a key
+/// used on another spelling, 400 without one), and what reaches the
+/// upstream is the request as sent with the derived key, never the client's.
 pub async fn every_spelling_of_a_keyed_path_is_keyed(db: ShopDb) {
     let up = Upstream::start().await;
     let dir = idem_testkit::TempDir::new("gateway-paths");
@@ -444,27 +444,37 @@ pub async fn every_spelling_of_a_keyed_path_is_keyed(db: ShopDb) {
         post(gw.addr, "/v1/payments", Some("pk"), body).await.status,
         201
     );
-    for (i, path) in [
-        "//v1/payments",
-        "/v1/payments/",
-        "/v1/./payments",
-        "/v1//payments",
-        "/v1/%70ayments",
-        "/V1/payments",
-        "/v1/payments;x",
+    for (i, (method, path)) in [
+        ("POST", "//v1/payments"),
+        ("POST", "/v1/payments/"),
+        ("POST", "/v1/./payments"),
+        ("POST", "/v1//payments"),
+        ("POST", "/v1/%70ayments"),
+        ("POST", "/V1/payments"),
+        ("POST", "/v1/payments;x"),
+        ("POST", "/v1%2Fpayments"),
+        ("POST", "/v1%5Cpayments"),
+        ("post", "/v1/payments"),
     ]
     .into_iter()
     .enumerate()
     {
-        let reused = post(gw.addr, path, Some("pk"), body).await;
-        assert_eq!(reused.status, 422, "{path}: {}", body_of(&reused));
-        let keyless = post(gw.addr, path, None, body).await;
-        assert_eq!(keyless.status, 400, "{path}: the key is required");
-        let own = post(gw.addr, path, Some(&format!("pk-{i}")), body).await;
-        let seen = up.seen().into_iter().rfind(|s| s.path == path).unwrap();
+        let call = |key: Option<String>| async move {
+            crate::call(gw.addr, method, path, key.as_deref(), body).await
+        };
+        let reused = call(Some("pk".into())).await;
+        assert_eq!(reused.status, 422, "{method} {path}: {}", body_of(&reused));
+        let keyless = call(None).await;
+        assert_eq!(keyless.status, 400, "{method} {path}: the key is required");
+        let before = up.seen().len();
+        let own = call(Some(format!("pk-{i}"))).await;
+        let seen = up.seen();
+        assert_eq!(seen.len(), before + 1, "{method} {path}: forwarded once");
+        let seen = seen.last().unwrap();
+        assert_eq!((&*seen.method, &*seen.path), (method, path), "as sent");
         assert!(
             seen.key().is_some_and(|k| k.starts_with("idem:forward:")),
-            "{path}: forwarded with the derived key ({})",
+            "{method} {path}: forwarded with the derived key ({})",
             own.status
         );
     }
