@@ -8,12 +8,40 @@ use idem_core::leased::{
     LeaseToken, LeasedClaim, LeasedDecision, LeasedKeyStore, OnUnknown, Resolution,
     UNRESOLVED_EXPIRES_AT_MS, leased_decision,
 };
-use idem_core::{Completion, Fingerprint, KeyStore, Policy, RecordState, StoredResponse};
+use idem_core::{
+    Completion, Fingerprint, KeyStore, Policy, RecordState, Scope, StoreError, StoredResponse,
+};
 
 use crate::scope;
 
 const NOW: i64 = 1_700_000_000_000;
 const LEASE: i64 = 2_000;
+
+/// A claim at `now` leased for [`LEASE`]: the shape of most claims here.
+trait ClaimAt: LeasedKeyStore {
+    async fn claim_at(
+        &self,
+        scope: &Scope,
+        fingerprint: &Fingerprint,
+        policy: &Policy,
+        token: &LeaseToken,
+        on_unknown: OnUnknown,
+        now: i64,
+    ) -> Result<LeasedClaim, StoreError> {
+        self.claim_leased(
+            scope,
+            fingerprint,
+            policy,
+            token,
+            now + LEASE,
+            on_unknown,
+            now,
+        )
+        .await
+    }
+}
+
+impl<S: LeasedKeyStore> ClaimAt for S {}
 
 fn answer(status: u16, body: &str) -> Completion {
     Completion::completed(StoredResponse {
@@ -32,15 +60,7 @@ pub async fn leased_claims_commit_and_only_the_holder_writes<S: LeasedKeyStore>(
     let policy = Policy::default();
     let (mine, other) = (LeaseToken::new(), LeaseToken::new());
     let claim = store
-        .claim_leased(
-            &s,
-            &fp,
-            &policy,
-            &mine,
-            NOW + LEASE,
-            OnUnknown::Reforward,
-            NOW,
-        )
+        .claim_at(&s, &fp, &policy, &mine, OnUnknown::Reforward, NOW)
         .await
         .unwrap();
     assert!(
@@ -57,15 +77,7 @@ pub async fn leased_claims_commit_and_only_the_holder_writes<S: LeasedKeyStore>(
     assert_eq!(seen.locked_until_ms, Some(NOW + LEASE));
     // A second claimer during the lease: in flight, nothing changed.
     let again = store
-        .claim_leased(
-            &s,
-            &fp,
-            &policy,
-            &other,
-            NOW + 10 + LEASE,
-            OnUnknown::Reforward,
-            NOW + 10,
-        )
+        .claim_at(&s, &fp, &policy, &other, OnUnknown::Reforward, NOW + 10)
         .await
         .unwrap();
     let LeasedClaim::Existing(record) = again else {
@@ -126,15 +138,7 @@ pub async fn leased_claims_commit_and_only_the_holder_writes<S: LeasedKeyStore>(
     );
     assert!(!store.release_leased(&s, &mine).await.unwrap());
     let done = store
-        .claim_leased(
-            &s,
-            &fp,
-            &policy,
-            &other,
-            NOW + 60 + LEASE,
-            OnUnknown::Reforward,
-            NOW + 60,
-        )
+        .claim_at(&s, &fp, &policy, &other, OnUnknown::Reforward, NOW + 60)
         .await
         .unwrap();
     let LeasedClaim::Existing(record) = done else {
@@ -179,15 +183,7 @@ pub async fn a_released_lease_frees_the_key<S: LeasedKeyStore>(store: S) {
     let policy = Policy::default();
     let first = LeaseToken::new();
     store
-        .claim_leased(
-            &s,
-            &fp,
-            &policy,
-            &first,
-            NOW + LEASE,
-            OnUnknown::Reject,
-            NOW,
-        )
+        .claim_at(&s, &fp, &policy, &first, OnUnknown::Reject, NOW)
         .await
         .unwrap();
     assert!(store.release_leased(&s, &first).await.unwrap());
@@ -197,15 +193,7 @@ pub async fn a_released_lease_frees_the_key<S: LeasedKeyStore>(store: S) {
     );
     let second = LeaseToken::new();
     let claim = store
-        .claim_leased(
-            &s,
-            &fp,
-            &policy,
-            &second,
-            NOW + 10 + LEASE,
-            OnUnknown::Reject,
-            NOW + 10,
-        )
+        .claim_at(&s, &fp, &policy, &second, OnUnknown::Reject, NOW + 10)
         .await
         .unwrap();
     assert!(matches!(claim, LeasedClaim::Claimed), "{claim:?}");
@@ -224,26 +212,17 @@ pub async fn an_abandoned_lease_is_taken_over_by_one<S: LeasedKeyStore>(store: S
     let policy = Policy::default();
     let dead = LeaseToken::new();
     store
-        .claim_leased(
-            &s,
-            &fp,
-            &policy,
-            &dead,
-            NOW + LEASE,
-            OnUnknown::Reforward,
-            NOW,
-        )
+        .claim_at(&s, &fp, &policy, &dead, OnUnknown::Reforward, NOW)
         .await
         .unwrap();
     let later = NOW + LEASE;
     // Reject: the record stays, abandoned.
     let LeasedClaim::Existing(record) = store
-        .claim_leased(
+        .claim_at(
             &s,
             &fp,
             &policy,
             &LeaseToken::new(),
-            later + LEASE,
             OnUnknown::Reject,
             later,
         )
@@ -259,12 +238,11 @@ pub async fn an_abandoned_lease_is_taken_over_by_one<S: LeasedKeyStore>(store: S
     // Another request never takes it over.
     let other_fp = Fingerprint::from_bytes([6; 32]);
     let LeasedClaim::Existing(record) = store
-        .claim_leased(
+        .claim_at(
             &s,
             &other_fp,
             &policy,
             &LeaseToken::new(),
-            later + LEASE,
             OnUnknown::Reforward,
             later,
         )
@@ -285,12 +263,11 @@ pub async fn an_abandoned_lease_is_taken_over_by_one<S: LeasedKeyStore>(store: S
         tasks.push(tokio::spawn(async move {
             let token = LeaseToken::new();
             let claim = store
-                .claim_leased(
+                .claim_at(
                     &s,
                     &fp,
                     &Policy::default(),
                     &token,
-                    later + LEASE,
                     OnUnknown::Reforward,
                     later,
                 )
@@ -364,15 +341,7 @@ pub async fn operators_resolve_only_abandoned_leases<S: LeasedKeyStore>(store: S
     let (a, b) = (scope("acme", "lease-4a"), scope("acme", "lease-4b"));
     for s in [&a, &b] {
         store
-            .claim_leased(
-                s,
-                &fp,
-                &policy,
-                &LeaseToken::new(),
-                NOW + LEASE,
-                OnUnknown::Reject,
-                NOW,
-            )
+            .claim_at(s, &fp, &policy, &LeaseToken::new(), OnUnknown::Reject, NOW)
             .await
             .unwrap();
     }
@@ -465,12 +434,11 @@ pub async fn an_expired_leased_record_is_claimed_afresh<S: LeasedKeyStore>(store
     let policy = Policy::with_ttl(std::time::Duration::from_secs(10));
     let old = LeaseToken::new();
     store
-        .claim_leased(
+        .claim_at(
             &s,
             &Fingerprint::from_bytes([1; 32]),
             &policy,
             &old,
-            NOW + LEASE,
             OnUnknown::Reject,
             NOW,
         )
@@ -492,15 +460,7 @@ pub async fn an_expired_leased_record_is_claimed_afresh<S: LeasedKeyStore>(store
     let other = Fingerprint::from_bytes([2; 32]);
     let new = LeaseToken::new();
     let claim = store
-        .claim_leased(
-            &s,
-            &other,
-            &policy,
-            &new,
-            later + LEASE,
-            OnUnknown::Reject,
-            later,
-        )
+        .claim_at(&s, &other, &policy, &new, OnUnknown::Reject, later)
         .await
         .unwrap();
     assert!(
@@ -542,15 +502,7 @@ pub async fn a_holder_ends_its_lease_when_the_outcome_is_unknown<S: LeasedKeySto
     let policy = Policy::default();
     let holder = LeaseToken::new();
     let claim = store
-        .claim_leased(
-            &s,
-            &fp,
-            &policy,
-            &holder,
-            NOW + LEASE,
-            OnUnknown::Verify,
-            NOW,
-        )
+        .claim_at(&s, &fp, &policy, &holder, OnUnknown::Verify, NOW)
         .await
         .unwrap();
     assert!(matches!(claim, LeasedClaim::Claimed));
@@ -578,12 +530,11 @@ pub async fn a_holder_ends_its_lease_when_the_outcome_is_unknown<S: LeasedKeySto
     assert_eq!(r.locked_until_ms, Some(at), "ended at most now");
     // Reject: an operator's; no takeover.
     let LeasedClaim::Existing(record) = store
-        .claim_leased(
+        .claim_at(
             &s,
             &fp,
             &policy,
             &LeaseToken::new(),
-            at + 1 + LEASE,
             OnUnknown::Reject,
             at + 1,
         )
@@ -599,15 +550,7 @@ pub async fn a_holder_ends_its_lease_when_the_outcome_is_unknown<S: LeasedKeySto
     // Verify: taken over at once, with the lease's end.
     let verifier = LeaseToken::new();
     let claim = store
-        .claim_leased(
-            &s,
-            &fp,
-            &policy,
-            &verifier,
-            at + 2 + LEASE,
-            OnUnknown::Verify,
-            at + 2,
-        )
+        .claim_at(&s, &fp, &policy, &verifier, OnUnknown::Verify, at + 2)
         .await
         .unwrap();
     assert!(
@@ -623,15 +566,7 @@ pub async fn a_holder_ends_its_lease_when_the_outcome_is_unknown<S: LeasedKeySto
     );
     let again = LeaseToken::new();
     let claim = store
-        .claim_leased(
-            &s,
-            &fp,
-            &policy,
-            &again,
-            at + 4 + LEASE,
-            OnUnknown::Verify,
-            at + 4,
-        )
+        .claim_at(&s, &fp, &policy, &again, OnUnknown::Verify, at + 4)
         .await
         .unwrap();
     assert!(
@@ -681,7 +616,7 @@ pub async fn a_pending_unknown_is_held_from_its_claim<S: LeasedKeyStore>(store: 
         let s = scope("acme", &format!("held-{on_unknown}"));
         let dead = LeaseToken::new();
         let claim = store
-            .claim_leased(&s, &fp, &policy, &dead, NOW + LEASE, on_unknown, NOW)
+            .claim_at(&s, &fp, &policy, &dead, on_unknown, NOW)
             .await
             .unwrap();
         assert!(matches!(claim, LeasedClaim::Claimed));
@@ -692,12 +627,11 @@ pub async fn a_pending_unknown_is_held_from_its_claim<S: LeasedKeyStore>(store: 
         assert!(store.fetch(&s).await.unwrap().is_some(), "{on_unknown}");
         // …and another request under the key finds it, never a fresh claim.
         let other = store
-            .claim_leased(
+            .claim_at(
                 &s,
                 &Fingerprint::from_bytes([4; 32]),
                 &policy,
                 &LeaseToken::new(),
-                far + LEASE,
                 on_unknown,
                 far,
             )
@@ -710,7 +644,7 @@ pub async fn a_pending_unknown_is_held_from_its_claim<S: LeasedKeyStore>(store: 
         // The same request: held for an operator, or taken over to verify.
         let again = LeaseToken::new();
         let retry = store
-            .claim_leased(&s, &fp, &policy, &again, far + LEASE, on_unknown, far)
+            .claim_at(&s, &fp, &policy, &again, on_unknown, far)
             .await
             .unwrap();
         match on_unknown {
@@ -745,12 +679,11 @@ pub async fn a_pending_unknown_is_held_from_its_claim<S: LeasedKeyStore>(store: 
     // Reforward: expires with its TTL; a verify claimer's takeover holds it.
     let s = scope("acme", "held-reforward");
     store
-        .claim_leased(
+        .claim_at(
             &s,
             &fp,
             &policy,
             &LeaseToken::new(),
-            NOW + LEASE,
             OnUnknown::Reforward,
             NOW,
         )
@@ -760,15 +693,7 @@ pub async fn a_pending_unknown_is_held_from_its_claim<S: LeasedKeyStore>(store: 
     assert_eq!(r.expires_at_ms, NOW + 10_000);
     let at = NOW + LEASE + 1;
     let claim = store
-        .claim_leased(
-            &s,
-            &fp,
-            &policy,
-            &LeaseToken::new(),
-            at + LEASE,
-            OnUnknown::Verify,
-            at,
-        )
+        .claim_at(&s, &fp, &policy, &LeaseToken::new(), OnUnknown::Verify, at)
         .await
         .unwrap();
     assert!(matches!(claim, LeasedClaim::TakenOver { .. }), "{claim:?}");
