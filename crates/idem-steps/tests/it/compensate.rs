@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use idem_core::steps::{RunRecord, RunState, StepKind, StepRecord, StepState};
-use idem_steps::{Ended, Resolution, RunsConfig, WorkflowPolicy, resolve};
+use idem_steps::{Ended, Resolution, Runs, RunsConfig, WorkflowPolicy, resolve};
 
 use crate::eventually;
 use crate::support::*;
@@ -43,6 +43,22 @@ fn after_first_lookup(flow: &Flow) -> Vec<String> {
     })
 }
 
+/// Runs that have one second to finish before they compensate.
+fn within_a_second<S: TestStore>(store: &S, flow: &Flow, config: RunsConfig) -> Runs<S> {
+    let deadline = Duration::from_secs(1);
+    runs_with(
+        store.clone(),
+        flow.clone(),
+        config,
+        WorkflowPolicy { deadline },
+    )
+}
+
+/// How many payments and refunds the provider made.
+fn charged_refunded(flow: &Flow) -> (usize, usize) {
+    flow.provider.state(|s| (s.payments.len(), s.refunds.len()))
+}
+
 fn now() -> i64 {
     idem_core::Clock::now_ms(&idem_core::SystemClock)
 }
@@ -55,18 +71,12 @@ pub async fn a_lookup_that_finds_the_effect_undoes_it<S: TestStore>(db: Db) {
     let flow = Flow::new(Plan::default());
     flow.provider.0.lock().unwrap().lose_charge_answers_until =
         Some(Instant::now() + Duration::from_secs(60));
-    let deadline = Duration::from_secs(1);
-    let runs = runs_with(
-        store.clone(),
-        flow.clone(),
-        quick(),
-        WorkflowPolicy { deadline },
-    );
+    let runs = within_a_second(&store, &flow, quick());
     let mut h = start(&runs, "k-found").await;
     let (status, body) = finished(&ended(&mut h).await);
     assert_eq!((status, body["failed"].as_str()), (402, Some("deadline")));
     assert_eq!(
-        flow.provider.state(|s| (s.payments.len(), s.refunds.len())),
+        charged_refunded(&flow),
         (1, 1),
         "the charge that landed is refunded: no net charge"
     );
@@ -103,18 +113,12 @@ pub async fn not_found_after_the_landing_window_is_nothing_to_undo<S: TestStore>
         landing_margin: Duration::from_secs(1),
         ..quick()
     };
-    let deadline = Duration::from_secs(1);
-    let runs = runs_with(
-        store.clone(),
-        flow.clone(),
-        config,
-        WorkflowPolicy { deadline },
-    );
+    let runs = within_a_second(&store, &flow, config);
     let mut h = start(&runs, "k-hole").await;
     let (status, body) = finished(&ended(&mut h).await);
     assert_eq!((status, body["failed"].as_str()), (402, Some("deadline")));
     assert_eq!(
-        flow.provider.state(|s| (s.payments.len(), s.refunds.len())),
+        charged_refunded(&flow),
         (0, 0),
         "nothing charged, nothing refunded"
     );
@@ -165,19 +169,13 @@ pub async fn not_found_before_the_landing_window_is_not_trusted<S: TestStore>(db
         landing_margin: Duration::from_secs(2),
         ..quick()
     };
-    let deadline = Duration::from_secs(1);
-    let runs = runs_with(
-        store.clone(),
-        flow.clone(),
-        config,
-        WorkflowPolicy { deadline },
-    );
+    let runs = within_a_second(&store, &flow, config);
     let mut h = start(&runs, "k-late").await;
     let (status, body) = finished(&ended(&mut h).await);
     assert_eq!((status, body["failed"].as_str()), (402, Some("deadline")));
     assert_eq!(after_first_lookup(&flow), ["lookup", "lookup", "refund"]);
     assert_eq!(
-        flow.provider.state(|s| (s.payments.len(), s.refunds.len())),
+        charged_refunded(&flow),
         (1, 1),
         "the late charge is refunded"
     );
@@ -201,13 +199,7 @@ pub async fn a_failing_lookup_waits_for_an_operator<S: TestStore>(db: Db) {
         max_attempts: 3,
         ..quick()
     };
-    let deadline = Duration::from_secs(1);
-    let runs = runs_with(
-        store.clone(),
-        flow.clone(),
-        config,
-        WorkflowPolicy { deadline },
-    );
+    let runs = within_a_second(&store, &flow, config);
     let mut h = start(&runs, "k-fails").await;
     let Ended::NeedsAttention { step, reason } = ended(&mut h).await else {
         panic!("a lookup that keeps failing waits for an operator");
@@ -237,10 +229,7 @@ pub async fn a_failing_lookup_waits_for_an_operator<S: TestStore>(db: Db) {
     eventually!("and fails, compensated", {
         run_of(&store, "k-fails").await.state == RunState::Failed
     });
-    assert_eq!(
-        flow.provider.state(|s| (s.payments.len(), s.refunds.len())),
-        (1, 1)
-    );
+    assert_eq!(charged_refunded(&flow), (1, 1));
     assert_eq!(
         after_first_lookup(&flow),
         ["lookup", "lookup", "lookup", "lookup", "refund"]
@@ -260,13 +249,7 @@ pub async fn without_a_lookup_an_unknown_outcome_waits_for_an_operator<S: TestSt
     });
     flow.provider.0.lock().unwrap().lose_charge_answers_until =
         Some(Instant::now() + Duration::from_secs(120));
-    let deadline = Duration::from_secs(1);
-    let runs = runs_with(
-        store.clone(),
-        flow.clone(),
-        quick(),
-        WorkflowPolicy { deadline },
-    );
+    let runs = within_a_second(&store, &flow, quick());
     let mut h = start(&runs, "k-blind").await;
     let Ended::NeedsAttention { step, reason } = ended(&mut h).await else {
         panic!("an unknown outcome without a lookup waits for an operator");
