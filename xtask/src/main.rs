@@ -704,10 +704,25 @@ fn venv(name: &str, packages: &[&str], purpose: &str) -> Result<PathBuf> {
         "xtask: making a Python venv for {purpose} in {}",
         venv.display()
     );
-    let _ = std::fs::remove_dir_all(&venv);
-    quiet(Command::new("python3").args(["-m", "venv"]).arg(&venv)).map_err(|e| {
-        format!("python3 -m venv failed ({e}): Python 3.9 or newer with venv is needed (Debian: python3-venv)")
-    })?;
+    let make = || {
+        let _ = std::fs::remove_dir_all(&venv);
+        quiet(Command::new("python3").args(["-m", "venv"]).arg(&venv))
+    };
+    // Debian ships venv apart from python3: installed when missing, as root.
+    make()
+        .or_else(|e| {
+            if is_root() && apt_install("python3-venv").is_ok() {
+                make()
+            } else {
+                Err(e)
+            }
+        })
+        .map_err(|e| {
+            format!(
+                "python3 -m venv failed ({e}): Python 3.9 or newer with venv is needed \
+                 (Debian: python3-venv)"
+            )
+        })?;
     quiet(
         Command::new(venv.join("bin/pip"))
             .args(["install", "-q", "--disable-pip-version-check"])
