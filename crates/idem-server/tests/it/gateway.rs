@@ -61,7 +61,10 @@ impl Seen {
 /// - `/gzip`: creates the payment and answers it gzip-encoded when the
 ///   request accepts gzip (`Vary: Accept-Encoding`); `/always-gzip` even
 ///   when it does not;
-/// - `GET /large?bytes=N` and `POST /large?bytes=N`: N bytes.
+/// - `GET /large?bytes=N` and `POST /large?bytes=N`: N bytes;
+/// - `GET /v1/payments?reference=R`: the payments with that reference
+///   (`{"data": […]}`); `GET /held-lookup?reference=R` the same, but the
+///   second one answers (what it read on arrival) only once `open`.
 #[derive(Clone)]
 pub struct Upstream {
     pub addr: SocketAddr,
@@ -262,7 +265,7 @@ impl Upstream {
                 Ok(r)
             }
             ("POST", "/big") => Ok(Response::new(Full::new(Bytes::from(vec![b'x'; 2 << 20])))),
-            ("GET", "/v1/payments") => {
+            ("GET", "/v1/payments" | "/held-lookup") => {
                 let all = self.payments.lock().unwrap().clone();
                 let data: Vec<Value> = match query("reference") {
                     Some(r) => all
@@ -271,6 +274,15 @@ impl Upstream {
                         .collect(),
                     None => all,
                 };
+                // `/held-lookup`: the second one (a retry's, after the one
+                // at the unknown outcome), its answer taken, waits for
+                // `open`: a lookup slower than the lease.
+                let held = (self.seen().iter())
+                    .filter(|s| s.path.starts_with("/held-lookup"))
+                    .count();
+                if path == "/held-lookup" && held == 2 {
+                    let _ = self.gate.subscribe().wait_for(|open| *open).await;
+                }
                 json_answer(200, &json!({ "data": data }))
             }
             _ => json_answer(404, &json!({"error": "no such route"})),

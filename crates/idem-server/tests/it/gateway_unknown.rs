@@ -716,6 +716,87 @@ on_both! {
     an_unknown_outcome_is_held_past_its_ttl_and_a_policy_change;
     every_spelling_of_a_keyed_path_is_keyed;
     a_gateway_killed_mid_forward_leaves_its_key_held;
+    a_verifier_paused_past_its_lease_forwards_nothing;
+}
+
+/// A verifying retry paused (`SIGSTOP`) during a slow lookup, past its
+/// lease: a retry through gateway B takes the key over, finds nothing and
+/// forwards it — one payment. Gateway A, resumed, reads its own (stale)
+/// "not found" but forwards nothing: it renews the lease first, finds it
+/// taken, and answers in flight.
+pub async fn a_verifier_paused_past_its_lease_forwards_nothing(db: ShopDb) {
+    let up = Upstream::start().await;
+    let dir = idem_testkit::TempDir::new("gateway-paused-verify");
+    let routes = "[[gateway.routes]]\nmethod = \"POST\"\npath = \"/drop\"\n\
+                  operation = \"pay\"\non_unknown = \"verify\"\n\
+                  verify = \"GET /held-lookup?reference={/reference}\"\n\
+                  verify_found = \"/data/0\"\nverify_status = 201\nlanding = \"1s\"\n\
+                  lease = \"1s\"\n";
+    let file = config(&dir, &up, "", routes);
+    let (mut a, b) = (
+        gateway(&db, &file, None).await,
+        gateway(&db, &file, None).await,
+    );
+    let body = r#"{"amount":9,"reference":"r-9"}"#;
+    let first = post(a.addr, "/drop", Some("p-1"), body).await;
+    assert_eq!(first.status, 502, "dropped: {}", body_of(&first));
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    up.hold();
+    let addr = a.addr;
+    let verifying =
+        tokio::spawn(
+            async move { crate::try_call(addr, "POST", "/drop", Some("p-1"), body).await },
+        );
+    let lookups = || {
+        let seen = up.seen();
+        (seen.iter())
+            .filter(|s| s.path.starts_with("/held-lookup"))
+            .count()
+    };
+    let started = Instant::now();
+    while lookups() < 2 {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "A never looked"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let paused = a.proc().pid();
+    signal(paused, "-STOP");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // B waits out the landing window from A's lease end (A might have
+    // forwarded before it stopped), then forwards.
+    let taken = loop {
+        let r = post(b.addr, "/drop", Some("p-1"), body).await;
+        if r.status != 409 || started.elapsed() > Duration::from_secs(15) {
+            break r;
+        }
+        assert_eq!(r.problem_type(), UNKNOWN, "{}", body_of(&r));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(
+        taken.status,
+        201,
+        "B took over and forwarded: {}",
+        body_of(&taken)
+    );
+    assert_eq!(up.effects(), 1);
+    up.open();
+    signal(paused, "-CONT");
+    let stale = verifying.await.unwrap().unwrap();
+    assert_eq!(stale.status, 409, "{}", body_of(&stale));
+    assert_eq!(stale.problem_type(), IN_FLIGHT);
+    assert_eq!(up.seen_at("/drop").len(), 2, "A forwarded nothing");
+    assert_eq!(up.effects(), 1, "one payment");
+    let replay = post(a.addr, "/drop", Some("p-1"), body).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, taken.body);
+    println!(
+        "paused verifier: lookups={} forwards={} effects={}",
+        lookups(),
+        up.seen_at("/drop").len(),
+        up.effects()
+    );
 }
 
 fn signal(pid: u32, sig: &str) {
