@@ -415,6 +415,21 @@ impl RouteSpec {
                 None
             }
         };
+        // A field the fingerprint ignores may differ between retries of one
+        // key: a lookup by it would look up another intent's value.
+        if let Some(v) = &verify {
+            let overlaps = |a: &str, b: &str| {
+                a == b || b.starts_with(&format!("{a}/")) || a.starts_with(&format!("{b}/"))
+            };
+            for ignored in &f.ignore_fields {
+                if let Some(p) = v.pointers().find(|p| overlaps(ignored, p)) {
+                    return Err(setting(format!(
+                        "ignore_fields: {ignored:?} covers {p}, which the lookup or verify_match \
+                         reads: retries of one key may differ there"
+                    )));
+                }
+            }
+        }
         let key_header = match &f.key_header {
             None => idem_http::IDEMPOTENCY_KEY,
             Some(h) => {

@@ -54,7 +54,7 @@ impl<S: LeasedKeyStore> Gateway<S> {
     ) -> Response {
         let Keyed { scope, fingerprint } = keyed;
         if let Some(v) = &route.verify
-            && let Err(why) = v.check(&body, parts.uri.path(), &route.path)
+            && let Err(why) = v.check(content_type(parts), &body, parts.uri.path(), &route.path)
         {
             return problems::unverifiable(&why);
         }
@@ -332,6 +332,7 @@ impl<S: LeasedKeyStore> Gateway<S> {
         let target = verify
             .target(
                 h.key.1.to_str().unwrap_or_default(),
+                content_type(h.parts),
                 h.body,
                 h.parts.uri.path(),
                 &h.route.path,
@@ -349,7 +350,13 @@ impl<S: LeasedKeyStore> Gateway<S> {
                     .headers
                     .get(header::CONTENT_TYPE)
                     .and_then(|v| v.to_str().ok());
-                verify.read(a.status, content_type, &a.body, h.body)
+                verify.read(
+                    a.status,
+                    content_type,
+                    &a.body,
+                    self::content_type(h.parts),
+                    h.body,
+                )
             }
             Err(e) => {
                 e.log();
@@ -525,4 +532,12 @@ fn held_response(res: Response<Bytes>, held: Held) -> Response {
 
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// The request's `Content-Type`, as the upstream reads its body by it.
+fn content_type(parts: &Parts) -> Option<&str> {
+    parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
 }

@@ -117,6 +117,9 @@ impl<S: LeasedKeyStore> Gateway<S> {
 
     async fn handle(&self, req: Request) -> Response {
         let path = req.uri().path();
+        if path::climbs_above_root(path) {
+            return problems::path_above_root();
+        }
         let route = self
             .config
             .routes

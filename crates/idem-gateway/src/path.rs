@@ -61,6 +61,17 @@ impl PathPattern {
                 .any(|c| c.is_control() || c == ' ' || c == '?' || c == '#' || c == '{')
             {
                 return Err(format!("{pattern:?}: {s:?} is not a path segment"));
+            } else if (s.is_empty() && pattern != "/")
+                || s == "."
+                || s == ".."
+                || s.contains(['%', ';', '\\'])
+            {
+                // A request is matched in its normalised readings; a
+                // pattern written otherwise would match none of them.
+                return Err(format!(
+                    "{pattern:?}: write the path normalised (no empty, . or .. segment, no \
+                     trailing /, no %-escape, ;parameter or \\): every spelling of it is keyed"
+                ));
             } else {
                 segments.push(Segment::Literal(s.to_owned()));
             }
@@ -133,6 +144,30 @@ impl PathPattern {
             .zip(rest.split('/'))
             .find_map(|(s, p)| matches!(s, Segment::Param(n) if n == name).then_some(p))
     }
+}
+
+/// Whether `path` has a `..` segment, in some reading, that climbs above
+/// the root: an upstream with a base path (`http://host/api`) would read it
+/// outside what the routes name, so it is refused, never passed through.
+pub(crate) fn climbs_above_root(path: &str) -> bool {
+    [true, false].into_iter().any(|slashes| {
+        let decoded = decode_for_matching(path, slashes);
+        let decoded = if slashes {
+            decoded.replace('\\', "/")
+        } else {
+            decoded
+        };
+        let mut depth = 0usize;
+        for segment in decoded.split('/') {
+            match segment.split(';').next().unwrap_or("") {
+                "" | "." => {}
+                ".." if depth == 0 => return true,
+                ".." => depth -= 1,
+                _ => depth += 1,
+            }
+        }
+        false
+    })
 }
 
 /// Every way a server may read `path`: percent-encoded unreserved
@@ -233,6 +268,46 @@ fn percent_decoded(segment: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn patterns_are_written_normalised() {
+        for bad in [
+            "/v1/payments/",
+            "//v1/payments",
+            "/v1//payments",
+            "/v1/./payments",
+            "/v1/../payments",
+            "/v1/%70ayments",
+            "/v1/payments;x",
+            "/v1\\payments",
+        ] {
+            let e = PathPattern::parse(bad).unwrap_err();
+            assert!(e.contains("normalised"), "{bad}: {e}");
+        }
+        assert!(PathPattern::parse("/").unwrap().covers("//"));
+        assert!(PathPattern::parse("/v1/payments").is_ok());
+    }
+
+    #[test]
+    fn a_path_that_climbs_above_the_root_is_told() {
+        for path in [
+            "/../api/v1/payments",
+            "/%2e%2e/api/v1/payments",
+            "/v1/../../api/v1/payments",
+            "/v1%2F..%2F..%2Fapi",
+            "/..;x/api",
+        ] {
+            assert!(climbs_above_root(path), "{path}");
+        }
+        for path in [
+            "/v1/payments",
+            "/v1/x/../payments",
+            "/v1/./payments",
+            "/a..b/c",
+        ] {
+            assert!(!climbs_above_root(path), "{path}");
+        }
+    }
 
     #[test]
     fn every_spelling_of_a_keyed_path_is_matched() {

@@ -124,3 +124,16 @@ pub fn unverifiable(why: &str) -> Response {
     );
     RequestOutcome::UnreadableBody.mark(res)
 }
+
+/// 400: a path whose `..` climbs above the root, which an upstream with a
+/// base path reads outside what the routes name.
+pub fn path_above_root() -> Response {
+    let res = problem(
+        StatusCode::BAD_REQUEST,
+        "invalid-path",
+        "The path is not valid",
+        "a .. segment of the path climbs above its root; nothing was sent",
+        None,
+    );
+    RequestOutcome::UnreadableBody.mark(res)
+}

@@ -226,12 +226,38 @@ impl Verify {
         })
     }
 
+    /// The body pointers the lookup and `verify_match` read.
+    pub fn pointers(&self) -> impl Iterator<Item = &str> {
+        let looked = self.target.iter().filter_map(|p| match p {
+            Piece::Body(pointer) => Some(pointer.as_str()),
+            _ => None,
+        });
+        looked.chain(self.matching.iter().map(String::as_str))
+    }
+
     /// Whether a request carries every value the lookup needs, so it can
     /// be verified should its outcome become unknown: checked before
     /// anything is forwarded. The error says what is missing.
-    pub fn check(&self, body: &[u8], path: &str, route: &PathPattern) -> Result<(), String> {
-        self.target("", body, path, route)?;
-        let fields = Fields::of(body);
+    pub fn check(
+        &self,
+        content_type: Option<&str>,
+        body: &[u8],
+        path: &str,
+        route: &PathPattern,
+    ) -> Result<(), String> {
+        let fields = Fields::of(content_type, body);
+        if let Fields::None = fields
+            && (self.target.iter().any(|p| matches!(p, Piece::Body(_)))
+                || !self.matching.is_empty())
+        {
+            return Err(
+                "the request body is neither JSON (Content-Type application/json) nor a form \
+                 (application/x-www-form-urlencoded) that parses: this route verifies unknown \
+                 outcomes by its fields"
+                    .into(),
+            );
+        }
+        self.target("", content_type, body, path, route)?;
         match self.matching.iter().find(|p| !fields.has_text(p)) {
             Some(p) => Err(format!(
                 "the request body has no {p} (a string of 1 to 1024 characters): this route \
@@ -246,6 +272,7 @@ impl Verify {
     pub fn target(
         &self,
         key: &str,
+        content_type: Option<&str>,
         body: &[u8],
         path: &str,
         route: &PathPattern,
@@ -258,7 +285,7 @@ impl Verify {
                 Piece::Key => encode(key, &mut out),
                 Piece::Param(name) => encode(&route.param(name, path)?, &mut out),
                 Piece::Body(pointer) => {
-                    let fields = parsed.get_or_insert_with(|| Fields::of(body));
+                    let fields = parsed.get_or_insert_with(|| Fields::of(content_type, body));
                     match fields.get(pointer) {
                         Some(v) if !v.is_empty() && v.len() <= 1024 => encode(&v, &mut out),
                         _ => {
@@ -289,6 +316,7 @@ impl Verify {
         status: StatusCode,
         content_type: Option<&str>,
         body: &[u8],
+        request_type: Option<&str>,
         request: &[u8],
     ) -> Lookup {
         if status == StatusCode::NOT_FOUND && self.found.is_none() {
@@ -302,7 +330,7 @@ impl Verify {
                 let Ok(v) = serde_json::from_slice::<Value>(body) else {
                     return Lookup::Failed("the lookup's answer is not JSON".into());
                 };
-                match self.shares_values(&v, request) {
+                match self.shares_values(&v, request_type, request) {
                     Shared::All => {}
                     Shared::Differs => return Lookup::NotFound,
                     Shared::Unclear(why) => return Lookup::Failed(why),
@@ -345,7 +373,7 @@ impl Verify {
         };
         match candidate {
             Value::Array(a) if a.is_empty() => Lookup::NotFound,
-            Value::Object(_) => match self.shares_values(candidate, request) {
+            Value::Object(_) => match self.shares_values(candidate, request_type, request) {
                 Shared::All => Lookup::Found {
                     content_type: "application/json".into(),
                     body: candidate.to_string().into_bytes(),
@@ -360,11 +388,13 @@ impl Verify {
     }
 
     /// Whether `found` holds the request's values at every matching
-    /// pointer (as JSON strings). Only a different string there makes it
-    /// another intent's; a value it lacks (or holds as something else)
-    /// says nothing either way.
-    fn shares_values(&self, found: &Value, request: &[u8]) -> Shared {
-        let fields = Fields::of(request);
+    /// pointer (as JSON strings). Only a clearly different string there
+    /// makes it another intent's; a value it lacks (or holds as something
+    /// else), or one that differs only as an upstream may normalise it
+    /// (surrounding or repeated white space, letter case), says nothing
+    /// either way.
+    fn shares_values(&self, found: &Value, request_type: Option<&str>, request: &[u8]) -> Shared {
+        let fields = Fields::of(request_type, request);
         let mut shared = Shared::All;
         for p in &self.matching {
             let Some(mine) = fields.get(p) else {
@@ -372,7 +402,15 @@ impl Verify {
             };
             match found.pointer(p) {
                 Some(Value::String(theirs)) if *theirs == mine => {}
-                Some(Value::String(_)) => return Shared::Differs,
+                Some(Value::String(theirs)) if loosely(theirs) != loosely(&mine) => {
+                    return Shared::Differs;
+                }
+                Some(Value::String(_)) => {
+                    shared = Shared::Unclear(format!(
+                        "the lookup's candidate has {p} spelled otherwise (white space or case): \
+                         it cannot tell whose it is"
+                    ));
+                }
                 _ => {
                     shared = Shared::Unclear(format!(
                         "the lookup's candidate has no string at {p}: it cannot tell whose it is"
@@ -394,7 +432,20 @@ enum Shared {
     Unclear(String),
 }
 
-/// A request body's fields: JSON, else a form (`a[b]=…` for `/a/b`).
+/// A value as an upstream may normalise it: trimmed, white space runs
+/// folded, lower case.
+fn loosely(v: &str) -> String {
+    v.split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+        .to_lowercase()
+}
+
+/// A request body's fields, read as its `Content-Type` says (as the
+/// upstream reads it): JSON for `application/json` (or `…+json`), a form
+/// (`a[b]=…` for `/a/b`) for `application/x-www-form-urlencoded`. A body
+/// of another type, or one that does not parse as its type, has none:
+/// reading it another way than the upstream would look up another value.
 enum Fields {
     Json(Value),
     Form(Vec<(String, String)>),
@@ -402,18 +453,26 @@ enum Fields {
 }
 
 impl Fields {
-    fn of(body: &[u8]) -> Self {
-        if let Ok(v) = serde_json::from_slice::<Value>(body) {
-            return Self::Json(v);
+    fn of(content_type: Option<&str>, body: &[u8]) -> Self {
+        let media = content_type
+            .and_then(|c| c.split(';').next())
+            .map(|m| m.trim().to_ascii_lowercase());
+        match media.as_deref() {
+            Some(m)
+                if m == "application/json"
+                    || (m.starts_with("application/") && m.ends_with("+json")) =>
+            {
+                serde_json::from_slice::<Value>(body).map_or(Self::None, Self::Json)
+            }
+            Some("application/x-www-form-urlencoded") if std::str::from_utf8(body).is_ok() => {
+                Self::Form(
+                    form_urlencoded::parse(body)
+                        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+                        .collect(),
+                )
+            }
+            _ => Self::None,
         }
-        if std::str::from_utf8(body).is_ok() {
-            return Self::Form(
-                form_urlencoded::parse(body)
-                    .map(|(k, v)| (k.into_owned(), v.into_owned()))
-                    .collect(),
-            );
-        }
-        Self::None
     }
 
     /// Whether the body holds a string of 1 to 1024 characters there.
@@ -502,6 +561,7 @@ mod tests {
         let target = v
             .target(
                 "idem:forward:ab",
+                JSON,
                 body,
                 "/v1/orders/o%201/payments",
                 &route("/v1/orders/{order}/payments"),
@@ -517,7 +577,7 @@ mod tests {
         let form = b"amount=5&metadata%5Bref%5D=r-1&reference=r-2";
         let v = verify("GET /v1/payments?ref={/metadata/ref}&r={/reference}", None);
         let t = v
-            .target("k", form, "/x", &route("/v1/orders/{order}/payments"))
+            .target("k", FORM, form, "/x", &route("/v1/orders/{order}/payments"))
             .unwrap();
         assert_eq!(t, "/v1/payments?ref=r-1&r=r-2");
     }
@@ -531,19 +591,79 @@ mod tests {
             br#"{"reference":""}"#,
             br#"{"reference":{"a":1}}"#,
             br#"{"reference":42}"#,
-            b"reference=a&reference=b",
-            b"\xff\xfe",
         ] {
-            let e = v.check(body, "/v1/orders/1/payments", &r).unwrap_err();
+            let e = v
+                .check(JSON, body, "/v1/orders/1/payments", &r)
+                .unwrap_err();
             assert!(e.contains("/reference"), "{e}");
         }
+        let e = (v.check(
+            FORM,
+            b"reference=a&reference=b",
+            "/v1/orders/1/payments",
+            &r,
+        ))
+        .unwrap_err();
+        assert!(e.contains("/reference"), "sent twice: {e}");
         assert!(
-            v.check(br#"{"reference":"42"}"#, "/v1/orders/1/payments", &r)
+            v.check(JSON, br#"{"reference":"42"}"#, "/v1/orders/1/payments", &r)
                 .is_ok()
         );
     }
 
+    /// The body is read as its Content-Type says, as the upstream reads it,
+    /// never another way: a JSON-looking form, a JSON body serde refuses
+    /// (too deep, a lone surrogate) or a body without a type is refused.
+    #[test]
+    fn a_body_is_read_only_as_its_content_type_says() {
+        let v = verify("GET /v1/payments?reference={/reference}", Some("/data/0"));
+        let r = route("/v1/orders/{order}/payments");
+        let p = "/v1/orders/1/payments";
+        let as_form = br#"{"reference":"decoy","x":"&reference=real&"}"#;
+        let t = v.target("", FORM, as_form, p, &r).unwrap();
+        assert_eq!(t, "/v1/payments?reference=real", "read as the form it is");
+        let deep = format!(
+            r#"{{"reference":"real","pad":{}{}}}"#,
+            "[".repeat(200),
+            "]".repeat(200)
+        );
+        let surrogate = br#"{"reference":"real","n":"\ud83d","x":"&reference=decoy&"}"#;
+        for (ct, body) in [
+            (JSON, deep.as_bytes()),
+            (JSON, &surrogate[..]),
+            (None, br#"{"reference":"real"}"#),
+            (Some("text/plain"), b"reference=real"),
+            (FORM, b"\xff\xfe"),
+        ] {
+            let e = v.check(ct, body, p, &r).unwrap_err();
+            assert!(e.contains("neither JSON"), "{ct:?}: {e}");
+        }
+        let typed = Some("application/merge-patch+json; charset=utf-8");
+        assert!(v.check(typed, br#"{"reference":"real"}"#, p, &r).is_ok());
+    }
+
+    /// A candidate whose value differs only as an upstream normalises it
+    /// (trimmed, case folded) is unclear: never another's, never a second
+    /// forward.
+    #[test]
+    fn a_normalised_value_is_not_another_intents() {
+        let v = verify("GET /v1/payments?reference={/reference}", Some("/data/0"));
+        let sent = br#"{"reference":"Order-7 ","amount":5}"#;
+        let found = br#"{"data":[{"id":"pay_1","reference":"order-7"}]}"#;
+        assert!(matches!(
+            v.read(StatusCode::OK, None, found, JSON, sent),
+            Lookup::Failed(_)
+        ));
+        let other = br#"{"data":[{"id":"pay_2","reference":"order-8"}]}"#;
+        assert_eq!(
+            v.read(StatusCode::OK, None, other, JSON, sent),
+            Lookup::NotFound
+        );
+    }
+
     const MINE: &[u8] = br#"{"reference":"r-1","amount":5}"#;
+    const JSON: Option<&str> = Some("application/json");
+    const FORM: Option<&str> = Some("application/x-www-form-urlencoded");
 
     #[test]
     fn not_found_is_read_only_from_an_answer_of_the_expected_shape() {
@@ -554,6 +674,7 @@ mod tests {
                 ok,
                 Some("application/json"),
                 br#"{"data":[{"id":"pay_1","reference":"r-1"}]}"#,
+                JSON,
                 MINE
             ),
             Lookup::Found {
@@ -562,7 +683,7 @@ mod tests {
             }
         );
         assert_eq!(
-            search.read(ok, None, br#"{"data":[]}"#, MINE),
+            search.read(ok, None, br#"{"data":[]}"#, JSON, MINE),
             Lookup::NotFound
         );
         for (wrong, why) in [
@@ -580,7 +701,7 @@ mod tests {
             (b"<html>", "not JSON"),
         ] {
             assert!(
-                matches!(search.read(ok, None, wrong, MINE), Lookup::Failed(_)),
+                matches!(search.read(ok, None, wrong, JSON, MINE), Lookup::Failed(_)),
                 "{why}"
             );
         }
@@ -590,22 +711,22 @@ mod tests {
             StatusCode::FOUND,
         ] {
             assert!(matches!(
-                search.read(status, None, b"", MINE),
+                search.read(status, None, b"", JSON, MINE),
                 Lookup::Failed(_)
             ));
         }
         let one = verify("GET /v1/payments/by-key/{key}", None);
         assert_eq!(
-            one.read(StatusCode::NOT_FOUND, None, b"", MINE),
+            one.read(StatusCode::NOT_FOUND, None, b"", JSON, MINE),
             Lookup::NotFound
         );
         assert!(matches!(
-            one.read(ok, Some("application/json"), b"{}", MINE),
+            one.read(ok, Some("application/json"), b"{}", JSON, MINE),
             Lookup::Found { .. }
         ));
         let by_field = verify("GET /v1/payment?reference={/reference}", Some("/payment"));
         assert_eq!(
-            by_field.read(ok, None, br#"{"payment":null}"#, MINE),
+            by_field.read(ok, None, br#"{"payment":null}"#, JSON, MINE),
             Lookup::NotFound
         );
     }
@@ -626,13 +747,13 @@ mod tests {
         let bob = br#"{"reference":"order-1","customer":"bob"}"#;
         let alices = br#"{"data":[{"id":"pay_1","reference":"order-1","customer":"alice"}]}"#;
         assert_eq!(
-            scoped.read(StatusCode::OK, None, alices, bob),
+            scoped.read(StatusCode::OK, None, alices, JSON, bob),
             Lookup::NotFound,
             "a reused reference of another customer's"
         );
         let bobs = br#"{"data":[{"id":"pay_2","reference":"order-1","customer":"bob"}]}"#;
         assert!(matches!(
-            scoped.read(StatusCode::OK, None, bobs, bob),
+            scoped.read(StatusCode::OK, None, bobs, JSON, bob),
             Lookup::Found { .. }
         ));
         // Only a different string is another's: a candidate without the
@@ -643,7 +764,7 @@ mod tests {
         ] {
             assert!(
                 matches!(
-                    scoped.read(StatusCode::OK, None, unclear, bob),
+                    scoped.read(StatusCode::OK, None, unclear, JSON, bob),
                     Lookup::Failed(_)
                 ),
                 "{}",
@@ -656,16 +777,16 @@ mod tests {
             br#"{"reference":"order-1","customer":7}"#,
             br#"{"reference":"order-1","customer":""}"#,
         ] {
-            let e = scoped.check(body, "/v1/payments", &r).unwrap_err();
+            let e = scoped.check(JSON, body, "/v1/payments", &r).unwrap_err();
             assert!(e.contains("/customer") && e.contains("verify_match"), "{e}");
         }
-        assert!(scoped.check(bob, "/v1/payments", &r).is_ok());
+        assert!(scoped.check(JSON, bob, "/v1/payments", &r).is_ok());
         // By default the lookup's own fields must match: a lookup that
         // ignores its filter finds nothing of this request's.
         let plain = verify("GET /v1/payments?reference={/reference}", Some("/data/0"));
         let other = br#"{"data":[{"id":"pay_3","reference":"r-9"}]}"#;
         assert_eq!(
-            plain.read(StatusCode::OK, None, other, MINE),
+            plain.read(StatusCode::OK, None, other, JSON, MINE),
             Lookup::NotFound
         );
     }

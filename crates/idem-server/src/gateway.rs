@@ -273,6 +273,20 @@ tenant_header = "X-Tenant-Id"  # set by a trusted component in front; default: o
                 "path",
             ),
             (
+                "method = \"POST\"\npath = \"/a/\"\noperation = \"a\"\n",
+                "normalised",
+            ),
+            (
+                "method = \"POST\"\npath = \"/a\"\noperation = \"a\"\non_unknown = \"verify\"\n\
+                 verify = \"GET /a?r={/reference}\"\nignore_fields = [\"/reference\"]\n",
+                "covers /reference",
+            ),
+            (
+                "method = \"POST\"\npath = \"/a\"\noperation = \"a\"\non_unknown = \"verify\"\n\
+                 verify = \"GET /a?r={/order/id}\"\nignore_fields = [\"/order\"]\n",
+                "covers /order/id",
+            ),
+            (
                 "method = \"POST\"\npath = \"/a\"\noperation = \"\"\n",
                 "operation",
             ),
