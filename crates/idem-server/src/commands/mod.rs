@@ -150,7 +150,7 @@ pub enum Command {
         long_about = "Serve a sample payments API that is deliberately NOT idempotent, in memory: \
     a test and tour tool for `idem drill` and the gateway, never a real service.\n\n\
     Routes: POST /v1/payments (any JSON object; 201 {id, ...fields}), \
-    GET /v1/payments?customer=X ({\"data\":[...]}), GET and PATCH /v1/payments/{id}, \
+    GET /v1/payments?customer=X or ?reference=R ({\"data\":[...]}), GET and PATCH /v1/payments/{id}, \
     GET /_upstream/stats ({\"requests\":N,\"payments\":M}), GET /healthz.\n\n\
     --mode naive ignores Idempotency-Key: every POST is a new payment. \
     --mode check-then-act looks the key up, waits --delay, creates the payment and stores the \

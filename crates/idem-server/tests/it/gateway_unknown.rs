@@ -478,6 +478,15 @@ pub async fn every_spelling_of_a_keyed_path_is_keyed(db: ShopDb) {
             own.status
         );
     }
+    // A `..` above the root (read outside the routes by an upstream with a
+    // base path) is refused, keyed or not; nothing is sent.
+    let before = up.seen().len();
+    for path in ["/../v1/payments", "/%2e%2e/api/v1/payments", "/v1/../../x"] {
+        let r = post(gw.addr, path, Some("pk-up"), body).await;
+        assert_eq!(r.status, 400, "{path}: {}", body_of(&r));
+        assert_eq!(r.problem_type(), "https://idem.dev/problems/invalid-path");
+    }
+    assert_eq!(up.seen().len(), before, "nothing forwarded");
     assert_eq!(up.effects(), 1, "one payment on the route itself");
 }
 
