@@ -151,12 +151,7 @@ impl PathPattern {
 /// outside what the routes name, so it is refused, never passed through.
 pub(crate) fn climbs_above_root(path: &str) -> bool {
     [true, false].into_iter().any(|slashes| {
-        let decoded = decode_for_matching(path, slashes);
-        let decoded = if slashes {
-            decoded.replace('\\', "/")
-        } else {
-            decoded
-        };
+        let decoded = slashes_read(path, slashes);
         let mut depth = 0usize;
         for segment in decoded.split('/') {
             match segment.split(';').next().unwrap_or("") {
@@ -188,13 +183,18 @@ pub(crate) fn readings(path: &str) -> Vec<String> {
     out
 }
 
-fn reading(path: &str, slashes: bool, drop_params: bool) -> String {
+/// `path` decoded for matching, with `\\` read as `/` when `slashes`.
+fn slashes_read(path: &str, slashes: bool) -> String {
     let decoded = decode_for_matching(path, slashes);
-    let decoded = if slashes {
+    if slashes {
         decoded.replace('\\', "/")
     } else {
         decoded
-    };
+    }
+}
+
+fn reading(path: &str, slashes: bool, drop_params: bool) -> String {
+    let decoded = slashes_read(path, slashes);
     let mut out: Vec<&str> = Vec::new();
     for segment in decoded.split('/') {
         let segment = if drop_params {
