@@ -1,6 +1,7 @@
 //! `idem drill`: check any HTTP API that claims `Idempotency-Key` support
-//! ([`crate::drill`]). Exit status 0 when no drill fails, 1 when one does,
-//! 2 for bad usage or an unreachable target.
+//! ([`crate::drill`]). Exit status 0 when no drill FAILs (a broken contract;
+//! with `--strict` a convention WARN too), 1 when one does, 2 for bad usage
+//! or an unreachable target.
 
 use std::path::PathBuf;
 
@@ -28,7 +29,8 @@ pub struct DrillArgs {
     count: Option<String>,
     /// A TOML file with any of the settings (snake_case keys: target,
     /// request, body, effects, count, headers = [...], concurrency,
-    /// timeout, max_requests, mutate, mutate_body, ttl).
+    /// timeout, max_requests, mutate, mutate_body, ttl, rounds, key_format,
+    /// strict).
     #[arg(long)]
     config: Option<PathBuf>,
     /// Print the report as JSON on stdout instead of a table.
@@ -61,14 +63,28 @@ pub struct DrillArgs {
     /// (plus 1 s; at most 24h).
     #[arg(long)]
     ttl: Option<String>,
+    /// Rounds of the lost-response and concurrency drills, each with fresh
+    /// keys; the worst decides (1 to 100) [default: 5].
+    #[arg(long)]
+    rounds: Option<u32>,
+    /// How keys look: `token` (idem-drill-…), `uuid`, or a template with
+    /// `{uuid}` or `{token}` such as `pay_{uuid}` [default: token].
+    #[arg(long)]
+    key_format: Option<String>,
+    /// Convention warnings (WARN) fail the run too (exit 1).
+    #[arg(long)]
+    strict: bool,
 }
 
 /// The drills, one line each, for `idem drill --help`.
 pub fn drills_help() -> String {
     let width = DRILLS.iter().map(|(n, _)| n.len()).max().unwrap_or(0);
     let mut out = String::from(
-        "Drills (each PASS, FAIL, SKIP or INFO with its evidence; exit 1 if one FAILs, \
-         2 for bad usage or an unreachable target):\n",
+        "Drills (each PASS, FAIL, WARN, SKIP or INFO with its evidence). FAIL is a broken \
+         contract (a second effect, a lost or changed answer, another payload accepted); \
+         WARN a convention (a refusal's status, byte-level fingerprints, a malformed key \
+         accepted, 5xx under a race with one effect). Exit 1 if one FAILs (or WARNs, with \
+         --strict), 2 for bad usage or an unreachable target:\n",
     );
     for (name, what) in DRILLS {
         out.push_str(&format!("  {name:width$}  {what}\n"));
@@ -114,6 +130,9 @@ impl DrillArgs {
             mutate: self.mutate,
             mutate_body: self.mutate_body,
             ttl: self.ttl,
+            rounds: self.rounds,
+            key_format: self.key_format,
+            strict: self.strict.then_some(true),
         };
         let mut config = file.overlay(flags).validate().map_err(usage)?;
         config.progress = true;

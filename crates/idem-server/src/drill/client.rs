@@ -29,9 +29,26 @@ pub struct Answer {
     pub status: u16,
     /// Header names (lower case) and values.
     pub headers: Vec<(String, String)>,
-    /// The body, at most [`MAX_ANSWER_BYTES`].
+    /// The body, at most [`MAX_ANSWER_BYTES`], decoded when its
+    /// `Content-Encoding` is gzip (the drills send `Accept-Encoding: gzip`
+    /// as real clients do).
     pub body: Bytes,
+    /// Why the body is not what its headers say, if it is not: a gzip
+    /// body that does not decode, or gzip bytes without `Content-Encoding`
+    /// (a replay that lost the header).
+    pub garbled: Option<String>,
 }
+
+/// The replay headers in use, the usual one first. Any other header whose
+/// name holds `replay` counts too.
+pub const REPLAY_HEADERS: &[&str] = &[
+    "idempotent-replayed",
+    "idempotency-replayed",
+    "x-idempotent-replayed",
+    "x-idempotency-replayed",
+    "idempotency-replay",
+    "x-idempotency-replay",
+];
 
 impl Answer {
     /// The first value of header `name` (lower case).
@@ -42,10 +59,28 @@ impl Answer {
             .map(|(_, v)| v.as_str())
     }
 
-    /// Whether it carries `Idempotent-Replayed: true`.
+    /// The replay header it carries, if any (`Idempotent-Replayed`, or a
+    /// variant: see [`REPLAY_HEADERS`]), name and value.
+    pub fn replay_header(&self) -> Option<(&str, &str)> {
+        REPLAY_HEADERS
+            .iter()
+            .find_map(|name| self.header(name).map(|v| (*name, v)))
+            .or_else(|| {
+                self.headers
+                    .iter()
+                    .find(|(n, _)| n.contains("replay"))
+                    .map(|(n, v)| (n.as_str(), v.as_str()))
+            })
+    }
+
+    /// Whether it is marked as a replay (a replay header saying `true`,
+    /// `1` or `yes`).
     pub fn replayed(&self) -> bool {
-        self.header("idempotent-replayed")
-            .is_some_and(|v| v.eq_ignore_ascii_case("true"))
+        self.replay_header().is_some_and(|(_, v)| {
+            ["true", "1", "yes"]
+                .iter()
+                .any(|t| v.trim().eq_ignore_ascii_case(t))
+        })
     }
 
     /// A 2xx.
@@ -53,7 +88,7 @@ impl Answer {
         (200..300).contains(&self.status)
     }
 
-    /// The same status and body bytes.
+    /// The same status and (decoded) body bytes.
     pub fn same(&self, other: &Answer) -> bool {
         self.status == other.status && self.body == other.body
     }
@@ -66,9 +101,13 @@ impl Answer {
             super::report::truncate(&String::from_utf8_lossy(&self.body), 160)
         };
         format!(
-            "{}{} {body}",
+            "{}{} {body}{}",
             self.status,
             if self.replayed() { " replayed" } else { "" },
+            self.garbled
+                .as_deref()
+                .map(|g| format!(" [{g}]"))
+                .unwrap_or_default()
         )
     }
 
@@ -286,6 +325,13 @@ impl Client {
         if body.is_some() {
             req = req.header(header::CONTENT_TYPE, "application/json");
         }
+        if !self
+            .headers
+            .iter()
+            .any(|(n, _)| n == header::ACCEPT_ENCODING)
+        {
+            req = req.header(header::ACCEPT_ENCODING, "gzip");
+        }
         let body = Bytes::from(body.unwrap_or_default().to_owned());
         let req = req
             .body(Full::new(body))
@@ -320,11 +366,7 @@ impl Client {
                     )
                 })
                 .collect();
-            Ok(Answer {
-                status: parts.status.as_u16(),
-                headers,
-                body,
-            })
+            Answer::decoded(parts.status.as_u16(), headers, body)
         })
         .await
     }
@@ -469,11 +511,62 @@ pub fn parse_answer(raw: &[u8]) -> Result<Answer, SendError> {
     if body.len() > MAX_ANSWER_BYTES {
         return Err(SendError::TooLarge);
     }
-    Ok(Answer {
-        status,
-        headers,
-        body: Bytes::from(body),
-    })
+    Answer::decoded(status, headers, Bytes::from(body))
+}
+
+impl Answer {
+    /// The answer with its body decoded as its `Content-Encoding` says
+    /// (gzip; other codings are kept as sent), and what is wrong with it.
+    fn decoded(
+        status: u16,
+        headers: Vec<(String, String)>,
+        body: Bytes,
+    ) -> Result<Answer, SendError> {
+        let coding = headers
+            .iter()
+            .find(|(n, _)| n == "content-encoding")
+            .map(|(_, v)| v.trim().to_ascii_lowercase());
+        let gzip_bytes = body.starts_with(&[0x1f, 0x8b]);
+        let (body, garbled) = match coding.as_deref() {
+            Some("gzip" | "x-gzip") => match gunzip(&body)? {
+                Some(plain) => (plain, None),
+                None => (
+                    body,
+                    Some("Content-Encoding: gzip but the body is not gzip".to_owned()),
+                ),
+            },
+            None | Some("identity") if gzip_bytes => (
+                body,
+                Some(
+                    "gzip bytes without Content-Encoding: a client cannot read this body"
+                        .to_owned(),
+                ),
+            ),
+            _ => (body, None),
+        };
+        Ok(Answer {
+            status,
+            headers,
+            body,
+            garbled,
+        })
+    }
+}
+
+/// `body` gunzipped, at most [`MAX_ANSWER_BYTES`] of it; `None` when it is
+/// not gzip.
+fn gunzip(body: &[u8]) -> Result<Option<Bytes>, SendError> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    let limit = MAX_ANSWER_BYTES as u64 + 1;
+    match flate2::read::GzDecoder::new(body)
+        .take(limit)
+        .read_to_end(&mut out)
+    {
+        Ok(_) if out.len() > MAX_ANSWER_BYTES => Err(SendError::TooLarge),
+        Ok(_) => Ok(Some(Bytes::from(out))),
+        Err(_) => Ok(None),
+    }
 }
 
 fn dechunk(mut rest: &[u8]) -> Option<Vec<u8>> {
@@ -584,7 +677,40 @@ mod tests {
         .unwrap();
         assert_eq!(&c.body[..], b"abcde");
         assert!(parse_answer(b"garbage").is_err());
+        let v = parse_answer(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nIdempotency-Replayed: True\r\n\r\n",
+        )
+        .unwrap();
+        assert_eq!(v.replay_header(), Some(("idempotency-replayed", "True")));
+        assert!(v.replayed(), "a variant of the header");
         assert!(parse_answer(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nab").is_err());
+    }
+
+    #[test]
+    fn gzip_answers_are_decoded_and_lost_encodings_seen() {
+        use std::io::Write;
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        gz.write_all(b"{\"id\":1}").unwrap();
+        let gz = gz.finish().unwrap();
+        let head = |coding: &str| {
+            let mut h = vec![("content-type".to_owned(), "application/json".to_owned())];
+            if !coding.is_empty() {
+                h.push(("content-encoding".to_owned(), coding.to_owned()));
+            }
+            h
+        };
+        let a = Answer::decoded(200, head("gzip"), Bytes::from(gz.clone())).unwrap();
+        assert_eq!(
+            (&a.body[..], a.garbled.is_none()),
+            (&b"{\"id\":1}"[..], true)
+        );
+        let lost = Answer::decoded(200, head(""), Bytes::from(gz)).unwrap();
+        assert!(lost.garbled.is_some(), "gzip bytes without the header");
+        assert!(!lost.same(&a));
+        let wrong = Answer::decoded(200, head("gzip"), Bytes::from_static(b"{}")).unwrap();
+        assert!(wrong.garbled.is_some());
+        let plain = Answer::decoded(200, head(""), Bytes::from_static(b"{}")).unwrap();
+        assert!(plain.garbled.is_none());
     }
 
     #[test]

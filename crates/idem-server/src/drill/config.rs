@@ -18,11 +18,17 @@ pub const MAX_CONCURRENCY: usize = 1000;
 pub const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
 /// The largest request body template.
 pub const MAX_BODY_TEMPLATE: usize = 256 << 10;
+/// Rounds of the race and lost-response drills when `--rounds` is not given.
+pub const DEFAULT_ROUNDS: u32 = 5;
+/// The most rounds `--rounds` accepts.
+pub const MAX_ROUNDS: u32 = 100;
+/// The longest key a `--key-format` may make.
+pub const MAX_KEY_LEN: usize = 255;
 
 /// A drill run as typed: every flag, also the TOML form of `--config`
 /// (snake_case keys: `target`, `request`, `body`, `effects`, `count`,
 /// `headers`, `concurrency`, `timeout`, `max_requests`, `mutate`,
-/// `mutate_body`, `ttl`).
+/// `mutate_body`, `ttl`, `rounds`, `key_format`, `strict`).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DrillSpec {
@@ -51,6 +57,13 @@ pub struct DrillSpec {
     pub mutate_body: Option<String>,
     /// The key records' TTL: enables the late-retry drill, humantime.
     pub ttl: Option<String>,
+    /// Rounds of the race and lost-response drills (default 5).
+    pub rounds: Option<u32>,
+    /// `token` (default), `uuid`, or a template holding `{uuid}` or
+    /// `{token}` (e.g. `pay_{uuid}`).
+    pub key_format: Option<String>,
+    /// Convention warnings fail the run too.
+    pub strict: Option<bool>,
 }
 
 /// A bad setting, found before anything was sent.
@@ -82,6 +95,75 @@ impl Target {
             text: text.to_owned(),
         })
     }
+}
+
+/// How the drills' `Idempotency-Key` values look, for APIs that constrain
+/// them (a UUID column, a prefix).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyFormat {
+    /// `idem-drill-<run>-<case>`: readable in the target's logs.
+    Token,
+    /// A UUID (version 4 layout), one per case.
+    Uuid,
+    /// A template in which `{uuid}` and `{token}` are replaced.
+    Template(String),
+}
+
+impl KeyFormat {
+    fn parse(text: &str) -> Result<Self, UsageError> {
+        let format = match text {
+            "token" => KeyFormat::Token,
+            "uuid" => KeyFormat::Uuid,
+            t if t.contains("{uuid}") || t.contains("{token}") => KeyFormat::Template(t.to_owned()),
+            t => {
+                return usage(format!(
+                    "--key-format must be token, uuid, or a template holding {{uuid}} or {{token}} (such as pay_{{uuid}}), got {t:?}"
+                ));
+            }
+        };
+        let sample = format.key("00000000", "concurrency-100");
+        if sample.len() > MAX_KEY_LEN || sample.bytes().any(|b| !(0x21..=0x7e).contains(&b)) {
+            return usage(format!(
+                "--key-format must make keys of visible ASCII without spaces, at most {MAX_KEY_LEN} bytes, got {sample:?}"
+            ));
+        }
+        Ok(format)
+    }
+
+    /// The key of drill case `case` in run `run`: the same for the same
+    /// case, so retries carry it, and different across cases and runs.
+    pub fn key(&self, run: &str, case: &str) -> String {
+        let token = format!("idem-drill-{run}-{case}");
+        match self {
+            KeyFormat::Token => token,
+            KeyFormat::Uuid => uuid_of(&token),
+            KeyFormat::Template(t) => t
+                .replace("{uuid}", &uuid_of(&token))
+                .replace("{token}", &token),
+        }
+    }
+
+    /// As typed.
+    pub fn text(&self) -> &str {
+        match self {
+            KeyFormat::Token => "token",
+            KeyFormat::Uuid => "uuid",
+            KeyFormat::Template(t) => t,
+        }
+    }
+}
+
+/// A UUID derived from `seed` (SHA-256, with the version-4 and variant
+/// bits set), so a case's key is stable within a run.
+fn uuid_of(seed: &str) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(seed.as_bytes());
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&digest[..16]);
+    uuid::Builder::from_random_bytes(bytes)
+        .into_uuid()
+        .hyphenated()
+        .to_string()
 }
 
 /// `METHOD /path` with placeholders.
@@ -173,6 +255,12 @@ pub struct DrillConfig {
     pub mutate: Option<(RequestLine, Option<String>)>,
     /// The late-retry drill's wait.
     pub ttl: Option<Duration>,
+    /// Rounds of the race and lost-response drills.
+    pub rounds: u32,
+    /// How keys look.
+    pub key_format: KeyFormat,
+    /// Convention warnings fail the run too.
+    pub strict: bool,
     /// One line per drill on stderr while running.
     pub progress: bool,
 }
@@ -194,7 +282,10 @@ impl DrillSpec {
             max_requests,
             mutate,
             mutate_body,
-            ttl
+            ttl,
+            rounds,
+            key_format,
+            strict
         );
         self.headers.extend(other.headers);
         self
@@ -273,6 +364,16 @@ impl DrillSpec {
             (None, Some(_)) => return usage("--mutate-body needs --mutate"),
             (None, None) => None,
         };
+        let rounds = self.rounds.unwrap_or(DEFAULT_ROUNDS);
+        if !(1..=MAX_ROUNDS).contains(&rounds) {
+            return usage(format!(
+                "--rounds must be between 1 and {MAX_ROUNDS}, got {rounds}"
+            ));
+        }
+        let key_format = match &self.key_format {
+            Some(f) => KeyFormat::parse(f)?,
+            None => KeyFormat::Token,
+        };
         let ttl = self.ttl.map(|t| duration("--ttl", &t)).transpose()?;
         if ttl.is_some_and(|t| t > MAX_TTL) {
             return usage("--ttl must be at most 24h (the drill waits that long)");
@@ -289,6 +390,9 @@ impl DrillSpec {
             max_requests: self.max_requests,
             mutate,
             ttl,
+            rounds,
+            key_format,
+            strict: self.strict.unwrap_or(false),
             progress: false,
         })
     }
@@ -497,6 +601,27 @@ mod tests {
                 },
                 "--max-requests",
             ),
+            (
+                DrillSpec {
+                    rounds: Some(0),
+                    ..spec()
+                },
+                "--rounds",
+            ),
+            (
+                DrillSpec {
+                    key_format: Some("order-1".into()),
+                    ..spec()
+                },
+                "--key-format",
+            ),
+            (
+                DrillSpec {
+                    key_format: Some("pay {uuid}".into()),
+                    ..spec()
+                },
+                "--key-format",
+            ),
         ];
         for (s, flag) in cases {
             let e = s.validate().unwrap_err().to_string();
@@ -517,6 +642,26 @@ mod tests {
         assert_eq!(s.changed("u1").0, r#"{"a":"u1","b":"x-other"}"#);
         assert!(Fields::of("[1]").is_none());
         assert!(Fields::of(r#"{"a":1}"#).unwrap().reversed().is_none());
+    }
+
+    #[test]
+    fn key_formats_make_stable_distinct_keys() {
+        let uuid = KeyFormat::parse("uuid").unwrap();
+        let a = uuid.key("run1", "baseline");
+        assert_eq!(a, uuid.key("run1", "baseline"), "stable within a case");
+        assert_ne!(a, uuid.key("run1", "concurrency-1"));
+        assert_ne!(a, uuid.key("run2", "baseline"));
+        let parsed = uuid::Uuid::parse_str(&a).unwrap();
+        assert_eq!(parsed.get_version_num(), 4, "{a}");
+        let t = KeyFormat::parse("pay_{uuid}").unwrap();
+        assert!(t.key("r", "c").starts_with("pay_"));
+        assert!(uuid::Uuid::parse_str(&t.key("r", "c")[4..]).is_ok());
+        assert_eq!(
+            KeyFormat::parse("x-{token}").unwrap().key("r", "c"),
+            "x-idem-drill-r-c"
+        );
+        assert_eq!(KeyFormat::Token.key("r", "c"), "idem-drill-r-c");
+        assert!(KeyFormat::parse(&format!("{}{{uuid}}", "k".repeat(250))).is_err());
     }
 
     #[test]

@@ -12,8 +12,14 @@ use serde_json::json;
 pub enum Outcome {
     /// The property holds.
     Pass,
-    /// The property does not hold: exit status 1.
+    /// A contract failure — a second effect, a retry that did not get the
+    /// first answer, another payload accepted under a used key, a 5xx where
+    /// a retry should replay: exit status 1.
     Fail,
+    /// A convention finding — the status chosen for a refusal, byte-level
+    /// fingerprints, a bad key accepted, server errors under a race with
+    /// one effect: no duplicate effect, exit status 0 unless `--strict`.
+    Warn,
     /// Not run (an option not given, the budget used up, the baseline
     /// failed) or not applicable; the summary says why.
     Skip,
@@ -22,11 +28,23 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    /// `PASS`, `FAIL`, `SKIP`, `INFO`.
+    /// How bad it is: `Fail` over `Warn` over the rest (the worst round of
+    /// a drill decides it).
+    pub fn severity(self) -> u8 {
+        match self {
+            Outcome::Fail => 3,
+            Outcome::Warn => 2,
+            Outcome::Pass => 1,
+            Outcome::Skip | Outcome::Info => 0,
+        }
+    }
+
+    /// `PASS`, `FAIL`, `WARN`, `SKIP`, `INFO`.
     pub fn label(self) -> &'static str {
         match self {
             Outcome::Pass => "PASS",
             Outcome::Fail => "FAIL",
+            Outcome::Warn => "WARN",
             Outcome::Skip => "SKIP",
             Outcome::Info => "INFO",
         }
@@ -44,10 +62,40 @@ pub struct DrillResult {
     pub summary: String,
     /// What was seen: statuses, bodies (truncated), effect counts.
     pub evidence: Vec<String>,
-    /// The effects counted for the drill's case, when counted.
+    /// The effects counted for the drill's case, when counted (for a drill
+    /// of several rounds, the worst round's).
     pub effects: Option<u64>,
+    /// For the race and lost-response drills: every round, each with fresh
+    /// keys; the worst decides the outcome.
+    pub rounds: Option<Rounds>,
     /// How long it took.
     pub elapsed_ms: u64,
+}
+
+/// The rounds a drill's verdict rests on.
+#[derive(Debug, Clone, Serialize)]
+pub struct Rounds {
+    /// Rounds run (samples).
+    pub run: u32,
+    /// Rounds that failed.
+    pub failed: u32,
+    /// Rounds with a warning (and no failure).
+    pub warned: u32,
+    /// Each round, in order.
+    pub each: Vec<Round>,
+}
+
+/// One round of a drill.
+#[derive(Debug, Clone, Serialize)]
+pub struct Round {
+    /// The `{unique}` value of the round, so its effects can be looked up.
+    pub unique: String,
+    /// How it ended.
+    pub outcome: Outcome,
+    /// Why, in one line.
+    pub summary: String,
+    /// The effects counted for it.
+    pub effects: Option<u64>,
 }
 
 /// A whole run.
@@ -65,6 +113,8 @@ pub struct Report {
     pub max_requests: Option<u64>,
     /// How long the run took.
     pub elapsed_ms: u64,
+    /// `--strict`: convention warnings fail the run too.
+    pub strict: bool,
 }
 
 impl Report {
@@ -73,9 +123,21 @@ impl Report {
         self.drills.iter().filter(|d| d.outcome == outcome).count()
     }
 
-    /// Whether any drill failed.
+    /// Whether the run fails (exit status 1): a contract failure, or with
+    /// `--strict` a convention warning too.
     pub fn failed(&self) -> bool {
-        self.count(Outcome::Fail) > 0
+        self.count(Outcome::Fail) > 0 || (self.strict && self.count(Outcome::Warn) > 0)
+    }
+
+    /// `fail`, `warn` (convention findings only) or `pass`.
+    pub fn result(&self) -> &'static str {
+        if self.failed() {
+            "fail"
+        } else if self.count(Outcome::Warn) > 0 {
+            "warn"
+        } else {
+            "pass"
+        }
     }
 
     /// The result of drill `name`.
@@ -86,10 +148,11 @@ impl Report {
     /// `N drills: …`.
     pub fn totals(&self) -> String {
         format!(
-            "{} drills: {} pass, {} fail, {} skip, {} info; {} requests sent{}",
+            "{} drills: {} pass, {} fail, {} warn, {} skip, {} info; {} requests sent{}",
             self.drills.len(),
             self.count(Outcome::Pass),
             self.count(Outcome::Fail),
+            self.count(Outcome::Warn),
             self.count(Outcome::Skip),
             self.count(Outcome::Info),
             self.requests_sent,
@@ -125,21 +188,45 @@ impl Report {
             }
         }
         let _ = writeln!(out, "\n{}", self.totals());
+        let _ = writeln!(out, "{}", self.verdict());
         out
     }
 
-    /// The report as JSON: `target`, `request`, `result` (`pass` or
-    /// `fail`), `counts` per outcome, `requests_sent`, `max_requests`,
-    /// `elapsed_ms` and `drills` (`name`, `outcome`, `summary`,
-    /// `evidence`, `effects`, `elapsed_ms`).
+    /// The last line of the table: what the exit status means.
+    pub fn verdict(&self) -> String {
+        let (fail, warn) = (self.count(Outcome::Fail), self.count(Outcome::Warn));
+        match (fail, warn) {
+            (0, 0) => "verdict: PASS — every contract property held".into(),
+            (0, w) if self.strict => format!(
+                "verdict: FAIL (--strict) — no contract failure, {w} convention warning{}",
+                plural(w)
+            ),
+            (0, w) => format!(
+                "verdict: PASS with {w} convention warning{} — no duplicate effect, no lost answer (--strict fails on warnings)",
+                plural(w)
+            ),
+            (f, _) => format!(
+                "verdict: FAIL — {f} contract failure{} (duplicate effects, lost or changed answers, or another payload accepted)",
+                plural(f)
+            ),
+        }
+    }
+
+    /// The report as JSON: `target`, `request`, `result` (`pass`, `warn`
+    /// — convention findings only — or `fail`), `strict`, `counts` per
+    /// outcome, `requests_sent`, `max_requests`, `elapsed_ms` and `drills`
+    /// (`name`, `outcome`, `summary`, `evidence`, `effects`, `rounds`,
+    /// `elapsed_ms`).
     pub fn json(&self) -> serde_json::Value {
         json!({
             "target": self.target,
             "request": self.request,
-            "result": if self.failed() { "fail" } else { "pass" },
+            "result": self.result(),
+            "strict": self.strict,
             "counts": {
                 "pass": self.count(Outcome::Pass),
                 "fail": self.count(Outcome::Fail),
+                "warn": self.count(Outcome::Warn),
                 "skip": self.count(Outcome::Skip),
                 "info": self.count(Outcome::Info),
             },
@@ -151,15 +238,18 @@ impl Report {
     }
 
     /// The report as JUnit XML: a test case per drill; FAIL is a
-    /// `<failure>`, SKIP `<skipped>`, the evidence in `<system-out>`.
+    /// `<failure>` (and WARN too with `--strict`), SKIP `<skipped>`, the
+    /// evidence in `<system-out>`.
     pub fn junit(&self) -> String {
+        let failing = |o: Outcome| o == Outcome::Fail || (self.strict && o == Outcome::Warn);
+        let failures = self.drills.iter().filter(|d| failing(d.outcome)).count();
         let secs = |ms: u64| format!("{:.3}", Duration::from_millis(ms).as_secs_f64());
         let mut out = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
         let _ = writeln!(
             out,
             "<testsuites name=\"idem drill\" tests=\"{}\" failures=\"{}\" skipped=\"{}\" errors=\"0\" time=\"{}\">",
             self.drills.len(),
-            self.count(Outcome::Fail),
+            failures,
             self.count(Outcome::Skip),
             secs(self.elapsed_ms)
         );
@@ -168,7 +258,7 @@ impl Report {
             "  <testsuite name=\"{}\" tests=\"{}\" failures=\"{}\" skipped=\"{}\" errors=\"0\" time=\"{}\">",
             xml(&format!("idem drill {} {}", self.target, self.request)),
             self.drills.len(),
-            self.count(Outcome::Fail),
+            failures,
             self.count(Outcome::Skip),
             secs(self.elapsed_ms)
         );
@@ -181,17 +271,22 @@ impl Report {
             );
             let evidence = xml(&d.evidence.join("\n"));
             match d.outcome {
-                Outcome::Fail => {
+                o if failing(o) => {
                     let _ = writeln!(
                         out,
-                        "      <failure message=\"{}\" type=\"drill\">{evidence}</failure>",
-                        xml(&d.summary)
+                        "      <failure message=\"{}\" type=\"{}\">{evidence}</failure>",
+                        xml(&d.summary),
+                        if o == Outcome::Fail {
+                            "contract"
+                        } else {
+                            "convention"
+                        }
                     );
                 }
                 Outcome::Skip => {
                     let _ = writeln!(out, "      <skipped message=\"{}\"/>", xml(&d.summary));
                 }
-                Outcome::Pass | Outcome::Info => {}
+                _ => {}
             }
             let _ = writeln!(
                 out,
@@ -239,6 +334,11 @@ fn printable(text: &str) -> String {
             }
         })
         .collect()
+}
+
+/// `s` after a count other than one.
+pub fn plural(n: usize) -> &'static str {
+    if n == 1 { "" } else { "s" }
 }
 
 /// At most `max` characters of `text`, with `…` when cut.

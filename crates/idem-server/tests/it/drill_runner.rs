@@ -17,7 +17,7 @@ use crate::{call, try_call};
 const BODY: &str = r#"{"amount":100,"currency":"EUR","customer":"{unique}"}"#;
 
 /// The invocation of the brief, against `target`.
-fn drill_args(target: SocketAddr) -> Vec<String> {
+pub(crate) fn drill_args(target: SocketAddr) -> Vec<String> {
     [
         format!("http://{target}"),
         "--request".into(),
@@ -33,7 +33,7 @@ fn drill_args(target: SocketAddr) -> Vec<String> {
 }
 
 /// Runs `idem drill ARGS` to its end.
-async fn drill(args: Vec<String>) -> Output {
+pub(crate) async fn drill(args: Vec<String>) -> Output {
     tokio::task::spawn_blocking(move || {
         Command::new(env!("CARGO_BIN_EXE_idem"))
             .arg("drill")
@@ -46,7 +46,7 @@ async fn drill(args: Vec<String>) -> Output {
 }
 
 /// The `--json` report of a run, checked for its shape.
-fn report(out: &Output) -> Value {
+pub(crate) fn report(out: &Output) -> Value {
     let text = String::from_utf8_lossy(&out.stdout);
     let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| {
         panic!(
@@ -80,7 +80,7 @@ fn report(out: &Output) -> Value {
     v
 }
 
-fn outcome<'a>(report: &'a Value, name: &str) -> &'a str {
+pub(crate) fn outcome<'a>(report: &'a Value, name: &str) -> &'a str {
     report["drills"]
         .as_array()
         .unwrap()
@@ -91,7 +91,7 @@ fn outcome<'a>(report: &'a Value, name: &str) -> &'a str {
         .unwrap()
 }
 
-fn drill_named<'a>(report: &'a Value, name: &str) -> &'a Value {
+pub(crate) fn drill_named<'a>(report: &'a Value, name: &str) -> &'a Value {
     report["drills"]
         .as_array()
         .unwrap()
@@ -193,25 +193,22 @@ async fn the_demo_api_passes_every_drill() {
     assert_eq!(drill_named(&r, "missing-key")["effects"], 0);
     // The tenant header went with every request: the effects are the
     // tenant's, not the default tenant's.
-    let unique = |name: &str| {
-        let evidence = drill_named(&r, name)["evidence"].to_string();
-        let start = evidence.find("drill-").unwrap();
-        evidence[start..]
-            .split('\\')
-            .next()
-            .unwrap()
-            .split('"')
-            .next()
-            .unwrap()
-            .to_owned()
-    };
-    let customer = unique("concurrency");
-    assert!(customer.ends_with("-concurrency"), "{customer}");
+    let rounds = &drill_named(&r, "concurrency")["rounds"];
+    assert_eq!(
+        (&rounds["run"], &rounds["failed"]),
+        (&5.into(), &0.into()),
+        "{rounds}"
+    );
+    let customer = rounds["each"][0]["unique"].as_str().unwrap().to_owned();
+    assert!(customer.ends_with("-concurrency-1"), "{customer}");
     assert!(
         crate::payments_of(server.addr, &customer).await.is_empty(),
         "nothing under the default tenant"
     );
-    assert!(r["requests_sent"].as_u64().unwrap() > 50);
+    assert!(
+        r["requests_sent"].as_u64().unwrap() > 5 * 51,
+        "five rounds of 50 concurrent requests and a retry"
+    );
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("[3/14] concurrency PASS"),
         "a progress line per drill on stderr"
@@ -228,7 +225,7 @@ async fn a_config_file_drives_the_run_and_the_late_retry_reports_what_happened()
         format!(
             "target = \"http://{}\"\nrequest = \"POST /v1/payments\"\nbody = '{BODY}'\n\
              effects = \"GET /v1/payments?customer={{unique}}\"\ncount = \"/data\"\n\
-             concurrency = 2\nttl = \"1s\"\nheaders = [\"X-Tenant-Id: file-tenant\"]\n",
+             concurrency = 2\nrounds = 3\nttl = \"1s\"\nheaders = [\"X-Tenant-Id: file-tenant\"]\n",
             server.addr
         ),
     )
@@ -250,12 +247,15 @@ async fn a_config_file_drives_the_run_and_the_late_retry_reports_what_happened()
         "{late:#}"
     );
     assert_eq!(late["effects"], 2);
-    let race = drill_named(&r, "concurrency")["evidence"][0]
-        .as_str()
-        .unwrap();
+    let race = drill_named(&r, "concurrency")["evidence"].to_string();
     assert!(
-        race.starts_with("2 answers: "),
+        race.contains("2 answers: "),
         "concurrency = 2 from the file: {race}"
+    );
+    assert_eq!(
+        drill_named(&r, "concurrency")["rounds"]["run"],
+        3,
+        "rounds = 3 from the file"
     );
 }
 
@@ -276,13 +276,25 @@ async fn a_naive_upstream_fails_lost_response_and_concurrency() {
         "the lost one and two retries"
     );
     assert_eq!(outcome(&r, "concurrency"), "fail");
-    assert_eq!(drill_named(&r, "concurrency")["effects"], 50);
+    assert_eq!(
+        drill_named(&r, "concurrency")["effects"],
+        51,
+        "the 50 of the race and the retry after it"
+    );
     assert_eq!(outcome(&r, "key-reuse"), "fail");
     assert_eq!(
         outcome(&r, "missing-key"),
-        "skip",
+        "info",
         "the key is optional here"
     );
+    assert_eq!(
+        outcome(&r, "empty-key"),
+        "info",
+        "an empty key handled as a missing one, where the key is optional, says so the same way"
+    );
+    let rounds = &drill_named(&r, "concurrency")["rounds"];
+    assert_eq!(rounds["run"], 5, "{rounds}");
+    assert_eq!(rounds["failed"], 5, "{rounds}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -390,7 +402,13 @@ async fn junit_is_well_formed_xml_naming_the_failures() {
     );
     let lost = xml.find("name=\"lost-response\"").unwrap();
     let end = xml[lost..].find("</testcase>").unwrap() + lost;
-    assert!(xml[lost..end].contains("<failure message=\"3 effects for one intent\""));
+    assert!(
+        xml[lost..end].contains(
+            "<failure message=\"3 effects for one intent (5 of 5 rounds failed)\" type=\"contract\""
+        ),
+        "{}",
+        &xml[lost..end]
+    );
     assert!(
         xml.contains("&lt;a href=&apos;x&apos;&gt;&amp;amp;"),
         "the body's markup escaped"

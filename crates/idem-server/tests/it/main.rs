@@ -31,6 +31,7 @@ mod checkout;
 mod clock;
 mod compensation;
 mod console;
+mod drill_peers;
 mod drill_runner;
 mod fakes;
 mod gateway;

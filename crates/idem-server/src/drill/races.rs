@@ -1,0 +1,373 @@
+//! The drills that sample a race: lost-response and concurrency. Each runs
+//! `rounds` times with fresh keys, because one lucky interleaving of a racy
+//! target passes once; the worst round decides, and the report says how
+//! many rounds the verdict rests on and how many failed.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use futures_util::future::join_all;
+
+use super::client::{Answer, Key, LosingProxy, SendError};
+use super::report::{Outcome, Round, Rounds, plural};
+use super::{Evidence, Runner, Verdict, effects_text};
+
+/// How often a retry answered 409 (the first request still in flight) is
+/// sent again, as retrying clients do, and the first pause.
+const BUSY_RETRIES: u32 = 5;
+const BUSY_PAUSE: Duration = Duration::from_millis(100);
+
+impl Runner {
+    /// Runs drill `name` (`lost-response` or `concurrency`) `--rounds`
+    /// times; the worst round decides, its evidence is kept.
+    pub(super) async fn rounds(&self, name: &str, ev: &mut Evidence) -> Verdict {
+        let total = self.config.rounds;
+        let mut each = Vec::new();
+        let mut worst: Option<(usize, Outcome, String, Evidence)> = None;
+        for i in 1..=total {
+            let case = format!("{name}-{i}");
+            let mut round = Evidence::default();
+            let (outcome, summary) = match name {
+                "lost-response" => self.lost_response(&case, &mut round).await?,
+                _ => self.concurrency(&case, &mut round).await?,
+            };
+            each.push(Round {
+                unique: self.unique(&case),
+                outcome,
+                summary: summary.clone(),
+                effects: round.effects,
+            });
+            if worst
+                .as_ref()
+                .is_none_or(|(_, o, _, _)| outcome.severity() > o.severity())
+            {
+                worst = Some((each.len(), outcome, summary, round));
+            }
+        }
+        let failed = each.iter().filter(|r| r.outcome == Outcome::Fail).count() as u32;
+        let warned = each.iter().filter(|r| r.outcome == Outcome::Warn).count() as u32;
+        for (i, r) in each.iter().enumerate() {
+            ev.note(format!(
+                "round {}: {} — {}{}",
+                i + 1,
+                r.outcome.label(),
+                r.summary,
+                r.effects
+                    .map(|n| format!(" ({})", effects_text(n)))
+                    .unwrap_or_default()
+            ));
+        }
+        let Some((at, outcome, summary, round)) = worst else {
+            return Ok((Outcome::Skip, "no round was run".into()));
+        };
+        ev.note(format!("round {at} in detail:"));
+        for line in round.lines {
+            ev.note(format!("  {line}"));
+        }
+        ev.effects = round.effects;
+        let tally = match outcome {
+            Outcome::Fail => format!("{failed} of {total} rounds failed"),
+            Outcome::Warn => format!("{warned} of {total} rounds warned, none failed"),
+            _ => format!("all {total} round{} held", plural(total as usize)),
+        };
+        ev.rounds = Some(Rounds {
+            run: total,
+            failed,
+            warned,
+            each,
+        });
+        Ok((outcome, format!("{summary} ({tally})")))
+    }
+
+    /// The request again with `key`, as a client retries: sent again while
+    /// it is answered 409 (in flight), a few times with growing pauses.
+    async fn retry(
+        &self,
+        u: &str,
+        key: &str,
+        label: &str,
+        ev: &mut Evidence,
+    ) -> Result<Answer, SendError> {
+        let mut pause = BUSY_PAUSE;
+        let mut a = self.send(u, Key::One(key)).await?;
+        for _ in 0..BUSY_RETRIES {
+            if a.status != 409 {
+                break;
+            }
+            ev.note(format!("{label}: 409, again in {} ms", pause.as_millis()));
+            tokio::time::sleep(pause).await;
+            pause *= 2;
+            a = self.send(u, Key::One(key)).await?;
+        }
+        Ok(a)
+    }
+
+    /// One round of lost-response: the answer lost by the proxy, two
+    /// retries with the key.
+    async fn lost_response(&self, case: &str, ev: &mut Evidence) -> Verdict {
+        let (u, key) = (self.unique(case), self.key(case));
+        let addr = self.client.resolve().await?;
+        let proxy = LosingProxy::start(addr, self.client.timeout()).await?;
+        let body = self.body(&u);
+        let lost = self
+            .client
+            .send_via(
+                proxy.addr,
+                &self.config.request.method,
+                &self.path(&u),
+                Key::One(&key),
+                body.as_deref(),
+            )
+            .await;
+        let log = proxy.log().await;
+        ev.note(format!(
+            "through the proxy: {} request bytes forwarded; {}",
+            log.forwarded,
+            if log.answered {
+                "the target started answering and the answer was dropped".to_owned()
+            } else {
+                format!(
+                    "no answer within {}, the connection was dropped",
+                    crate::duration_text(self.client.timeout())
+                )
+            }
+        ));
+        match &lost {
+            Ok(a) => ev.note(format!("the client still got an answer: {}", a.brief())),
+            Err(SendError::Budget) => return Err(SendError::Budget.into()),
+            Err(e) => ev.note(format!("the client got: {e}")),
+        }
+        let first = self.retry(&u, &key, "retry 1", ev).await?;
+        ev.note(format!("retry 1: {}", first.brief()));
+        let second = self.retry(&u, &key, "retry 2", ev).await?;
+        ev.note(format!(
+            "retry 2: {}",
+            if second.same(&first) {
+                "the same status and body".to_owned()
+            } else {
+                second.brief()
+            }
+        ));
+        let n = self.effects(&u, ev).await?;
+        let garbled = first.garbled.as_ref().or(second.garbled.as_ref());
+        Ok(if n != 1 {
+            (Outcome::Fail, format!("{} for one intent", effects_text(n)))
+        } else if first.status >= 500 {
+            (
+                Outcome::Fail,
+                format!(
+                    "the retry was answered {} where it should replay the lost answer",
+                    first.status
+                ),
+            )
+        } else if !first.success() {
+            (
+                Outcome::Fail,
+                format!(
+                    "the retry was answered {}: the caller never gets the answer of its one effect",
+                    first.status
+                ),
+            )
+        } else if let Some(g) = garbled {
+            (
+                Outcome::Fail,
+                format!("the retry's body is unreadable: {g}"),
+            )
+        } else if !second.same(&first) {
+            (
+                Outcome::Fail,
+                "the second retry answered differently".into(),
+            )
+        } else {
+            (
+                Outcome::Pass,
+                "one effect; the retries got the same 2xx".into(),
+            )
+        })
+    }
+
+    /// One round of concurrency: `--concurrency` requests with one key at
+    /// once, then one retry with it once they are all answered.
+    async fn concurrency(&self, case: &str, ev: &mut Evidence) -> Verdict {
+        let (u, key) = (self.unique(case), self.key(case));
+        let n = self.config.concurrency;
+        let addr = self.client.resolve().await?;
+        if let Some(left) = self.client.budget().left()
+            && left < n as u64 + 2
+        {
+            return Err(SendError::Budget.into());
+        }
+        // Every connection open before any request goes, so they overlap.
+        let opened = join_all((0..n).map(|_| self.client.open(addr))).await;
+        let mut conns = Vec::with_capacity(n);
+        for c in opened {
+            conns.push(c?);
+        }
+        self.client.budget().take(n as u64)?;
+        let body = self.body(&u);
+        let path = self.path(&u);
+        let answers = join_all(conns.into_iter().map(|c| {
+            self.client.send_prepaid(
+                c,
+                &self.config.request.method,
+                &path,
+                Key::One(&key),
+                body.as_deref(),
+            )
+        }))
+        .await;
+        let race = Race::of(&answers);
+        race.note(n, ev);
+        let after = self.retry(&u, &key, "the retry after the race", ev).await?;
+        ev.note(format!("the retry after the race: {}", after.brief()));
+        let effects = self.effects(&u, ev).await?;
+        Ok(race.verdict(n, &after, effects))
+    }
+}
+
+/// What the concurrent requests of one round got.
+struct Race<'a> {
+    tally: BTreeMap<String, usize>,
+    /// The distinct 2xx answers.
+    distinct: Vec<&'a Answer>,
+    successes: usize,
+    /// Answers other than a 2xx or 409.
+    others: Vec<&'a Answer>,
+    /// Requests without an answer.
+    errors: Vec<String>,
+}
+
+impl<'a> Race<'a> {
+    fn of(answers: &'a [Result<Answer, SendError>]) -> Self {
+        let mut race = Race {
+            tally: BTreeMap::new(),
+            distinct: Vec::new(),
+            successes: 0,
+            others: Vec::new(),
+            errors: Vec::new(),
+        };
+        for a in answers {
+            match a {
+                Ok(a) => {
+                    let label = format!(
+                        "{}{}",
+                        a.status,
+                        if a.replayed() { " replayed" } else { "" }
+                    );
+                    *race.tally.entry(label).or_default() += 1;
+                    if a.success() {
+                        race.successes += 1;
+                        if !race.distinct.iter().any(|d| d.same(a)) {
+                            race.distinct.push(a);
+                        }
+                    } else if a.status != 409 {
+                        race.others.push(a);
+                    }
+                }
+                Err(e) => race.errors.push(e.to_string()),
+            }
+        }
+        race
+    }
+
+    fn note(&self, n: usize, ev: &mut Evidence) {
+        let text: Vec<String> = self
+            .tally
+            .iter()
+            .map(|(s, c)| format!("{s} ×{c}"))
+            .collect();
+        ev.note(format!("{n} answers: {}", text.join(", ")));
+        ev.note(format!("distinct 2xx answers: {}", self.distinct.len()));
+        for d in self.distinct.iter().take(3) {
+            ev.note(format!("2xx: {}", d.brief()));
+        }
+        if let Some(o) = self.others.first() {
+            ev.note(format!(
+                "{} answers other than a 2xx or 409, first: {}",
+                self.others.len(),
+                o.brief()
+            ));
+        }
+        if let Some(e) = self.errors.first() {
+            ev.note(format!(
+                "{} requests got no answer, first: {e}",
+                self.errors.len()
+            ));
+        }
+    }
+
+    /// The round's verdict, given the retry after it and the effects.
+    fn verdict(&self, n: usize, after: &Answer, effects: u64) -> (Outcome, String) {
+        let answered_by = self
+            .distinct
+            .first()
+            .copied()
+            .or(after.success().then_some(after));
+        let differs = self.distinct.len() > 1
+            || (after.success() && self.distinct.first().is_some_and(|d| !d.same(after)));
+        if effects > 1 {
+            return (
+                Outcome::Fail,
+                format!("{} for {n} requests with one key", effects_text(effects)),
+            );
+        }
+        if effects == 0 {
+            return (
+                Outcome::Fail,
+                format!(
+                    "no effect: no request of the race succeeded, nor the retry after it ({})",
+                    after.status
+                ),
+            );
+        }
+        if differs {
+            return (
+                Outcome::Fail,
+                "different 2xx answers to one key: a retry does not get the first answer".into(),
+            );
+        }
+        if !after.success() {
+            return (
+                Outcome::Fail,
+                format!(
+                    "one effect, but the retry after the race was answered {}: it should replay the answer",
+                    after.status
+                ),
+            );
+        }
+        if let Some(g) = answered_by.and_then(|a| a.garbled.as_ref()) {
+            return (Outcome::Fail, format!("the answer is unreadable: {g}"));
+        }
+        if !self.others.is_empty() || !self.errors.is_empty() {
+            let mut statuses: BTreeMap<u16, usize> = BTreeMap::new();
+            for o in &self.others {
+                *statuses.entry(o.status).or_default() += 1;
+            }
+            let mut seen: Vec<String> =
+                statuses.iter().map(|(s, c)| format!("{c} × {s}")).collect();
+            if !self.errors.is_empty() {
+                seen.push(format!("{} without an answer", self.errors.len()));
+            }
+            let server_errors = statuses.keys().any(|s| *s >= 500);
+            return (
+                Outcome::Warn,
+                format!(
+                    "the contract held (one effect, a retry replays), {}: {} (409 is usual for a request racing its twin)",
+                    if server_errors {
+                        "server errors seen"
+                    } else {
+                        "other answers seen"
+                    },
+                    seen.join(", ")
+                ),
+            );
+        }
+        (
+            Outcome::Pass,
+            format!(
+                "one effect; {} × the same 2xx, the rest 409, the retry after replays",
+                self.successes
+            ),
+        )
+    }
+}
