@@ -53,6 +53,7 @@ impl Runner {
                 r.outcome.label(),
                 r.summary,
                 r.effects
+                    .filter(|_| !r.summary.contains("effect"))
                     .map(|n| format!(" ({})", effects_text(n)))
                     .unwrap_or_default()
             ));

@@ -55,9 +55,10 @@ impl Runner {
             return Ok((Outcome::Skip, "needs a --body that is a JSON object".into()));
         };
         let (other, what) = fields.changed(&u);
-        if let Err(v) = self.first(&u, &key, ev).await? {
-            return Ok(v);
-        }
+        let first = match self.first(&u, &key, ev).await? {
+            Ok(a) => a,
+            Err(v) => return Ok(v),
+        };
         let a = self.send_body(&u, Key::One(&key), &other).await?;
         ev.note(format!("same key, {what}: {}", a.brief()));
         let n = self.effects(&u, ev).await?;
@@ -65,6 +66,12 @@ impl Runner {
             _ if n != 1 => (
                 Outcome::Fail,
                 format!("{}: the other payload ran", effects_text(n)),
+            ),
+            s if a.success() && a.same(&first) => (
+                Outcome::Fail,
+                format!(
+                    "{s}: another payload got the first request's answer, so its caller believes a request that never ran succeeded"
+                ),
             ),
             s if a.success() => (
                 Outcome::Fail,
