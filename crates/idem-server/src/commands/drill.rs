@@ -30,7 +30,7 @@ pub struct DrillArgs {
     /// A TOML file with any of the settings (snake_case keys: target,
     /// request, body, effects, count, headers = [...], concurrency,
     /// timeout, max_requests, mutate, mutate_body, ttl, rounds, key_format,
-    /// strict).
+    /// strict, settle).
     #[arg(long)]
     config: Option<PathBuf>,
     /// Print the report as JSON on stdout instead of a table.
@@ -72,8 +72,17 @@ pub struct DrillArgs {
     #[arg(long)]
     key_format: Option<String>,
     /// Convention warnings (WARN) fail the run too (exit 1).
-    #[arg(long)]
+    #[arg(long, overrides_with = "no_strict")]
     strict: bool,
+    /// Convention warnings do not fail the run (over `strict = true` in
+    /// --config).
+    #[arg(long, overrides_with = "strict")]
+    no_strict: bool,
+    /// After the drills, wait this long and count every case's effects
+    /// again: a count that grew (a duplicate made later) FAILs its drill
+    /// (0s to 60s; 0s: off) [default: 1s].
+    #[arg(long)]
+    settle: Option<String>,
 }
 
 /// The drills, one line each, for `idem drill --help`.
@@ -132,7 +141,12 @@ impl DrillArgs {
             ttl: self.ttl,
             rounds: self.rounds,
             key_format: self.key_format,
-            strict: self.strict.then_some(true),
+            strict: match (self.strict, self.no_strict) {
+                (true, _) => Some(true),
+                (_, true) => Some(false),
+                _ => None,
+            },
+            settle: self.settle,
         };
         let mut config = file.overlay(flags).validate().map_err(usage)?;
         config.progress = true;

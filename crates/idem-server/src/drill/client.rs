@@ -40,7 +40,8 @@ pub struct Answer {
 }
 
 /// The replay headers in use, the usual one first. Any other header whose
-/// name holds `replay` counts too.
+/// name holds both `idempoten` and `replay` counts too (not `Replay-Nonce`,
+/// which is another thing).
 pub const REPLAY_HEADERS: &[&str] = &[
     "idempotent-replayed",
     "idempotency-replayed",
@@ -68,7 +69,7 @@ impl Answer {
             .or_else(|| {
                 self.headers
                     .iter()
-                    .find(|(n, _)| n.contains("replay"))
+                    .find(|(n, _)| n.contains("idempoten") && n.contains("replay"))
                     .map(|(n, v)| (n.as_str(), v.as_str()))
             })
     }
@@ -89,8 +90,24 @@ impl Answer {
     }
 
     /// The same status and (decoded) body bytes.
+    /// The same status and body: the same bytes, or the same JSON value
+    /// written another way (a replay re-serialised from a `jsonb` column
+    /// reorders keys and adds spaces; it is the same answer).
     pub fn same(&self, other: &Answer) -> bool {
-        self.status == other.status && self.body == other.body
+        self.status == other.status
+            && (self.body == other.body
+                || matches!((self.json(), other.json()), (Some(a), Some(b)) if a == b))
+    }
+
+    /// When a client may send the request again unchanged: `409` (the
+    /// first still in flight), `425`, `429` and `503`, after the pause of a
+    /// `Retry-After` in seconds if there is one (at most `cap`).
+    pub fn try_again_after(&self, cap: Duration) -> Option<Option<Duration>> {
+        matches!(self.status, 409 | 425 | 429 | 503).then(|| {
+            self.header("retry-after")
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .map(|s| Duration::from_secs(s).min(cap))
+        })
     }
 
     /// `201 replayed {"id":…}` (the body truncated), for evidence.
@@ -445,13 +462,22 @@ impl Client {
                 .write_all(&req)
                 .await
                 .map_err(|e| SendError::Transport(e.to_string()))?;
+            // Read to the answer's end: its Content-Length, its last chunk,
+            // or the connection's close, whichever the answer says; a peer
+            // that keeps the connection open after a whole answer is fine.
             let mut raw = Vec::new();
-            let limit = (MAX_HEAD_BYTES + MAX_ANSWER_BYTES + 1) as u64;
-            (&mut stream)
-                .take(limit)
-                .read_to_end(&mut raw)
-                .await
-                .map_err(|e| SendError::Transport(e.to_string()))?;
+            let limit = MAX_HEAD_BYTES + MAX_ANSWER_BYTES + 1;
+            let mut buf = [0u8; 8192];
+            while raw.len() < limit && !complete(&raw) {
+                let n = stream
+                    .read(&mut buf)
+                    .await
+                    .map_err(|e| SendError::Transport(e.to_string()))?;
+                if n == 0 {
+                    break;
+                }
+                raw.extend_from_slice(&buf[..n]);
+            }
             Ok(raw)
         })
         .await?;
@@ -526,9 +552,19 @@ impl Answer {
             .iter()
             .find(|(n, _)| n == "content-encoding")
             .map(|(_, v)| v.trim().to_ascii_lowercase());
-        let gzip_bytes = body.starts_with(&[0x1f, 0x8b]);
+        let gzip_file = headers.iter().any(|(n, v)| {
+            n == "content-type" && {
+                let v = v.to_ascii_lowercase();
+                v.contains("gzip") || v.starts_with("application/octet-stream")
+            }
+        });
+        let gzip_bytes = body.starts_with(&[0x1f, 0x8b]) && !gzip_file;
         let (body, garbled) = match coding.as_deref() {
             Some("gzip" | "x-gzip") => match gunzip(&body)? {
+                Some(plain) if plain.starts_with(&[0x1f, 0x8b]) && !gzip_file => (
+                    plain,
+                    Some("gzip twice: decoded once, the body is still gzip".to_owned()),
+                ),
                 Some(plain) => (plain, None),
                 None => (
                     body,
@@ -569,6 +605,28 @@ fn gunzip(body: &[u8]) -> Result<Option<Bytes>, SendError> {
     }
 }
 
+/// Whether `raw` holds a whole answer whose end its head states (a
+/// `Content-Length`, or chunks); one without either ends with the
+/// connection.
+fn complete(raw: &[u8]) -> bool {
+    let Some(end) = raw.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return false;
+    };
+    let head = String::from_utf8_lossy(&raw[..end]).to_ascii_lowercase();
+    let rest = &raw[end + 4..];
+    let mut length = None;
+    for line in head.split("\r\n").skip(1) {
+        match line.split_once(':') {
+            Some((n, v)) if n.trim() == "transfer-encoding" && v.contains("chunked") => {
+                return dechunk(rest).is_some();
+            }
+            Some((n, v)) if n.trim() == "content-length" => length = v.trim().parse::<usize>().ok(),
+            _ => {}
+        }
+    }
+    length.is_some_and(|len| rest.len() >= len)
+}
+
 fn dechunk(mut rest: &[u8]) -> Option<Vec<u8>> {
     let mut out = Vec::new();
     loop {
@@ -594,11 +652,16 @@ pub struct ProxyLog {
     pub forwarded: usize,
     /// Whether the target had started answering when the proxy cut.
     pub answered: bool,
+    /// Whether it cut because the client gave up (before any answer).
+    pub gave_up: bool,
 }
 
 /// A proxy on `127.0.0.1:0` in front of `target` for one connection: it
 /// forwards the request, and drops both sides as soon as the target starts
-/// answering (or after `wait`), so the client never gets the answer.
+/// answering (or after `wait`), so the client never gets the answer. With
+/// `give_up`, it also drops both sides that long after the first request
+/// bytes, as a client whose own timeout fired: the target may still be
+/// working on it.
 pub struct LosingProxy {
     /// Where the client connects.
     pub addr: SocketAddr,
@@ -607,7 +670,11 @@ pub struct LosingProxy {
 
 impl LosingProxy {
     /// Starts it.
-    pub async fn start(target: SocketAddr, wait: Duration) -> Result<Self, SendError> {
+    pub async fn start(
+        target: SocketAddr,
+        wait: Duration,
+        give_up: Option<Duration>,
+    ) -> Result<Self, SendError> {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .map_err(|e| SendError::Transport(format!("cannot start the proxy: {e}")))?;
@@ -626,6 +693,8 @@ impl LosingProxy {
             };
             let deadline = tokio::time::sleep(wait);
             tokio::pin!(deadline);
+            let patience = tokio::time::sleep(wait);
+            tokio::pin!(patience);
             let (mut from_client, mut from_upstream) = ([0u8; 8192], [0u8; 1024]);
             loop {
                 tokio::select! {
@@ -633,6 +702,11 @@ impl LosingProxy {
                         Ok(n) if n > 0 => {
                             if upstream.write_all(&from_client[..n]).await.is_err() {
                                 break;
+                            }
+                            if log.forwarded == 0
+                                && let Some(g) = give_up
+                            {
+                                patience.as_mut().reset(tokio::time::Instant::now() + g.min(wait));
                             }
                             log.forwarded += n;
                         }
@@ -643,6 +717,10 @@ impl LosingProxy {
                         break;
                     }
                     _ = &mut deadline => break,
+                    _ = &mut patience, if give_up.is_some() && log.forwarded > 0 => {
+                        log.gave_up = true;
+                        break;
+                    }
                 }
             }
             // Both sides dropped here: the answer is lost.

@@ -24,11 +24,18 @@ pub const DEFAULT_ROUNDS: u32 = 5;
 pub const MAX_ROUNDS: u32 = 100;
 /// The longest key a `--key-format` may make.
 pub const MAX_KEY_LEN: usize = 255;
+/// The wait before every case is counted again, when `--settle` is not given.
+pub const DEFAULT_SETTLE: Duration = Duration::from_secs(1);
+/// The longest `--settle`.
+pub const MAX_SETTLE: Duration = Duration::from_secs(60);
+/// A case name at least as long as any the drills use (`replay-after-mutation`,
+/// `lost-response-100`, …), for checking a `--key-format`'s length.
+const LONGEST_CASE: &str = "replay-after-mutation-100";
 
 /// A drill run as typed: every flag, also the TOML form of `--config`
 /// (snake_case keys: `target`, `request`, `body`, `effects`, `count`,
 /// `headers`, `concurrency`, `timeout`, `max_requests`, `mutate`,
-/// `mutate_body`, `ttl`, `rounds`, `key_format`, `strict`).
+/// `mutate_body`, `ttl`, `rounds`, `key_format`, `strict`, `settle`).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DrillSpec {
@@ -64,6 +71,8 @@ pub struct DrillSpec {
     pub key_format: Option<String>,
     /// Convention warnings fail the run too.
     pub strict: Option<bool>,
+    /// The wait before every case is counted again (default 1s; 0s: off).
+    pub settle: Option<String>,
 }
 
 /// A bad setting, found before anything was sent.
@@ -121,7 +130,7 @@ impl KeyFormat {
                 ));
             }
         };
-        let sample = format.key("00000000", "concurrency-100");
+        let sample = format.key("00000000", LONGEST_CASE);
         if sample.len() > MAX_KEY_LEN || sample.bytes().any(|b| !(0x21..=0x7e).contains(&b)) {
             return usage(format!(
                 "--key-format must make keys of visible ASCII without spaces, at most {MAX_KEY_LEN} bytes, got {sample:?}"
@@ -261,6 +270,8 @@ pub struct DrillConfig {
     pub key_format: KeyFormat,
     /// Convention warnings fail the run too.
     pub strict: bool,
+    /// The wait before every case is counted again (zero: not counted again).
+    pub settle: Duration,
     /// One line per drill on stderr while running.
     pub progress: bool,
 }
@@ -285,7 +296,8 @@ impl DrillSpec {
             ttl,
             rounds,
             key_format,
-            strict
+            strict,
+            settle
         );
         self.headers.extend(other.headers);
         self
@@ -374,6 +386,13 @@ impl DrillSpec {
             Some(f) => KeyFormat::parse(f)?,
             None => KeyFormat::Token,
         };
+        let settle = match &self.settle {
+            Some(t) => duration("--settle", t)?,
+            None => DEFAULT_SETTLE,
+        };
+        if settle > MAX_SETTLE {
+            return usage("--settle must be at most 60s");
+        }
         let ttl = self.ttl.map(|t| duration("--ttl", &t)).transpose()?;
         if ttl.is_some_and(|t| t > MAX_TTL) {
             return usage("--ttl must be at most 24h (the drill waits that long)");
@@ -393,6 +412,7 @@ impl DrillSpec {
             rounds,
             key_format,
             strict: self.strict.unwrap_or(false),
+            settle,
             progress: false,
         })
     }
@@ -662,6 +682,8 @@ mod tests {
         );
         assert_eq!(KeyFormat::Token.key("r", "c"), "idem-drill-r-c");
         assert!(KeyFormat::parse(&format!("{}{{uuid}}", "k".repeat(250))).is_err());
+        // Checked against the longest case name, not a short one.
+        assert!(KeyFormat::parse(&format!("{}{{token}}", "k".repeat(220))).is_err());
     }
 
     #[test]

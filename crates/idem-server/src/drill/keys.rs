@@ -5,7 +5,24 @@
 //! an empty key handled as a missing one is what missing-key found, and
 //! says so the same way (INFO).
 
-use super::client::{Answer, Key};
+use super::Stop;
+use super::client::{Answer, Key, SendError};
+
+/// The answer to a malformed request; a connection dropped or an answer
+/// that is not HTTP is a refusal too (status 0), as a proxy in front of
+/// the target may give. The budget and an unreachable target still stop.
+fn refusal(sent: Result<Answer, SendError>) -> Result<Answer, Stop> {
+    match sent {
+        Ok(a) => Ok(a),
+        Err(e @ (SendError::Budget | SendError::Connect { .. })) => Err(e.into()),
+        Err(e) => Ok(Answer {
+            status: 0,
+            headers: Vec::new(),
+            body: bytes::Bytes::from(format!("(no answer: {e})")),
+            garbled: None,
+        }),
+    }
+}
 use super::report::Outcome;
 use super::{Evidence, Runner, Verdict, effects_text};
 
@@ -20,7 +37,9 @@ impl Runner {
     pub(super) async fn bad_key(&self, name: &'static str, ev: &mut Evidence) -> Verdict {
         let u = self.unique(name);
         let answers = match name {
-            "empty-key" => vec![self.send_raw(&u, &[b"Idempotency-Key: ".to_vec()]).await?],
+            "empty-key" => vec![refusal(
+                self.send_raw(&u, &[b"Idempotency-Key: ".to_vec()]).await,
+            )?],
             "long-key" => vec![self.send(&u, Key::One(&"k".repeat(256))).await?],
             "control-key" => {
                 let mut answers = Vec::new();
@@ -28,7 +47,7 @@ impl Runner {
                     let mut line = b"Idempotency-Key: idem".to_vec();
                     line.push(sep);
                     line.extend_from_slice(self.key(&format!("{name}-{i}")).as_bytes());
-                    answers.push(self.send_raw(&u, &[line]).await?);
+                    answers.push(refusal(self.send_raw(&u, &[line]).await)?);
                 }
                 answers
             }
@@ -37,7 +56,7 @@ impl Runner {
                     format!("Idempotency-Key: {}", self.key(&format!("{name}-a"))).into_bytes(),
                     format!("Idempotency-Key: {}", self.key(&format!("{name}-b"))).into_bytes(),
                 ];
-                vec![self.send_raw(&u, &lines).await?]
+                vec![refusal(self.send_raw(&u, &lines).await)?]
             }
         };
         self.judge_bad_key(name, &u, answers, ev).await
@@ -57,7 +76,13 @@ impl Runner {
         }
         let n = self.effects(u, ev).await?;
         let sent = answers.len();
-        let statuses: Vec<String> = answers.iter().map(|a| a.status.to_string()).collect();
+        let statuses: Vec<String> = answers
+            .iter()
+            .map(|a| match a.status {
+                0 => "a dropped connection".to_owned(),
+                s => s.to_string(),
+            })
+            .collect();
         let statuses = statuses.join(", ");
         let accepted = answers.iter().filter(|a| a.success()).count();
         let requests = format!("{sent} request{}", super::report::plural(sent));
@@ -80,8 +105,10 @@ impl Runner {
                 )
             }
         } else if accepted == 0 {
+            // Told it failed, its caller tries again (with a key that works)
+            // and makes a second effect.
             (
-                Outcome::Warn,
+                Outcome::Fail,
                 format!(
                     "refused with {statuses}, yet {} from {requests} happened: the caller is told it failed",
                     effects_text(n)

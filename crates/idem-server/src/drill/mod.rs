@@ -49,6 +49,7 @@ mod keys;
 mod races;
 mod replays;
 mod report;
+mod settle;
 
 pub use client::{Answer, Budget, MAX_ANSWER_BYTES, REPLAY_HEADERS, SendError};
 pub use config::{DrillConfig, DrillSpec, KeyFormat, RequestLine, Target, UsageError};
@@ -66,6 +67,10 @@ pub const DRILLS: &[(&str, &str)] = &[
     (
         "lost-response",
         "--rounds times: a proxy of the runner's own drops the answer once the target starts answering; the retry with the same key (Accept-Encoding: gzip, bodies compared decoded): a 2xx, one effect, and a second retry the same status and body",
+    ),
+    (
+        "abandoned-request",
+        "--rounds times: the client gives up 50 ms after sending, before any answer, while the target may still be working (a middleware must not release the key on a disconnect); retries with the key (409 retried, as clients do): a 2xx, one effect, the same answer twice",
     ),
     (
         "concurrency",
@@ -161,6 +166,12 @@ struct Runner {
     run_id: String,
     /// What missing-key found: the target accepts requests without a key.
     key_optional: std::sync::OnceLock<bool>,
+    /// A drill of rounds ran out of budget part way: the run stops there.
+    budget_out: std::sync::atomic::AtomicBool,
+    /// Every case counted so far, counted again after `--settle`.
+    counted: std::sync::Mutex<Vec<settle::Counted>>,
+    /// The index in [`DRILLS`] of the drill running.
+    current: std::sync::atomic::AtomicUsize,
 }
 
 impl Runner {
@@ -233,6 +244,7 @@ impl Runner {
             .json()
             .ok_or_else(|| Stop::Effects(format!("GET {path} answered no JSON: {}", a.brief())))?;
         let n = count_at(&json, &self.config.count).map_err(Stop::Effects)?;
+        self.record(unique, n);
         ev.effects = Some(n);
         ev.note(format!("effects: {n}"));
         Ok(n)
@@ -241,7 +253,7 @@ impl Runner {
     async fn run_one(&self, name: &'static str, ev: &mut Evidence) -> Verdict {
         match name {
             "baseline" => self.baseline(ev).await,
-            "lost-response" | "concurrency" => self.rounds(name, ev).await,
+            "lost-response" | "abandoned-request" | "concurrency" => self.rounds(name, ev).await,
             "key-reuse" => self.key_reuse(ev).await,
             "reordered-fields" => self.reordered(ev).await,
             "missing-key" => self.missing_key(ev).await,
@@ -331,6 +343,9 @@ pub async fn run(config: DrillConfig) -> Result<Report, RunError> {
         client,
         config,
         key_optional: std::sync::OnceLock::new(),
+        budget_out: Default::default(),
+        counted: Default::default(),
+        current: Default::default(),
     };
     let mut progress = DrillProgress::new(runner.config.progress);
     let mut drills = Vec::new();
@@ -339,6 +354,7 @@ pub async fn run(config: DrillConfig) -> Result<Report, RunError> {
         progress.start(name);
         let t = Instant::now();
         let mut ev = Evidence::default();
+        runner.current.store(i, std::sync::atomic::Ordering::SeqCst);
         let (outcome, summary) = match &stopped {
             Some(why) => (Outcome::Skip, why.clone()),
             None => match runner.run_one(name, &mut ev).await {
@@ -366,6 +382,13 @@ pub async fn run(config: DrillConfig) -> Result<Report, RunError> {
         if i == 0 && outcome == Outcome::Fail {
             stopped = Some("the baseline failed".into());
         }
+        if stopped.is_none() && runner.budget_out.load(std::sync::atomic::Ordering::SeqCst) {
+            stopped = Some(format!(
+                "the request budget is used up ({} of --max-requests {})",
+                budget.sent(),
+                budget.sent() + budget.left().unwrap_or_default()
+            ));
+        }
         let result = DrillResult {
             name,
             outcome,
@@ -378,7 +401,10 @@ pub async fn run(config: DrillConfig) -> Result<Report, RunError> {
         progress.done(i, &result);
         drills.push(result);
     }
+    let settled = runner.settle(&mut drills).await;
+    progress.finish(settled.as_deref());
     Ok(Report {
+        settled,
         target: runner.config.target.text.clone(),
         request: runner.config.request.text(),
         drills,
@@ -420,6 +446,12 @@ impl DrillProgress {
                 crate::duration_text(Duration::from_millis(r.elapsed_ms))
             ),
         );
+    }
+
+    fn finish(&mut self, settled: Option<&str>) {
+        if let (Some(p), Some(line)) = (&mut self.0, settled) {
+            p.complete(0, line);
+        }
     }
 
     fn abort(&mut self) {

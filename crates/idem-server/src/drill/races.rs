@@ -10,12 +10,16 @@ use futures_util::future::join_all;
 
 use super::client::{Answer, Key, LosingProxy, SendError};
 use super::report::{Outcome, Round, Rounds, plural};
-use super::{Evidence, Runner, Verdict, effects_text};
+use super::{Evidence, Runner, Stop, Verdict, effects_text};
 
-/// How often a retry answered 409 (the first request still in flight) is
-/// sent again, as retrying clients do, and the first pause.
+/// How often a retry answered "try again" (409 in flight, 425, 429, 503)
+/// is sent again, as retrying clients do; the first pause (doubling), and
+/// the longest `Retry-After` honoured.
 const BUSY_RETRIES: u32 = 5;
 const BUSY_PAUSE: Duration = Duration::from_millis(100);
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(2);
+/// How long after sending the client of abandoned-request gives up.
+pub const GIVE_UP: Duration = Duration::from_millis(50);
 
 impl Runner {
     /// Runs drill `name` (`lost-response` or `concurrency`) `--rounds`
@@ -24,12 +28,24 @@ impl Runner {
         let total = self.config.rounds;
         let mut each = Vec::new();
         let mut worst: Option<(usize, Outcome, String, Evidence)> = None;
+        let mut budget_out = false;
         for i in 1..=total {
             let case = format!("{name}-{i}");
             let mut round = Evidence::default();
-            let (outcome, summary) = match name {
-                "lost-response" => self.lost_response(&case, &mut round).await?,
-                _ => self.concurrency(&case, &mut round).await?,
+            let verdict = match name {
+                "lost-response" => self.lost_response(&case, None, &mut round).await,
+                "abandoned-request" => self.lost_response(&case, Some(GIVE_UP), &mut round).await,
+                _ => self.concurrency(&case, &mut round).await,
+            };
+            let (outcome, summary) = match verdict {
+                Ok(v) => v,
+                // The rounds already run still count: a failed one is not
+                // hidden by the budget running out after it.
+                Err(Stop::Send(SendError::Budget)) if !each.is_empty() => {
+                    budget_out = true;
+                    break;
+                }
+                Err(e) => return Err(e),
             };
             each.push(Round {
                 unique: self.unique(&case),
@@ -43,6 +59,14 @@ impl Runner {
             {
                 worst = Some((each.len(), outcome, summary, round));
             }
+        }
+        let run = each.len() as u32;
+        if budget_out {
+            self.budget_out
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+            ev.note(format!(
+                "the request budget (--max-requests) ran out after {run} of {total} rounds"
+            ));
         }
         let failed = each.iter().filter(|r| r.outcome == Outcome::Fail).count() as u32;
         let warned = each.iter().filter(|r| r.outcome == Outcome::Warn).count() as u32;
@@ -67,12 +91,22 @@ impl Runner {
         }
         ev.effects = round.effects;
         let tally = match outcome {
-            Outcome::Fail => format!("{failed} of {total} rounds failed"),
-            Outcome::Warn => format!("{warned} of {total} rounds warned, none failed"),
-            _ => format!("all {total} round{} held", plural(total as usize)),
+            Outcome::Fail => format!("{failed} of {run} rounds failed"),
+            Outcome::Warn => format!("{warned} of {run} rounds warned, none failed"),
+            _ => format!("all {run} round{} held", plural(run as usize)),
+        };
+        let tally = if budget_out {
+            format!("{tally}; only {run} of {total} rounds: the budget ran out")
+        } else {
+            tally
+        };
+        // Fewer rounds than asked is no PASS: the verdict rests on too few.
+        let outcome = match outcome {
+            Outcome::Pass if budget_out => Outcome::Skip,
+            o => o,
         };
         ev.rounds = Some(Rounds {
-            run: total,
+            run,
             failed,
             warned,
             each,
@@ -81,34 +115,65 @@ impl Runner {
     }
 
     /// The request again with `key`, as a client retries: sent again while
-    /// it is answered 409 (in flight), a few times with growing pauses.
-    async fn retry(
+    /// it is answered "try again" (409 in flight, 425, 429, 503), a few
+    /// times with growing pauses or as `Retry-After` says.
+    pub(super) async fn retry(
         &self,
         u: &str,
         key: &str,
         label: &str,
         ev: &mut Evidence,
     ) -> Result<Answer, SendError> {
-        let mut pause = BUSY_PAUSE;
-        let mut a = self.send(u, Key::One(key)).await?;
-        for _ in 0..BUSY_RETRIES {
-            if a.status != 409 {
-                break;
+        self.retry_body(u, key, None, label, ev).await
+    }
+
+    /// [`Runner::retry`] with `body` in place of the case's own.
+    pub(super) async fn retry_body(
+        &self,
+        u: &str,
+        key: &str,
+        body: Option<&str>,
+        label: &str,
+        ev: &mut Evidence,
+    ) -> Result<Answer, SendError> {
+        let send = || async {
+            match body {
+                Some(b) => self.send_body(u, Key::One(key), b).await,
+                None => self.send(u, Key::One(key)).await,
             }
-            ev.note(format!("{label}: 409, again in {} ms", pause.as_millis()));
-            tokio::time::sleep(pause).await;
+        };
+        let mut pause = BUSY_PAUSE;
+        let mut a = send().await?;
+        for _ in 0..BUSY_RETRIES {
+            let Some(after) = a.try_again_after(MAX_RETRY_AFTER) else {
+                break;
+            };
+            let wait = after.unwrap_or(pause);
+            ev.note(format!(
+                "{label}: {}, again in {} ms",
+                a.status,
+                wait.as_millis()
+            ));
+            tokio::time::sleep(wait).await;
             pause *= 2;
-            a = self.send(u, Key::One(key)).await?;
+            a = send().await?;
         }
         Ok(a)
     }
 
     /// One round of lost-response: the answer lost by the proxy, two
-    /// retries with the key.
-    async fn lost_response(&self, case: &str, ev: &mut Evidence) -> Verdict {
+    /// retries with the key. With `give_up`, the round of
+    /// abandoned-request: the client leaves that long after sending,
+    /// before any answer, while the target may still be working.
+    async fn lost_response(
+        &self,
+        case: &str,
+        give_up: Option<Duration>,
+        ev: &mut Evidence,
+    ) -> Verdict {
         let (u, key) = (self.unique(case), self.key(case));
         let addr = self.client.resolve().await?;
-        let proxy = LosingProxy::start(addr, self.client.timeout()).await?;
+        let proxy = LosingProxy::start(addr, self.client.timeout(), give_up).await?;
         let body = self.body(&u);
         let lost = self
             .client
@@ -124,7 +189,12 @@ impl Runner {
         ev.note(format!(
             "through the proxy: {} request bytes forwarded; {}",
             log.forwarded,
-            if log.answered {
+            if log.gave_up {
+                format!(
+                    "the client gave up {} ms after sending, before any answer",
+                    GIVE_UP.as_millis()
+                )
+            } else if log.answered {
                 "the target started answering and the answer was dropped".to_owned()
             } else {
                 format!(
@@ -153,6 +223,14 @@ impl Runner {
         let garbled = first.garbled.as_ref().or(second.garbled.as_ref());
         Ok(if n != 1 {
             (Outcome::Fail, format!("{} for one intent", effects_text(n)))
+        } else if first.try_again_after(MAX_RETRY_AFTER).is_some() {
+            (
+                Outcome::Warn,
+                format!(
+                    "inconclusive: one effect, but every retry was answered {} (try again); the answer was never seen",
+                    first.status
+                ),
+            )
         } else if first.status >= 500 {
             (
                 Outcome::Fail,
@@ -299,11 +377,6 @@ impl<'a> Race<'a> {
 
     /// The round's verdict, given the retry after it and the effects.
     fn verdict(&self, n: usize, after: &Answer, effects: u64) -> (Outcome, String) {
-        let answered_by = self
-            .distinct
-            .first()
-            .copied()
-            .or(after.success().then_some(after));
         let differs = self.distinct.len() > 1
             || (after.success() && self.distinct.first().is_some_and(|d| !d.same(after)));
         if effects > 1 {
@@ -315,16 +388,38 @@ impl<'a> Race<'a> {
         if effects == 0 {
             return (
                 Outcome::Fail,
-                format!(
-                    "no effect: no request of the race succeeded, nor the retry after it ({})",
-                    after.status
-                ),
+                if self.successes == 0 && !after.success() {
+                    format!(
+                        "no effect: no request of the race succeeded, nor the retry after it ({})",
+                        after.status
+                    )
+                } else {
+                    "2xx answers, yet no effect was counted".to_owned()
+                },
             );
+        }
+        let garbled = self
+            .distinct
+            .iter()
+            .copied()
+            .chain(after.success().then_some(after))
+            .find_map(|a| a.garbled.as_ref());
+        if let Some(g) = garbled {
+            return (Outcome::Fail, format!("an answer is unreadable: {g}"));
         }
         if differs {
             return (
                 Outcome::Fail,
                 "different 2xx answers to one key: a retry does not get the first answer".into(),
+            );
+        }
+        if after.try_again_after(MAX_RETRY_AFTER).is_some() {
+            return (
+                Outcome::Warn,
+                format!(
+                    "inconclusive: one effect, but the retry after the race was still answered {} (try again)",
+                    after.status
+                ),
             );
         }
         if !after.success() {
@@ -335,9 +430,6 @@ impl<'a> Race<'a> {
                     after.status
                 ),
             );
-        }
-        if let Some(g) = answered_by.and_then(|a| a.garbled.as_ref()) {
-            return (Outcome::Fail, format!("the answer is unreadable: {g}"));
         }
         if !self.others.is_empty() || !self.errors.is_empty() {
             let mut statuses: BTreeMap<u16, usize> = BTreeMap::new();

@@ -33,14 +33,19 @@ impl Runner {
         key: &str,
         ev: &mut Evidence,
     ) -> Result<Result<Answer, (Outcome, String)>, Stop> {
-        let a = self.send(u, Key::One(key)).await?;
+        let a = self.retry(u, key, "first", ev).await?;
         ev.note(format!("first: {}", a.brief()));
         Ok(if a.success() {
             Ok(a)
         } else {
+            // The baseline passed: this is the target's mood (a rate limit,
+            // a hiccup), not a property of its keys.
             Err((
-                Outcome::Fail,
-                format!("the first request was answered {}", a.status),
+                Outcome::Skip,
+                format!(
+                    "the first request was answered {}, so this drill could not run",
+                    a.status
+                ),
             ))
         })
     }
@@ -66,6 +71,12 @@ impl Runner {
             _ if n != 1 => (
                 Outcome::Fail,
                 format!("{}: the other payload ran", effects_text(n)),
+            ),
+            s if a.success() && a.same(&first) && what.starts_with("an extra field") => (
+                Outcome::Warn,
+                format!(
+                    "{s}: the first answer, replayed to a payload that only adds a field ({what}); a fingerprint of the known fields may ignore it, but a changed value would tell more (give --body a number or a string field)"
+                ),
             ),
             s if a.success() && a.same(&first) => (
                 Outcome::Fail,
@@ -100,7 +111,9 @@ impl Runner {
             Ok(a) => a,
             Err(v) => return Ok(v),
         };
-        let a = self.send_body(&u, Key::One(&key), &reversed).await?;
+        let a = self
+            .retry_body(&u, &key, Some(&reversed), "fields reversed", ev)
+            .await?;
         ev.note(format!(
             "fields reversed: {}",
             if a.same(&first) {
@@ -109,6 +122,14 @@ impl Runner {
                 a.brief()
             }
         ));
+        // Refused: a byte-level fingerprint only if the same bytes replay.
+        let again = if !a.success() && !a.same(&first) {
+            let again = self.retry(&u, &key, "the same body again", ev).await?;
+            ev.note(format!("the same body again: {}", again.brief()));
+            Some(again)
+        } else {
+            None
+        };
         let n = self.effects(&u, ev).await?;
         Ok(if n == 1 && a.same(&first) {
             (Outcome::Pass, "a replay; one effect".into())
@@ -125,11 +146,20 @@ impl Runner {
                     a.status
                 ),
             )
+        } else if again.as_ref().is_some_and(|g| !g.same(&first)) {
+            (
+                Outcome::Warn,
+                format!(
+                    "refused with {} and no new effect, but the same body again was answered {} too: no replay to compare with",
+                    a.status,
+                    again.as_ref().map_or(0, |g| g.status)
+                ),
+            )
         } else {
             (
                 Outcome::Warn,
                 format!(
-                    "refused with {} and no new effect: the fingerprint reads the body's bytes, so the same JSON in another order is another request here",
+                    "refused with {} and no new effect while the same bytes replay: the fingerprint reads the body's bytes, so the same JSON in another order is another request here",
                     a.status
                 ),
             )
@@ -246,7 +276,7 @@ impl Runner {
             Ok(a) => a,
             Err((_, why)) => return Ok((Outcome::Info, why)),
         };
-        let second = self.send(&u, Key::One(&key)).await?;
+        let second = self.retry(&u, &key, "second", ev).await?;
         ev.note(format!("second: {}", second.brief()));
         let n = self.effects(&u, ev).await?;
         let marked = |a: &Answer| match a.replay_header() {

@@ -115,7 +115,17 @@ pub struct Report {
     pub elapsed_ms: u64,
     /// `--strict`: convention warnings fail the run too.
     pub strict: bool,
+    /// What counting every case again after `--settle` found, if done.
+    pub settled: Option<String>,
 }
+
+/// The drills without which there is no verdict on the contract.
+pub const CORE_DRILLS: &[&str] = &[
+    "baseline",
+    "lost-response",
+    "abandoned-request",
+    "concurrency",
+];
 
 impl Report {
     /// How many drills ended with `outcome`.
@@ -126,12 +136,29 @@ impl Report {
     /// Whether the run fails (exit status 1): a contract failure, or with
     /// `--strict` a convention warning too.
     pub fn failed(&self) -> bool {
-        self.count(Outcome::Fail) > 0 || (self.strict && self.count(Outcome::Warn) > 0)
+        self.count(Outcome::Fail) > 0
+            || !self.unchecked().is_empty()
+            || (self.strict && self.count(Outcome::Warn) > 0)
     }
 
-    /// `fail`, `warn` (convention findings only) or `pass`.
+    /// The core drills that were skipped (the budget ran out): without
+    /// them the run says nothing about the contract, and is no PASS.
+    pub fn unchecked(&self) -> Vec<&'static str> {
+        self.drills
+            .iter()
+            .filter(|d| CORE_DRILLS.contains(&d.name) && d.outcome == Outcome::Skip)
+            .map(|d| d.name)
+            .collect()
+    }
+
+    /// `fail`, `incomplete` (a core drill not run), `warn` (convention
+    /// findings only) or `pass`.
     pub fn result(&self) -> &'static str {
-        if self.failed() {
+        if self.count(Outcome::Fail) > 0 {
+            "fail"
+        } else if !self.unchecked().is_empty() {
+            "incomplete"
+        } else if self.failed() {
             "fail"
         } else if self.count(Outcome::Warn) > 0 {
             "warn"
@@ -187,6 +214,9 @@ impl Report {
                 let _ = writeln!(out, "{:width$}          {}", "", printable(e));
             }
         }
+        if let Some(settled) = &self.settled {
+            let _ = writeln!(out, "\n{}", printable(settled));
+        }
         let _ = writeln!(out, "\n{}", self.totals());
         let _ = writeln!(out, "{}", self.verdict());
         out
@@ -195,6 +225,22 @@ impl Report {
     /// The last line of the table: what the exit status means.
     pub fn verdict(&self) -> String {
         let (fail, warn) = (self.count(Outcome::Fail), self.count(Outcome::Warn));
+        if let Some(b) = self
+            .drill("baseline")
+            .filter(|b| b.outcome == Outcome::Fail)
+        {
+            return format!(
+                "verdict: FAIL — the baseline failed, so nothing else was checked: {}",
+                b.summary
+            );
+        }
+        let unchecked = self.unchecked();
+        if fail == 0 && !unchecked.is_empty() {
+            return format!(
+                "verdict: INCOMPLETE — {} not run (the request budget ran out): no verdict on the contract",
+                unchecked.join(", ")
+            );
+        }
         match (fail, warn) {
             (0, 0) => "verdict: PASS — every contract property held".into(),
             (0, w) if self.strict => format!(
@@ -206,7 +252,7 @@ impl Report {
                 plural(w)
             ),
             (f, _) => format!(
-                "verdict: FAIL — {f} contract failure{} (duplicate effects, lost or changed answers, or another payload accepted)",
+                "verdict: FAIL — {f} contract failure{} (duplicate effects, lost or changed answers, another payload accepted, or no answer)",
                 plural(f)
             ),
         }
@@ -223,6 +269,7 @@ impl Report {
             "request": self.request,
             "result": self.result(),
             "strict": self.strict,
+            "settled": self.settled,
             "counts": {
                 "pass": self.count(Outcome::Pass),
                 "fail": self.count(Outcome::Fail),

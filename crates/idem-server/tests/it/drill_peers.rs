@@ -69,6 +69,14 @@ struct Behaviour {
     /// The replay header's name.
     marker: &'static str,
     gzip: Gzip,
+    /// How long the payment takes.
+    work: Duration,
+    /// The key is freed when the client disconnects mid-request, while the
+    /// payment goes on (a middleware that cleans up on cancellation).
+    release_on_disconnect: bool,
+    /// Each replay queues a job that makes a second payment a little later
+    /// (the answer itself is right).
+    late_duplicate: bool,
 }
 
 /// The defaults: a correct server with the usual conventions.
@@ -83,6 +91,9 @@ const CORRECT: Behaviour = Behaviour {
     mismatch_status: 422,
     marker: "idempotent-replayed",
     gzip: Gzip::Off,
+    work: Duration::from_millis(20),
+    release_on_disconnect: false,
+    late_duplicate: false,
 };
 
 enum Entry {
@@ -189,7 +200,7 @@ fn gzipped(body: &[u8]) -> Vec<u8> {
 /// The payment itself: the handler's work takes a moment, the window of a
 /// GET-then-SET race.
 async fn charge(peer: &Peer, customer: &str) -> Vec<u8> {
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    tokio::time::sleep(peer.behaviour.work).await;
     let mut store = peer.store.lock().unwrap();
     store.payments.push(customer.to_owned());
     let id = store.payments.len();
@@ -232,26 +243,76 @@ async fn create(State(peer): State<Peer>, headers: HeaderMap, body: Bytes) -> Re
         && headers
             .get(header::ACCEPT_ENCODING)
             .is_some_and(|v| v.to_str().unwrap_or_default().contains("gzip"));
-    if let Some(early) = claim(&peer, &key, &fingerprint) {
+    if let Some(early) = claim(&peer, &key, &fingerprint, &customer) {
         return early;
     }
-    let plain = charge(&peer, &customer).await;
-    let sent = if gzip { gzipped(&plain) } else { plain };
-    peer.store.lock().unwrap().keys.insert(
-        key,
-        Entry::Done {
+    // The payment runs to its end whatever happens to the request (hyper
+    // drops a request's future when its client goes away).
+    let finish = move |peer: &Peer, key: String, sent: Vec<u8>| {
+        let entry = Entry::Done {
             fingerprint,
             status: 201,
-            body: sent.clone(),
+            body: sent,
             gzip,
-        },
-    );
+        };
+        peer.store.lock().unwrap().keys.insert(key, entry);
+    };
+    let sent = if b.release_on_disconnect {
+        // The middleware records the answer in the request's future, and
+        // frees the key if that future is dropped: the payment goes on.
+        let release = Release {
+            peer: peer.clone(),
+            key: Some(key.clone()),
+        };
+        let task = {
+            let peer = peer.clone();
+            tokio::spawn(async move { charge(&peer, &customer).await })
+        };
+        let plain = task.await.unwrap();
+        let sent = if gzip { gzipped(&plain) } else { plain };
+        finish(&peer, key, sent.clone());
+        release.disarm();
+        sent
+    } else {
+        let peer = peer.clone();
+        tokio::spawn(async move {
+            let plain = charge(&peer, &customer).await;
+            let sent = if gzip { gzipped(&plain) } else { plain };
+            finish(&peer, key, sent.clone());
+            sent
+        })
+        .await
+        .unwrap()
+    };
     answer(201, &sent, gzip, None)
+}
+
+/// Frees an in-flight key when dropped armed.
+struct Release {
+    peer: Peer,
+    key: Option<String>,
+}
+
+impl Release {
+    fn disarm(mut self) {
+        self.key = None;
+    }
+}
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        if let Some(key) = self.key.take() {
+            let mut store = self.peer.store.lock().unwrap();
+            if matches!(store.keys.get(&key), Some(Entry::InFlight)) {
+                store.keys.remove(&key);
+            }
+        }
+    }
 }
 
 /// Claims `key`: the stored answer or a refusal to send at once, or `None`
 /// to run the request (claimed in flight, unless the key races).
-fn claim(peer: &Peer, key: &str, fingerprint: &[u8]) -> Option<Response> {
+fn claim(peer: &Peer, key: &str, fingerprint: &[u8], customer: &str) -> Option<Response> {
     let b = peer.behaviour;
     let mut store = peer.store.lock().unwrap();
     if !store.racy.contains_key(key) {
@@ -272,6 +333,13 @@ fn claim(peer: &Peer, key: &str, fingerprint: &[u8]) -> Option<Response> {
         }) => Some(if f != fingerprint {
             problem(b.mismatch_status, "another request under this key")
         } else {
+            if b.late_duplicate {
+                let (peer, customer) = (peer.clone(), customer.to_owned());
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    peer.store.lock().unwrap().payments.push(customer);
+                });
+            }
             answer(*status, body, *gzip && b.gzip == Gzip::On, Some(b.marker))
         }),
         Some(Entry::InFlight) => Some(problem(b.busy_status, "in flight")),
@@ -317,7 +385,7 @@ async fn run(addr: SocketAddr, extra: &[&str]) -> (Option<i32>, Value) {
 /// exactly where the server's own count is other than one effect, and the
 /// effects the drill reports are the server's.
 fn assert_rounds_agree_with_the_probe(peer: &Peer, r: &Value) {
-    for name in ["lost-response", "concurrency"] {
+    for name in ["lost-response", "abandoned-request", "concurrency"] {
         let rounds = &drill_named(r, name)["rounds"];
         let each = rounds["each"].as_array().unwrap();
         assert_eq!(each.len() as u64, rounds["run"].as_u64().unwrap());
@@ -475,4 +543,76 @@ async fn a_replay_that_loses_its_content_encoding_fails_lost_response() {
     let (code, r) = run(addr, &["--rounds", "2"]).await;
     assert_eq!(code, Some(0), "{r:#}");
     assert_eq!(r["result"], "pass", "{r:#}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_freed_when_the_client_gives_up_fails_abandoned_request() {
+    let slow = Duration::from_millis(300);
+    let (peer, addr) = Peer::start(Behaviour {
+        release_on_disconnect: true,
+        work: slow,
+        ..CORRECT
+    })
+    .await;
+    let (code, r) = run(addr, &["--rounds", "2"]).await;
+    assert_eq!(code, Some(1), "{r:#}");
+    assert_eq!(outcome(&r, "abandoned-request"), "fail", "{r:#}");
+    assert_eq!(
+        outcome(&r, "lost-response"),
+        "pass",
+        "the answer came: {r:#}"
+    );
+    for round in drill_named(&r, "abandoned-request")["rounds"]["each"]
+        .as_array()
+        .unwrap()
+    {
+        let probe = peer.effects(round["unique"].as_str().unwrap());
+        assert_eq!(probe, 2, "the first payment and the retry's: {round}");
+        assert_eq!(round["effects"], probe);
+    }
+
+    // The control: a slow target that keeps the key through a disconnect.
+    let (peer, addr) = Peer::start(Behaviour {
+        work: slow,
+        ..CORRECT
+    })
+    .await;
+    let (code, r) = run(addr, &["--rounds", "2"]).await;
+    assert_eq!(code, Some(0), "{r:#}");
+    assert_eq!(outcome(&r, "abandoned-request"), "pass", "{r:#}");
+    assert_rounds_agree_with_the_probe(&peer, &r);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_made_after_the_answers_is_caught_by_counting_again() {
+    let (peer, addr) = Peer::start(Behaviour {
+        late_duplicate: true,
+        ..CORRECT
+    })
+    .await;
+    let (code, r) = run(addr, &["--rounds", "2"]).await;
+    assert_eq!(code, Some(1), "{r:#}");
+    let settled = r["settled"].as_str().unwrap();
+    assert!(settled.contains("grew"), "{settled}");
+    let lost = drill_named(&r, "lost-response");
+    assert_eq!(lost["outcome"], "fail", "{lost:#}");
+    assert!(
+        lost["summary"]
+            .as_str()
+            .unwrap()
+            .contains("a duplicate made late"),
+        "{lost:#}"
+    );
+    for round in lost["rounds"]["each"].as_array().unwrap() {
+        let probe = peer.effects(round["unique"].as_str().unwrap());
+        assert!(probe > 1, "the replays' jobs ran: {round}");
+        assert_eq!(round["effects"], probe, "{round}");
+        assert_eq!(round["outcome"], "fail", "{round}");
+    }
+    assert_eq!(lost["rounds"]["failed"], 2);
+
+    // Without counting again, the same target looks right: what --settle is for.
+    let (code, r) = run(addr, &["--rounds", "2", "--settle", "0s"]).await;
+    assert_eq!(code, Some(0), "{r:#}");
+    assert!(r["settled"].is_null());
 }

@@ -156,10 +156,11 @@ async fn the_demo_api_passes_every_drill() {
     assert_eq!(out.status.code(), Some(0), "{r:#}");
     assert_eq!(r["result"], "pass");
     assert_eq!(r["counts"]["fail"], 0);
-    assert_eq!(r["drills"].as_array().unwrap().len(), 14);
+    assert_eq!(r["drills"].as_array().unwrap().len(), 15);
     for name in [
         "baseline",
         "lost-response",
+        "abandoned-request",
         "concurrency",
         "key-reuse",
         "reordered-fields",
@@ -210,7 +211,7 @@ async fn the_demo_api_passes_every_drill() {
         "five rounds of 50 concurrent requests and a retry"
     );
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("[3/14] concurrency PASS"),
+        String::from_utf8_lossy(&out.stderr).contains("[4/15] concurrency PASS"),
         "a progress line per drill on stderr"
     );
 }
@@ -443,11 +444,57 @@ async fn max_requests_is_never_exceeded() {
         } else {
             assert_eq!(stopped, 0, "a whole run fits in 1000 requests: {r:#}");
         }
-        assert!(
-            matches!(out.status.code(), Some(0 | 1)),
-            "the runner stops on its own"
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "a naive upstream, or a run cut short: never a PASS: {r:#}"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_budget_that_runs_out_neither_hides_a_failed_round_nor_passes() {
+    let up = Upstream::start("naive").await;
+    // The baseline (3), five lost-response (4 each), five abandoned-request
+    // (4 each), one round of concurrency (10 + a retry + a count): 55.
+    let mut args = drill_args(up.addr);
+    args.extend(
+        [
+            "--json",
+            "--concurrency",
+            "10",
+            "--max-requests",
+            "60",
+            "--settle",
+            "0s",
+        ]
+        .map(String::from),
+    );
+    let out = drill(args).await;
+    let r = report(&out);
+    assert_eq!(out.status.code(), Some(1), "{r:#}");
+    let race = drill_named(&r, "concurrency");
+    assert_eq!(race["outcome"], "fail", "the round run failed: {race:#}");
+    assert_eq!(race["rounds"]["run"], 1, "{race:#}");
+    assert!(
+        race["summary"]
+            .as_str()
+            .unwrap()
+            .contains("the budget ran out")
+    );
+
+    // Two requests: the baseline cannot finish; nothing is checked, and the
+    // verdict says so instead of passing.
+    let mut args = drill_args(up.addr);
+    args.extend(["--json", "--max-requests", "2"].map(String::from));
+    let out = drill(args).await;
+    let r = report(&out);
+    assert_eq!(out.status.code(), Some(1), "{r:#}");
+    assert_eq!(r["result"], "incomplete", "{r:#}");
+    let mut args = drill_args(up.addr);
+    args.extend(["--max-requests", "2"].map(String::from));
+    let table = String::from_utf8_lossy(&drill(args).await.stdout).into_owned();
+    assert!(table.contains("verdict: INCOMPLETE"), "{table}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -600,6 +647,7 @@ async fn the_gateway_passes_every_drill(db: crate::checkout::ShopDb, instances: 
     for name in [
         "baseline",
         "lost-response",
+        "abandoned-request",
         "concurrency",
         "key-reuse",
         "reordered-fields",
