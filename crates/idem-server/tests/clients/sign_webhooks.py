@@ -11,7 +11,9 @@ now by:
 - ``standardwebhooks`` (``standardwebhooks.webhooks.Webhook.sign``) under the
   specification's ``webhook-id``, ``webhook-timestamp``, ``webhook-signature``;
 - ``slack_sdk`` (``slack_sdk.signature.SignatureVerifier``) as
-  ``X-Slack-Signature`` and ``X-Slack-Request-Timestamp``.
+  ``X-Slack-Signature`` and ``X-Slack-Request-Timestamp``;
+- ``stripe`` (``stripe.WebhookSignature.generate_signature_header``) as
+  ``Stripe-Signature``.
 
 Each signed delivery is first checked with the same library's own verifier,
 so what Idem receives is what that library accepts.
@@ -23,6 +25,7 @@ import time
 from datetime import datetime, timezone
 
 import standardwebhooks.webhooks
+import stripe
 import svix.webhooks
 from slack_sdk.signature import SignatureVerifier
 
@@ -50,7 +53,18 @@ def sign_slack(secret, _id, body, now):
     return headers
 
 
-SIGNERS = {"svix": sign_svix, "standardwebhooks": sign_standard, "slack_sdk": sign_slack}
+def sign_stripe(secret, _id, body, now):
+    header = stripe.WebhookSignature.generate_signature_header(body, secret, timestamp=now)
+    stripe.WebhookSignature.verify_header(body, header, secret, tolerance=300)
+    return {"Stripe-Signature": header}
+
+
+SIGNERS = {
+    "svix": sign_svix,
+    "standardwebhooks": sign_standard,
+    "slack_sdk": sign_slack,
+    "stripe": sign_stripe,
+}
 
 
 def main():

@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use crate::checkout::ShopDb;
 use crate::payments_of;
 use crate::process::Server;
-use crate::webhooks::{deliver, payment, upstream};
+use crate::webhooks::{deliver, payment, sign, upstream};
 
 const KEY: &[u8] = b"idem-svix-and-standard-key-32byt";
 const SLACK_SECRET: &str = "8f742231b10e8888abcd99yyyzzz85a5";
@@ -257,6 +257,86 @@ pub async fn slack_url_verification_signed_by_slack_sdk_gets_its_challenge(db: S
         cli(&db.url(), &["list"]).lines().count(),
         0,
         "a handshake is never stored, so never forwarded"
+    );
+}
+
+/// The `toml` blocks of the README's "One block per provider".
+fn readme_provider_blocks() -> Vec<String> {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
+    let (_, section) = readme.split_once("\n### One block per provider\n").unwrap();
+    let section = section.split("\n## ").next().unwrap();
+    section
+        .split("```toml\n")
+        .skip(1)
+        .map(|b| b.split_once("```").unwrap().0.to_owned())
+        .collect()
+}
+
+/// Each README block works as written: the configuration loads, and a
+/// delivery signed with the block's secret by the provider's own library
+/// (GitHub's and Shopify's documented algorithm: they publish none) verifies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readme_provider_blocks_verify_their_own_libraries_signatures() {
+    use axum::http::{HeaderMap, HeaderName, HeaderValue};
+    let blocks = readme_provider_blocks();
+    let mut schemes = Vec::new();
+    for block in &blocks {
+        let config =
+            idem_server::webhooks::parse(block).unwrap_or_else(|e| panic!("{e:#}\n{block}"));
+        let [endpoint] = &config.endpoints[..] else {
+            panic!("one endpoint per block:\n{block}")
+        };
+        let table: toml::Table = toml::from_str(block).unwrap();
+        let secret = table["webhooks"][&endpoint.name]["secrets"][0]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let scheme = table["webhooks"][&endpoint.name]["scheme"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let body = payment("cus_readme", r#","id":"evt_readme","event_id":"Ev_readme""#);
+        let signed: Vec<(&str, Vec<(String, String)>)> = match scheme.as_str() {
+            "github" => vec![("github", sign::github(&secret, "readme-1", &body))],
+            "shopify" => vec![("shopify", sign::shopify(&secret, "readme-1", &body))],
+            library => {
+                let libraries: &[&str] = match library {
+                    "standard" => &["svix", "standardwebhooks"],
+                    "slack" => &["slack_sdk"],
+                    "stripe" => &["stripe"],
+                    other => panic!("no signer for {other}"),
+                };
+                let deliveries = libraries
+                    .iter()
+                    .map(|l| json!({"library": l, "secret": secret, "id": "msg_readme", "body": body}))
+                    .collect();
+                libraries
+                    .iter()
+                    .copied()
+                    .zip(sign(Value::Array(deliveries)).await)
+                    .collect()
+            }
+        };
+        for (library, headers) in signed {
+            let mut map = HeaderMap::new();
+            for (n, v) in &headers {
+                map.insert(
+                    HeaderName::try_from(n.as_str()).unwrap(),
+                    HeaderValue::try_from(v).unwrap(),
+                );
+            }
+            let now = crate::webhooks::now_s();
+            let verified = endpoint.verifier.verify(&map, body.as_bytes(), now);
+            assert!(verified.is_ok(), "{library}: {verified:?}\n{block}");
+        }
+        schemes.push(scheme);
+    }
+    schemes.sort();
+    assert_eq!(
+        schemes,
+        ["github", "shopify", "slack", "standard", "stripe"],
+        "one block per provider"
     );
 }
 
