@@ -673,10 +673,18 @@ impl Peer {
     }
 }
 
-/// The retrying clients the gateway's tests drive (`IDEM_TEST_PYTHON`):
-/// requests with urllib3's `Retry`, and Stripe's own library. Pinned, so a
-/// run tests the clients a previous one did.
-const CLIENT_PACKAGES: &[&str] = &["requests==2.34.2", "urllib3==2.8.0", "stripe==16.1.0"];
+/// The real clients the tests drive (`IDEM_TEST_PYTHON`): for the gateway,
+/// requests with urllib3's `Retry` and Stripe's own library; for webhooks,
+/// the providers' signing libraries (Svix's, Standard Webhooks', Slack's
+/// SDK). Pinned, so a run tests the clients a previous one did.
+const CLIENT_PACKAGES: &[&str] = &[
+    "requests==2.34.2",
+    "urllib3==2.8.0",
+    "stripe==16.1.0",
+    "svix==2.9.1",
+    "standardwebhooks==1.3.0",
+    "slack_sdk==3.48.0",
+];
 
 /// `target/<name>/venv`, made with `python3 -m venv` and filled with
 /// pip once; reused while its package list is the same. Its python.

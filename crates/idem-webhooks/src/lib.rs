@@ -18,6 +18,12 @@
 //!    transaction;
 //! 5. **answer fast** — 202 for a new delivery, 200 for a duplicate.
 //!
+//! One exception to 3–5: Slack's `url_verification` handshake (a verified
+//! body `{"type":"url_verification","challenge":"…"}` on a `slack` endpoint)
+//! is answered `200 {"challenge":"…"}` ([`Received::Challenge`]) and never
+//! stored nor forwarded; one without a usable challenge is refused (400,
+//! [`ReceiveError::BadChallenge`]).
+//!
 //! With the `axum` feature, [`route::router`] is that order as an axum route,
 //! `POST /webhooks/{endpoint}`, answering errors as problem+json. [`lookup`]
 //! finds a stored delivery by any id an operator types.
@@ -67,7 +73,7 @@
 //! |---|---|---|
 //! | `github` | `X-GitHub-Hook-ID:X-GitHub-Delivery` | body SHA-256 |
 //! | `stripe` | the event's `id` in the body (`evt_…`) | `t` and body SHA-256 |
-//! | `standard` | `webhook-id` (signed, so always present) | — |
+//! | `standard` | `webhook-id` or `svix-id` (signed, so always present) | — |
 //! | `shopify` | `X-Shopify-Webhook-Id` (or `X-Shopify-Event-Id`) | body SHA-256 |
 //! | `slack` | `event_id` in the body (Events API) | timestamp and body SHA-256 |
 //!
@@ -97,8 +103,21 @@
 //! Slack sign the id (or carry it in the signed body) together with a
 //! timestamp and are deduplicated on the id only.
 //!
+//! ## Standard Webhooks and Svix
+//!
+//! The `standard` scheme reads the specification's `webhook-id`,
+//! `webhook-timestamp` and `webhook-signature`, or the same three under
+//! Svix's default names, `svix-id`, `svix-timestamp` and `svix-signature`.
+//! One set is read whole, never a mix: `webhook-*` when any of its three is
+//! present, else `svix-*`. When both are sent, `svix-id` and
+//! `svix-timestamp` must repeat the `webhook-*` values (else 401, nothing
+//! stored) and only `webhook-signature` is checked, so a receipt never holds
+//! an id or time other than the one verified. Secrets are `whsec_<base64>`
+//! (or `whpk_<base64>` for `v1a`), with or without the base64 `=` padding.
+//!
 //! Signature headers (`x-hub-signature*`, `stripe-signature`,
-//! `webhook-signature`, `x-shopify-hmac-sha256`, `x-slack-signature`) and
+//! `webhook-signature`, `svix-signature`, `x-shopify-hmac-sha256`,
+//! `x-slack-signature`) and
 //! credentials are never stored with a receipt ([`is_secret_header`]).
 //!
 //! ## Order awareness

@@ -12,7 +12,7 @@ use idem_core::{Clock, StoreError, SystemClock};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-use crate::scheme::{Scheme, Secret, Verifier, VerifyError};
+use crate::scheme::{Scheme, Secret, SlackBody, Verifier, VerifyError, slack_body};
 
 /// One endpoint as written in the configuration file (`[webhooks.<name>]`).
 #[derive(Debug, Clone, Deserialize)]
@@ -243,7 +243,8 @@ pub struct Counters {
 }
 
 /// The counter of deliveries by endpoint and result (`accepted`,
-/// `duplicate`, `bad_signature`, `stale_timestamp`, `too_large`).
+/// `duplicate`, `bad_signature`, `stale_timestamp`, `too_large`,
+/// `url_verification` for an answered Slack handshake).
 pub const DELIVERIES_TOTAL: &str = "idem_webhook_deliveries_total";
 
 /// Counts one delivery of a configured endpoint (the name is the
@@ -309,6 +310,12 @@ pub enum Received {
         /// Its dedupe key within the endpoint.
         delivery_id: String,
     },
+    /// Slack's `url_verification` handshake, signature verified: answer 200
+    /// with the challenge. Nothing was stored; nothing is forwarded.
+    Challenge {
+        /// The `challenge` to echo.
+        challenge: String,
+    },
 }
 
 /// Why a delivery was not taken. Nothing was stored.
@@ -329,6 +336,10 @@ pub enum ReceiveError {
     /// timestamp missed) helps a forger.
     #[error("signature: {0}")]
     Signature(#[from] VerifyError),
+    /// A verified Slack `url_verification` whose `challenge` is missing or
+    /// unusable (400).
+    #[error("url_verification without a usable challenge")]
+    BadChallenge,
     /// The store failed (503 when retryable).
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -342,6 +353,7 @@ const SECRET_HEADERS: &[&str] = &[
     "cookie",
     "proxy-authorization",
     "stripe-signature",
+    "svix-signature",
     "webhook-signature",
     "x-shopify-hmac-sha256",
     "x-slack-signature",
@@ -350,6 +362,7 @@ const SECRET_HEADERS: &[&str] = &[
 /// Whether a request header is a credential or a signature: never stored
 /// with a receipt, and left out when showing receipts stored before this
 /// rule (`x-hub-signature*`, `stripe-signature`, `webhook-signature`,
+/// `svix-signature`,
 /// `x-shopify-hmac-sha256`, `x-slack-signature`, `authorization`, `cookie`,
 /// `proxy-authorization`).
 pub fn is_secret_header(name: &str) -> bool {
@@ -468,6 +481,16 @@ impl<S: WebhookStore, C: Clock> Receiver<S, C> {
                 return Err(e.into());
             }
         };
+        if endpoint.verifier.scheme() == Scheme::Slack {
+            match slack_body(body) {
+                SlackBody::Delivery => {}
+                SlackBody::Challenge(challenge) => {
+                    count_delivery(&endpoint.name, "url_verification");
+                    return Ok(Received::Challenge { challenge });
+                }
+                SlackBody::BadChallenge => return Err(ReceiveError::BadChallenge),
+            }
+        }
         let (entity_id, entity_version) = endpoint.entity_of(body);
         let delivery_id = bounded_delivery_id(&verified.delivery_id).into_owned();
         let receipt = NewReceipt {
@@ -744,6 +767,7 @@ mod tests {
             "X-Hub-Signature-256",
             "stripe-signature",
             "webhook-signature",
+            "svix-signature",
             "x-shopify-hmac-sha256",
             "x-slack-signature",
             "authorization",
@@ -751,7 +775,13 @@ mod tests {
         ] {
             assert!(is_secret_header(h), "{h}");
         }
-        for h in ["content-type", "x-github-delivery", "webhook-id", "x-hub"] {
+        for h in [
+            "content-type",
+            "x-github-delivery",
+            "webhook-id",
+            "svix-id",
+            "x-hub",
+        ] {
             assert!(!is_secret_header(h), "{h}");
         }
     }

@@ -47,6 +47,18 @@ fn accepted(status: StatusCode, outcome: &str, delivery_id: &str) -> Response {
     res
 }
 
+/// Slack's handshake answered as its documentation shows:
+/// `200 {"challenge":"…"}`.
+fn challenge_answer(challenge: &str) -> Response {
+    let body = serde_json::json!({ "challenge": challenge });
+    let mut res = Response::new(Body::from(body.to_string()));
+    res.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    res
+}
+
 async fn receive<S: WebhookStore, C: Clock>(
     State(receiver): State<Arc<Receiver<S, C>>>,
     Path(name): Path<String>,
@@ -78,6 +90,12 @@ async fn receive<S: WebhookStore, C: Clock>(
         Ok(Received::Duplicate { delivery_id }) => {
             accepted(StatusCode::OK, "duplicate", &delivery_id)
         }
+        Ok(Received::Challenge { challenge }) => challenge_answer(&challenge),
+        Err(ReceiveError::BadChallenge) => problem(
+            StatusCode::BAD_REQUEST,
+            "invalid-challenge",
+            "The url_verification request has no usable challenge",
+        ),
         // One answer for every forgery: which check failed, or by how much a
         // timestamp missed, would help a forger. The receiver logs the
         // reason (rate-limited).

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
+use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
 use ed25519_dalek::{Signature, VerifyingKey};
 use hmac::{Hmac, Mac};
 use http::HeaderMap;
@@ -22,7 +23,10 @@ pub enum Scheme {
     /// `Stripe-Signature: t=…,v1=…` over `t.body`.
     Stripe,
     /// Standard Webhooks: `webhook-id`, `webhook-timestamp`,
-    /// `webhook-signature: v1,<base64> v1a,<base64>` over `id.timestamp.body`.
+    /// `webhook-signature: v1,<base64> v1a,<base64>` over `id.timestamp.body`;
+    /// or the same three as Svix names them by default (`svix-id`,
+    /// `svix-timestamp`, `svix-signature`). One set is read whole, never a
+    /// mix (see [`Verifier::verify`]).
     Standard,
     /// `X-Shopify-Hmac-Sha256: <base64>` over the body.
     Shopify,
@@ -137,6 +141,67 @@ pub struct Verifier {
     tolerance: Duration,
 }
 
+/// Standard base64 whose padding may be written or left out: how
+/// `whsec_`/`whpk_` secrets are read (the `standardwebhooks` library accepts
+/// both spellings). Signatures keep the strict, padded decoder.
+const SECRET_B64: GeneralPurpose = GeneralPurpose::new(
+    &base64::alphabet::STANDARD,
+    GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
+);
+
+/// The three Standard Webhooks headers under one naming.
+struct HeaderSet {
+    id: &'static str,
+    timestamp: &'static str,
+    signature: &'static str,
+}
+
+/// The specification's names.
+const WEBHOOK_HEADERS: HeaderSet = HeaderSet {
+    id: "webhook-id",
+    timestamp: "webhook-timestamp",
+    signature: "webhook-signature",
+};
+
+/// Svix's default names (`webhook-*` is its white-label option).
+const SVIX_HEADERS: HeaderSet = HeaderSet {
+    id: "svix-id",
+    timestamp: "svix-timestamp",
+    signature: "svix-signature",
+};
+
+/// The header set a Standard Webhooks delivery is read with: `webhook-*`
+/// when any of its three headers is present, else `svix-*`. Never a mix:
+/// with the `webhook-*` set, a `svix-id` or `svix-timestamp` beside its
+/// `webhook-id` or `webhook-timestamp` must hold the same value, or the
+/// delivery is malformed (a receipt never carries two different ids or
+/// times); `svix-signature` is then not read.
+fn standard_set(headers: &HeaderMap) -> Result<&'static HeaderSet, VerifyError> {
+    let present = |set: &HeaderSet| {
+        [set.id, set.timestamp, set.signature]
+            .iter()
+            .any(|h| headers.contains_key(*h))
+    };
+    if !present(&WEBHOOK_HEADERS) {
+        return Ok(if present(&SVIX_HEADERS) {
+            &SVIX_HEADERS
+        } else {
+            &WEBHOOK_HEADERS
+        });
+    }
+    for (ours, theirs) in [
+        (WEBHOOK_HEADERS.id, SVIX_HEADERS.id),
+        (WEBHOOK_HEADERS.timestamp, SVIX_HEADERS.timestamp),
+    ] {
+        if let (Some(a), Some(b)) = (headers.get(ours), headers.get(theirs))
+            && a != b
+        {
+            return Err(VerifyError::Malformed(theirs));
+        }
+    }
+    Ok(&WEBHOOK_HEADERS)
+}
+
 /// Strict hex: pairs of `[0-9a-fA-F]` only. (`u8::from_str_radix` would also
 /// take `+f`, so one signature would have several spellings.)
 fn hex_decode(s: &str) -> Option<Vec<u8>> {
@@ -216,6 +281,38 @@ fn json_str(body: &[u8], path: &[&str]) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// What a verified Slack body is to the receiver.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum SlackBody {
+    /// An event, a command, anything but the handshake: stored as a delivery.
+    Delivery,
+    /// Slack's `url_verification` handshake: answered with this challenge,
+    /// never stored nor forwarded.
+    Challenge(String),
+    /// A `url_verification` without a usable `challenge` (a string of 1 to
+    /// 255 bytes without control characters): refused, nothing stored.
+    BadChallenge,
+}
+
+/// Reads a Slack body, already verified: `{"type":"url_verification",
+/// "challenge":"…"}` is the handshake Slack sends before it enables a
+/// request URL. A body that is not a JSON object (a slash command's form,
+/// say) is a delivery.
+pub(crate) fn slack_body(body: &[u8]) -> SlackBody {
+    let Ok(serde_json::Value::Object(v)) = serde_json::from_slice(body) else {
+        return SlackBody::Delivery;
+    };
+    if v.get("type").and_then(serde_json::Value::as_str) != Some("url_verification") {
+        return SlackBody::Delivery;
+    }
+    v.get("challenge")
+        .and_then(serde_json::Value::as_str)
+        .filter(|c| !c.is_empty() && c.len() <= 255 && !c.chars().any(char::is_control))
+        .map_or(SlackBody::BadChallenge, |c| {
+            SlackBody::Challenge(c.to_owned())
+        })
+}
+
 /// The fallback delivery id when a scheme has none: the signed timestamp (if
 /// any) and the body's SHA-256. Two identical bodies signed at the same second
 /// are one delivery.
@@ -230,8 +327,9 @@ fn fallback_id(timestamp: Option<&str>, body: &[u8]) -> String {
 impl Verifier {
     /// A verifier for `scheme` with `secrets` (tried in order; any may match).
     /// Standard Webhooks secrets are `whsec_<base64>` (HMAC) or
-    /// `whpk_<base64>` (ed25519 public key, for `v1a`); other schemes take the
-    /// secret's bytes as the HMAC key.
+    /// `whpk_<base64>` (ed25519 public key, for `v1a`), their base64 with or
+    /// without its `=` padding; other schemes take the secret's bytes as the
+    /// HMAC key.
     pub fn new(
         scheme: Scheme,
         secrets: &[Secret],
@@ -253,13 +351,13 @@ impl Verifier {
                 }
                 let bad = || SecretError::Standard { index };
                 if let Some(b) = s.strip_prefix("whsec_") {
-                    let key = B64.decode(b).map_err(|_| bad())?;
+                    let key = SECRET_B64.decode(b).map_err(|_| bad())?;
                     if key.is_empty() {
                         return Err(bad());
                     }
                     Ok(Key::Hmac(key))
                 } else if let Some(b) = s.strip_prefix("whpk_") {
-                    let bytes: [u8; 32] = B64
+                    let bytes: [u8; 32] = SECRET_B64
                         .decode(b)
                         .ok()
                         .and_then(|k| k.try_into().ok())
@@ -331,6 +429,13 @@ impl Verifier {
 
     /// Verifies a delivery's signature over its raw `body`, at `now_s` (unix
     /// seconds), and reads its delivery id.
+    ///
+    /// Standard Webhooks deliveries are read with one header set, whole:
+    /// `webhook-*` when any `webhook-id`, `webhook-timestamp` or
+    /// `webhook-signature` is present, else Svix's `svix-*`. The id, time and
+    /// signature never come from different sets; a `svix-id` or
+    /// `svix-timestamp` beside the `webhook-*` set must repeat its value
+    /// ([`VerifyError::Malformed`] otherwise).
     pub fn verify(
         &self,
         headers: &HeaderMap,
@@ -386,10 +491,11 @@ impl Verifier {
                 })
             }
             Scheme::Standard => {
-                let id = header(headers, "webhook-id")?;
-                let ts = header(headers, "webhook-timestamp")?;
-                let sigs = header(headers, "webhook-signature")?;
-                self.check_time("webhook-timestamp", ts, now_s)?;
+                let set = standard_set(headers)?;
+                let id = header(headers, set.id)?;
+                let ts = header(headers, set.timestamp)?;
+                let sigs = header(headers, set.signature)?;
+                self.check_time(set.timestamp, ts, now_s)?;
                 let message = [id.as_bytes(), b".", ts.as_bytes(), b".", body].concat();
                 let matched = sigs.split(' ').any(|entry| match entry.split_once(',') {
                     Some(("v1", s)) => B64

@@ -42,6 +42,7 @@ mod messaging;
 mod metrics;
 mod operate;
 mod process;
+mod provider_libraries;
 mod real_clients;
 mod webhooks;
 

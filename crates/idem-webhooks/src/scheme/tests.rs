@@ -555,3 +555,209 @@ fn extreme_clocks_are_out_of_tolerance_not_a_panic() {
         );
     }
 }
+
+/// A Standard Webhooks delivery of `body` signed with `key`, under the
+/// header names `prefix-id`, `prefix-timestamp`, `prefix-signature`.
+fn standard_signed(prefix: &str, key: &[u8], id: &str, ts: i64, body: &[u8]) -> HeaderMap {
+    let ts = ts.to_string();
+    let v1 = hmac_b64(key, &[id.as_bytes(), b".", ts.as_bytes(), b".", body]);
+    let mut h = HeaderMap::new();
+    for (name, value) in [
+        ("id", id.to_owned()),
+        ("timestamp", ts),
+        ("signature", format!("v1,{v1}")),
+    ] {
+        let name = http::HeaderName::from_bytes(format!("{prefix}-{name}").as_bytes()).unwrap();
+        h.insert(name, HeaderValue::from_str(&value).unwrap());
+    }
+    h
+}
+
+const STANDARD_KEY: &[u8] = b"0123456789abcdef0123456789abcdef";
+
+#[test]
+fn standard_webhooks_accepts_svix_default_headers() {
+    let secret = format!("whsec_{}", B64.encode(STANDARD_KEY));
+    let v = verifier(Scheme::Standard, &[&secret]);
+    let body = br#"{"type":"invoice.paid"}"#;
+    let svix = standard_signed("svix", STANDARD_KEY, "msg_svix", NOW, body);
+    let ok = v.verify(&svix, body, NOW).unwrap();
+    assert_eq!(
+        (ok.delivery_id.as_str(), ok.event_type.as_deref()),
+        ("msg_svix", Some("invoice.paid"))
+    );
+    assert_eq!(v.verify(&svix, b"{}", NOW), Err(VerifyError::NoMatch));
+    assert_eq!(
+        v.verify(&svix, body, NOW + 301),
+        Err(VerifyError::TooOld(301)),
+        "the tolerance holds under svix names too"
+    );
+    let mut bad_ts = svix.clone();
+    bad_ts.insert("svix-timestamp", HeaderValue::from_static("+1700000000"));
+    assert_eq!(
+        v.verify(&bad_ts, body, NOW),
+        Err(VerifyError::Malformed("svix-timestamp"))
+    );
+    let mut no_sig = svix.clone();
+    no_sig.remove("svix-signature");
+    assert_eq!(
+        v.verify(&no_sig, body, NOW),
+        Err(VerifyError::MissingHeader("svix-signature"))
+    );
+    assert_eq!(
+        v.verify(&HeaderMap::new(), body, NOW),
+        Err(VerifyError::MissingHeader("webhook-id")),
+        "neither set: the specification's names"
+    );
+}
+
+#[test]
+fn standard_webhooks_never_mixes_header_sets() {
+    let secret = format!("whsec_{}", B64.encode(STANDARD_KEY));
+    let v = verifier(Scheme::Standard, &[&secret]);
+    let body = br#"{"type":"invoice.paid"}"#;
+    let svix = standard_signed("svix", STANDARD_KEY, "msg_1", NOW, body);
+    let webhook = standard_signed("webhook", STANDARD_KEY, "msg_1", NOW, body);
+    // Both sets, the same id and time (a sender that sends both): the
+    // webhook-* set is the one verified.
+    let mut both = webhook.clone();
+    both.extend(svix.clone());
+    assert_eq!(v.verify(&both, body, NOW).unwrap().delivery_id, "msg_1");
+    let mut forged_sig = both.clone();
+    forged_sig.insert("webhook-signature", HeaderValue::from_static("v1,AAAA"));
+    assert_eq!(
+        v.verify(&forged_sig, body, NOW),
+        Err(VerifyError::NoMatch),
+        "a good svix-signature does not stand in for a bad webhook-signature"
+    );
+    // A webhook-id beside a complete svix-* set: the webhook-* set, incomplete.
+    let mut stray = svix.clone();
+    stray.insert("webhook-id", HeaderValue::from_static("msg_1"));
+    assert_eq!(
+        v.verify(&stray, body, NOW),
+        Err(VerifyError::MissingHeader("webhook-timestamp"))
+    );
+    stray.insert("webhook-id", HeaderValue::from_static("msg_other"));
+    assert_eq!(
+        v.verify(&stray, body, NOW),
+        Err(VerifyError::Malformed("svix-id"))
+    );
+    // The id or time of one set beside a different one of the other.
+    let mut two_ids = webhook.clone();
+    two_ids.insert("svix-id", HeaderValue::from_static("msg_2"));
+    assert_eq!(
+        v.verify(&two_ids, body, NOW),
+        Err(VerifyError::Malformed("svix-id"))
+    );
+    let mut two_times = webhook.clone();
+    two_times.insert("svix-timestamp", HeaderValue::from_static("1700000001"));
+    assert_eq!(
+        v.verify(&two_times, body, NOW),
+        Err(VerifyError::Malformed("svix-timestamp"))
+    );
+    // An id signed under one set and presented under the other's signature.
+    let other = standard_signed("svix", STANDARD_KEY, "msg_9", NOW, body);
+    let mut mixed = HeaderMap::new();
+    mixed.insert("webhook-id", HeaderValue::from_static("msg_1"));
+    mixed.insert(
+        "webhook-timestamp",
+        HeaderValue::from_str(&NOW.to_string()).unwrap(),
+    );
+    mixed.insert("svix-signature", other["svix-signature"].clone());
+    assert_eq!(
+        v.verify(&mixed, body, NOW),
+        Err(VerifyError::MissingHeader("webhook-signature"))
+    );
+}
+
+#[test]
+fn standard_secrets_with_or_without_padding() {
+    // 32 bytes: 44 base64 characters, the last one `=`.
+    let padded = B64.encode(STANDARD_KEY);
+    assert!(padded.ends_with('='));
+    let unpadded = padded.trim_end_matches('=');
+    let body = br#"{"type":"x"}"#;
+    let h = standard_signed("webhook", STANDARD_KEY, "msg_1", NOW, body);
+    for secret in [format!("whsec_{padded}"), format!("whsec_{unpadded}")] {
+        assert!(
+            verifier(Scheme::Standard, &[&secret])
+                .verify(&h, body, NOW)
+                .is_ok(),
+            "{secret}"
+        );
+    }
+    let signing = SigningKey::from_bytes(&[7; 32]);
+    let public = B64.encode(signing.verifying_key().to_bytes());
+    assert!(public.ends_with('='));
+    let message = [b"msg_1.", NOW.to_string().as_bytes(), b".", body].concat();
+    let mut ed = h.clone();
+    let v1a = B64.encode(signing.sign(&message).to_bytes());
+    ed.insert(
+        "webhook-signature",
+        HeaderValue::from_str(&format!("v1a,{v1a}")).unwrap(),
+    );
+    let whpk = format!("whpk_{}", public.trim_end_matches('='));
+    assert!(
+        verifier(Scheme::Standard, &[&whpk])
+            .verify(&ed, body, NOW)
+            .is_ok()
+    );
+    // Padding is optional, not free-form.
+    for bad in [
+        format!("whsec_{unpadded}=="),
+        format!("whsec_{unpadded}=x"),
+        format!("whsec_={unpadded}"),
+        format!("whsec_{}", &unpadded[1..]),
+        "whsec_=".to_owned(),
+        "whsec_====".to_owned(),
+    ] {
+        assert_eq!(
+            Verifier::new(
+                Scheme::Standard,
+                &[Secret::new(bad.clone())],
+                Duration::from_secs(1)
+            )
+            .unwrap_err(),
+            SecretError::Standard { index: 0 },
+            "{bad}"
+        );
+    }
+}
+
+#[test]
+fn slack_url_verification_is_a_handshake() {
+    // Slack's documented example.
+    let handshake = br#"{"token":"Jhj5dZrVaK7ZwHHjRyZWjbDl","challenge":"3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P","type":"url_verification"}"#;
+    assert_eq!(
+        slack_body(handshake),
+        SlackBody::Challenge("3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P".into())
+    );
+    for delivery in [
+        &br#"{"type":"event_callback","event_id":"Ev1","challenge":"x"}"#[..],
+        br#"{"challenge":"x"}"#,
+        br#"["url_verification"]"#,
+        b"type=url_verification&challenge=x",
+        b"",
+    ] {
+        assert_eq!(
+            slack_body(delivery),
+            SlackBody::Delivery,
+            "{}",
+            String::from_utf8_lossy(delivery)
+        );
+    }
+    let long = format!(
+        r#"{{"type":"url_verification","challenge":"{}"}}"#,
+        "c".repeat(256)
+    );
+    for bad in [
+        r#"{"type":"url_verification"}"#,
+        r#"{"type":"url_verification","challenge":""}"#,
+        r#"{"type":"url_verification","challenge":42}"#,
+        r#"{"type":"url_verification","challenge":"a\u0000b"}"#,
+        r#"{"type":"url_verification","challenge":"a\nb"}"#,
+        &long,
+    ] {
+        assert_eq!(slack_body(bad.as_bytes()), SlackBody::BadChallenge, "{bad}");
+    }
+}
