@@ -4,7 +4,11 @@
 //! exactly when that timestamp is plain digits (no sign, no leading zero)
 //! within the tolerance.
 //!
-//! Input: one byte choosing the scheme and the clock, eight bytes for the
+//! Standard Webhooks is fuzzed under both of its header sets, `webhook-*`
+//! and Svix's `svix-*`.
+//!
+//! Input: one byte choosing the scheme, the clock and (for Standard
+//! Webhooks) the header set, eight bytes for the
 //! clock, then up to four header values separated by `\n`, then the body.
 #![no_main]
 
@@ -37,8 +41,9 @@ const SCHEMES: [Scheme; 5] = [
     Scheme::Slack,
 ];
 
-/// The headers each scheme reads, in the order the fuzz fields fill them.
-fn names(scheme: Scheme) -> &'static [&'static str] {
+/// The headers each scheme reads, in the order the fuzz fields fill them
+/// (`svix`: Standard Webhooks under Svix's names).
+fn names(scheme: Scheme, svix: bool) -> &'static [&'static str] {
     match scheme {
         Scheme::Github => &[
             "x-hub-signature-256",
@@ -47,6 +52,7 @@ fn names(scheme: Scheme) -> &'static [&'static str] {
             "x-github-event",
         ],
         Scheme::Stripe => &["stripe-signature"],
+        Scheme::Standard if svix => &["svix-id", "svix-timestamp", "svix-signature"],
         Scheme::Standard => &["webhook-id", "webhook-timestamp", "webhook-signature"],
         Scheme::Shopify => &[
             "x-shopify-hmac-sha256",
@@ -101,13 +107,14 @@ fn timestamp_field<'a>(scheme: Scheme, fields: &[&'a [u8]]) -> Option<&'a [u8]> 
 fuzz_target!(|data: &[u8]| {
     let (control, rest) = data.split_first().unwrap_or((&0, &[]));
     let scheme = SCHEMES[usize::from(*control) % SCHEMES.len()];
+    let svix = (control / 15) % 2 == 1;
     let mut clock = [0u8; 8];
     let n = rest.len().min(8);
     clock[..n].copy_from_slice(&rest[..n]);
     let rest = &rest[n..];
     let mut fields: Vec<&[u8]> = Vec::new();
     let mut body: &[u8] = rest;
-    for _ in 0..names(scheme).len() {
+    for _ in 0..names(scheme, svix).len() {
         match body.iter().position(|&b| b == b'\n') {
             Some(i) => {
                 fields.push(&body[..i]);
@@ -133,7 +140,7 @@ fuzz_target!(|data: &[u8]| {
     let v = verifier(scheme);
 
     let mut headers = HeaderMap::new();
-    for (name, value) in names(scheme).iter().zip(&fields) {
+    for (name, value) in names(scheme, svix).iter().zip(&fields) {
         if let Ok(value) = HeaderValue::from_bytes(value) {
             headers.insert(*name, value);
         }
@@ -177,10 +184,14 @@ fuzz_target!(|data: &[u8]| {
             };
             let message = [id.as_bytes(), b".", ts.as_bytes(), b".", body].concat();
             let sig = format!("v1,{}", B64.encode(mac(STANDARD_KEY, &[&message])));
+            let [id_name, ts_name, sig_name] = match names(scheme, svix) {
+                [a, b, c] => [*a, *b, *c],
+                _ => return,
+            };
             let h = vec![
-                ("webhook-id", id.to_owned()),
-                ("webhook-timestamp", ts.to_owned()),
-                ("webhook-signature", sig),
+                (id_name, id.to_owned()),
+                (ts_name, ts.to_owned()),
+                (sig_name, sig),
             ];
             (h, Some(ts))
         }
