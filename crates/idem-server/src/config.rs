@@ -32,6 +32,8 @@ pub struct ServerConfig {
     pub limits: Limits,
     /// `--admin-token`; `None` disables the admin routes.
     pub admin_token: Option<AdminToken>,
+    /// `--admin-hosts`: the host names admin requests may name.
+    pub admin_hosts: crate::admin::AllowedHosts,
     /// `--public-metrics`: `/metrics` without the admin token.
     pub public_metrics: bool,
     /// The demo routes.
@@ -271,8 +273,9 @@ pub fn admin_token(token: Option<&str>, listen: SocketAddr) -> anyhow::Result<Op
         Some(t) => Ok(Some(AdminToken::new(t).map_err(anyhow::Error::msg)?)),
         None if !listen.ip().is_loopback() => bail!(
             "--listen {listen} is not a loopback address: set --admin-token (or \
-             IDEM_ADMIN_TOKEN, 16 to 1024 characters) so the admin API, the console \
-             and /metrics are not open to the network"
+             IDEM_ADMIN_TOKEN; generate one with: {}) so the admin API, the console \
+             and /metrics are not open to the network",
+            crate::admin::token::GENERATE
         ),
         None => Ok(None),
     }

@@ -19,7 +19,7 @@ use idem_core::{
     Clock, Completion, Fingerprint, IdempotencyKey, Operation, Policy, Scope, StoredResponse,
     SystemClock, Tenant,
 };
-use idem_server::admin::AdminToken;
+use idem_server::admin::{AdminToken, AllowedHosts, Auth};
 use idem_server::admin::outbox::RelaySlot;
 use idem_server::backend::{Backend, Db, Job};
 use idem_testkit::{PgDatabase, TempDir};
@@ -51,7 +51,8 @@ async fn database(postgres: bool) -> (String, Keep) {
 /// socket and returns its address.
 async fn serve<B: Backend>(store: &B) -> SocketAddr {
     let api = idem_server::admin::v1::router(store.clone(), RelaySlot::<B>::default());
-    let app = idem_server::routes::service(api, Some(AdminToken::new(TOKEN).unwrap()), None);
+    let auth = Auth::new(Some(AdminToken::new(TOKEN).unwrap()), AllowedHosts::default());
+    let app = idem_server::routes::service(api, auth, None);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
