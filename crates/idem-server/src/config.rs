@@ -34,6 +34,8 @@ pub struct ServerConfig {
     pub admin_token: Option<AdminToken>,
     /// `--admin-hosts`: the host names admin requests may name.
     pub admin_hosts: crate::admin::AllowedHosts,
+    /// `--admin-lockout`: a guessing source's first lockout.
+    pub admin_lockout: Duration,
     /// `--public-metrics`: `/metrics` without the admin token.
     pub public_metrics: bool,
     /// The demo routes.
@@ -265,6 +267,16 @@ pub fn consume(ack_wait: Duration, max_deliver: u32) -> anyhow::Result<ConsumeCo
         ack_wait,
         max_deliver,
     })
+}
+
+/// `--admin-lockout`.
+pub fn admin_lockout(first: Duration) -> anyhow::Result<Duration> {
+    check(within(
+        "--admin-lockout",
+        first,
+        Duration::from_secs(1),
+        Duration::from_secs(3600),
+    ))
 }
 
 /// The admin token, required off loopback.

@@ -207,11 +207,11 @@ pub enum Verdict {
 
 impl Auth {
     /// The guard's state, shared by the routes and `/metrics`.
-    pub fn new(token: Option<AdminToken>, hosts: AllowedHosts) -> Arc<Self> {
+    pub fn new(token: Option<AdminToken>, hosts: AllowedHosts, limits: limit::Limits) -> Arc<Self> {
         Arc::new(Self {
             token,
             sessions: Sessions::default(),
-            limiter: Limiter::default(),
+            limiter: Limiter::new(limits),
             hosts,
         })
     }

@@ -5,8 +5,8 @@
 //! - **Per source.** A source is an IPv4 address or an IPv6 /64 (one
 //!   subscriber's usual allocation). Its first [`FREE_FAILURES`] − 1
 //!   consecutive failures cost nothing; the next locks it out for
-//!   [`FIRST_LOCK`], and every further failure doubles the lockout, up to
-//!   [`MAX_LOCK`]. A success forgets the source's failures. A source is
+//!   [`FIRST_LOCK`] (`--admin-lockout`), and every further failure doubles
+//!   the lockout, up to [`MAX_LOCK`]. A success forgets the source's failures. A source is
 //!   forgotten [`FORGET`] after its last failure once its lockout ended.
 //! - **In total.** At most [`GLOBAL_FAILURES`] failures per
 //!   [`GLOBAL_WINDOW`] over all sources; past it every source is locked out
@@ -31,9 +31,9 @@ use std::time::{Duration, Instant};
 
 /// Consecutive failures from one source before it is locked out.
 pub const FREE_FAILURES: u32 = 5;
-/// The first lockout of a source.
-pub const FIRST_LOCK: Duration = Duration::from_secs(1);
-/// The longest lockout of a source.
+/// The first lockout of a source, by default (`--admin-lockout`).
+pub const FIRST_LOCK: Duration = Duration::from_secs(10);
+/// The longest lockout of a source (unless the first is longer).
 pub const MAX_LOCK: Duration = Duration::from_secs(15 * 60);
 /// How long a source's failures are remembered after the last one.
 pub const FORGET: Duration = Duration::from_secs(3600);
@@ -124,6 +124,18 @@ impl Default for Limits {
             trust: TRUST,
             max_trusted: MAX_TRUSTED,
             max_sources: MAX_SOURCES,
+        }
+    }
+}
+
+impl Limits {
+    /// The default settings with a first lockout of `first_lock` (the
+    /// longest is then at least as long).
+    pub fn with_first_lock(first_lock: Duration) -> Self {
+        Self {
+            first_lock,
+            max_lock: MAX_LOCK.max(first_lock),
+            ..Self::default()
         }
     }
 }
@@ -300,7 +312,7 @@ mod tests {
         assert_eq!(l.attempt_at(s, t0), Err(FIRST_LOCK));
         assert_eq!(
             l.attempt_at(s, t0 + Duration::from_millis(400)),
-            Err(Duration::from_millis(600))
+            Err(FIRST_LOCK - Duration::from_millis(400))
         );
         // Another source is not affected.
         assert!(l.attempt_at(v4(2), t0).is_ok());

@@ -36,6 +36,11 @@ pub struct ServeArgs {
     /// rebinding): comma-separated `NAME` (any port) or `NAME:PORT`.
     #[arg(long, env = "IDEM_ADMIN_HOSTS", default_value = "")]
     admin_hosts: String,
+    /// How long a source is locked out after 5 wrong admin tokens in a row
+    /// (console logins and bearer requests); each further one doubles it,
+    /// up to 15 min (1s to 1h).
+    #[arg(long, env = "IDEM_ADMIN_LOCKOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    admin_lockout: Duration,
     /// Serve `GET /metrics` (Prometheus text) without the admin token.
     /// Without it `/metrics` needs the token like `/admin`.
     /// `--public-metrics=false` turns off a file's `true`.
@@ -173,6 +178,7 @@ impl ServeArgs {
             admin_token: config::admin_token(self.admin_token.as_deref(), self.listen)?,
             admin_hosts: crate::admin::AllowedHosts::parse(&self.admin_hosts)
                 .map_err(anyhow::Error::msg)?,
+            admin_lockout: config::admin_lockout(self.admin_lockout)?,
             public_metrics: self.public_metrics,
             demo,
             gc_interval,
@@ -189,7 +195,11 @@ impl ServeArgs {
     pub async fn run(self) -> anyhow::Result<()> {
         let config = self.config()?;
         let shutdown = shutdown::on_signal();
-        let auth = crate::admin::Auth::new(config.admin_token.clone(), config.admin_hosts.clone());
+        let auth = crate::admin::Auth::new(
+            config.admin_token.clone(),
+            config.admin_hosts.clone(),
+            crate::admin::limit::Limits::with_first_lock(config.admin_lockout),
+        );
         let (api, gateway) = Db::open(&self.db.database_url)
             .await?
             .run(Start {

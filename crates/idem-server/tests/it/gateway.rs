@@ -432,7 +432,7 @@ pub async fn contract(db: ShopDb) {
     let tenant = |t: &'static str| async move {
         let mut s = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
         let req = format!(
-            "POST /v1/payments HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Type: application/json\r\n\
+            "POST /v1/payments HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\n\
              Idempotency-Key: shared\r\nX-Tenant-Id: {t}\r\nContent-Length: 2\r\n\r\n{{}}"
         );
         tokio::io::AsyncWriteExt::write_all(&mut s, req.as_bytes())
