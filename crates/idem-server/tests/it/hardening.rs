@@ -169,6 +169,9 @@ fn off_loopback_without_a_token_or_with_a_weak_one_nothing_starts() {
         "passwordpasswordpasswordpassword",
         "0123456789abcdef0123456789abcdef",
     ];
+    // A database that cannot open: a weak token let through fails the
+    // start anyway, saying something else (rather than serving forever).
+    let db = format!("sqlite://{}/no-such-dir/idem.db", dir.path().display());
     for token in weak {
         let file = dir.path().join("weak.toml");
         std::fs::write(&file, format!("[server]\nadmin_token = \"{token}\"\n")).unwrap();
