@@ -125,7 +125,7 @@ async fn admin_routes_need_the_token_and_refuse_foreign_origins() {
         a,
         &get_with(
             "/admin/outbox",
-            &[("Authorization", &right), ("Origin", "http://test")],
+            &[("Authorization", &right), ("Origin", "http://localhost")],
         ),
     )
     .await
