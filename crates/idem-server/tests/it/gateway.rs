@@ -403,7 +403,7 @@ pub async fn contract(db: ShopDb) {
     assert_ne!(derived, "k-1", "the client's key is not forwarded");
     assert_eq!(seen[0].header("x-forwarded-for"), Some("127.0.0.1"));
     assert_eq!(seen[0].header("x-forwarded-proto"), Some("http"));
-    assert_eq!(seen[0].header("x-forwarded-host"), Some("test"));
+    assert_eq!(seen[0].header("x-forwarded-host"), Some("localhost"));
     assert!(
         seen[0]
             .header("connection")
