@@ -219,12 +219,20 @@ impl Auth {
     /// Compares `candidate` with the admin token, if the limiter lets the
     /// request's source try (refused when no token is set); `via` names
     /// the way in for the metric (`console`, `bearer`).
-    pub fn try_token(&self, candidate: &[u8], peer: Option<SocketAddr>, via: &'static str) -> Verdict {
+    pub fn try_token(
+        &self,
+        candidate: &[u8],
+        peer: Option<SocketAddr>,
+        via: &'static str,
+    ) -> Verdict {
         let Some(token) = &self.token else {
             return Verdict::Refused;
         };
         let now = Instant::now();
-        let attempt = match self.limiter.attempt_at(Source::of(peer.map(|p| p.ip())), now) {
+        let attempt = match self
+            .limiter
+            .attempt_at(Source::of(peer.map(|p| p.ip())), now)
+        {
             Ok(a) => a,
             Err(wait) => {
                 limit::count(via, "locked_out");
@@ -450,8 +458,10 @@ pub fn locked_out(wait: Duration) -> Response {
         StatusCode::TOO_MANY_REQUESTS,
         "too-many-attempts",
         "Too many wrong admin tokens",
-        Some("too many wrong tokens came from this address (or from everywhere): the token \
-              is not checked until Retry-After has passed"),
+        Some(
+            "too many wrong tokens came from this address (or from everywhere): the token \
+              is not checked until Retry-After has passed",
+        ),
         Some(limit::retry_after_secs(wait)),
     )
 }
@@ -476,8 +486,10 @@ fn host_or_origin_refusal(hosts: &AllowedHosts, req: &Request) -> Option<Respons
                 StatusCode::MISDIRECTED_REQUEST,
                 "host-not-allowed",
                 "This server does not answer admin requests for that host",
-                Some("reach it by IP address or localhost, or add the name to --admin-hosts \
-                      (IDEM_ADMIN_HOSTS)"),
+                Some(
+                    "reach it by IP address or localhost, or add the name to --admin-hosts \
+                      (IDEM_ADMIN_HOSTS)",
+                ),
                 None,
             ));
         }
@@ -668,24 +680,35 @@ mod tests {
         assert!(h(&["http://evil.example"], "127.0.0.1:8080"));
         assert!(h(&["null"], "127.0.0.1:8080"));
         assert!(h(&["http://127.0.0.1:8081"], "127.0.0.1:8080"));
-        assert!(h(&["http://127.0.0.1:8080", "http://127.0.0.1:8080"], "127.0.0.1:8080"));
+        assert!(h(
+            &["http://127.0.0.1:8080", "http://127.0.0.1:8080"],
+            "127.0.0.1:8080"
+        ));
     }
 
     #[test]
     fn a_rebinding_page_is_refused_even_when_its_origin_is_its_host() {
         let run = |host: &str, origin: Option<&str>| {
-            let mut b = Request::builder().uri("/admin/v1/keys").header(header::HOST, host);
+            let mut b = Request::builder()
+                .uri("/admin/v1/keys")
+                .header(header::HOST, host);
             if let Some(o) = origin {
                 b = b.header(header::ORIGIN, o);
             }
             let req = b.body(axum::body::Body::empty()).unwrap();
             host_or_origin_refusal(&AllowedHosts::default(), &req).map(|r| r.status().as_u16())
         };
-        assert_eq!(run("evil.example:8080", Some("http://evil.example:8080")), Some(421));
+        assert_eq!(
+            run("evil.example:8080", Some("http://evil.example:8080")),
+            Some(421)
+        );
         assert_eq!(run("evil.example:8080", None), Some(421));
         assert_eq!(run("127.0.0.1:8080", Some("http://127.0.0.1:8080")), None);
         assert_eq!(run("localhost:8080", Some("http://localhost:8080")), None);
-        assert_eq!(run("localhost:8080", Some("http://evil.example:8080")), Some(403));
+        assert_eq!(
+            run("localhost:8080", Some("http://evil.example:8080")),
+            Some(403)
+        );
         assert_eq!(run("a b", None), Some(400));
     }
 }

@@ -205,7 +205,10 @@ mod tests {
         let none = AllowedHosts::default();
         assert_eq!(none.allows("evil.example:8080"), Err(Refused::NotAllowed));
         assert_eq!(none.allows("evil.example"), Err(Refused::NotAllowed));
-        assert_eq!(none.allows("localhost.evil.example"), Err(Refused::NotAllowed));
+        assert_eq!(
+            none.allows("localhost.evil.example"),
+            Err(Refused::NotAllowed)
+        );
         assert_eq!(none.allows("sub.localhost"), Err(Refused::NotAllowed));
         let some = AllowedHosts::parse(" Admin.Example.com , ops.example:8443,,127.0.0.1").unwrap();
         assert_eq!(some.allows("admin.example.com"), Ok(()));
@@ -264,7 +267,9 @@ mod tests {
         assert!(AllowedHosts::parse("https://admin.example").is_err());
         assert!(AllowedHosts::parse("admin.example/x").is_err());
         assert!(AllowedHosts::parse("admin.example:0x1").is_err());
-        let many = (0..=MAX_HOSTS).map(|i| format!("h{i}.example")).collect::<Vec<_>>();
+        let many = (0..=MAX_HOSTS)
+            .map(|i| format!("h{i}.example"))
+            .collect::<Vec<_>>();
         assert!(AllowedHosts::parse(&many.join(",")).is_err());
     }
 }

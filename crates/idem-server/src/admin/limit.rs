@@ -243,7 +243,11 @@ impl Limiter {
             *n = n.saturating_sub(1);
         }
         if !state.trusted.contains_key(&source) && state.trusted.len() >= max_trusted {
-            let oldest = state.trusted.iter().min_by_key(|(_, t)| **t).map(|(s, _)| *s);
+            let oldest = state
+                .trusted
+                .iter()
+                .min_by_key(|(_, t)| **t)
+                .map(|(s, _)| *s);
             if let Some(s) = oldest {
                 state.trusted.remove(&s);
             }
@@ -331,7 +335,10 @@ mod tests {
             assert!(wait <= MAX_LOCK);
             t += wait;
         }
-        assert_eq!(l.attempt_at(s, t - Duration::from_secs(1)).unwrap_err(), Duration::from_secs(1));
+        assert_eq!(
+            l.attempt_at(s, t - Duration::from_secs(1)).unwrap_err(),
+            Duration::from_secs(1)
+        );
         // A success forgets the failures.
         let a = l.attempt_at(s, t).unwrap();
         l.succeeded_at(a, t);
@@ -359,7 +366,10 @@ mod tests {
         }
         let fresh = v4(3);
         let t = t0 + Duration::from_secs(10);
-        assert_eq!(l.attempt_at(fresh, t), Err(GLOBAL_WINDOW - Duration::from_secs(10)));
+        assert_eq!(
+            l.attempt_at(fresh, t),
+            Err(GLOBAL_WINDOW - Duration::from_secs(10))
+        );
         // The operator who logged in before still can, and that takes its
         // attempt back.
         let a = l.attempt_at(good, t).unwrap();
@@ -398,12 +408,22 @@ mod tests {
             assert!(l.attempt_at(ip(i), t).is_ok());
             assert!(l.tracked() <= 16, "{i}");
         }
-        assert_eq!(l.attempt_at(locked, t0), Err(FIRST_LOCK), "kept: still locked");
+        assert_eq!(
+            l.attempt_at(locked, t0),
+            Err(FIRST_LOCK),
+            "kept: still locked"
+        );
         // The newest sources are kept, with their failures.
         for _ in 1..FREE_FAILURES {
-            assert!(l.attempt_at(ip(59), t0 + Duration::from_millis(100)).is_ok());
+            assert!(
+                l.attempt_at(ip(59), t0 + Duration::from_millis(100))
+                    .is_ok()
+            );
         }
-        assert!(l.attempt_at(ip(59), t0 + Duration::from_millis(100)).is_err());
+        assert!(
+            l.attempt_at(ip(59), t0 + Duration::from_millis(100))
+                .is_err()
+        );
     }
 
     #[test]

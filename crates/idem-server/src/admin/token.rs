@@ -172,7 +172,11 @@ mod tests {
             "7c9e6679-7425-40de-944b-e07fc1f90ae7",
             "Tr0ub4dor&3-Xq9!zK2@mW7#pL5$",
         ] {
-            assert!(AdminToken::new(good).is_ok(), "{good}: {:.0} bits", estimated_bits(good.as_bytes()));
+            assert!(
+                AdminToken::new(good).is_ok(),
+                "{good}: {:.0} bits",
+                estimated_bits(good.as_bytes())
+            );
         }
     }
 

@@ -19,8 +19,8 @@ use idem_core::{
     Clock, Completion, Fingerprint, IdempotencyKey, Operation, Policy, Scope, StoredResponse,
     SystemClock, Tenant,
 };
-use idem_server::admin::{AdminToken, AllowedHosts, Auth};
 use idem_server::admin::outbox::RelaySlot;
+use idem_server::admin::{AdminToken, AllowedHosts, Auth};
 use idem_server::backend::{Backend, Db, Job};
 use idem_testkit::{PgDatabase, TempDir};
 use serde_json::{Value, json};

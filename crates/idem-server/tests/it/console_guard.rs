@@ -54,7 +54,14 @@ fn ip(last: u8) -> Ipv4Addr {
 /// A console login with `token` from `from`.
 async fn login(from: Ipv4Addr, addr: SocketAddr, token: &str) -> Reply {
     let head = format!("Host: {addr}\r\nContent-Type: application/x-www-form-urlencoded\r\n");
-    raw_from(from, addr, "POST /console/login", &head, &format!("actor=ops&token={token}")).await
+    raw_from(
+        from,
+        addr,
+        "POST /console/login",
+        &head,
+        &format!("actor=ops&token={token}"),
+    )
+    .await
 }
 
 /// `GET path` with a bearer token from `from`.
@@ -132,7 +139,10 @@ async fn wrong_tokens_lock_their_source_out_and_right_ones_are_not_even_compared
         }
         assert_eq!(login(other, a, TOKEN).await.status, 303, "{round}");
     }
-    assert_eq!(bearer(operator, a, "/admin/v1/keys", TOKEN).await.status, 200);
+    assert_eq!(
+        bearer(operator, a, "/admin/v1/keys", TOKEN).await.status,
+        200
+    );
 
     // The counts, scraped by the operator.
     let m = bearer(operator, a, "/metrics", TOKEN).await;
@@ -142,7 +152,11 @@ async fn wrong_tokens_lock_their_source_out_and_right_ones_are_not_even_compared
     assert_eq!(attempts(&text, "console", "locked_out"), 2);
     assert_eq!(attempts(&text, "console", "accepted"), 2);
     assert_eq!(attempts(&text, "bearer", "locked_out"), 2);
-    assert_eq!(attempts(&text, "bearer", "accepted"), 2, "this scrape included");
+    assert_eq!(
+        attempts(&text, "bearer", "accepted"),
+        2,
+        "this scrape included"
+    );
     assert_eq!(attempts(&text, "bearer", "refused"), 0);
 }
 
@@ -174,7 +188,10 @@ async fn a_lockout_ends_and_the_right_token_works_again() {
         assert!(waits <= 5, "still locked out after {waits} Retry-Afters");
         tokio::time::sleep(Duration::from_secs(wait)).await;
     }
-    assert!(waits >= 1, "the right token was let through during the lockout");
+    assert!(
+        waits >= 1,
+        "the right token was let through during the lockout"
+    );
     // And the failures were forgotten: four more wrong ones lock nothing.
     for _ in 0..4 {
         assert_eq!(bearer(ip(1), a, "/admin/v1/keys", WRONG).await.status, 401);
@@ -234,14 +251,29 @@ async fn admin_and_console_requests_must_name_an_allowed_host() {
     // A DNS-rebinding page: its host, and its origin equal to its host.
     let evil = format!("evil.example:{port}");
     let rebinding = format!("Host: {evil}\r\nOrigin: http://{evil}\r\n");
-    for path in ["/admin/v1/keys", "/metrics", "/console/api/session", "/console/login"] {
+    for path in [
+        "/admin/v1/keys",
+        "/metrics",
+        "/console/api/session",
+        "/console/login",
+    ] {
         let r = get(path, format!("{rebinding}{auth}")).await;
         assert_eq!(r.status, 421, "{path}");
-        assert_eq!(r.problem_type(), "https://idem.dev/problems/host-not-allowed");
+        assert_eq!(
+            r.problem_type(),
+            "https://idem.dev/problems/host-not-allowed"
+        );
     }
     // It cannot log in either, with the right token.
     let form = format!("{rebinding}Content-Type: application/x-www-form-urlencoded\r\n");
-    let r = raw_from(ip(1), a, "POST /console/login", &form, &format!("actor=ops&token={TOKEN}")).await;
+    let r = raw_from(
+        ip(1),
+        a,
+        "POST /console/login",
+        &form,
+        &format!("actor=ops&token={TOKEN}"),
+    )
+    .await;
     assert_eq!(r.status, 421);
     assert!(r.header("set-cookie").is_none());
     // Nor by an absolute-form target naming it.
@@ -269,10 +301,19 @@ async fn admin_and_console_requests_must_name_an_allowed_host() {
         let r = get("/admin/v1/keys", format!("Host: {host}\r\n{auth}")).await;
         assert_eq!(r.status, 200, "{host}");
         let origin = format!("Host: {host}\r\nOrigin: http://{host}\r\n{auth}");
-        assert_eq!(get("/admin/v1/keys", origin).await.status, 200, "{host} + Origin");
+        assert_eq!(
+            get("/admin/v1/keys", origin).await.status,
+            200,
+            "{host} + Origin"
+        );
     }
     assert_eq!(
-        get("/admin/v1/keys", format!("Host: ops.example.test:{port}\r\n{auth}")).await.status,
+        get(
+            "/admin/v1/keys",
+            format!("Host: ops.example.test:{port}\r\n{auth}")
+        )
+        .await
+        .status,
         421,
         "a name given with a port matches that port only"
     );
@@ -297,9 +338,17 @@ async fn admin_and_console_requests_must_name_an_allowed_host() {
         let wrong = format!("Host: {evil}\r\nAuthorization: Bearer {WRONG}\r\n");
         assert_eq!(get("/admin/v1/keys", wrong).await.status, 421);
     }
-    assert_eq!(get("/admin/v1/keys", format!("Host: {a}\r\n{auth}")).await.status, 200);
+    assert_eq!(
+        get("/admin/v1/keys", format!("Host: {a}\r\n{auth}"))
+            .await
+            .status,
+        200
+    );
     // The rest of the server is not concerned.
-    assert_eq!(get("/healthz", format!("Host: {evil}\r\n")).await.status, 200);
+    assert_eq!(
+        get("/healthz", format!("Host: {evil}\r\n")).await.status,
+        200
+    );
 }
 
 #[test]
@@ -309,11 +358,27 @@ fn a_bad_admin_hosts_list_or_lockout_stops_the_start() {
     for (flag, value, says) in [
         ("--admin-hosts", "https://admin.example", "--admin-hosts"),
         ("--admin-hosts", "admin.example/console", "--admin-hosts"),
-        ("--admin-lockout", "0s", "--admin-lockout must be between 1s and 1h"),
-        ("--admin-lockout", "2h", "--admin-lockout must be between 1s and 1h"),
+        (
+            "--admin-lockout",
+            "0s",
+            "--admin-lockout must be between 1s and 1h",
+        ),
+        (
+            "--admin-lockout",
+            "2h",
+            "--admin-lockout must be between 1s and 1h",
+        ),
     ] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
-            .args(["serve", "--database-url", &db, "--admin-token", TOKEN, flag, value])
+            .args([
+                "serve",
+                "--database-url",
+                &db,
+                "--admin-token",
+                TOKEN,
+                flag,
+                value,
+            ])
             .output()
             .unwrap();
         assert!(!out.status.success(), "{flag} {value}");

@@ -65,7 +65,8 @@ fn get_with(path: &str, headers: &[(&str, &str)]) -> Vec<u8> {
         .iter()
         .map(|(n, v)| format!("{n}: {v}\r\n"))
         .collect();
-    format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n{extra}\r\n").into_bytes()
+    format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n{extra}\r\n")
+        .into_bytes()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -176,7 +177,13 @@ fn off_loopback_without_a_token_or_with_a_weak_one_nothing_starts() {
         let file = dir.path().join("weak.toml");
         std::fs::write(&file, format!("[server]\nadmin_token = \"{token}\"\n")).unwrap();
         let by_flag = run(&["serve", "--database-url", &db, "--admin-token", token]);
-        let by_file = run(&["serve", "--database-url", &db, "--config", file.to_str().unwrap()]);
+        let by_file = run(&[
+            "serve",
+            "--database-url",
+            &db,
+            "--config",
+            file.to_str().unwrap(),
+        ]);
         let by_env = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
             .args(["serve", "--database-url", &db])
             .env("IDEM_ADMIN_TOKEN", token)

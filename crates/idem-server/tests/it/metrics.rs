@@ -131,7 +131,8 @@ async fn get_metrics(addr: SocketAddr, token: Option<&str>) -> Reply {
     let auth = token
         .map(|t| format!("Authorization: Bearer {t}\r\n"))
         .unwrap_or_default();
-    let req = format!("GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n{auth}\r\n");
+    let req =
+        format!("GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n{auth}\r\n");
     crate::exchange(addr, &req).await
 }
 
