@@ -32,6 +32,10 @@ pub struct ServerConfig {
     pub limits: Limits,
     /// `--admin-token`; `None` disables the admin routes.
     pub admin_token: Option<AdminToken>,
+    /// `--admin-hosts`: the host names admin requests may name.
+    pub admin_hosts: crate::admin::AllowedHosts,
+    /// `--admin-lockout`: a guessing source's first lockout.
+    pub admin_lockout: Duration,
     /// `--public-metrics`: `/metrics` without the admin token.
     pub public_metrics: bool,
     /// The demo routes.
@@ -265,14 +269,25 @@ pub fn consume(ack_wait: Duration, max_deliver: u32) -> anyhow::Result<ConsumeCo
     })
 }
 
+/// `--admin-lockout`.
+pub fn admin_lockout(first: Duration) -> anyhow::Result<Duration> {
+    check(within(
+        "--admin-lockout",
+        first,
+        Duration::from_secs(1),
+        Duration::from_secs(3600),
+    ))
+}
+
 /// The admin token, required off loopback.
 pub fn admin_token(token: Option<&str>, listen: SocketAddr) -> anyhow::Result<Option<AdminToken>> {
     match token {
         Some(t) => Ok(Some(AdminToken::new(t).map_err(anyhow::Error::msg)?)),
         None if !listen.ip().is_loopback() => bail!(
             "--listen {listen} is not a loopback address: set --admin-token (or \
-             IDEM_ADMIN_TOKEN, 16 to 1024 characters) so the admin API, the console \
-             and /metrics are not open to the network"
+             IDEM_ADMIN_TOKEN; generate one with: {}) so the admin API, the console \
+             and /metrics are not open to the network",
+            crate::admin::token::GENERATE
         ),
         None => Ok(None),
     }

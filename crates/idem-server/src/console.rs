@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::json;
 
-use crate::admin::auth::{Auth, COOKIE, SessionInfo, valid_actor};
+use crate::admin::auth::{Auth, COOKIE, SessionInfo, Verdict, valid_actor};
 
 /// The console paths the guard lets through without credentials.
 pub const PUBLIC: &[&str] = &["/console/login", "/console/app.css", "/console/favicon.svg"];
@@ -144,11 +144,14 @@ const BAD_NAME: &str =
 
 /// `POST /console/login`: a form with `token` and `actor`. The token is
 /// compared in constant time; a good one starts a session (cookie) and goes
-/// to the console, a bad one gets the form again with a generic error.
+/// to the console, a bad one gets the form again with a generic error, and
+/// a source locked out for guessing gets it with 429 and `Retry-After`,
+/// the token not compared.
 async fn login(State(auth): State<Arc<Auth>>, req: Request) -> Response {
     if auth.token.is_none() {
         return login_form(StatusCode::UNAUTHORIZED, None, false);
     }
+    let peer = crate::admin::auth::peer(&req);
     let form_type = req
         .headers()
         .get(header::CONTENT_TYPE)
@@ -180,14 +183,34 @@ async fn login(State(auth): State<Arc<Auth>>, req: Request) -> Response {
         }
     }
     let actor = actor.map(|a| a.trim().to_owned()).unwrap_or_default();
-    let token_ok = token.is_some_and(|t| auth.token_matches(t.as_bytes()));
-    if !token_ok {
-        tracing::warn!("console login refused: wrong admin token");
-        return login_form(
-            StatusCode::UNAUTHORIZED,
-            Some("Login failed: the token is not valid."),
-            true,
-        );
+    let verdict = match token {
+        Some(t) => auth.try_token(t.as_bytes(), peer, "console"),
+        None => Verdict::Refused,
+    };
+    match verdict {
+        Verdict::Accepted => {}
+        Verdict::Refused => {
+            tracing::warn!("console login refused: wrong admin token");
+            return login_form(
+                StatusCode::UNAUTHORIZED,
+                Some("Login failed: the token is not valid."),
+                true,
+            );
+        }
+        Verdict::LockedOut(wait) => {
+            let secs = crate::admin::limit::retry_after_secs(wait);
+            tracing::warn!(retry_after_secs = secs, "console login refused: locked out");
+            let mut res = login_form(
+                StatusCode::TOO_MANY_REQUESTS,
+                Some(&format!(
+                    "Too many failed logins: try again in {secs} s. The token was not checked."
+                )),
+                true,
+            );
+            res.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+            return res;
+        }
     }
     if !valid_actor(&actor) {
         return login_form(StatusCode::BAD_REQUEST, Some(BAD_NAME), true);

@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use idem_core::outbox::OutboxStore;
@@ -21,7 +21,7 @@ use idem_core::steps::{RunState, RunStore};
 use idem_core::webhooks::WebhookStore;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-use crate::admin::AdminToken;
+use crate::admin::Auth;
 
 /// The path.
 pub const PATH: &str = "/metrics";
@@ -95,6 +95,11 @@ fn describe() {
         idem::KEYS_PURGED_TOTAL,
         "Expired key records deleted by the collector"
     );
+    describe_counter!(
+        crate::admin::limit::ATTEMPTS_TOTAL,
+        "Admin token attempts (console logins, bearer requests), by way in and result \
+         (accepted, refused, locked_out)"
+    );
     describe_gauge!(OUTBOX_PENDING, "Outbox messages not yet published");
     describe_gauge!(
         OUTBOX_OLDEST_AGE,
@@ -113,12 +118,13 @@ const RUNS: &str = "idem_runs";
 const RECEIPTS: &str = "idem_webhook_receipts";
 
 /// Who may scrape.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub enum Access {
     /// Anyone (`--public-metrics`).
     Public,
-    /// Holders of the admin token; nobody when none is configured.
-    Token(Option<AdminToken>),
+    /// Holders of the admin token (the admin guard's rules: hosts, origin,
+    /// lockout); nobody when none is configured.
+    Token(Arc<Auth>),
 }
 
 struct Scrape<S> {
@@ -147,12 +153,12 @@ where
         .with_state(scrape)
 }
 
-async fn metrics_text<S>(State(scrape): State<Arc<Scrape<S>>>, headers: HeaderMap) -> Response
+async fn metrics_text<S>(State(scrape): State<Arc<Scrape<S>>>, req: Request) -> Response
 where
     S: OutboxStore + RunStore + WebhookStore,
 {
-    if let Access::Token(token) = &scrape.access
-        && let Some(refusal) = crate::admin::auth::refusal(token.as_ref(), &headers)
+    if let Access::Token(auth) = &scrape.access
+        && let Some(refusal) = crate::admin::auth::refusal(auth, &req)
     {
         return refusal;
     }

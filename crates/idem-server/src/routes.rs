@@ -13,12 +13,13 @@ use axum::routing::get;
 use http_body_util::BodyExt;
 use idem_http::RequestOutcome;
 
-use crate::admin::{self, AdminToken};
+use crate::admin::{self, Auth};
 
-/// `api` with `/healthz`, `/admin/…` behind the admin guard, and every error
+/// `api` with `/healthz`, `/admin/…` and `/console/…` behind the admin
+/// guard of `auth` (shared with a guarded `/metrics`), and every error
 /// as problem+json (404, 405, axum's rejections, panics). Paths `api` does
 /// not serve go to `fallback` (the gateway) if given, else 404.
-pub fn service(api: Router, admin_token: Option<AdminToken>, fallback: Option<Router>) -> Router {
+pub fn service(api: Router, auth: std::sync::Arc<Auth>, fallback: Option<Router>) -> Router {
     let app = Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .merge(api);
@@ -28,7 +29,7 @@ pub fn service(api: Router, admin_token: Option<AdminToken>, fallback: Option<Ro
             .fallback(not_found)
             .method_not_allowed_fallback(method_not_allowed),
     };
-    admin::guarded(app, admin_token)
+    admin::guarded(app, auth)
         .layer(axum::middleware::from_fn(problem_errors))
         .layer(axum::middleware::from_fn_with_state(
             std::sync::Arc::new(admin::v1::outcomes::OutcomeRing::default()),

@@ -1,8 +1,10 @@
 //! Authentication of the admin routes (`/admin/…`) and the web console
 //! (`/console/…`): a bearer token compared in constant time, or a console
 //! session (cookie `idem_session`, kept server-side as a hash only, with a
-//! per-session CSRF token every state-changing request must carry), and a
-//! refusal of requests a web page sent from another origin.
+//! per-session CSRF token every state-changing request must carry); a
+//! refusal of requests naming a host not allowed ([`super::hosts`], against
+//! DNS rebinding) or sent by a web page of another origin; and a lockout of
+//! sources guessing the token ([`super::limit`]).
 //!
 //! Without a configured token the admin routes answer `401
 //! admin-disabled`, saying how to enable them: loopback is not a security
@@ -11,11 +13,12 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::extract::{Request, State};
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -23,44 +26,9 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::Actor;
-/// The shortest admin token accepted.
-pub const MIN_TOKEN_LEN: usize = 16;
-/// The longest admin token accepted.
-pub const MAX_TOKEN_LEN: usize = 1024;
-
-/// The admin bearer token. Only its SHA-256 is kept; `Debug` shows nothing.
-#[derive(Clone)]
-pub struct AdminToken([u8; 32]);
-
-impl AdminToken {
-    /// Validates a token: 16 to 1024 visible ASCII characters (it travels
-    /// in a header).
-    pub fn new(token: &str) -> Result<Self, String> {
-        if token.len() < MIN_TOKEN_LEN || token.len() > MAX_TOKEN_LEN {
-            return Err(format!(
-                "--admin-token must be {MIN_TOKEN_LEN} to {MAX_TOKEN_LEN} characters, got {}",
-                token.len()
-            ));
-        }
-        if !token.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
-            return Err("--admin-token must be visible ASCII (no spaces)".into());
-        }
-        Ok(Self(Sha256::digest(token.as_bytes()).into()))
-    }
-
-    /// Whether `candidate` is the token, in time independent of where they
-    /// differ (both are hashed first, so their lengths leak nothing either).
-    fn matches(&self, candidate: &[u8]) -> bool {
-        let digest: [u8; 32] = Sha256::digest(candidate).into();
-        bool::from(self.0[..].ct_eq(&digest[..]))
-    }
-}
-
-impl fmt::Debug for AdminToken {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("AdminToken([redacted])")
-    }
-}
+use super::hosts::{AllowedHosts, Refused};
+use super::limit::{self, Limiter, Source};
+pub use super::token::AdminToken;
 
 /// The path prefix of the admin API the guard covers.
 pub const PREFIX: &str = "/admin";
@@ -214,33 +182,90 @@ fn live(s: &Session, now: Instant) -> bool {
         && now.saturating_duration_since(s.created) < SESSION_MAX
 }
 
-/// What the guard and the console's handlers share: the token and the
-/// sessions.
+/// What the guard and the console's handlers share: the token, the
+/// sessions, the attempt limiter and the allowed hosts.
 pub struct Auth {
     /// The admin token, if configured.
     pub token: Option<AdminToken>,
     /// The console sessions.
     pub sessions: Sessions,
+    /// The limiter of token guesses.
+    pub limiter: Limiter,
+    /// The hosts admin and console requests may name.
+    pub hosts: AllowedHosts,
+}
+
+/// How a token comparison went.
+pub enum Verdict {
+    /// The right token.
+    Accepted,
+    /// A wrong one (counted).
+    Refused,
+    /// Not compared: the source, or everyone, is locked out for this long.
+    LockedOut(Duration),
 }
 
 impl Auth {
-    /// Whether `candidate` is the admin token (false when none is set).
-    pub fn token_matches(&self, candidate: &[u8]) -> bool {
-        self.token.as_ref().is_some_and(|t| t.matches(candidate))
+    /// The guard's state, shared by the routes and `/metrics`.
+    pub fn new(token: Option<AdminToken>, hosts: AllowedHosts, limits: limit::Limits) -> Arc<Self> {
+        Arc::new(Self {
+            token,
+            sessions: Sessions::default(),
+            limiter: Limiter::new(limits),
+            hosts,
+        })
     }
+
+    /// Compares `candidate` with the admin token, if the limiter lets the
+    /// request's source try (refused when no token is set); `via` names
+    /// the way in for the metric (`console`, `bearer`).
+    pub fn try_token(
+        &self,
+        candidate: &[u8],
+        peer: Option<SocketAddr>,
+        via: &'static str,
+    ) -> Verdict {
+        let Some(token) = &self.token else {
+            return Verdict::Refused;
+        };
+        let now = Instant::now();
+        let attempt = match self
+            .limiter
+            .attempt_at(Source::of(peer.map(|p| p.ip())), now)
+        {
+            Ok(a) => a,
+            Err(wait) => {
+                limit::count(via, "locked_out");
+                return Verdict::LockedOut(wait);
+            }
+        };
+        if token.matches(candidate) {
+            self.limiter.succeeded_at(attempt, now);
+            limit::count(via, "accepted");
+            Verdict::Accepted
+        } else {
+            limit::count(via, "refused");
+            Verdict::Refused
+        }
+    }
+}
+
+/// The peer address of a request, when the server recorded it.
+pub fn peer(req: &Request) -> Option<SocketAddr> {
+    req.extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0)
 }
 
 /// Puts every path under `/admin` and `/console` behind the guard — routes
 /// that exist and routes that do not alike, so the guard reveals nothing —
-/// and mounts the console. A bearer token or a console session when a token
-/// is configured, `401 admin-disabled` when none is, and `403` for requests
-/// whose `Origin` is foreign. The console's login page and its stylesheet
-/// are open.
-pub fn guarded(router: Router, token: Option<AdminToken>) -> Router {
-    let auth = Arc::new(Auth {
-        token,
-        sessions: Sessions::default(),
-    });
+/// and mounts the console. A request must name an allowed host (`421`, or
+/// `400` without one); its `Origin`, if any, must be that host (`403`).
+/// Then a bearer token or a console session when a token is configured,
+/// `401 admin-disabled` when none is; a source guessing tokens is locked
+/// out (`429`). The console's login page and its stylesheet need no
+/// credentials.
+pub fn guarded(router: Router, auth: Arc<Auth>) -> Router {
     router
         .merge(crate::console::router(auth.clone()))
         .layer(axum::middleware::from_fn_with_state(auth, guard))
@@ -292,14 +317,8 @@ async fn guard(State(auth): State<Arc<Auth>>, mut req: Request, next: Next) -> R
     if area == Area::Open {
         return next.run(req).await;
     }
-    if foreign_origin(req.headers()) {
-        return idem_http::problem(
-            StatusCode::FORBIDDEN,
-            "foreign-origin",
-            "Admin requests from another origin are refused",
-            Some("the Origin header names a site other than this server"),
-            None,
-        );
+    if let Some(refused) = host_or_origin_refusal(&auth.hosts, &req) {
+        return refused;
     }
     if area == Area::ConsolePublic {
         return next.run(req).await;
@@ -329,9 +348,13 @@ async fn guard(State(auth): State<Arc<Auth>>, mut req: Request, next: Next) -> R
         )
     };
     let actor = if req.headers().contains_key(header::AUTHORIZATION) {
-        match bearer(req.headers()) {
-            Some(candidate) if auth.token_matches(candidate) => {}
-            _ => return denied(&req),
+        let Some(candidate) = bearer(req.headers()) else {
+            return denied(&req);
+        };
+        match auth.try_token(candidate, peer(&req), "bearer") {
+            Verdict::Accepted => {}
+            Verdict::Refused => return denied(&req),
+            Verdict::LockedOut(wait) => return locked_out(wait),
         }
         req.headers()
             .get(ACTOR_HEADER)
@@ -397,11 +420,81 @@ fn session_cookie(headers: &HeaderMap) -> Option<&str> {
 }
 
 /// The guard's refusal of a request outside `/admin` that needs the admin
-/// token too (`/metrics`): the same answers as under `/admin` (403 foreign
-/// origin, 401 admin-disabled without a token, 401 unauthorized), `None`
-/// when the request may pass.
-pub fn refusal(token: Option<&AdminToken>, headers: &HeaderMap) -> Option<Response> {
-    if foreign_origin(headers) {
+/// token too (`/metrics`): the same answers as under `/admin` (host and
+/// origin, 401 admin-disabled without a token, 401 unauthorized, 429 when
+/// locked out), `None` when the request may pass.
+pub fn refusal(auth: &Auth, req: &Request) -> Option<Response> {
+    if let Some(refused) = host_or_origin_refusal(&auth.hosts, req) {
+        return Some(refused);
+    }
+    if auth.token.is_none() {
+        return Some(unauthorized(
+            "admin-disabled",
+            "The admin API is disabled",
+            "start idem serve with --admin-token or IDEM_ADMIN_TOKEN (or --public-metrics for \
+             /metrics), then send Authorization: Bearer <token>",
+        ));
+    }
+    let wrong = || {
+        Some(unauthorized(
+            "unauthorized",
+            "A valid admin token is required",
+            "send Authorization: Bearer <the token given to --admin-token>",
+        ))
+    };
+    let Some(candidate) = bearer(req.headers()) else {
+        return wrong();
+    };
+    match auth.try_token(candidate, peer(req), "bearer") {
+        Verdict::Accepted => None,
+        Verdict::Refused => wrong(),
+        Verdict::LockedOut(wait) => Some(locked_out(wait)),
+    }
+}
+
+/// `429 too-many-attempts` with `Retry-After`: the token was not compared.
+pub fn locked_out(wait: Duration) -> Response {
+    idem_http::problem(
+        StatusCode::TOO_MANY_REQUESTS,
+        "too-many-attempts",
+        "Too many wrong admin tokens",
+        Some(
+            "too many wrong tokens came from this address (or from everywhere): the token \
+              is not checked until Retry-After has passed",
+        ),
+        Some(limit::retry_after_secs(wait)),
+    )
+}
+
+/// The refusal of a request naming a host not allowed (`421
+/// host-not-allowed`; `400 invalid-host` without a valid one) or sent by a
+/// page of another origin (`403 foreign-origin`).
+fn host_or_origin_refusal(hosts: &AllowedHosts, req: &Request) -> Option<Response> {
+    let host = match hosts.check(req.uri(), req.headers()) {
+        Ok(host) => host,
+        Err(Refused::Invalid) => {
+            return Some(idem_http::problem(
+                StatusCode::BAD_REQUEST,
+                "invalid-host",
+                "The request needs one valid Host",
+                Some("send one Host header naming this server"),
+                None,
+            ));
+        }
+        Err(Refused::NotAllowed) => {
+            return Some(idem_http::problem(
+                StatusCode::MISDIRECTED_REQUEST,
+                "host-not-allowed",
+                "This server does not answer admin requests for that host",
+                Some(
+                    "reach it by IP address or localhost, or add the name to --admin-hosts \
+                      (IDEM_ADMIN_HOSTS)",
+                ),
+                None,
+            ));
+        }
+    };
+    if foreign_origin(req.headers(), host) {
         return Some(idem_http::problem(
             StatusCode::FORBIDDEN,
             "foreign-origin",
@@ -410,22 +503,7 @@ pub fn refusal(token: Option<&AdminToken>, headers: &HeaderMap) -> Option<Respon
             None,
         ));
     }
-    let Some(token) = token else {
-        return Some(unauthorized(
-            "admin-disabled",
-            "The admin API is disabled",
-            "start idem serve with --admin-token or IDEM_ADMIN_TOKEN (or --public-metrics for \
-             /metrics), then send Authorization: Bearer <token>",
-        ));
-    };
-    match bearer(headers) {
-        Some(candidate) if token.matches(candidate) => None,
-        _ => Some(unauthorized(
-            "unauthorized",
-            "A valid admin token is required",
-            "send Authorization: Bearer <the token given to --admin-token>",
-        )),
-    }
+    None
 }
 
 /// The credentials of `Authorization: Bearer <token>` (the scheme is
@@ -453,41 +531,29 @@ fn unauthorized(slug: &str, title: &str, detail: &str) -> Response {
 }
 
 /// Whether the request carries an `Origin` that is not this server's own
-/// (`http(s)://<Host>`). Requests without `Origin` (curl, the CLI) pass;
-/// browsers send it on cross-origin requests and on every POST.
-fn foreign_origin(headers: &HeaderMap) -> bool {
+/// (`http(s)://<host>`, `host` being the request's allowed host). Requests
+/// without `Origin` (curl, the CLI) pass; browsers send it on cross-origin
+/// requests and on every POST.
+fn foreign_origin(headers: &HeaderMap, host: &str) -> bool {
     let Some(origin) = headers.get(header::ORIGIN) else {
         return false;
     };
-    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
-    let origin = origin.to_str().ok();
-    match (origin, host) {
-        (Some(origin), Some(host)) => {
-            let authority = origin
-                .strip_prefix("http://")
-                .or_else(|| origin.strip_prefix("https://"));
-            authority.is_none_or(|a| !a.eq_ignore_ascii_case(host))
-        }
-        _ => true,
+    let mut origins = headers.get_all(header::ORIGIN).iter();
+    if origins.nth(1).is_some() {
+        return true;
     }
+    let Ok(origin) = origin.to_str() else {
+        return true;
+    };
+    let authority = origin
+        .strip_prefix("http://")
+        .or_else(|| origin.strip_prefix("https://"));
+    authority.is_none_or(|a| !a.eq_ignore_ascii_case(host))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn tokens_are_bounded_and_compared_whole() {
-        assert!(AdminToken::new("short").is_err());
-        assert!(AdminToken::new("has a space in it!!").is_err());
-        assert!(AdminToken::new(&"x".repeat(1025)).is_err());
-        let t = AdminToken::new("0123456789abcdef").unwrap();
-        assert!(t.matches(b"0123456789abcdef"));
-        assert!(!t.matches(b"0123456789abcde"));
-        assert!(!t.matches(b"0123456789abcdefg"));
-        assert!(!t.matches(b""));
-        assert_eq!(format!("{t:?}"), "AdminToken([redacted])");
-    }
 
     #[test]
     fn bearer_credentials() {
@@ -601,22 +667,48 @@ mod tests {
 
     #[test]
     fn origins() {
-        let h = |origin: Option<&str>, host: Option<&str>| {
+        let h = |origin: &[&str], host: &str| {
             let mut m = HeaderMap::new();
-            if let Some(o) = origin {
-                m.insert(header::ORIGIN, o.parse().unwrap());
+            for o in origin {
+                m.append(header::ORIGIN, o.parse().unwrap());
             }
-            if let Some(h) = host {
-                m.insert(header::HOST, h.parse().unwrap());
-            }
-            foreign_origin(&m)
+            foreign_origin(&m, host)
         };
-        assert!(!h(None, Some("127.0.0.1:8080")), "no Origin: curl, the CLI");
-        assert!(!h(Some("http://127.0.0.1:8080"), Some("127.0.0.1:8080")));
-        assert!(!h(Some("https://Admin.Example"), Some("admin.example")));
-        assert!(h(Some("http://evil.example"), Some("127.0.0.1:8080")));
-        assert!(h(Some("null"), Some("127.0.0.1:8080")));
-        assert!(h(Some("http://127.0.0.1:8080"), None));
-        assert!(h(Some("http://127.0.0.1:8081"), Some("127.0.0.1:8080")));
+        assert!(!h(&[], "127.0.0.1:8080"), "no Origin: curl, the CLI");
+        assert!(!h(&["http://127.0.0.1:8080"], "127.0.0.1:8080"));
+        assert!(!h(&["https://Admin.Example"], "admin.example"));
+        assert!(h(&["http://evil.example"], "127.0.0.1:8080"));
+        assert!(h(&["null"], "127.0.0.1:8080"));
+        assert!(h(&["http://127.0.0.1:8081"], "127.0.0.1:8080"));
+        assert!(h(
+            &["http://127.0.0.1:8080", "http://127.0.0.1:8080"],
+            "127.0.0.1:8080"
+        ));
+    }
+
+    #[test]
+    fn a_rebinding_page_is_refused_even_when_its_origin_is_its_host() {
+        let run = |host: &str, origin: Option<&str>| {
+            let mut b = Request::builder()
+                .uri("/admin/v1/keys")
+                .header(header::HOST, host);
+            if let Some(o) = origin {
+                b = b.header(header::ORIGIN, o);
+            }
+            let req = b.body(axum::body::Body::empty()).unwrap();
+            host_or_origin_refusal(&AllowedHosts::default(), &req).map(|r| r.status().as_u16())
+        };
+        assert_eq!(
+            run("evil.example:8080", Some("http://evil.example:8080")),
+            Some(421)
+        );
+        assert_eq!(run("evil.example:8080", None), Some(421));
+        assert_eq!(run("127.0.0.1:8080", Some("http://127.0.0.1:8080")), None);
+        assert_eq!(run("localhost:8080", Some("http://localhost:8080")), None);
+        assert_eq!(
+            run("localhost:8080", Some("http://evil.example:8080")),
+            Some(403)
+        );
+        assert_eq!(run("a b", None), Some(400));
     }
 }

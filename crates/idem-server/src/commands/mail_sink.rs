@@ -19,7 +19,11 @@ impl MailSinkArgs {
     /// Serves until Ctrl-C or SIGTERM.
     pub async fn run(self) -> anyhow::Result<()> {
         let (listener, bound) = http_server::bind(self.listen).await?;
-        let app = crate::routes::service(router(Sink::default()), None, None);
+        let app = crate::routes::service(
+            router(Sink::default()),
+            crate::admin::Auth::new(None, Default::default(), Default::default()),
+            None,
+        );
         tracing::info!(listen = %bound, "demo mail relay: POST /messages, GET /messages/{{id}}, GET /messages");
         let shutdown = shutdown::on_signal();
         http_server::serve(listener, app, Limits::default(), stopped(shutdown)).await;

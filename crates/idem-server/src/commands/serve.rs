@@ -26,11 +26,21 @@ pub struct ServeArgs {
     /// first address is used: `localhost:8080`).
     #[arg(long, env = "IDEM_LISTEN", default_value = "127.0.0.1:8080", value_parser = config::listen_address)]
     listen: SocketAddr,
-    /// Bearer token for `/admin/…` (16 to 1024 visible ASCII characters).
-    /// Without it the admin routes answer 401; it is required when
-    /// --listen is not a loopback address.
+    /// Bearer token for `/admin/…` (24 to 1024 visible ASCII characters,
+    /// hard to guess: `openssl rand -hex 32`). Without it the admin routes
+    /// answer 401; it is required when --listen is not a loopback address.
     #[arg(long, env = "IDEM_ADMIN_TOKEN", hide_env_values = true)]
     admin_token: Option<String>,
+    /// Host names the admin routes, the console and a guarded /metrics
+    /// answer for, besides IP addresses and `localhost` (against DNS
+    /// rebinding): comma-separated `NAME` (any port) or `NAME:PORT`.
+    #[arg(long, env = "IDEM_ADMIN_HOSTS", default_value = "")]
+    admin_hosts: String,
+    /// How long a source is locked out after 5 wrong admin tokens in a row
+    /// (console logins and bearer requests); each further one doubles it,
+    /// up to 15 min (1s to 1h).
+    #[arg(long, env = "IDEM_ADMIN_LOCKOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    admin_lockout: Duration,
     /// Serve `GET /metrics` (Prometheus text) without the admin token.
     /// Without it `/metrics` needs the token like `/admin`.
     /// `--public-metrics=false` turns off a file's `true`.
@@ -166,6 +176,9 @@ impl ServeArgs {
             listen: self.listen,
             limits,
             admin_token: config::admin_token(self.admin_token.as_deref(), self.listen)?,
+            admin_hosts: crate::admin::AllowedHosts::parse(&self.admin_hosts)
+                .map_err(anyhow::Error::msg)?,
+            admin_lockout: config::admin_lockout(self.admin_lockout)?,
             public_metrics: self.public_metrics,
             demo,
             gc_interval,
@@ -182,10 +195,16 @@ impl ServeArgs {
     pub async fn run(self) -> anyhow::Result<()> {
         let config = self.config()?;
         let shutdown = shutdown::on_signal();
+        let auth = crate::admin::Auth::new(
+            config.admin_token.clone(),
+            config.admin_hosts.clone(),
+            crate::admin::limit::Limits::with_first_lock(config.admin_lockout),
+        );
         let (api, gateway) = Db::open(&self.db.database_url)
             .await?
             .run(Start {
                 config: &config,
+                auth: &auth,
                 shutdown: &shutdown,
             })
             .await?;
@@ -193,6 +212,11 @@ impl ServeArgs {
         if config.admin_token.is_none() {
             tracing::info!(
                 "admin routes disabled: start with --admin-token (or IDEM_ADMIN_TOKEN) to use /admin"
+            );
+        } else if !bound.ip().is_loopback() && config.admin_hosts.is_empty() {
+            tracing::info!(
+                "admin routes and the console answer requests addressed to an IP address or \
+                 localhost; to reach them by a name, list it in --admin-hosts (IDEM_ADMIN_HOSTS)"
             );
         }
         match &config.gateway {
@@ -208,7 +232,7 @@ impl ServeArgs {
                 "idem serving the demo payments API"
             ),
         }
-        let app = crate::routes::service(api, config.admin_token.clone(), gateway);
+        let app = crate::routes::service(api, auth, gateway);
         http_server::serve(listener, app, config.limits.clone(), stopped(shutdown)).await;
         Ok(())
     }
@@ -217,6 +241,7 @@ impl ServeArgs {
 /// Starts the background work on the backend and returns the routes.
 struct Start<'a> {
     config: &'a ServerConfig,
+    auth: &'a Arc<crate::admin::Auth>,
     shutdown: &'a watch::Receiver<bool>,
 }
 
@@ -224,10 +249,14 @@ impl Job for Start<'_> {
     /// Idem's own routes, and the gateway's fallback when there is one.
     type Output = anyhow::Result<(Router, Option<Router>)>;
     async fn run<B: Backend>(self, store: B) -> Self::Output {
-        let Start { config, shutdown } = self;
+        let Start {
+            config,
+            auth,
+            shutdown,
+        } = self;
         let access = match config.public_metrics {
             true => crate::metrics::Access::Public,
-            false => crate::metrics::Access::Token(config.admin_token.clone()),
+            false => crate::metrics::Access::Token(auth.clone()),
         };
         let metrics = crate::metrics::router(store.clone(), access, crate::metrics::install());
         super::gc::spawn(store.clone(), config.gc_interval, shutdown)?;

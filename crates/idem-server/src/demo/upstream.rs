@@ -325,8 +325,12 @@ pub fn app(up: Upstream) -> Router {
         .route("/_upstream/stats", get(stats))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(up.clone());
-    crate::routes::service(routes, None, None)
-        .layer(axum::middleware::from_fn_with_state(up, count))
+    crate::routes::service(
+        routes,
+        crate::admin::Auth::new(None, Default::default(), Default::default()),
+        None,
+    )
+    .layer(axum::middleware::from_fn_with_state(up, count))
 }
 
 #[cfg(test)]

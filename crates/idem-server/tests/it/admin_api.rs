@@ -19,8 +19,8 @@ use idem_core::{
     Clock, Completion, Fingerprint, IdempotencyKey, Operation, Policy, Scope, StoredResponse,
     SystemClock, Tenant,
 };
-use idem_server::admin::AdminToken;
 use idem_server::admin::outbox::RelaySlot;
+use idem_server::admin::{AdminToken, AllowedHosts, Auth};
 use idem_server::backend::{Backend, Db, Job};
 use idem_testkit::{PgDatabase, TempDir};
 use serde_json::{Value, json};
@@ -29,7 +29,7 @@ use tokio::net::TcpStream;
 
 use crate::Reply;
 
-const TOKEN: &str = "admin-api-test-token-0123456789";
+const TOKEN: &str = "037092c11830c283065246c98e40c665";
 
 /// Where the test database lives, kept alive with the test.
 enum Keep {
@@ -51,7 +51,12 @@ async fn database(postgres: bool) -> (String, Keep) {
 /// socket and returns its address.
 async fn serve<B: Backend>(store: &B) -> SocketAddr {
     let api = idem_server::admin::v1::router(store.clone(), RelaySlot::<B>::default());
-    let app = idem_server::routes::service(api, Some(AdminToken::new(TOKEN).unwrap()), None);
+    let auth = Auth::new(
+        Some(AdminToken::new(TOKEN).unwrap()),
+        AllowedHosts::default(),
+        Default::default(),
+    );
+    let app = idem_server::routes::service(api, auth, None);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
@@ -75,7 +80,7 @@ async fn send(
         extra.push_str(&format!("Idempotency-Key: {k}\r\n"));
     }
     let raw = format!(
-        "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
          Content-Type: application/json\r\n{extra}Content-Length: {}\r\n\r\n{body}",
         body.len()
     );

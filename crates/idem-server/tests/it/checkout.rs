@@ -769,8 +769,8 @@ pub async fn tour() {
     let if_match = |version: &'static str, n: i64| async move {
         let body = format!(r#"{{"available":{n}}}"#);
         let req = crate::request("PUT", "/v1/inventory/tee-m", None, &body).replacen(
-            "Host: test\r\n",
-            &format!("Host: test\r\nIf-Match: {version}\r\n"),
+            "Host: localhost\r\n",
+            &format!("Host: localhost\r\nIf-Match: {version}\r\n"),
             1,
         );
         let mut c = tokio::net::TcpStream::connect(s).await.unwrap();

@@ -15,7 +15,7 @@ use crate::checkout::{ShopDb, World, order_body, set_stock};
 use crate::fixture::TempDir;
 use crate::process::Server;
 
-const TOKEN: &str = "console-test-token-0123456789";
+const TOKEN: &str = "baf3f055da7d52c2fbc369c71201b3f6";
 
 /// One request with these headers on its own connection.
 async fn send(
@@ -30,7 +30,7 @@ async fn send(
         .map(|(n, v)| format!("{n}: {v}\r\n"))
         .collect();
     let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n{extra}Content-Length: {}\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n{extra}Content-Length: {}\r\n\r\n{body}",
         body.len()
     );
     crate::exchange(addr, &req).await

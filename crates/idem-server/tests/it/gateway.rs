@@ -403,7 +403,7 @@ pub async fn contract(db: ShopDb) {
     assert_ne!(derived, "k-1", "the client's key is not forwarded");
     assert_eq!(seen[0].header("x-forwarded-for"), Some("127.0.0.1"));
     assert_eq!(seen[0].header("x-forwarded-proto"), Some("http"));
-    assert_eq!(seen[0].header("x-forwarded-host"), Some("test"));
+    assert_eq!(seen[0].header("x-forwarded-host"), Some("localhost"));
     assert!(
         seen[0]
             .header("connection")
@@ -432,7 +432,7 @@ pub async fn contract(db: ShopDb) {
     let tenant = |t: &'static str| async move {
         let mut s = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
         let req = format!(
-            "POST /v1/payments HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Type: application/json\r\n\
+            "POST /v1/payments HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\n\
              Idempotency-Key: shared\r\nX-Tenant-Id: {t}\r\nContent-Length: 2\r\n\r\n{{}}"
         );
         tokio::io::AsyncWriteExt::write_all(&mut s, req.as_bytes())

@@ -285,7 +285,7 @@ pub async fn replays_are_the_first_answer_readable_by_every_client(db: ShopDb) {
         let key = format!("gz{}", path.replace('/', "-"));
         let ask = |accept: &str| {
             format!(
-                "POST {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Type: \
+                "POST {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: \
                  application/json\r\n{accept}Idempotency-Key: {key}\r\nContent-Length: 12\r\n\r\n\
                  {{\"amount\":7}}"
             )
@@ -541,7 +541,7 @@ pub async fn answers_held_for_slow_readers_stay_within_the_budget(db: ShopDb) {
     let mut held = Vec::new();
     for _ in 0..readers {
         let raw = format!(
-            "GET /large?bytes={} HTTP/1.1\r\nHost: test\r\n\r\n",
+            "GET /large?bytes={} HTTP/1.1\r\nHost: localhost\r\n\r\n",
             15 * MIB
         );
         let (status, socket) = slow_reader(gw.addr, raw).await;
@@ -555,7 +555,7 @@ pub async fn answers_held_for_slow_readers_stay_within_the_budget(db: ShopDb) {
     let mut keyed_readers = Vec::new();
     for i in 0..readers {
         let raw = format!(
-            "POST /large?bytes={} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n\
+            "POST /large?bytes={} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
              Idempotency-Key: big-{i}\r\nContent-Length: 2\r\n\r\n{{}}",
             12 * MIB
         );
@@ -598,7 +598,7 @@ pub async fn answers_held_for_slow_readers_stay_within_the_budget(db: ShopDb) {
     let mut failed = 0;
     for i in 0..readers {
         let raw = format!(
-            "POST /large?bytes={}&status=500 HTTP/1.1\r\nHost: test\r\nContent-Type: \
+            "POST /large?bytes={}&status=500 HTTP/1.1\r\nHost: localhost\r\nContent-Type: \
              application/json\r\nIdempotency-Key: big5-{i}\r\nContent-Length: 2\r\n\r\n{{}}",
             12 * MIB
         );
@@ -635,7 +635,7 @@ pub async fn a_forced_release_says_what_it_cannot_stop(db: ShopDb) {
     up.hold();
     let dir = idem_testkit::TempDir::new("gateway-release");
     let routes = "[[gateway.routes]]\nmethod = \"POST\"\npath = \"/hold\"\noperation = \"hold\"\nlease = \"3s\"\n";
-    let token = "t0k3n-for-the-release-test-0123456789";
+    let token = "c30a9894b5c0d5797c27c827e57bdee4";
     let gw = Server::start(
         &db.url(),
         &[
@@ -699,7 +699,7 @@ pub async fn a_forced_release_says_what_it_cannot_stop(db: ShopDb) {
     let audit = exchange(
         gw.addr,
         &format!(
-            "GET /admin/v1/audit?action=keys.release HTTP/1.1\r\nHost: test\r\nConnection: \
+            "GET /admin/v1/audit?action=keys.release HTTP/1.1\r\nHost: localhost\r\nConnection: \
              close\r\nAuthorization: Bearer {token}\r\n\r\n"
         ),
     )

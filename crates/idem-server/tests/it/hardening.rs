@@ -13,7 +13,7 @@ use crate::fixture::TempDir;
 use crate::process::{Proc, Server};
 use crate::{PAY, Reply, call, create, try_call};
 
-const TOKEN: &str = "test-admin-token-0123456789";
+const TOKEN: &str = "7971e2bf2de07fc42b369f8dff01eea0";
 
 /// Sends raw bytes and reads until the server closes; the reply, if one came.
 async fn exchange(addr: SocketAddr, raw: &[u8]) -> Option<Reply> {
@@ -65,7 +65,8 @@ fn get_with(path: &str, headers: &[(&str, &str)]) -> Vec<u8> {
         .iter()
         .map(|(n, v)| format!("{n}: {v}\r\n"))
         .collect();
-    format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n{extra}\r\n").into_bytes()
+    format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n{extra}\r\n")
+        .into_bytes()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -125,7 +126,7 @@ async fn admin_routes_need_the_token_and_refuse_foreign_origins() {
         a,
         &get_with(
             "/admin/outbox",
-            &[("Authorization", &right), ("Origin", "http://test")],
+            &[("Authorization", &right), ("Origin", "http://localhost")],
         ),
     )
     .await
@@ -159,7 +160,50 @@ fn off_loopback_without_a_token_or_with_a_weak_one_nothing_starts() {
     }
     let out = run(&["serve", "--database-url", &db, "--admin-token", "short"]);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("16 to 1024 characters"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("24 to 1024 characters"), "{err}");
+    assert!(err.contains("openssl rand -hex 32"), "{err}");
+    // Long enough but easy to guess: refused with the command that makes a
+    // good one, by flag, by variable and from the file, never quoting it.
+    let weak = [
+        "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+        "passwordpasswordpasswordpassword",
+        "0123456789abcdef0123456789abcdef",
+    ];
+    // A database that cannot open: a weak token let through fails the
+    // start anyway, saying something else (rather than serving forever).
+    let db = format!("sqlite://{}/no-such-dir/idem.db", dir.path().display());
+    for token in weak {
+        let file = dir.path().join("weak.toml");
+        std::fs::write(&file, format!("[server]\nadmin_token = \"{token}\"\n")).unwrap();
+        let by_flag = run(&["serve", "--database-url", &db, "--admin-token", token]);
+        let by_file = run(&[
+            "serve",
+            "--database-url",
+            &db,
+            "--config",
+            file.to_str().unwrap(),
+        ]);
+        let by_env = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+            .args(["serve", "--database-url", &db])
+            .env("IDEM_ADMIN_TOKEN", token)
+            .output()
+            .unwrap();
+        for (how, out) in [("flag", by_flag), ("file", by_file), ("env", by_env)] {
+            assert!(!out.status.success(), "{token} by {how}");
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                err.contains("too easy to guess") && err.contains("openssl rand -hex 32"),
+                "{token} by {how}: {err}"
+            );
+            assert!(!err.contains(token), "the token is not quoted: {err}");
+        }
+    }
+    // The 16-character tokens the old rule took are refused too.
+    for token in ["aaaaaaaaaaaaaaaa", "passwordpassword"] {
+        let out = run(&["serve", "--database-url", &db, "--admin-token", token]);
+        assert!(!out.status.success(), "{token}");
+    }
     assert!(!dir.path().join("idem.db").exists(), "nothing was opened");
 }
 

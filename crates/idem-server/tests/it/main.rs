@@ -31,6 +31,7 @@ mod checkout;
 mod clock;
 mod compensation;
 mod console;
+mod console_guard;
 mod drill_peers;
 mod drill_runner;
 mod fakes;
@@ -90,7 +91,7 @@ pub fn request(method: &str, path: &str, key: Option<&str>, body: &str) -> Strin
         .map(|k| format!("Idempotency-Key: {k}\r\n"))
         .unwrap_or_default();
     format!(
-        "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Type: application/json\r\n\
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\n\
          {key}Content-Length: {}\r\n\r\n{body}",
         body.len()
     )
@@ -311,7 +312,7 @@ macro_rules! drills {
                     async move {
                         let mut s = TcpStream::connect(addr).await.unwrap();
                         let req = request("POST", "/v1/payments", Some("shared"), PAY)
-                            .replacen("Host: test\r\n", &format!("Host: test\r\nX-Tenant-Id: {tenant}\r\n"), 1);
+                            .replacen("Host: localhost\r\n", &format!("Host: localhost\r\nX-Tenant-Id: {tenant}\r\n"), 1);
                         s.write_all(req.as_bytes()).await.unwrap();
                         let mut raw = Vec::new();
                         s.read_to_end(&mut raw).await.unwrap();

@@ -13,7 +13,7 @@ use crate::Reply;
 use crate::process::Server;
 use crate::webhooks::{deliver, now_s, payment, sign};
 
-const TOKEN: &str = "metrics-test-admin-token-0123456789";
+const TOKEN: &str = "e9c9eb468bc0aca7aefe58c195f0d1f7";
 
 /// One sample of the exposition text: name, labels, value.
 #[derive(Debug)]
@@ -131,7 +131,8 @@ async fn get_metrics(addr: SocketAddr, token: Option<&str>) -> Reply {
     let auth = token
         .map(|t| format!("Authorization: Bearer {t}\r\n"))
         .unwrap_or_default();
-    let req = format!("GET /metrics HTTP/1.1\r\nHost: t\r\nConnection: close\r\n{auth}\r\n");
+    let req =
+        format!("GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n{auth}\r\n");
     crate::exchange(addr, &req).await
 }
 

@@ -840,7 +840,7 @@ macro_rules! webhook_suite {
                 assert_eq!(round.dead, 1, "the second failure is the last");
                 let replay = |delivery: &'static str| async move {
                     let mut s = TcpStream::connect(addr).await.unwrap();
-                    let req = format!("POST /admin/webhooks/replay?endpoint=github&delivery={delivery} HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: 0\r\n\r\n");
+                    let req = format!("POST /admin/webhooks/replay?endpoint=github&delivery={delivery} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: 0\r\n\r\n");
                     s.write_all(req.as_bytes()).await.unwrap();
                     let mut raw = String::new();
                     s.read_to_string(&mut raw).await.unwrap();
