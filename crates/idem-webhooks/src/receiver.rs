@@ -488,7 +488,17 @@ impl<S: WebhookStore, C: Clock> Receiver<S, C> {
                     count_delivery(&endpoint.name, "url_verification");
                     return Ok(Received::Challenge { challenge });
                 }
-                SlackBody::BadChallenge => return Err(ReceiveError::BadChallenge),
+                SlackBody::BadChallenge => {
+                    count_delivery(&endpoint.name, "invalid_challenge");
+                    if let Some(not_logged) = rejections.admit(now_ms) {
+                        tracing::warn!(
+                            endpoint = name,
+                            suppressed_since_last_line = not_logged,
+                            "signed Slack url_verification without a usable challenge"
+                        );
+                    }
+                    return Err(ReceiveError::BadChallenge);
+                }
             }
         }
         let (entity_id, entity_version) = endpoint.entity_of(body);

@@ -193,8 +193,8 @@ fn standard_set(headers: &HeaderMap) -> Result<&'static HeaderSet, VerifyError> 
         (WEBHOOK_HEADERS.id, SVIX_HEADERS.id),
         (WEBHOOK_HEADERS.timestamp, SVIX_HEADERS.timestamp),
     ] {
-        if let (Some(a), Some(b)) = (headers.get(ours), headers.get(theirs))
-            && a != b
+        if let Some(a) = headers.get(ours)
+            && headers.get_all(theirs).iter().any(|b| a != b)
         {
             return Err(VerifyError::Malformed(theirs));
         }
@@ -248,8 +248,31 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The most signatures one delivery may carry (several only while a secret
+/// rotates); more is malformed, so a header of thousands of entries costs
+/// nothing but its parsing.
+pub const MAX_SIGNATURES: usize = 8;
+
+/// Whether `signature` is one of `tags`: constant time, and an empty or
+/// truncated signature never verifies.
+fn tag_matches(tags: &[[u8; 32]], signature: &[u8]) -> bool {
+    use subtle::ConstantTimeEq;
+    signature.len() == 32
+        && tags
+            .iter()
+            .fold(subtle::Choice::from(0), |acc, t| acc | t.ct_eq(signature))
+            .into()
+}
+
+/// Header `name`'s one value, trimmed: missing, sent more than once, not
+/// visible text or empty is an error (a second value would be stored with
+/// the receipt without being what the signature covered).
 fn header<'a>(headers: &'a HeaderMap, name: &'static str) -> Result<&'a str, VerifyError> {
-    let value = headers.get(name).ok_or(VerifyError::MissingHeader(name))?;
+    let mut values = headers.get_all(name).iter();
+    let value = values.next().ok_or(VerifyError::MissingHeader(name))?;
+    if values.next().is_some() {
+        return Err(VerifyError::Malformed(name));
+    }
     let value = value
         .to_str()
         .map_err(|_| VerifyError::Malformed(name))?
@@ -383,23 +406,26 @@ impl Verifier {
     }
 
     fn hmac_matches(&self, message: &[&[u8]], signature: &[u8]) -> bool {
-        // An empty or truncated signature never verifies: `verify_slice`
-        // demands the full tag length and compares in constant time.
-        if signature.len() != 32 {
-            return false;
-        }
-        self.keys.iter().any(|k| match k {
-            Key::Hmac(key) => {
-                let Ok(mut mac) = HmacSha256::new_from_slice(key) else {
-                    return false;
-                };
-                for part in message {
-                    mac.update(part);
+        tag_matches(&self.hmac_tags(message), signature)
+    }
+
+    /// The HMAC-SHA256 tag of `message` under every HMAC key: computed once
+    /// per delivery, however many signatures it carries (each is then a
+    /// 32-byte comparison, not another pass over the body).
+    fn hmac_tags(&self, message: &[&[u8]]) -> Vec<[u8; 32]> {
+        self.keys
+            .iter()
+            .filter_map(|k| match k {
+                Key::Hmac(key) => {
+                    let mut mac = HmacSha256::new_from_slice(key).ok()?;
+                    for part in message {
+                        mac.update(part);
+                    }
+                    Some(mac.finalize().into_bytes().into())
                 }
-                mac.verify_slice(signature).is_ok()
-            }
-            Key::Ed25519(_) => false,
-        })
+                Key::Ed25519(_) => None,
+            })
+            .collect()
     }
 
     fn ed25519_matches(&self, message: &[u8], signature: &[u8]) -> bool {
@@ -478,10 +504,11 @@ impl Verifier {
                 }
                 let t = timestamp.ok_or(VerifyError::Malformed(H))?;
                 self.check_time(H, t, now_s)?;
-                if !signatures
-                    .iter()
-                    .any(|s| self.hmac_matches(&[t.as_bytes(), b".", body], s))
-                {
+                if signatures.len() > MAX_SIGNATURES {
+                    return Err(VerifyError::Malformed(H));
+                }
+                let tags = self.hmac_tags(&[t.as_bytes(), b".", body]);
+                if !signatures.iter().any(|s| tag_matches(&tags, s)) {
                     return Err(VerifyError::NoMatch);
                 }
                 Ok(Verified {
@@ -497,10 +524,13 @@ impl Verifier {
                 let sigs = header(headers, set.signature)?;
                 self.check_time(set.timestamp, ts, now_s)?;
                 let message = [id.as_bytes(), b".", ts.as_bytes(), b".", body].concat();
-                let matched = sigs.split(' ').any(|entry| match entry.split_once(',') {
-                    Some(("v1", s)) => B64
-                        .decode(s)
-                        .is_ok_and(|s| self.hmac_matches(&[&message], &s)),
+                let entries: Vec<&str> = sigs.split(' ').filter(|e| !e.is_empty()).collect();
+                if entries.len() > MAX_SIGNATURES {
+                    return Err(VerifyError::Malformed(set.signature));
+                }
+                let tags = self.hmac_tags(&[&message]);
+                let matched = entries.iter().any(|entry| match entry.split_once(',') {
+                    Some(("v1", s)) => B64.decode(s).is_ok_and(|s| tag_matches(&tags, &s)),
                     Some(("v1a", s)) => B64
                         .decode(s)
                         .is_ok_and(|s| self.ed25519_matches(&message, &s)),

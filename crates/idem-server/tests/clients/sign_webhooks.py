@@ -2,7 +2,7 @@
 
 Usage: sign_webhooks.py < deliveries.json
 
-Reads a JSON list of ``{"library", "secret", "body", "id"?}`` and prints a JSON
+Reads a JSON list of ``{"library", "secret", "body", "id"?, "later"?}`` and prints a JSON
 list of the headers to send with each body (``[[name, value], ...]``), signed
 now by:
 
@@ -70,7 +70,8 @@ SIGNERS = {
 def main():
     out = []
     for d in json.load(sys.stdin):
-        now = int(time.time())
+        # "later": seconds after now, for a provider's retry signed anew.
+        now = int(time.time()) + int(d.get("later", 0))
         headers = SIGNERS[d["library"]](d["secret"], d.get("id"), d["body"], now)
         out.append(sorted(headers.items()))
     json.dump(out, sys.stdout)

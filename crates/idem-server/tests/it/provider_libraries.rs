@@ -178,14 +178,37 @@ pub async fn deliveries_signed_by_provider_libraries_are_forwarded_once(db: Shop
         },
     )
     .await;
-    // A provider's retry after processing: still a duplicate, no new forward.
-    for ((d, body), headers) in deliveries.iter().zip(&bodies).zip(&signed) {
-        assert_eq!(
-            deliver(server.addr, d.0, headers, body).await.status,
-            200,
-            "{}",
+    // A provider's retry after processing: still a duplicate, no new forward;
+    // also when the library signs it again under a new timestamp, as the
+    // providers' retries are.
+    let resigned = sign(Value::Array(
+        deliveries
+            .iter()
+            .zip(&bodies)
+            .map(|(d, body)| {
+                json!({"library": d.1, "secret": secret(d.1), "id": d.4, "body": body, "later": 60})
+            })
+            .collect(),
+    ))
+    .await;
+    for ((d, body), (headers, anew)) in deliveries
+        .iter()
+        .zip(&bodies)
+        .zip(signed.iter().zip(&resigned))
+    {
+        assert_ne!(
+            headers, anew,
+            "{}: another timestamp, another signature",
             d.1
         );
+        for h in [headers, anew] {
+            assert_eq!(
+                deliver(server.addr, d.0, h, body).await.status,
+                200,
+                "{}",
+                d.1
+            );
+        }
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     for d in &deliveries {

@@ -761,3 +761,78 @@ fn slack_url_verification_is_a_handshake() {
         assert_eq!(slack_body(bad.as_bytes()), SlackBody::BadChallenge, "{bad}");
     }
 }
+
+#[test]
+fn a_header_sent_twice_is_malformed_whatever_its_values() {
+    let secret = format!("whsec_{}", B64.encode(STANDARD_KEY));
+    let v = verifier(Scheme::Standard, &[&secret]);
+    let body = br#"{"type":"invoice.paid"}"#;
+    for prefix in ["webhook", "svix"] {
+        let signed = standard_signed(prefix, STANDARD_KEY, "msg_D", NOW, body);
+        assert!(v.verify(&signed, body, NOW).is_ok());
+        for (name, extra) in [("id", "msg_E"), ("timestamp", "1")] {
+            let name: &'static str = Box::leak(format!("{prefix}-{name}").into_boxed_str());
+            let mut twice = signed.clone();
+            twice.append(name, HeaderValue::from_static(extra));
+            assert_eq!(
+                v.verify(&twice, body, NOW),
+                Err(VerifyError::Malformed(name)),
+                "a second value would be stored unverified"
+            );
+        }
+    }
+    // The other set's id or time, sent twice beside the verified set: each
+    // value must repeat the verified one.
+    let mut both = standard_signed("webhook", STANDARD_KEY, "msg_K", NOW, body);
+    both.insert("svix-id", HeaderValue::from_static("msg_K"));
+    both.append("svix-id", HeaderValue::from_static("msg_EVIL"));
+    assert_eq!(
+        v.verify(&both, body, NOW),
+        Err(VerifyError::Malformed("svix-id"))
+    );
+}
+
+#[test]
+fn many_signatures_are_malformed_and_one_tag_serves_them_all() {
+    let secret = format!("whsec_{}", B64.encode(STANDARD_KEY));
+    let v = verifier(Scheme::Standard, &[&secret]);
+    let body = br#"{"type":"invoice.paid"}"#;
+    let good = standard_signed("webhook", STANDARD_KEY, "msg_1", NOW, body);
+    let good_sig = good["webhook-signature"].to_str().unwrap().to_owned();
+    let junk = "v1,AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=";
+    // Rotation: the good one among the most allowed, last.
+    let mut rotated = good.clone();
+    let entries: Vec<&str> = std::iter::repeat_n(junk, MAX_SIGNATURES - 1)
+        .chain([good_sig.as_str()])
+        .collect();
+    rotated.insert(
+        "webhook-signature",
+        HeaderValue::from_str(&entries.join(" ")).unwrap(),
+    );
+    assert_eq!(v.verify(&rotated, body, NOW).unwrap().delivery_id, "msg_1");
+    // One more: malformed before any HMAC, however the rest looks.
+    let mut flood = good.clone();
+    let entries: Vec<&str> = std::iter::repeat_n(junk, MAX_SIGNATURES)
+        .chain([good_sig.as_str()])
+        .collect();
+    flood.insert(
+        "webhook-signature",
+        HeaderValue::from_str(&entries.join(" ")).unwrap(),
+    );
+    assert_eq!(
+        v.verify(&flood, body, NOW),
+        Err(VerifyError::Malformed("webhook-signature"))
+    );
+    // Stripe's v1= entries likewise.
+    let s = verifier(Scheme::Stripe, &["whsec_x"]);
+    let zeros = format!("v1={}", "00".repeat(32));
+    let header = format!(
+        "t={NOW},{}",
+        vec![zeros.as_str(); MAX_SIGNATURES + 1].join(",")
+    );
+    let h = headers(&[("stripe-signature", header)]);
+    assert_eq!(
+        s.verify(&h, b"{}", NOW),
+        Err(VerifyError::Malformed("stripe-signature"))
+    );
+}
