@@ -83,6 +83,20 @@ impl Source {
     }
 }
 
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::V4(octets) => write!(f, "{}", std::net::Ipv4Addr::from(*octets)),
+            Self::V6(prefix) => {
+                let mut octets = [0u8; 16];
+                octets[..8].copy_from_slice(prefix);
+                write!(f, "{}/64", std::net::Ipv6Addr::from(octets))
+            }
+            Self::Unknown => f.write_str("unknown"),
+        }
+    }
+}
+
 struct Entry {
     failures: u32,
     last: Instant,
@@ -223,7 +237,7 @@ impl Limiter {
         entry.locked_until = self.lock_for(failures).map(|d| now + d);
         if failures == limits.free_failures {
             tracing::warn!(
-                source = ?source,
+                source = %source,
                 failures,
                 "admin token: too many wrong attempts from one source; locking it out"
             );
@@ -389,6 +403,8 @@ mod tests {
         let mapped: Ipv6Addr = "::ffff:192.0.2.7".parse().unwrap();
         assert_eq!(of(mapped), v4(7));
         assert_eq!(Source::of(None), Source::Unknown);
+        assert_eq!(of(a).to_string(), "2001:db8:1:2::/64");
+        assert_eq!(v4(7).to_string(), "192.0.2.7");
     }
 
     #[test]
