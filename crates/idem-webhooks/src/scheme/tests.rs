@@ -828,7 +828,7 @@ fn many_signatures_are_malformed_and_one_tag_serves_them_all() {
     let zeros = format!("v1={}", "00".repeat(32));
     let header = format!(
         "t={NOW},{}",
-        vec![zeros.as_str(); MAX_SIGNATURES + 1].join(",")
+        [zeros.as_str(); MAX_SIGNATURES + 1].join(",")
     );
     let h = headers(&[("stripe-signature", header)]);
     assert_eq!(
