@@ -826,10 +826,7 @@ fn many_signatures_are_malformed_and_one_tag_serves_them_all() {
     // Stripe's v1= entries likewise.
     let s = verifier(Scheme::Stripe, &["whsec_x"]);
     let zeros = format!("v1={}", "00".repeat(32));
-    let header = format!(
-        "t={NOW},{}",
-        [zeros.as_str(); MAX_SIGNATURES + 1].join(",")
-    );
+    let header = format!("t={NOW},{}", [zeros.as_str(); MAX_SIGNATURES + 1].join(","));
     let h = headers(&[("stripe-signature", header)]);
     assert_eq!(
         s.verify(&h, b"{}", NOW),
