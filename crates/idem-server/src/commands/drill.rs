@@ -63,7 +63,7 @@ pub struct DrillArgs {
     /// (plus 1 s; at most 24h).
     #[arg(long)]
     ttl: Option<String>,
-    /// Rounds of the lost-response and concurrency drills, each with fresh
+    /// Rounds of the lost-response, abandoned-request and concurrency drills, each with fresh
     /// keys; the worst decides (1 to 100) [default: 5].
     #[arg(long)]
     rounds: Option<u32>,

@@ -9,7 +9,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 
 use super::client::{Answer, Key, LosingProxy, SendError};
-use super::report::{Outcome, Round, Rounds, plural};
+use super::report::{Outcome, Round, Rounds};
 use super::{Evidence, Runner, Stop, Verdict, effects_text};
 
 /// How often a retry answered "try again" (409 in flight, 425, 429, 503)
@@ -93,7 +93,8 @@ impl Runner {
         let tally = match outcome {
             Outcome::Fail => format!("{failed} of {run} rounds failed"),
             Outcome::Warn => format!("{warned} of {run} rounds warned, none failed"),
-            _ => format!("all {run} round{} held", plural(run as usize)),
+            _ if run == 1 => "the 1 round held".to_owned(),
+            _ => format!("all {run} rounds held"),
         };
         let tally = if budget_out {
             format!("{tally}; only {run} of {total} rounds: the budget ran out")
@@ -458,8 +459,9 @@ impl<'a> Race<'a> {
         (
             Outcome::Pass,
             format!(
-                "one effect; {} × the same 2xx, the rest 409, the retry after replays",
-                self.successes
+                "one effect; {} × the same 2xx, {} × 409, the retry after replays",
+                self.successes,
+                n - self.successes
             ),
         )
     }

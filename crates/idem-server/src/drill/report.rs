@@ -237,7 +237,7 @@ impl Report {
         let unchecked = self.unchecked();
         if fail == 0 && !unchecked.is_empty() {
             return format!(
-                "verdict: INCOMPLETE — {} not run (the request budget ran out): no verdict on the contract",
+                "verdict: INCOMPLETE — {} not run, or not all its rounds (the request budget ran out): no verdict on the contract",
                 unchecked.join(", ")
             );
         }
