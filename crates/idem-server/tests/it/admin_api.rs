@@ -24,7 +24,7 @@ use idem_server::admin::{AdminToken, AllowedHosts, Auth};
 use idem_server::backend::{Backend, Db, Job};
 use idem_testkit::{PgDatabase, TempDir};
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 use crate::Reply;
@@ -86,18 +86,7 @@ async fn send(
     );
     let mut s = TcpStream::connect(addr).await.unwrap();
     s.write_all(raw.as_bytes()).await.unwrap();
-    let mut out = Vec::new();
-    tokio::time::timeout(Duration::from_secs(30), s.read_to_end(&mut out))
-        .await
-        .unwrap()
-        .unwrap();
-    let split = out.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
-    let head = String::from_utf8_lossy(&out[..split]).into_owned();
-    Reply {
-        status: head[9..12].parse().unwrap(),
-        head,
-        body: out[split + 4..].to_vec(),
-    }
+    Reply::read(&mut s).await
 }
 
 async fn get(addr: SocketAddr, path: &str) -> Reply {

@@ -12,7 +12,7 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpSocket;
 
 use crate::Reply;
@@ -33,18 +33,7 @@ async fn raw_from(from: Ipv4Addr, addr: SocketAddr, line: &str, head: &str, body
         body.len()
     );
     s.write_all(req.as_bytes()).await.unwrap();
-    let mut out = Vec::new();
-    tokio::time::timeout(Duration::from_secs(30), s.read_to_end(&mut out))
-        .await
-        .unwrap()
-        .unwrap();
-    let split = out.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
-    let head = String::from_utf8_lossy(&out[..split]).into_owned();
-    Reply {
-        status: head[9..12].parse().unwrap(),
-        head,
-        body: out[split + 4..].to_vec(),
-    }
+    Reply::read(&mut s).await
 }
 
 fn ip(last: u8) -> Ipv4Addr {

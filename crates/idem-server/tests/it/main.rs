@@ -123,6 +123,24 @@ pub async fn try_call(
     try_exchange(addr, &request(method, path, key, body)).await
 }
 
+impl Reply {
+    /// The whole answer on `s`, read to the connection's close within 30 s.
+    pub async fn read<S: tokio::io::AsyncRead + Unpin>(s: &mut S) -> Reply {
+        let mut out = Vec::new();
+        tokio::time::timeout(Duration::from_secs(30), s.read_to_end(&mut out))
+            .await
+            .unwrap()
+            .unwrap();
+        let split = out.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+        let head = String::from_utf8_lossy(&out[..split]).into_owned();
+        Reply {
+            status: head[9..12].parse().unwrap(),
+            head,
+            body: out[split + 4..].to_vec(),
+        }
+    }
+}
+
 /// A raw request (head and body as written) on its own connection.
 pub async fn exchange(addr: SocketAddr, raw_request: &str) -> Reply {
     try_exchange(addr, raw_request).await.unwrap()
