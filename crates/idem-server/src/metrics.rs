@@ -92,7 +92,7 @@ fn describe() {
         "Outbox messages published and acknowledged"
     );
     describe_counter!(
-        idem::KEYS_PURGED_TOTAL,
+        idemkit::KEYS_PURGED_TOTAL,
         "Expired key records deleted by the collector"
     );
     describe_counter!(

@@ -1,11 +1,11 @@
 //! `idem gc`, and the collection `idem serve` runs: expired key records,
 //! inbox records and webhook receipts, and sent outbox messages past their
-//! retention, deleted in bounded batches by [`idem::Collector`].
+//! retention, deleted in bounded batches by [`idemkit::Collector`].
 
 use std::time::Duration;
 
 use anyhow::Context;
-use idem::{Collector, CollectorConfig};
+use idemkit::{Collector, CollectorConfig};
 use tokio::sync::watch;
 
 use super::DbArgs;
@@ -34,7 +34,7 @@ pub fn spawn<B: Backend>(
 struct Gc;
 
 impl Job for Gc {
-    type Output = anyhow::Result<idem::Collected>;
+    type Output = anyhow::Result<idemkit::Collected>;
     async fn run<B: Backend>(self, store: B) -> Self::Output {
         let mut progress = Progress::stderr("gc", None);
         let collected = collector(store)?

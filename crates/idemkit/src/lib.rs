@@ -13,12 +13,12 @@
 //! | (always) | the crate root, [`keys`] | [`idem_core`]: keys, scopes, fingerprints, [`Engine`], [`KeyStore`] |
 //! | (always) | [`outbox`], [`inbox`], [`webhooks`] | each capability's types and store trait (`OutboxMessage`, `Subscriber`, `Receipt`, …) |
 //! | (always) | the crate root | [`Collector`]: expired keys, inbox records, receipts and sent outbox rows purged in bounded batches |
-//! | `sqlite` (default) | `idem::sqlite` | `SqliteStore`, the embedded backend |
-//! | `postgres` | `idem::postgres` | `PgStore`, the production backend |
-//! | `http` (default) | `idem::http` | `IdempotencyLayer` for axum and hyper |
+//! | `sqlite` (default) | `idemkit::sqlite` | `SqliteStore`, the embedded backend |
+//! | `postgres` | `idemkit::postgres` | `PgStore`, the production backend |
+//! | `http` (default) | `idemkit::http` | `IdempotencyLayer` for axum and hyper |
 //! | `outbox` | [`outbox`] as well | `Outbox::enqueue` in your transaction, and the `Dispatcher` relaying it |
 //! | `inbox` | [`inbox`] as well | the `Inbox` and `Consumer`: effects once per subscriber |
-//! | `nats` | `idem::nats` | NATS JetStream `NatsPublisher` and `NatsSource` |
+//! | `nats` | `idemkit::nats` | NATS JetStream `NatsPublisher` and `NatsSource` |
 //! | `webhooks` | [`webhooks`] as well | signature schemes, `Receiver`, `Processor`, `Forward` |
 //! | (always) | [`steps`], [`patterns`] | runs and steps (`RunStore`, `StepKey`, `Fence`, …); the idempotent database patterns |
 //! | `steps` | [`steps`] as well | `Runs`, `Workflow`, `Run` (phases, calls, sends, compensations), `Recovery`, `resolve` |
@@ -26,14 +26,14 @@
 //!
 //! ```toml
 //! [dependencies]
-//! idem = { version = "0.1", default-features = false, features = ["postgres", "http"] }
+//! idemkit = { version = "0.1", default-features = false, features = ["postgres", "http"] }
 //! ```
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! use idem::sqlite::{SqliteConfig, SqliteStore};
-//! use idem::{Begun, Completion, Engine, Finished, FingerprintSpec, IdempotencyKey, Operation, Policy,
+//! use idemkit::sqlite::{SqliteConfig, SqliteStore};
+//! use idemkit::{Begun, Completion, Engine, Finished, FingerprintSpec, IdempotencyKey, Operation, Policy,
 //!            RequestParts, Scope, StoredResponse, Tenant};
 //! # let dir = std::env::temp_dir().join(format!("idem-facade-doc-{}", std::process::id()));
 //! # std::fs::create_dir_all(&dir)?;

@@ -90,8 +90,8 @@ pub const KEYS_PURGED_TOTAL: &str = "idem_keys_purged_total";
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use std::time::Duration;
-/// use idem::sqlite::{SqliteConfig, SqliteStore};
-/// use idem::{Collector, CollectorConfig};
+/// use idemkit::sqlite::{SqliteConfig, SqliteStore};
+/// use idemkit::{Collector, CollectorConfig};
 ///
 /// # let dir = std::env::temp_dir().join(format!("idem-collector-doc-{}", std::process::id()));
 /// # std::fs::create_dir_all(&dir)?;

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use idem::{
+use idemkit::{
     Collected, Collector, CollectorConfig, Completion, Engine, FingerprintSpec, IdempotencyKey,
     ManualClock, Operation, Policy, RequestParts, Scope, StoredResponse, Tenant,
 };
@@ -22,7 +22,7 @@ async fn seed<S>(store: &S, clock: &ManualClock, tag: &str)
 where
     S: InboxStore + OutboxStore + OutboxWriter + WebhookStore + RunStore,
 {
-    let now = idem::Clock::now_ms(clock);
+    let now = idemkit::Clock::now_ms(clock);
     let hour_ms = 3_600_000;
     // A key record with a one-hour TTL.
     let engine = Engine::with_clock(store.clone(), clock.clone());
@@ -43,7 +43,7 @@ where
         ttl: HOUR,
         ..Policy::default()
     };
-    let idem::Begun::Fresh(claimed) = engine.begin(&scope, &fp, &policy).await.unwrap() else {
+    let idemkit::Begun::Fresh(claimed) = engine.begin(&scope, &fp, &policy).await.unwrap() else {
         panic!("a new key is claimed");
     };
     let response = StoredResponse {
@@ -56,7 +56,7 @@ where
         .await
         .unwrap();
     assert!(
-        matches!(finished, idem::Finished::Committed),
+        matches!(finished, idemkit::Finished::Committed),
         "{finished:?}"
     );
     // An inbox record kept one hour.
@@ -164,7 +164,7 @@ where
 /// Starts the run of key `key`, and finishes it (expiring one hour later)
 /// unless `live`, in which case it stays running.
 async fn run_of<S: RunStore>(store: &S, clock: &ManualClock, key: &str, live: bool) -> RunId {
-    let now = idem::Clock::now_ms(clock);
+    let now = idemkit::Clock::now_ms(clock);
     let namespace = store.namespace().await.unwrap();
     let engine = Engine::with_clock(store.clone(), clock.clone());
     let op = Operation::new("orders.create").unwrap();
@@ -180,7 +180,7 @@ async fn run_of<S: RunStore>(store: &S, clock: &ManualClock, key: &str, live: bo
         json: false,
         body: b"",
     });
-    let idem::Begun::Fresh(mut claimed) =
+    let idemkit::Begun::Fresh(mut claimed) =
         engine.begin(&scope, &fp, &Policy::default()).await.unwrap()
     else {
         panic!("a new key is claimed");
@@ -244,7 +244,7 @@ async fn run_of<S: RunStore>(store: &S, clock: &ManualClock, key: &str, live: bo
         .await
         .unwrap();
     assert!(
-        matches!(finished, idem::Finished::Committed),
+        matches!(finished, idemkit::Finished::Committed),
         "{finished:?}"
     );
     id
@@ -335,7 +335,7 @@ fn a_bad_config_is_refused() {
 }
 
 mod sqlite {
-    use idem::sqlite::{SqliteConfig, SqliteStore};
+    use idemkit::sqlite::{SqliteConfig, SqliteStore};
     use idem_testkit::TempDir;
 
     async fn store(dir: &TempDir) -> SqliteStore {
