@@ -364,7 +364,7 @@ impl<'r, S: RunStore, V, F> SendStep<'r, S, V, F> {
     }
 
     /// From this send's first attempt on, the run is past its point of no
-    /// return (see [`Call::point_of_no_return`]).
+    /// return (see [`Call::point_of_no_return`](crate::Call::point_of_no_return)).
     pub fn point_of_no_return(mut self) -> Self {
         self.no_return = true;
         self
