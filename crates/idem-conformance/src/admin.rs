@@ -19,7 +19,9 @@ use idem_core::{
     Tenant,
 };
 
-use crate::{Enqueue, message, receipt, response, scope};
+use crate::outbox::{Enqueue, message};
+use crate::support::{response, scope};
+use crate::webhooks::receipt;
 
 const NOW: i64 = 1_700_000_000_000;
 

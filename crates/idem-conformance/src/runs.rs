@@ -1,22 +1,21 @@
 //! The [`RunStore`] checks: runs created with their key, fenced writes,
 //! takeovers only after the lease, claims never shared, steps in order,
-//! final runs expiring with their key, and the send-once ledger.
+//! final runs expiring with their key, listing and counting by state.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use idem_core::patterns::PatternExec;
 use idem_core::steps::{
-    Failure, Fence, Lease, MessageClaim, MessageState, NewRun, RunChange, RunFilter, RunId,
-    RunRecord, RunState, RunStore, SentMessage, StepKind, StepRecord, StepState,
+    Failure, Fence, Lease, NewRun, RunChange, RunFilter, RunId, RunRecord, RunState, RunStore,
+    StepKind, StepRecord, StepState,
 };
 use idem_core::{
     Begun, Completion, Engine, ManualClock, Operation, Policy, RecordState, Scope, StoreError,
 };
 
-use crate::{fingerprint, response, scope};
+use crate::support::{fingerprint, response, scope};
 
-const T0: i64 = 1_000_000;
+pub(crate) const T0: i64 = 1_000_000;
 const LEASE_MS: i64 = 10_000;
 
 /// Claims `scope`'s key and creates its run, held by `holder`, in one
@@ -544,90 +543,6 @@ pub async fn final_runs_expire_with_their_key<S: RunStore>(store: S) {
     );
 }
 
-/// The send-once ledger: a message id is claimed by one run at a time; its
-/// own run may attempt it again; a sent message stays sent for everyone; a
-/// not-sent one is anyone's; entries are purged after their retention.
-pub async fn send_once_ledger_holds_one_sender<S: RunStore>(store: S) {
-    let a = start(&store, &scope("t1", "ledger-a"), "exec-a", T0).await;
-    let b = start(&store, &scope("t1", "ledger-b"), "exec-b", T0).await;
-    let first = claim(&store, "confirm-ord_1", &a.run, T0).await;
-    assert_eq!((first.state, first.attempts), (MessageState::Sending, 1));
-    assert_eq!(first.run_id, a.run.as_str());
-
-    let theirs = claim(&store, "confirm-ord_1", &b.run, T0 + 1).await;
-    assert_eq!(
-        (theirs.run_id.as_str(), theirs.state, theirs.attempts),
-        (a.run.as_str(), MessageState::Sending, 1),
-        "another run's claim finds the first run's attempt and changes nothing"
-    );
-    let again = claim(&store, "confirm-ord_1", &a.run, T0 + 2).await;
-    assert_eq!(
-        (again.state, again.attempts),
-        (MessageState::Sending, 2),
-        "its own run again"
-    );
-
-    // Marked sent with a fenced write of its run; then it is sent for all.
-    let sent = RunChange {
-        message: Some(("confirm-ord_1", MessageState::Sent)),
-        ..RunChange::default()
-    };
-    assert!(store.record_run(&a, &sent, None, T0 + 3).await.unwrap());
-    let row = store.message("confirm-ord_1").await.unwrap().unwrap();
-    assert_eq!(
-        (row.state, row.sent_at_ms),
-        (MessageState::Sent, Some(T0 + 3))
-    );
-    let after = claim(&store, "confirm-ord_1", &b.run, T0 + 4).await;
-    assert_eq!(after.state, MessageState::Sent);
-
-    // Another run cannot mark it; a not-sent entry is anyone's.
-    let steal = RunChange {
-        message: Some(("confirm-ord_1", MessageState::NotSent)),
-        ..RunChange::default()
-    };
-    assert!(store.record_run(&b, &steal, None, T0 + 5).await.unwrap());
-    assert_eq!(
-        store.message("confirm-ord_1").await.unwrap().unwrap().state,
-        MessageState::Sent,
-        "only the holding run marks its message"
-    );
-    claim(&store, "sms-1", &a.run, T0).await;
-    let not_sent = RunChange {
-        message: Some(("sms-1", MessageState::NotSent)),
-        ..RunChange::default()
-    };
-    assert!(store.record_run(&a, &not_sent, None, T0 + 6).await.unwrap());
-    let taken = claim(&store, "sms-1", &b.run, T0 + 7).await;
-    assert_eq!(
-        (taken.run_id.as_str(), taken.state, taken.attempts),
-        (b.run.as_str(), MessageState::Sending, 2)
-    );
-
-    assert_eq!(store.purge_messages(T0, 100).await.unwrap(), 0);
-    assert_eq!(store.purge_messages(T0 + 10_000, 100).await.unwrap(), 2);
-    assert!(store.message("confirm-ord_1").await.unwrap().is_none());
-}
-
-/// Claims `message_id` for `run` in a transaction of its own.
-async fn claim<S: RunStore>(store: &S, message_id: &str, run: &RunId, now: i64) -> SentMessage {
-    let mut tx = store.begin().await.unwrap();
-    let entry = S::claim_message(
-        &mut tx,
-        &MessageClaim {
-            message_id,
-            run,
-            step: "mail",
-            now_ms: now,
-            expires_at_ms: now + 1_000,
-        },
-    )
-    .await
-    .unwrap();
-    store.commit(tx).await.unwrap();
-    entry
-}
-
 /// Listing: newest first, by state, bounded.
 pub async fn runs_are_listed_by_state<S: RunStore>(store: S) {
     let mut leases = Vec::new();
@@ -699,155 +614,5 @@ pub async fn runs_are_counted_by_state<S: RunStore>(store: S) {
     assert_eq!(
         counts,
         vec![(RunState::NeedsAttention, 1), (RunState::Running, 2)]
-    );
-}
-
-/// The idempotent write patterns on a real table: an absolute upsert
-/// repeated changes nothing; a versioned update applies once per version
-/// read; a transition tells moved, already there, illegal and missing apart,
-/// and of concurrent identical transitions exactly one moves.
-pub async fn patterns_hold_on_a_real_table<S>(store: S)
-where
-    S: RunStore<Tx: PatternExec>,
-{
-    use idem_core::patterns::{
-        StateMachine, Transition, Upsert, Value, Versioned, VersionedUpdate,
-    };
-    let mut tx = store.begin().await.unwrap();
-    tx.execute(
-        "CREATE TABLE pat (tenant_id TEXT NOT NULL, id TEXT NOT NULL, status TEXT NOT NULL DEFAULT 'pending', \
-         n BIGINT NOT NULL, version BIGINT NOT NULL DEFAULT 1, PRIMARY KEY (tenant_id, id))",
-        &[],
-    )
-    .await
-    .unwrap();
-    store.commit(tx).await.unwrap();
-    let key = [Value::Text("t1"), Value::Text("a")];
-    let upsert = Upsert::new("pat", &["tenant_id", "id"], &["n"])
-        .unwrap()
-        .bumping("version")
-        .unwrap();
-    let versioned = Versioned::new("pat", &["tenant_id", "id"], "version").unwrap();
-    let read = |sql: &'static str| {
-        let store = store.clone();
-        async move {
-            let mut tx = store.begin().await.unwrap();
-            let v = tx
-                .fetch_int(sql, &[Value::Text("t1"), Value::Text("a")])
-                .await
-                .unwrap();
-            store.rollback(tx).await.unwrap();
-            v
-        }
-    };
-    for _ in 0..2 {
-        let mut tx = store.begin().await.unwrap();
-        upsert.write(&mut tx, &key, &[Value::Int(5)]).await.unwrap();
-        store.commit(tx).await.unwrap();
-    }
-    assert_eq!(
-        read("SELECT n FROM pat WHERE tenant_id = $1 AND id = $2").await,
-        Some(5),
-        "absolute: 5, not 10"
-    );
-    assert_eq!(
-        read("SELECT version FROM pat WHERE tenant_id = $1 AND id = $2").await,
-        Some(2),
-        "the overwrite bumped it"
-    );
-
-    let mut tx = store.begin().await.unwrap();
-    let first = versioned
-        .update(&mut tx, &key, 2, &[("n", Value::Int(9))])
-        .await
-        .unwrap();
-    let again = versioned
-        .update(&mut tx, &key, 2, &[("n", Value::Int(11))])
-        .await
-        .unwrap();
-    let missing = versioned
-        .update(
-            &mut tx,
-            &[Value::Text("t1"), Value::Text("zz")],
-            1,
-            &[("n", Value::Int(1))],
-        )
-        .await
-        .unwrap();
-    store.commit(tx).await.unwrap();
-    assert_eq!(first, VersionedUpdate::Updated { version: 3 });
-    assert_eq!(
-        again,
-        VersionedUpdate::Stale { current: 3 },
-        "a repeat from the old read changes nothing"
-    );
-    assert_eq!(missing, VersionedUpdate::Missing);
-    assert_eq!(
-        read("SELECT n FROM pat WHERE tenant_id = $1 AND id = $2").await,
-        Some(9)
-    );
-
-    let machine = StateMachine::new("pat", &["tenant_id", "id"], "status")
-        .unwrap()
-        .allow("pending", &["confirmed", "failed"]);
-    let moved = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let mut tasks = Vec::new();
-    for _ in 0..10 {
-        let (store, machine, moved) = (store.clone(), machine.clone(), moved.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut tx = store.begin().await.unwrap();
-            let t = machine
-                .transition(
-                    &mut tx,
-                    &[Value::Text("t1"), Value::Text("a")],
-                    "confirmed",
-                    &[("n", Value::Int(42))],
-                )
-                .await
-                .unwrap();
-            store.commit(tx).await.unwrap();
-            match t {
-                Transition::Moved => {
-                    moved.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                }
-                Transition::AlreadyThere => {}
-                other => panic!("a concurrent identical transition: {other:?}"),
-            }
-        }));
-    }
-    for t in tasks {
-        t.await.unwrap();
-    }
-    assert_eq!(
-        moved.load(std::sync::atomic::Ordering::SeqCst),
-        1,
-        "exactly one moved"
-    );
-    let mut tx = store.begin().await.unwrap();
-    let illegal = machine
-        .transition(&mut tx, &key, "failed", &[])
-        .await
-        .unwrap();
-    let gone = machine
-        .transition(
-            &mut tx,
-            &[Value::Text("t1"), Value::Text("zz")],
-            "confirmed",
-            &[],
-        )
-        .await
-        .unwrap();
-    store.commit(tx).await.unwrap();
-    assert_eq!(
-        illegal,
-        Transition::Illegal {
-            current: "confirmed".into()
-        }
-    );
-    assert_eq!(gone, Transition::Missing);
-    assert_eq!(
-        read("SELECT n FROM pat WHERE tenant_id = $1 AND id = $2").await,
-        Some(42),
-        "set with the move"
     );
 }

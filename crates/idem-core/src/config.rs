@@ -115,28 +115,45 @@ impl ConfigError {
     }
 }
 
-/// A duration in the largest unit that shows it exactly.
+/// A duration as an operator types it, in the largest unit that shows it
+/// exactly: `0s`, `250ms`, `90s`, `2min`, `1h`, `1d`, `400d`; `1500us` and
+/// `1500ns` below a millisecond. The one formatter of the workspace: config
+/// errors, command-line errors and reports all read alike, and every text
+/// it writes reads back as the same duration through the command line's
+/// parser (`humantime::parse_duration`).
+///
+/// ```
+/// use std::time::Duration;
+/// assert_eq!(idem_core::duration_text(Duration::from_secs(86_400)), "1d");
+/// assert_eq!(idem_core::duration_text(Duration::from_millis(1_500)), "1500ms");
+/// ```
+pub fn duration_text(d: Duration) -> String {
+    let nanos = d.subsec_nanos();
+    if nanos != 0 {
+        return if nanos.is_multiple_of(1_000_000) {
+            format!("{}ms", d.as_millis())
+        } else if nanos.is_multiple_of(1_000) {
+            format!("{}us", d.as_micros())
+        } else {
+            format!("{}ns", d.as_nanos())
+        };
+    }
+    match d.as_secs() {
+        0 => "0s".into(),
+        s if s.is_multiple_of(86_400) => format!("{}d", s / 86_400),
+        s if s.is_multiple_of(3_600) => format!("{}h", s / 3_600),
+        s if s.is_multiple_of(60) => format!("{}min", s / 60),
+        s => format!("{s}s"),
+    }
+}
+
+/// A duration compared as one and shown by [`duration_text`].
 #[derive(PartialEq, PartialOrd)]
 struct Human(Duration);
 
 impl fmt::Display for Human {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let d = self.0;
-        if d.subsec_nanos() != 0 {
-            return if d.subsec_nanos().is_multiple_of(1_000_000) {
-                write!(f, "{}ms", d.as_millis())
-            } else {
-                write!(f, "{d:?}")
-            };
-        }
-        let s = d.as_secs();
-        match s {
-            0 => f.write_str("0s"),
-            s if s.is_multiple_of(86_400) => write!(f, "{}d", s / 86_400),
-            s if s.is_multiple_of(3_600) => write!(f, "{}h", s / 3_600),
-            s if s.is_multiple_of(60) => write!(f, "{}min", s / 60),
-            s => write!(f, "{s}s"),
-        }
+        f.write_str(&duration_text(self.0))
     }
 }
 
@@ -164,7 +181,61 @@ mod tests {
             e.unwrap_err().to_string(),
             "C.r must be between 0s and 400d, got 401d"
         );
-        assert_eq!(Human(Duration::from_nanos(1500)).to_string(), "1.5µs");
         assert_eq!(Human(Duration::from_secs(90)).to_string(), "90s");
+    }
+
+    #[test]
+    fn durations_read_as_typed() {
+        let t = |ms: u64| duration_text(Duration::from_millis(ms));
+        assert_eq!(t(0), "0s");
+        assert_eq!(t(250), "250ms");
+        assert_eq!(t(1500), "1500ms");
+        assert_eq!(t(90_000), "90s");
+        assert_eq!(t(120_000), "2min");
+        assert_eq!(t(3_600_000), "1h");
+        assert_eq!(t(86_400_000), "1d");
+        assert_eq!(t(90_000_000), "25h");
+        assert_eq!(t(400 * 86_400_000), "400d");
+        assert_eq!(duration_text(Duration::from_nanos(1500)), "1500ns");
+        assert_eq!(duration_text(Duration::from_micros(1500)), "1500us");
+    }
+
+    #[test]
+    fn every_text_reads_back_through_the_cli_parser() {
+        let mut durations = vec![
+            Duration::ZERO,
+            Duration::from_nanos(1),
+            Duration::from_nanos(1500),
+            Duration::from_micros(1500),
+            Duration::from_millis(250),
+            Duration::from_millis(1500),
+            Duration::from_secs(90),
+            Duration::from_secs(120),
+            Duration::from_secs(3_600),
+            Duration::from_secs(86_400),
+            Duration::from_secs(90_000),
+            Duration::from_secs(400 * 86_400),
+            Duration::new(86_400, 1),
+        ];
+        // And a spread of others, every unit's boundary among them.
+        let mut n: u64 = 7;
+        for _ in 0..500 {
+            n = n.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            let secs = (n >> 40) % (400 * 86_400);
+            let nanos = match n % 4 {
+                0 => 0,
+                1 => ((n >> 8) % 1_000) as u32 * 1_000_000,
+                2 => ((n >> 8) % 1_000_000) as u32 * 1_000,
+                _ => ((n >> 8) % 1_000_000_000) as u32,
+            };
+            durations.push(Duration::new(secs, nanos));
+            durations.push(Duration::from_secs(secs - secs % 60));
+            durations.push(Duration::from_secs(secs - secs % 3_600));
+            durations.push(Duration::from_secs(secs - secs % 86_400));
+        }
+        for d in durations {
+            let text = duration_text(d);
+            assert_eq!(humantime::parse_duration(&text), Ok(d), "{text}");
+        }
     }
 }

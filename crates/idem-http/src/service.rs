@@ -80,6 +80,24 @@ pub struct Idempotency<S: KeyStore, I, C = SharedClock> {
     inner: I,
 }
 
+impl<S: KeyStore, I, C> Idempotency<S, I, C> {
+    /// The wrapped service.
+    pub fn get_ref(&self) -> &I {
+        &self.inner
+    }
+
+    /// The wrapped service, mutably.
+    pub fn get_mut(&mut self) -> &mut I {
+        &mut self.inner
+    }
+
+    /// The wrapped service, without the idempotency contract: requests
+    /// sent to it are no longer recorded under their keys.
+    pub fn into_inner(self) -> I {
+        self.inner
+    }
+}
+
 /// The response future of [`Idempotency`].
 pub struct ResponseFuture<R, E>(Pin<Box<dyn Future<Output = Result<R, E>> + Send>>);
 
@@ -220,5 +238,56 @@ pub fn record_admitted(span: &tracing::Span, admitted: &crate::Admitted) {
             "key_hash",
             tracing::field::display(keyed.scope.key.short_hash()),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use idem_core::Operation;
+    use idem_sqlite::{SqliteConfig, SqliteStore};
+    use tower::Layer;
+
+    use super::*;
+    use crate::config::TenantSource;
+
+    /// A layer on a real SQLite file; the directory goes with the test.
+    async fn layer() -> (idem_testkit::TempDir, IdempotencyLayer<SqliteStore>) {
+        let dir = idem_testkit::TempDir::new("http-accessors");
+        let store = SqliteStore::connect(&dir.sqlite_url(), SqliteConfig::default())
+            .await
+            .unwrap();
+        let config = RouteConfig::required(
+            Operation::new("orders.create").unwrap(),
+            TenantSource::Extension,
+        );
+        (dir, IdempotencyLayer::new(store, config))
+    }
+
+    /// The service a test wraps: it only says who it is.
+    #[derive(Debug, Clone, PartialEq)]
+    struct Inner(&'static str);
+
+    #[tokio::test]
+    async fn get_ref_reads_the_wrapped_service() {
+        let (_dir, layer) = layer().await;
+        let svc = layer.layer(Inner("orders"));
+        assert_eq!(svc.get_ref(), &Inner("orders"));
+    }
+
+    #[tokio::test]
+    async fn get_mut_changes_the_wrapped_service() {
+        let (_dir, layer) = layer().await;
+        let mut svc = layer.layer(Inner("orders"));
+        *svc.get_mut() = Inner("refunds");
+        assert_eq!(svc.get_ref(), &Inner("refunds"));
+    }
+
+    #[tokio::test]
+    async fn into_inner_gives_the_wrapped_service_back() {
+        let (_dir, layer) = layer().await;
+        let svc = layer.layer(Inner("orders"));
+        assert_eq!(svc.into_inner(), Inner("orders"));
     }
 }

@@ -109,14 +109,14 @@ pub fn file_defaults(text: &str, settings: &[&str]) -> anyhow::Result<Vec<(Strin
 pub use idem_gateway::HttpBase;
 
 /// `value` within `lo..=hi`, or an error naming the flag, with durations
-/// written the way they are typed (`0s`, `400days`).
+/// written the way they are typed (`0s`, `400d`: [`idem_core::duration_text`]).
 pub fn within(flag: &str, value: Duration, lo: Duration, hi: Duration) -> Result<Duration, String> {
     if value < lo || value > hi {
         return Err(format!(
             "{flag} must be between {} and {}, got {}",
-            crate::duration_text(lo),
-            crate::duration_text(hi),
-            crate::duration_text(value)
+            idem_core::duration_text(lo),
+            idem_core::duration_text(hi),
+            idem_core::duration_text(value)
         ));
     }
     Ok(value)

@@ -19,7 +19,8 @@ use idem_http::{
 };
 
 use crate::error::{Ended, StartError};
-use crate::runs::{Keep, Runs, Started};
+use crate::run::end::Keep;
+use crate::runs::{RunHandle, Runs, Started};
 
 /// The route of one multi-step operation: the key header, the tenant, the
 /// body limit and the fingerprint as [`RouteConfig`] says (admission is
@@ -111,6 +112,23 @@ impl<S: RunStore> WorkflowService<S> {
         self.respond_within = wait;
         Ok(self)
     }
+
+    /// The executor the service starts runs on.
+    pub fn get_ref(&self) -> &Runs<S> {
+        &self.runs
+    }
+
+    /// The executor the service starts runs on, mutably. A replacement must
+    /// have the route's workflow registered (as [`WorkflowService::new`]
+    /// checks): without it every request answers `500`.
+    pub fn get_mut(&mut self) -> &mut Runs<S> {
+        &mut self.runs
+    }
+
+    /// The executor, without the route: runs it already started go on.
+    pub fn into_inner(self) -> Runs<S> {
+        self.runs
+    }
 }
 
 type Answer = Response<Full<Bytes>>;
@@ -169,7 +187,7 @@ impl<S: RunStore> WorkflowService<S> {
                 return reject(Rejection::Internal);
             }
         };
-        let running = |handle: &crate::RunHandle| {
+        let running = |handle: &RunHandle| {
             let workflow = self.runs.workflow(&self.config.operation);
             match workflow {
                 Some(w) => RequestOutcome::Accepted.mark(stored_response(&w.accepted(handle.id()))),
@@ -247,5 +265,88 @@ where
             idem_http::record_answered(&span, &operation, &res, started.elapsed());
             Ok(res)
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use idem_core::steps::Failure;
+    use idem_core::{BoxFuture, Operation, Tenant};
+    use idem_http::TenantSource;
+    use idem_sqlite::{SqliteConfig, SqliteStore};
+
+    use super::*;
+    use crate::config::WorkflowPolicy;
+    use crate::error::Stop;
+    use crate::run::Run;
+    use crate::workflow::Workflow;
+
+    /// A workflow these tests never run: they only read the service.
+    struct Done;
+
+    impl Workflow<SqliteStore> for Done {
+        fn run<'r>(
+            &'r self,
+            _run: &'r mut Run<SqliteStore>,
+        ) -> BoxFuture<'r, Result<Completion, Stop>> {
+            Box::pin(async { Err(Stop::Fail(Failure::new("unused"))) })
+        }
+
+        fn failed<'r>(
+            &'r self,
+            _run: &'r mut Run<SqliteStore>,
+            _failure: &'r Failure,
+        ) -> BoxFuture<'r, Result<Completion, Stop>> {
+            Box::pin(async { Err(Stop::Fail(Failure::new("unused"))) })
+        }
+    }
+
+    /// The service of `orders.create` on a real SQLite file, its executor
+    /// named `holder`; the directory goes with the test.
+    async fn service(dir: &idem_testkit::TempDir, holder: &str) -> WorkflowService<SqliteStore> {
+        let store = SqliteStore::connect(&dir.sqlite_url(), SqliteConfig::default())
+            .await
+            .unwrap();
+        let op = Operation::new("orders.create").unwrap();
+        let config = crate::config::RunsConfig {
+            holder: Some(holder.into()),
+            ..Default::default()
+        };
+        let runs = Runs::builder(store)
+            .config(config)
+            .workflow(op.clone(), Done, WorkflowPolicy::default())
+            .build()
+            .unwrap();
+        let route = RouteConfig::required(op, TenantSource::Static(Tenant::new("acme").unwrap()));
+        WorkflowService::new(runs, route).unwrap()
+    }
+
+    #[tokio::test]
+    async fn get_ref_reads_the_executor() {
+        let dir = idem_testkit::TempDir::new("steps-get-ref");
+        let svc = service(&dir, "node-a").await;
+        assert_eq!(svc.get_ref().holder(), "node-a");
+    }
+
+    #[tokio::test]
+    async fn get_mut_swaps_the_executor() {
+        let dir = idem_testkit::TempDir::new("steps-get-mut");
+        let mut svc = service(&dir, "node-a").await;
+        let other = service(&dir, "node-b").await.into_inner();
+        *svc.get_mut() = other;
+        assert_eq!(svc.get_ref().holder(), "node-b");
+    }
+
+    #[tokio::test]
+    async fn into_inner_gives_the_executor_back() {
+        let dir = idem_testkit::TempDir::new("steps-into-inner");
+        let runs = service(&dir, "node-a").await.into_inner();
+        assert_eq!(runs.holder(), "node-a");
+        assert_eq!(
+            runs.operations(),
+            vec![Operation::new("orders.create").unwrap()]
+        );
     }
 }

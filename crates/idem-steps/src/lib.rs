@@ -125,6 +125,7 @@
 
 mod config;
 mod error;
+mod executor;
 #[cfg(feature = "http")]
 mod http;
 pub mod metrics;
@@ -140,9 +141,12 @@ pub use error::{Ended, ResolveError, StartError, StepError, Stop};
 pub use http::{ResponseFuture, ServiceError, WorkflowService};
 pub use recovery::Recovery;
 pub use resolve::{Resolution, Resolved, resolve, resolve_in};
-pub use run::{
-    CUT_SHORT_FACTOR, Call, LookupCtx, NoVerify, Phase, Run, SendCtx, SendStep, Sent, StepCtx,
-    UndoCtx,
-};
-pub use runs::{Keep, RunHandle, Runs, RunsBuilder, Started};
+pub use run::attempt::CUT_SHORT_FACTOR;
+pub use run::end::Keep;
+pub use run::forward::{Call, Phase};
+pub use run::send::{NoVerify, SendCtx, SendStep, Sent};
+pub use run::undo::{LookupCtx, UndoCtx};
+pub use run::{Run, StepCtx};
+pub use runs::builder::RunsBuilder;
+pub use runs::{RunHandle, Runs, Started};
 pub use workflow::Workflow;

@@ -2,7 +2,7 @@
 //! installs the recorder). Label values are step names from the workflow's
 //! code, never request data.
 
-use crate::StepError;
+use crate::error::StepError;
 
 /// Attempts of external calls, sends and compensating calls, by step and
 /// result (`ok`, `unknown`, `retry`, `permanent`).

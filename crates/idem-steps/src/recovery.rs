@@ -6,7 +6,8 @@ use std::time::Duration;
 use idem_core::steps::{RunChange, RunStore};
 use idem_core::{Clock, Pause, Polling, RoundLoop, Rounds};
 
-use crate::runs::{Keep, Runs};
+use crate::run::end::Keep;
+use crate::runs::Runs;
 
 /// Resumes runs whose lease expired — their executor crashed, was killed,
 /// or gave them back for a later retry — with a new fence, from their
@@ -28,8 +29,15 @@ pub struct Recovery<S: RunStore> {
     runs: Runs<S>,
 }
 
+impl<S: RunStore> Runs<S> {
+    /// The worker that resumes runs whose lease expired (see [`Recovery`]).
+    pub fn recovery(&self) -> Recovery<S> {
+        Recovery::new(self.clone())
+    }
+}
+
 impl<S: RunStore> Recovery<S> {
-    pub(crate) fn new(runs: Runs<S>) -> Self {
+    fn new(runs: Runs<S>) -> Self {
         Self { runs }
     }
 
@@ -48,14 +56,15 @@ impl<S: RunStore> Recovery<S> {
             return Ok(0);
         }
         let namespace = shared.namespace().await?;
-        let now = shared.clock.now_ms();
+        let now = shared.exec.clock.now_ms();
         let runs = shared
+            .exec
             .store
             .claim_due(
                 &self.runs.operations(),
-                &shared.holder,
+                &shared.exec.holder,
                 now,
-                now + shared.lease_ms(),
+                now + shared.exec.lease_ms(),
                 u32::try_from(free).unwrap_or(64),
             )
             .await?;
@@ -88,7 +97,11 @@ impl<S: RunStore> Recovery<S> {
                         locked_until_ms: Some(now),
                         ..RunChange::default()
                     };
-                    let _ = shared.store.record_run(&lease, &change, None, now).await;
+                    let _ = shared
+                        .exec
+                        .store
+                        .record_run(&lease, &change, None, now)
+                        .await;
                 }
             }
         }

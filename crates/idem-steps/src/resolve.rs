@@ -6,7 +6,7 @@ use idem_core::steps::{
 };
 
 use crate::error::ResolveError;
-use crate::run::Sent;
+use crate::run::send::Sent;
 
 /// What an operator says about the step a run is blocked at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -13,8 +13,8 @@ use hyper_util::rt::TokioExecutor;
 use idem_core::webhooks::Receipt;
 use idem_core::{BoxFuture, IdempotencyKey};
 
+use crate::endpoint::Endpoint;
 use crate::processor::{HandlerError, WebhookHandler};
-use crate::receiver::Endpoint;
 
 /// The `Idempotency-Key` for a delivery: `<endpoint>:<delivery id>`, or, when
 /// that is not a valid key (too long, not visible ASCII),
@@ -27,7 +27,7 @@ pub fn idempotency_key(endpoint: &str, delivery_id: &str) -> String {
     }
     format!(
         "{endpoint}:sha256:{}",
-        crate::receiver::sha256_hex(delivery_id.as_bytes())
+        crate::endpoint::sha256_hex(delivery_id.as_bytes())
     )
 }
 

@@ -128,6 +128,7 @@
 //! order, and one whose version is older than the newest applied one is
 //! recorded `stale` and not applied.
 
+mod endpoint;
 mod forward;
 pub mod lookup;
 mod processor;
@@ -137,11 +138,14 @@ mod scheme;
 #[cfg(feature = "axum")]
 pub mod route;
 
+pub use endpoint::{
+    Endpoint, EndpointConfig, EndpointError, MAX_BODY_LIMIT, MAX_DELIVERY_ID_BYTES,
+    bounded_delivery_id,
+};
 pub use forward::{Forward, idempotency_key};
 pub use lookup::{delivery_forms, find_receipt, replay_receipt};
 pub use processor::{HandlerError, Processor, ProcessorConfig, Round, WebhookHandler};
 pub use receiver::{
-    Counters, DELIVERIES_TOTAL, Endpoint, EndpointConfig, EndpointError, MAX_BODY_LIMIT,
-    MAX_DELIVERY_ID_BYTES, ReceiveError, Received, Receiver, bounded_delivery_id, is_secret_header,
+    Counters, DELIVERIES_TOTAL, ReceiveError, Received, Receiver, is_secret_header,
 };
 pub use scheme::{Scheme, Secret, SecretError, Verified, Verifier, VerifyError};

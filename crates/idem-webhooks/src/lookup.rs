@@ -3,7 +3,7 @@
 use idem_core::StoreError;
 use idem_core::webhooks::{Receipt, Requeue, WebhookStore};
 
-use crate::{Endpoint, bounded_delivery_id};
+use crate::endpoint::{Endpoint, bounded_delivery_id};
 
 /// The stored delivery ids an operator may mean by `given`, in the order
 /// tried: as given, then without a leading `<endpoint>:` — the form the

@@ -22,7 +22,7 @@ use idem_core::Clock;
 use idem_core::webhooks::WebhookStore;
 use idem_http::Rejection;
 
-use crate::{ReceiveError, Received, Receiver};
+use crate::receiver::{ReceiveError, Received, Receiver};
 
 fn problem(status: StatusCode, slug: &str, title: &str) -> Response {
     idem_http::problem(status, slug, title, None, None)

@@ -47,7 +47,7 @@ impl UpstreamArgs {
             (Mode::Naive, None) => Duration::ZERO,
         };
         let (listener, bound) = http_server::bind(self.listen).await?;
-        tracing::info!(listen = %bound, mode = ?self.mode, delay = %crate::duration_text(delay),
+        tracing::info!(listen = %bound, mode = ?self.mode, delay = %idem_core::duration_text(delay),
             lose_first_answer = self.lose_first_answer,
             "sample upstream (NOT idempotent): POST/GET /v1/payments, GET/PATCH /v1/payments/{{id}}");
         let shutdown = shutdown::on_signal();

@@ -223,7 +223,7 @@ async fn within<T>(
 ) -> Result<T, SendError> {
     tokio::time::timeout(timeout, f)
         .await
-        .unwrap_or_else(|_| Err(SendError::Timeout(crate::duration_text(timeout))))
+        .unwrap_or_else(|_| Err(SendError::Timeout(idem_core::duration_text(timeout))))
 }
 
 /// A connection ready to carry one request (the concurrency drill opens

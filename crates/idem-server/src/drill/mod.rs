@@ -443,7 +443,7 @@ impl DrillProgress {
                 DRILLS.len(),
                 r.name,
                 r.outcome.label(),
-                crate::duration_text(Duration::from_millis(r.elapsed_ms))
+                idem_core::duration_text(Duration::from_millis(r.elapsed_ms))
             ),
         );
     }

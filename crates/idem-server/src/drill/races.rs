@@ -200,7 +200,7 @@ impl Runner {
             } else {
                 format!(
                     "no answer within {}, the connection was dropped",
-                    crate::duration_text(self.client.timeout())
+                    idem_core::duration_text(self.client.timeout())
                 )
             }
         ));

@@ -249,7 +249,7 @@ impl Runner {
             Err((_, why)) => return Ok((Outcome::Info, why)),
         };
         let wait = ttl + Duration::from_secs(1);
-        ev.note(format!("waited {}", crate::duration_text(wait)));
+        ev.note(format!("waited {}", idem_core::duration_text(wait)));
         tokio::time::sleep(wait).await;
         let late = self.send(&u, Key::One(&key)).await?;
         ev.note(format!("late retry: {}", late.brief()));

@@ -105,7 +105,7 @@ pub(super) async fn guard_body(
             "The request body was not received in time",
             Some(&format!(
                 "the body must arrive within {} of the request head",
-                crate::duration_text(guard.timeout)
+                idem_core::duration_text(guard.timeout)
             )),
             None,
         )

@@ -494,7 +494,7 @@ fn bad_settings_are_one_line_even_with_backtraces_on() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(
         err.trim_end(),
-        "error: --key-ttl must be between 1s and 400days, got 0s",
+        "error: --key-ttl must be between 1s and 400d, got 0s",
         "one line, durations as typed"
     );
 }

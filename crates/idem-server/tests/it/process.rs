@@ -435,7 +435,7 @@ fn bad_settings_are_clear_errors_and_nothing_starts() {
         ),
         (
             &["serve", "--database-url", &db, "--gc-interval", "0s"],
-            "--gc-interval must be between 1s and 24h, got 0s",
+            "--gc-interval must be between 1s and 1d, got 0s",
         ),
         (
             &[

@@ -1,71 +1,15 @@
 //! Compensation: the registered undos of the steps that happened, newest
 //! first, each a recorded step of its own.
 
-use std::sync::Arc;
-
 use idem_core::failpoint;
 use idem_core::steps::{
-    Failure, Fence, RunChange, RunState, RunStore, StepKey, StepKind, StepName, StepRecord,
-    StepState,
+    Failure, RunChange, RunState, RunStore, StepKey, StepKind, StepName, StepRecord, StepState,
 };
-use idem_core::{BoxError, BoxFuture};
 use serde_json::{Value as Json, json};
 
+use super::undo::{LookupCtx, LookupFn, Undo, UndoAction, UndoCallFn, UndoCtx, UndoPhaseFn};
 use super::{Mode, Run};
 use crate::error::{StepError, Stop};
-
-/// What a compensation's closure gets.
-#[derive(Debug, Clone)]
-pub struct UndoCtx {
-    /// The compensation's own key (derived from its own name): send it with
-    /// the undoing request, so a repeat of the compensation is harmless.
-    pub key: StepKey,
-    /// The key the compensated call sent (what the other system may know
-    /// its effect by).
-    pub undone: StepKey,
-    /// The fence of the lease this attempt runs under.
-    pub fence: Fence,
-    /// The attempt (its lookups and its attempts count together).
-    pub attempt: u32,
-}
-
-/// What a call's lookup gets: how to find, at the other system, what the
-/// call may have done.
-#[derive(Debug, Clone)]
-pub struct LookupCtx {
-    /// The key the call sent (its derived key), the same on every attempt.
-    pub key: StepKey,
-    /// The fence of the lease this lookup runs under.
-    pub fence: Fence,
-    /// The attempt of the compensation this lookup belongs to.
-    pub attempt: u32,
-}
-
-pub(crate) type UndoPhaseFn<Tx> =
-    Box<dyn for<'t> Fn(&'t mut Tx, &'t [u8]) -> BoxFuture<'t, Result<(), BoxError>> + Send + Sync>;
-/// A call's compensation, given the call's result (JSON) — always known.
-pub(crate) type UndoCallFn =
-    Arc<dyn Fn(UndoCtx, &[u8]) -> BoxFuture<'static, Result<(), StepError>> + Send + Sync>;
-/// A call's lookup: `Some(result)` (as JSON) if its effect exists now.
-pub(crate) type LookupFn =
-    Arc<dyn Fn(LookupCtx) -> BoxFuture<'static, Result<Option<Json>, StepError>> + Send + Sync>;
-
-/// A registered compensation.
-pub(crate) struct Undo<Tx> {
-    name: StepName,
-    target: String,
-    action: UndoAction<Tx>,
-}
-
-pub(crate) enum UndoAction<Tx> {
-    Phase(UndoPhaseFn<Tx>),
-    Call {
-        undo: UndoCallFn,
-        /// How to learn the call's outcome when it is unknown; without one,
-        /// an unknown outcome waits for an operator.
-        lookup: Option<LookupFn>,
-    },
-}
 
 /// What a compensation learned of a call whose outcome was unknown, by its
 /// lookup. Recorded on the compensation's own step record (`result`) as
@@ -105,15 +49,6 @@ enum Outcome {
     /// The lookup found nothing after the landing window: nothing to undo.
     Nothing,
 }
-
-/// Forces a closure to be higher-ranked over the transaction's lifetime.
-pub(super) fn undo_phase_fn<Tx, F>(f: F) -> F
-where
-    F: for<'t> Fn(&'t mut Tx, &'t [u8]) -> BoxFuture<'t, Result<(), BoxError>>,
-{
-    f
-}
-
 impl<S: RunStore> Run<S> {
     pub(super) fn register(
         &mut self,
@@ -134,7 +69,7 @@ impl<S: RunStore> Run<S> {
 
     /// Runs the registered compensations of the steps that happened, newest
     /// first, each recorded as a step of its own.
-    pub(crate) async fn compensate(&mut self, failure: &Failure) -> Result<(), Stop> {
+    pub(super) async fn compensate(&mut self, failure: &Failure) -> Result<(), Stop> {
         if self.record.state != RunState::Compensating {
             let change = RunChange {
                 state: Some(RunState::Compensating),
@@ -219,7 +154,7 @@ impl<S: RunStore> Run<S> {
                     return Ok(());
                 }
                 Err(e) => {
-                    let _ = self.shared.store.rollback(tx).await;
+                    let _ = self.exec.store.rollback(tx).await;
                     let reason = match self.phase_error(name, e) {
                         Stop::Attention { reason, .. } => reason,
                         stop => return Err(stop),
@@ -381,8 +316,8 @@ impl<S: RunStore> Run<S> {
         let ms = |d: std::time::Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 4);
         target
             .updated_at_ms
-            .saturating_add(ms(self.shared.config.call_timeout))
-            .saturating_add(ms(self.shared.config.landing_margin))
+            .saturating_add(ms(self.exec.config.call_timeout))
+            .saturating_add(ms(self.exec.config.landing_margin))
     }
 
     /// A call's compensation, with the call's result: an external call with

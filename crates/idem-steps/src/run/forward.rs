@@ -11,11 +11,16 @@ use idem_core::{BoxError, BoxFuture, StoreError};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::compensate::{
+use super::undo::{
     LookupCtx, LookupFn, UndoAction, UndoCallFn, UndoCtx, UndoPhaseFn, undo_phase_fn,
 };
-use super::{Mode, Run, StepCtx, store_stop};
+use super::{Mode, Run, StepCtx};
 use crate::error::{StepError, Stop};
+
+/// The store's own error inside a phase's boxed one, if that is what it is.
+fn store_stop(e: BoxError) -> Result<StoreError, BoxError> {
+    e.downcast::<StoreError>().map(|e| *e)
+}
 
 impl<S: RunStore> Run<S> {
     /// Local database work named `name`: `work` runs in a transaction that
@@ -101,7 +106,7 @@ impl<S: RunStore> Run<S> {
                 Ok(value)
             }
             Err(e) => {
-                let _ = self.shared.store.rollback(tx).await;
+                let _ = self.exec.store.rollback(tx).await;
                 Err(self.phase_error(&step, e))
             }
         }

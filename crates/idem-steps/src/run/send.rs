@@ -174,7 +174,7 @@ impl<S: RunStore> Run<S> {
                 // Before the next attempt is recorded: a wait that gives the
                 // run back leaves the step as it was, so whoever resumes it
                 // waits for the same moment, not a later one.
-                let landing = i64::try_from(self.shared.config.call_timeout.as_millis())
+                let landing = i64::try_from(self.exec.config.call_timeout.as_millis())
                     .unwrap_or(i64::MAX / 4);
                 self.wait_until(since.saturating_add(landing)).await?;
                 continue;
@@ -183,7 +183,7 @@ impl<S: RunStore> Run<S> {
             // Claim the message id and record the attempt, in one transaction.
             let mut tx = self.tx().await?;
             let now = self.now();
-            let retention = i64::try_from(self.shared.config.message_retention.as_millis())
+            let retention = i64::try_from(self.exec.config.message_retention.as_millis())
                 .unwrap_or(i64::MAX / 4);
             let claim = MessageClaim {
                 message_id: &message_id,
@@ -364,7 +364,7 @@ impl<'r, S: RunStore, V, F> SendStep<'r, S, V, F> {
     }
 
     /// From this send's first attempt on, the run is past its point of no
-    /// return (see [`Call::point_of_no_return`]).
+    /// return (see [`Call::point_of_no_return`](crate::Call::point_of_no_return)).
     pub fn point_of_no_return(mut self) -> Self {
         self.no_return = true;
         self
