@@ -6,6 +6,8 @@
 //! target briefly. `cargo xtask fuzz [TARGET] [--secs N]` runs the fuzz targets of
 //! `fuzz/` for longer.
 
+mod dups;
+
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
@@ -31,6 +33,7 @@ fn main() -> ExitCode {
         Some("test") => test(&args[1..]),
         Some("bench") => bench(&args[1..]),
         Some("fuzz") => fuzz(&args[1..]),
+        Some("backend-dups") => dups::run(&args[1..], &workspace_root()),
         Some("help" | "--help" | "-h") => {
             println!("{USAGE}");
             return ExitCode::SUCCESS;

@@ -97,20 +97,6 @@ pub struct KeyDetail {
     pub on_unknown: Option<OnUnknown>,
 }
 
-/// The key record columns both backends select for the admin views
-/// (`leased` is `lock_token IS NOT NULL`; the list selects `NULL` for the
-/// response columns).
-pub const KEY_COLUMNS: &str = "tenant_id, operation, idempotency_key, request_hash, state, \
-    status_code, response_headers, response_body, resource_type, resource_id, recovery_point, \
-    locked_until_ms, lock_token IS NOT NULL AS leased, created_at_ms, updated_at_ms, expires_at_ms, \
-    on_unknown";
-
-/// [`KEY_COLUMNS`] without the stored response (listings).
-pub const KEY_LIST_COLUMNS: &str = "tenant_id, operation, idempotency_key, request_hash, state, \
-    status_code, NULL AS response_headers, NULL AS response_body, resource_type, resource_id, \
-    recovery_point, locked_until_ms, lock_token IS NOT NULL AS leased, created_at_ms, \
-    updated_at_ms, expires_at_ms, on_unknown";
-
 /// A key record's admin columns as read from any backend, before validation.
 #[derive(Debug, Clone, Default)]
 #[allow(missing_docs)]
@@ -198,7 +184,7 @@ pub struct ReleaseColumns {
     pub on_unknown: Option<String>,
 }
 
-/// [`RELEASE_SELECT`]'s row, as a driver decodes it.
+/// The row of the backends' release `SELECT` (`idem_sql::keys::RELEASE_SELECT`), as a driver decodes it.
 pub type ReleaseRow = (String, Option<String>, Option<i64>, Option<String>);
 
 impl From<ReleaseRow> for ReleaseColumns {
@@ -240,15 +226,6 @@ pub fn release_decision(
     }
     Ok(Ok(token))
 }
-
-/// The statement that reads [`ReleaseColumns`] (`$1`..`$3` the scope; the
-/// backend appends its row lock).
-pub const RELEASE_SELECT: &str = "SELECT state, lock_token, locked_until_ms, on_unknown \
-    FROM idem_keys WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3";
-
-/// The statement that releases: `$4` the token read.
-pub const RELEASE_DELETE: &str = "DELETE FROM idem_keys WHERE tenant_id = $1 AND operation = $2 \
-    AND idempotency_key = $3 AND state = 'pending' AND lock_token = $4";
 
 /// The state of an outbox message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -347,10 +324,6 @@ pub struct OutboxEntryColumns {
     pub payload: Vec<u8>,
     pub headers: String,
 }
-
-/// The outbox columns [`OutboxEntryColumns`] holds, as both backends select them.
-pub const OUTBOX_ENTRY_COLUMNS: &str = "id, message_id, topic, message_key, state, attempts, \
-    last_error, created_at_ms, available_at_ms, sent_at_ms, payload, headers";
 
 impl OutboxEntryColumns {
     /// Validates the columns.

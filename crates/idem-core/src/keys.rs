@@ -174,14 +174,6 @@ impl fmt::Display for OnUnknown {
     }
 }
 
-/// The key record's columns every decoder of [`RecordColumns`] reads, and
-/// the statement that selects them (`$1`..`$3` the scope), for every
-/// backend.
-pub const SELECT_RECORD: &str = "\
-SELECT request_hash, state, status_code, response_headers, response_body, resource_type,
-       resource_id, locked_until_ms, created_at_ms, expires_at_ms, on_unknown
-FROM idem_keys WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3";
-
 /// A key record's columns as read from any backend, before validation.
 #[derive(Debug, Clone, Default)]
 pub struct RecordColumns {

@@ -551,15 +551,6 @@ pub struct RunColumns {
     pub finished_at_ms: Option<i64>,
 }
 
-/// The columns of `idem_runs`, in the order every backend selects them.
-pub const RUN_COLUMNS: &str = "id, tenant_id, operation, idempotency_key, state, input, \
-    recovery_point, failure, blocked_step, attention, no_return, holder, locked_until_ms, fence, \
-    takeovers, deadline_ms, ttl_ms, created_at_ms, updated_at_ms, finished_at_ms";
-
-/// The columns of `idem_run_steps`, in the order every backend selects them.
-pub const STEP_COLUMNS: &str = "run_id, name, seq, kind, state, attempts, failures, step_key, \
-    fence, result, error, started_at_ms, finished_at_ms, updated_at_ms";
-
 fn corrupt(detail: String) -> StoreError {
     StoreError::Corrupt { detail }
 }
@@ -784,10 +775,6 @@ impl MessageColumns {
         })
     }
 }
-
-/// The columns of `idem_send_once`, in the order every backend selects them.
-pub const MESSAGE_COLUMNS: &str =
-    "message_id, run_id, step, state, attempts, created_at_ms, sent_at_ms";
 
 /// Which runs [`RunStore::list_runs`] returns: newest first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

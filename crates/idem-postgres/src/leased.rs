@@ -1,5 +1,5 @@
 //! Keys claimed with a lease on PostgreSQL: [`LeasedKeyStore`] for
-//! [`PgStore`], with the statements of [`idem_core::leased::sql`], each an
+//! [`PgStore`], with the statements of [`idem_sql::leased`], each an
 //! autocommit statement. A claim inserts with `ON CONFLICT DO NOTHING` (no
 //! row lock: a replay is an insert that does nothing and a read, and
 //! commits nothing), then reclaims an expired record or takes over an
@@ -9,9 +9,10 @@
 
 use idem_core::leased::{
     LeaseToken, LeasedClaim, LeasedKeyStore, NextStep, OnUnknown, Resolution,
-    UNRESOLVED_EXPIRES_AT_MS, claim_expires_at_ms, next_step, sql,
+    UNRESOLVED_EXPIRES_AT_MS, claim_expires_at_ms, next_step,
 };
 use idem_core::{Completion, Fingerprint, KeyStore, Policy, Scope, StoreError};
+use idem_sql::leased as sql;
 use sqlx::Postgres;
 use sqlx::postgres::PgArguments;
 use sqlx::query::Query;

@@ -556,7 +556,7 @@ UPDATE idem_keys SET
 WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND expires_at_ms <= $5
 RETURNING 1";
 
-const SELECT_RECORD: &str = idem_core::keys::SELECT_RECORD;
+const SELECT_RECORD: &str = idem_sql::keys::SELECT_RECORD;
 
 /// Optimistic claims: the completed record, inserted at the end of the
 /// operation's transaction. A record that expired is replaced in the same

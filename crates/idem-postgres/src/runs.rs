@@ -8,10 +8,10 @@
 use idem_core::Operation;
 use idem_core::StoreError;
 use idem_core::steps::{
-    Fence, Lease, MESSAGE_COLUMNS, MessageClaim, MessageColumns, Namespace, NewRun, RUN_COLUMNS,
-    RunChange, RunColumns, RunFilter, RunId, RunRecord, RunStore, STEP_COLUMNS, SentMessage,
-    StepColumns, StepRecord, attach_steps,
+    Fence, Lease, MessageClaim, MessageColumns, Namespace, NewRun, RunChange, RunColumns,
+    RunFilter, RunId, RunRecord, RunStore, SentMessage, StepColumns, StepRecord, attach_steps,
 };
+use idem_sql::columns::{MESSAGE_COLUMNS, RUN_COLUMNS, STEP_COLUMNS};
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
 use sqlx::{PgConnection, Postgres};

@@ -3,15 +3,16 @@
 //! transaction, so nothing changes between their read and their write.
 
 use idem_core::admin::{
-    AdminStore, AuditEntry, AuditFilter, InboxEntry, InboxFilter, KEY_COLUMNS, KEY_LIST_COLUMNS,
-    KeyColumns, KeyDetail, KeyFilter, KeyRelease, KeySummary, LeaseEnd, NewAudit,
-    OUTBOX_ENTRY_COLUMNS, OutboxEntry, OutboxEntryColumns, OutboxFilter, OutboxRequeue,
-    OutboxState, RELEASE_DELETE, RELEASE_SELECT, ReceiptFilter, ReleaseColumns, ReleaseRequest,
-    ReleaseRow, RunPageFilter, StateCounts, like_prefix, page, release_decision,
+    AdminStore, AuditEntry, AuditFilter, InboxEntry, InboxFilter, KeyColumns, KeyDetail, KeyFilter,
+    KeyRelease, KeySummary, LeaseEnd, NewAudit, OutboxEntry, OutboxEntryColumns, OutboxFilter,
+    OutboxRequeue, OutboxState, ReceiptFilter, ReleaseColumns, ReleaseRequest, ReleaseRow,
+    RunPageFilter, StateCounts, like_prefix, page, release_decision,
 };
-use idem_core::steps::{RUN_COLUMNS, RunId, RunRecord, RunState};
+use idem_core::steps::{RunId, RunRecord, RunState};
 use idem_core::webhooks::{Receipt, ReceiptState, Requeue};
 use idem_core::{RecordState, Scope, StoreError};
+use idem_sql::columns::{KEY_COLUMNS, KEY_LIST_COLUMNS, OUTBOX_ENTRY_COLUMNS, RUN_COLUMNS};
+use idem_sql::keys::{RELEASE_DELETE, RELEASE_SELECT};
 use sqlx::sqlite::SqliteRow;
 
 use crate::{SqliteStore, SqliteTx, column, map_err};

@@ -1,5 +1,5 @@
 //! Keys claimed with a lease on SQLite: [`LeasedKeyStore`] for
-//! [`SqliteStore`], with the statements of [`idem_core::leased::sql`]. A
+//! [`SqliteStore`], with the statements of [`idem_sql::leased`]. A
 //! record that stays as it is (a replay, a live lease, another request) is
 //! read without the write lock; a claim is one `BEGIN IMMEDIATE`
 //! transaction (insert, or reclaim or take over what it found), so two
@@ -8,9 +8,10 @@
 
 use idem_core::leased::{
     LeaseToken, LeasedClaim, LeasedKeyStore, NextStep, OnUnknown, Resolution,
-    UNRESOLVED_EXPIRES_AT_MS, claim_expires_at_ms, next_step, sql,
+    UNRESOLVED_EXPIRES_AT_MS, claim_expires_at_ms, next_step,
 };
 use idem_core::{Completion, Fingerprint, KeyStore, Policy, Scope, StoreError};
+use idem_sql::leased as sql;
 use sqlx::Sqlite;
 use sqlx::query::Query;
 use sqlx::sqlite::SqliteArguments;

@@ -298,7 +298,7 @@ ON CONFLICT (tenant_id, operation, idempotency_key) DO UPDATE SET
 WHERE idem_keys.expires_at_ms <= excluded.created_at_ms
 RETURNING 1";
 
-const SELECT_RECORD: &str = idem_core::keys::SELECT_RECORD;
+const SELECT_RECORD: &str = idem_sql::keys::SELECT_RECORD;
 
 /// Optimistic claims: the completed record, inserted at the end of the
 /// operation's transaction (which holds the write lock). A record that

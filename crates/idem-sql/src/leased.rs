@@ -1,0 +1,98 @@
+//! The statements of `idem_core::leased::LeasedKeyStore`, one text for both backends
+//! (`$n` placeholders; `$1`, `$2`, `$3` are always the tenant, the
+//! operation and the key). Every write after the claim is conditional on
+//! the token, or on the lease having run out.
+
+/// A fresh claim: `$4` request hash, `$5` lease deadline, `$6` token,
+/// `$7` now, `$8` expiry, `$9` the record's [`OnUnknown`](idem_core::leased::OnUnknown).
+/// Nothing on a conflict (no row lock: a replay writes nothing).
+pub const INSERT: &str = "\
+INSERT INTO idem_keys (tenant_id, operation, idempotency_key, request_hash, state,
+                   locked_until_ms, lock_token, created_at_ms, updated_at_ms, expires_at_ms,
+                   on_unknown)
+VALUES ($1, $2, $3, $4, 'pending', $5, $6, $7, $7, $8, $9)
+ON CONFLICT (tenant_id, operation, idempotency_key) DO NOTHING
+RETURNING 1";
+
+/// A claim of an expired record not collected yet (parameters of
+/// [`INSERT`]).
+pub const RECLAIM_EXPIRED: &str = "\
+UPDATE idem_keys SET
+request_hash = $4, state = 'pending', status_code = NULL, response_headers = NULL,
+response_body = NULL, resource_type = NULL, resource_id = NULL, recovery_point = NULL,
+locked_until_ms = $5, lock_token = $6, created_at_ms = $7, updated_at_ms = $7,
+expires_at_ms = $8, on_unknown = $9
+WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND expires_at_ms <= $7
+RETURNING 1";
+
+/// A takeover of an abandoned lease of the same request: `$4` request
+/// hash, `$5` new deadline, `$6` new token, `$7` now, `$8` the lease end
+/// the claimer read (so the end it reports is the one it took over),
+/// `$9` the claimer's [`OnUnknown`](idem_core::leased::OnUnknown) (never less strict
+/// than the record's: [`next_step`](idem_core::leased::next_step)), `$10` its claim expiry
+/// ([`claim_expires_at_ms`](idem_core::leased::claim_expires_at_ms)). A record taken over by a stricter
+/// claimer is held as that claimer's would be.
+pub const TAKE_OVER: &str = "\
+UPDATE idem_keys SET locked_until_ms = $5, lock_token = $6, updated_at_ms = $7,
+   on_unknown = $9,
+   expires_at_ms = CASE WHEN $9 = 'reforward' THEN expires_at_ms ELSE $10 END
+WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND request_hash = $4
+  AND state = 'pending' AND locked_until_ms = $8 AND locked_until_ms <= $7
+  AND expires_at_ms > $7
+RETURNING 1";
+
+/// The record ([`crate::keys::SELECT_RECORD`]).
+pub const SELECT: &str = crate::keys::SELECT_RECORD;
+
+/// `$4` token, `$5` new deadline, `$6` now.
+pub const RENEW: &str = "\
+UPDATE idem_keys SET locked_until_ms = $5, updated_at_ms = $6
+WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND lock_token = $4
+  AND state = 'pending' AND expires_at_ms > $6";
+
+/// `$4` token, `$5` the lease's new end (at most now: the work's
+/// outcome is unknown from then on), `$6` a reason for operators (kept
+/// when NULL), `$7` now, `$8` [`UNRESOLVED_EXPIRES_AT_MS`](idem_core::leased::UNRESOLVED_EXPIRES_AT_MS). The
+/// record stays pending: a retry finds it abandoned. Unless its work may
+/// be repeated harmlessly (`reforward`), it no longer expires: an
+/// unknown outcome is held until it is verified or resolved, never
+/// claimed afresh or collected.
+pub const ABANDON: &str = "\
+UPDATE idem_keys SET locked_until_ms = $5, recovery_point = COALESCE($6, recovery_point),
+   updated_at_ms = $7,
+   expires_at_ms = CASE WHEN on_unknown = 'reforward' THEN expires_at_ms ELSE $8 END
+WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND lock_token = $4
+  AND state = 'pending' AND expires_at_ms > $7";
+
+/// `$4` token, `$5`..`$10` the outcome's columns, `$11` now, `$12`
+/// the latest expiry (a record held while its outcome was unknown
+/// expires then).
+pub const COMPLETE: &str = "\
+UPDATE idem_keys SET state = $5, status_code = $6, response_headers = $7, response_body = $8,
+   resource_type = $9, resource_id = $10, locked_until_ms = NULL, lock_token = NULL,
+   updated_at_ms = $11,
+   expires_at_ms = CASE WHEN expires_at_ms > $12 THEN $12 ELSE expires_at_ms END
+WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND lock_token = $4
+  AND state = 'pending' AND expires_at_ms > $11";
+
+/// `$4` token.
+pub const RELEASE: &str = "\
+DELETE FROM idem_keys
+WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND lock_token = $4
+  AND state = 'pending'";
+
+/// `$4` now.
+pub const RESOLVE_RELEASE: &str = "\
+DELETE FROM idem_keys
+WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND state = 'pending'
+  AND locked_until_ms IS NOT NULL AND locked_until_ms <= $4 AND expires_at_ms > $4";
+
+/// `$4` now, `$5`..`$10` the outcome's columns, `$11` the latest
+/// expiry.
+pub const RESOLVE_ANSWER: &str = "\
+UPDATE idem_keys SET state = $5, status_code = $6, response_headers = $7, response_body = $8,
+   resource_type = $9, resource_id = $10, locked_until_ms = NULL, lock_token = NULL,
+   updated_at_ms = $4,
+   expires_at_ms = CASE WHEN expires_at_ms > $11 THEN $11 ELSE expires_at_ms END
+WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND state = 'pending'
+  AND locked_until_ms IS NOT NULL AND locked_until_ms <= $4 AND expires_at_ms > $4";
