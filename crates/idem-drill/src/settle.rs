@@ -4,7 +4,7 @@
 //! After `--settle`, every case counted during the run is counted again;
 //! one that grew turns its drill (and round) into a FAIL.
 
-use super::client::SendError;
+use super::error::SendError;
 use super::report::{DrillResult, Outcome};
 use super::{Evidence, Runner, Stop, effects_text};
 
@@ -49,7 +49,7 @@ impl Runner {
                 Err(Stop::Send(SendError::Budget)) => {
                     return Some(format!(
                         "after {}: {again} of {} cases counted again before the request budget ran out, {grew} grew",
-                        crate::duration_text(wait),
+                        crate::observe::duration_text(wait),
                         counted.len()
                     ));
                 }
@@ -65,7 +65,7 @@ impl Runner {
         }
         Some(format!(
             "after {} (--settle): {again} of {} cases counted again, {grew} grew{}",
-            crate::duration_text(wait),
+            crate::observe::duration_text(wait),
             counted.len(),
             if grew > 0 {
                 " — effects made after the answers"

@@ -8,7 +8,10 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 
-use super::client::{Answer, Key, LosingProxy, SendError};
+use super::answer::Answer;
+use super::client::Key;
+use super::error::SendError;
+use super::proxy::LosingProxy;
 use super::report::{Outcome, Round, Rounds};
 use super::{Evidence, Runner, Stop, Verdict, effects_text};
 
@@ -200,7 +203,7 @@ impl Runner {
             } else {
                 format!(
                     "no answer within {}, the connection was dropped",
-                    crate::duration_text(self.client.timeout())
+                    crate::observe::duration_text(self.client.timeout())
                 )
             }
         ));

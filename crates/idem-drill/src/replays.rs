@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-use super::client::{Answer, Key, REPLAY_HEADERS};
+use super::answer::{Answer, REPLAY_HEADERS};
+use super::client::Key;
 use super::config::{Fields, ID, UNIQUE};
 use super::report::Outcome;
 use super::{Evidence, Runner, Stop, Verdict, effects_text};
@@ -249,7 +250,7 @@ impl Runner {
             Err((_, why)) => return Ok((Outcome::Info, why)),
         };
         let wait = ttl + Duration::from_secs(1);
-        ev.note(format!("waited {}", crate::duration_text(wait)));
+        ev.note(format!("waited {}", crate::observe::duration_text(wait)));
         tokio::time::sleep(wait).await;
         let late = self.send(&u, Key::One(&key)).await?;
         ev.note(format!("late retry: {}", late.brief()));
