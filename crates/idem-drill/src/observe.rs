@@ -63,3 +63,19 @@ pub fn duration_text(d: Duration) -> String {
         s => format!("{s}s"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    #[test]
+    fn durations_read_as_typed() {
+        let t = |ms: u64| super::duration_text(Duration::from_millis(ms));
+        assert_eq!(t(0), "0s");
+        assert_eq!(t(250), "250ms");
+        assert_eq!(t(1500), "1500ms");
+        assert_eq!(t(120_000), "2min");
+        assert_eq!(t(86_400_000), "24h");
+        assert_eq!(t(400 * 86_400_000), "400days");
+    }
+}
