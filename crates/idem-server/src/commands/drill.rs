@@ -1,12 +1,14 @@
 //! `idem drill`: check any HTTP API that claims `Idempotency-Key` support
-//! ([`crate::drill`]). Exit status 0 when no drill FAILs (a broken contract;
+//! ([`idem_drill`]). Exit status 0 when no drill FAILs (a broken contract;
 //! with `--strict` a convention WARN too), 1 when one does, 2 for bad usage
 //! or an unreachable target.
 
 use std::path::PathBuf;
 
 use super::Exit;
-use crate::drill::{self, DRILLS, DrillSpec};
+use idem_drill::{DRILLS, DrillResult, DrillSpec, Observer};
+
+use crate::progress::Progress;
 
 /// `idem drill`'s flags; each but `--config`, `--json` and `--junit` also
 /// has a key in the `--config` file, and a flag wins over the file.
@@ -148,9 +150,9 @@ impl DrillArgs {
             },
             settle: self.settle,
         };
-        let mut config = file.overlay(flags).validate().map_err(usage)?;
-        config.progress = true;
-        let report = drill::run(config).await.map_err(usage)?;
+        let config = file.overlay(flags).validate().map_err(usage)?;
+        let mut bar = Bar(Progress::stderr("drill", Some(DRILLS.len() as u64)));
+        let report = idem_drill::run(config, &mut bar).await.map_err(usage)?;
         if let Some(path) = &self.junit {
             std::fs::write(path, report.junit())
                 .map_err(|e| usage(format!("failed to write {}: {e}", path.display())))?;
@@ -164,5 +166,29 @@ impl DrillArgs {
             return Err(Exit::silent(1).into());
         }
         Ok(())
+    }
+}
+
+/// One line per drill on stderr; on a terminal a bar shows the drill
+/// running between them.
+struct Bar(Progress);
+
+impl Observer for Bar {
+    fn start(&mut self, name: &str) {
+        self.0.advance(0, &format!("{name} …"));
+    }
+
+    fn done(&mut self, index: usize, total: usize, result: &DrillResult) {
+        self.0.complete(1, &idem_drill::line(index, total, result));
+    }
+
+    fn finish(&mut self, settled: Option<&str>) {
+        if let Some(line) = settled {
+            self.0.complete(0, line);
+        }
+    }
+
+    fn abort(&mut self) {
+        self.0.abandon();
     }
 }

@@ -97,7 +97,7 @@ pub struct Target {
 
 impl Target {
     fn parse(text: &str) -> Result<Self, UsageError> {
-        let base = crate::config::HttpBase::parse("TARGET", text).map_err(UsageError)?;
+        let base = idem_gateway::HttpBase::parse("TARGET", text).map_err(UsageError)?;
         Ok(Self {
             authority: base.authority,
             prefix: base.prefix,
@@ -272,8 +272,6 @@ pub struct DrillConfig {
     pub strict: bool,
     /// The wait before every case is counted again (zero: not counted again).
     pub settle: Duration,
-    /// One line per drill on stderr while running.
-    pub progress: bool,
 }
 
 impl DrillSpec {
@@ -413,7 +411,6 @@ impl DrillSpec {
             key_format,
             strict: self.strict.unwrap_or(false),
             settle,
-            progress: false,
         })
     }
 }

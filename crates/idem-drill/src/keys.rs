@@ -6,7 +6,9 @@
 //! says so the same way (INFO).
 
 use super::Stop;
-use super::client::{Answer, Key, SendError};
+use super::answer::Answer;
+use super::client::Key;
+use super::error::SendError;
 
 /// The answer to a malformed request; a connection dropped or an answer
 /// that is not HTTP is a refusal too (status 0), as a proxy in front of

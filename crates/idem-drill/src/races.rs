@@ -8,7 +8,10 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 
-use super::client::{Answer, Key, LosingProxy, SendError};
+use super::answer::Answer;
+use super::client::Key;
+use super::error::SendError;
+use super::proxy::LosingProxy;
 use super::report::{Outcome, Round, Rounds};
 use super::{Evidence, Runner, Stop, Verdict, effects_text};
 

@@ -1,27 +1,32 @@
-//! `idem drill`: a black-box conformance runner for any HTTP API that
-//! claims `Idempotency-Key` support. [`run`] takes a validated
-//! [`DrillConfig`] (from a [`DrillSpec`]: flags, a TOML file, or built in
-//! code) and returns a [`Report`] with one [`DrillResult`] per drill of
-//! [`DRILLS`], each PASS, FAIL, WARN, SKIP or INFO with its evidence.
+//! Failure drills for any HTTP API that claims `Idempotency-Key` support:
+//! a black-box conformance runner, as a library. [`run`] takes a validated
+//! [`DrillConfig`] (from a [`DrillSpec`]: `Default` + fields, then
+//! [`DrillSpec::validate`]) and an [`Observer`] ([`Quiet`] in a test), and
+//! returns a [`Report`] with one [`DrillResult`] per drill of [`DRILLS`],
+//! each PASS, FAIL, WARN, SKIP or INFO with its evidence. The `idem drill`
+//! command is this crate behind a CLI; put the same call in your own
+//! `cargo test` against your own server to keep the contract in CI.
 //!
 //! Two severities: a FAIL is a broken contract (a second effect, a retry
 //! that does not get the first answer, another payload accepted under a
-//! used key, a 5xx where a retry should replay) and decides the exit
-//! status; a WARN is a convention (the status of a refusal, byte-level
-//! fingerprints, a malformed key accepted, server errors under a race that
-//! still made one effect), failing the run only with `strict`. The race
-//! and lost-response drills run `rounds` times with fresh keys, and the
-//! worst round decides.
+//! used key, a 5xx where a retry should replay) and decides the verdict; a
+//! WARN is a convention (the status of a refusal, byte-level fingerprints,
+//! a malformed key accepted, server errors under a race that still made one
+//! effect), failing the run only with `strict`. [`Report::failed`] is the
+//! verdict; [`Report::table`], [`Report::json`] and [`Report::junit`]
+//! render it (`idem drill` exits 1 when it failed, 2 for bad usage or an
+//! unreachable target). The race and lost-response drills run `rounds`
+//! times with fresh keys, and the worst round decides.
 //!
 //! Every drill case uses a fresh `{unique}` value in the request, so its
-//! effects are counted apart with `--effects` and `--count`. Requests go
-//! only to the target, and, for `lost-response`, to a proxy of the runner's
-//! own on loopback in front of it. Every exchange is bounded by `timeout`
-//! and 1 MiB of answer; `max_requests` caps what is sent.
+//! effects are counted apart with `effects` and `count`. Requests go only
+//! to the target, and, for `lost-response`, to a proxy of the runner's own
+//! on loopback in front of it. Every exchange is bounded by `timeout` and
+//! 1 MiB of answer; `max_requests` caps what is sent.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use idem_server::drill::{self, DrillSpec};
+//! use idem_drill::{DrillSpec, Quiet};
 //! let config = DrillSpec {
 //!     target: Some("http://127.0.0.1:8080".into()),
 //!     request: Some("POST /v1/payments".into()),
@@ -31,28 +36,38 @@
 //!     ..DrillSpec::default()
 //! }
 //! .validate()?;
-//! let report = drill::run(config).await?;
+//! let report = idem_drill::run(config, &mut Quiet).await?;
 //! assert!(!report.failed(), "{}", report.table());
 //! # Ok(()) }
 //! ```
+//!
+//! Modules: `config` (the spec and its validation), `client` and `answer`
+//! (the HTTP exchanges, bounded), `proxy` (the loopback proxy that loses
+//! an answer), `keys`, `replays`, `races` and `settle` (the drills),
+//! `report` (verdicts and renderings), `observe` (progress).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use hyper::http::Method;
 
-use crate::progress::Progress;
-
+mod answer;
 mod client;
 mod config;
+mod error;
 mod keys;
+mod observe;
+mod proxy;
 mod races;
 mod replays;
 mod report;
 mod settle;
 
-pub use client::{Answer, Budget, MAX_ANSWER_BYTES, REPLAY_HEADERS, SendError};
+pub use answer::{Answer, MAX_ANSWER_BYTES, REPLAY_HEADERS};
+pub use client::Budget;
 pub use config::{DrillConfig, DrillSpec, KeyFormat, RequestLine, Target, UsageError};
+pub use error::SendError;
+pub use observe::{Observer, Quiet, duration_text, line};
 pub use report::{DrillResult, Outcome, Report, Round, Rounds};
 
 use client::{Client, Key};
@@ -121,7 +136,7 @@ pub const DRILLS: &[(&str, &str)] = &[
 
 /// Why a run could not be made at all.
 #[derive(Debug, thiserror::Error)]
-pub enum RunError {
+pub enum Error {
     /// The target did not answer the first request.
     #[error("the target is unreachable: {0}")]
     Unreachable(String),
@@ -333,8 +348,8 @@ impl Runner {
 /// one the budget stops is skipped (and so is every drill after it).
 ///
 /// # Errors
-/// [`RunError::Unreachable`] when the very first request cannot connect.
-pub async fn run(config: DrillConfig) -> Result<Report, RunError> {
+/// [`Error::Unreachable`] when the very first request cannot connect.
+pub async fn run(config: DrillConfig, observer: &mut dyn Observer) -> Result<Report, Error> {
     let started = Instant::now();
     let budget = Arc::new(Budget::new(config.max_requests));
     let client = Client::new(&config, budget.clone());
@@ -347,11 +362,10 @@ pub async fn run(config: DrillConfig) -> Result<Report, RunError> {
         counted: Default::default(),
         current: Default::default(),
     };
-    let mut progress = DrillProgress::new(runner.config.progress);
     let mut drills = Vec::new();
     let mut stopped: Option<String> = None;
     for (i, (name, _)) in DRILLS.iter().enumerate() {
-        progress.start(name);
+        observer.start(name);
         let t = Instant::now();
         let mut ev = Evidence::default();
         runner.current.store(i, std::sync::atomic::Ordering::SeqCst);
@@ -369,8 +383,8 @@ pub async fn run(config: DrillConfig) -> Result<Report, RunError> {
                     (Outcome::Skip, why)
                 }
                 Err(Stop::Send(e @ SendError::Connect { .. })) if i == 0 => {
-                    progress.abort();
-                    return Err(RunError::Unreachable(e.to_string()));
+                    observer.abort();
+                    return Err(Error::Unreachable(e.to_string()));
                 }
                 Err(Stop::Send(e)) => (Outcome::Fail, format!("no answer: {e}")),
                 Err(Stop::Effects(e)) => (
@@ -398,11 +412,11 @@ pub async fn run(config: DrillConfig) -> Result<Report, RunError> {
             rounds: ev.rounds,
             elapsed_ms: t.elapsed().as_millis() as u64,
         };
-        progress.done(i, &result);
+        observer.done(i, DRILLS.len(), &result);
         drills.push(result);
     }
     let settled = runner.settle(&mut drills).await;
-    progress.finish(settled.as_deref());
+    observer.finish(settled.as_deref());
     Ok(Report {
         settled,
         target: runner.config.target.text.clone(),
@@ -413,50 +427,4 @@ pub async fn run(config: DrillConfig) -> Result<Report, RunError> {
         elapsed_ms: started.elapsed().as_millis() as u64,
         strict: runner.config.strict,
     })
-}
-
-/// One line per drill on stderr; on a terminal a bar shows the drill
-/// running between them.
-struct DrillProgress(Option<Progress>);
-
-impl DrillProgress {
-    fn new(on: bool) -> Self {
-        Self(on.then(|| Progress::stderr("drill", Some(DRILLS.len() as u64))))
-    }
-
-    fn start(&mut self, name: &str) {
-        if let Some(p) = &mut self.0 {
-            p.advance(0, &format!("{name} …"));
-        }
-    }
-
-    fn done(&mut self, i: usize, r: &DrillResult) {
-        let Some(p) = &mut self.0 else {
-            return;
-        };
-        let summary = report::truncate(&r.summary, 100);
-        p.complete(
-            1,
-            &format!(
-                "[{}/{}] {} {} — {summary} ({})",
-                i + 1,
-                DRILLS.len(),
-                r.name,
-                r.outcome.label(),
-                idem_core::duration_text(Duration::from_millis(r.elapsed_ms))
-            ),
-        );
-    }
-
-    fn finish(&mut self, settled: Option<&str>) {
-        if let (Some(p), Some(line)) = (&mut self.0, settled) {
-            p.complete(0, line);
-        }
-    }
-
-    fn abort(&mut self) {
-        if let Some(p) = &mut self.0 {
-            p.abandon();
-        }
-    }
 }

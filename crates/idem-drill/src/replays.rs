@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-use super::client::{Answer, Key, REPLAY_HEADERS};
+use super::answer::{Answer, REPLAY_HEADERS};
+use super::client::Key;
 use super::config::{Fields, ID, UNIQUE};
 use super::report::Outcome;
 use super::{Evidence, Runner, Stop, Verdict, effects_text};

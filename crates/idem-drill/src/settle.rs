@@ -4,7 +4,7 @@
 //! After `--settle`, every case counted during the run is counted again;
 //! one that grew turns its drill (and round) into a FAIL.
 
-use super::client::SendError;
+use super::error::SendError;
 use super::report::{DrillResult, Outcome};
 use super::{Evidence, Runner, Stop, effects_text};
 
