@@ -9,9 +9,9 @@
 //! - [`demo`]: the payments API and its ledger consumer.
 //! - [`gateway`]: `idem serve --upstream`, the contract in front of any HTTP
 //!   API (keys claimed with a lease, forwards with a derived key).
-//! - [`admin`]: `/admin` — the guard, the routes and their JSON shapes;
-//!   [`console`]: the web console at `/console` (login, sessions, assets).
-//! - [`respond`]: responses every route shares; [`routes`]: the app around
+//! - [`admin`]: the `idem-admin` crate (`/admin`, the guard, the console),
+//!   re-exported; the binary only wires it.
+//! - [`respond`]: responses every route shares (`idem_admin::respond`); [`routes`]: the app around
 //!   them (404/405, panics as problem+json); [`http_server`]: the hyper loop
 //!   and its limits; [`shutdown`]; [`logging`].
 //! - [`messaging`], [`webhooks`]: NATS streams, the relay and consumer; the
@@ -23,13 +23,13 @@
 // once per rejected request, so its size does not matter.
 #![allow(clippy::result_large_err)]
 
-pub mod admin;
+pub use idem_admin as admin;
 pub mod backend;
 pub mod bench;
 pub mod commands;
 pub mod config;
 pub mod config_error;
-pub mod console;
+pub use idem_admin::console;
 pub mod demo;
 pub mod drill;
 pub mod gateway;
@@ -38,7 +38,7 @@ pub mod logging;
 pub mod messaging;
 pub mod metrics;
 pub mod progress;
-pub mod respond;
+pub use idem_admin::respond;
 pub mod routes;
 pub mod shutdown;
 pub mod webhooks;

@@ -1,5 +1,5 @@
 // The Idem web console in a real Chromium (Debian's, driven by playwright-core).
-// Run by crates/idem-server/tests/it/console.rs, which starts `idem serve` with
+// Run by crates/idem-server/tests/it/console.rs (the console lives in crates/idem-admin), which starts `idem serve` with
 // seeded state and passes it in the environment:
 //   IDEM_CONSOLE_URL         http://127.0.0.1:PORT
 //   IDEM_ADMIN_TOKEN         the server's --admin-token

@@ -11,11 +11,11 @@ use serde_json::{Map, Value, json};
 
 use super::outcomes::{OutcomeRing, WINDOW_MINUTES};
 use super::{V1, read};
-use crate::backend::Backend;
+use crate::backend::AdminBackend;
 use crate::respond::{internal, ok, rfc3339};
 
 /// The routes.
-pub fn routes<B: Backend>() -> Router<V1<B>> {
+pub fn routes<B: AdminBackend>() -> Router<V1<B>> {
     Router::new().route("/admin/v1/overview", get(overview::<B>))
 }
 
@@ -29,7 +29,7 @@ fn by_state(states: &[&str], counts: &[(String, u64)]) -> Value {
     Value::Object(m)
 }
 
-async fn overview<B: Backend>(
+async fn overview<B: AdminBackend>(
     State(st): State<V1<B>>,
     ring: Option<Extension<Arc<OutcomeRing>>>,
 ) -> Response {
@@ -42,7 +42,7 @@ async fn overview<B: Backend>(
         Ok(c) => c,
         Err(r) => return r,
     };
-    let outbox = match crate::admin::outbox::store_stats_json(&st.store).await {
+    let outbox = match crate::outbox::store_stats_json(&st.store).await {
         Ok(v) => v,
         Err(e) => return internal(format!("{e:#}")),
     };

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{V1, cursor, limit, param, read};
-use crate::backend::Backend;
+use crate::backend::AdminBackend;
 use crate::respond::rfc3339;
 
 /// The actions written to the audit log.
@@ -22,7 +22,7 @@ pub const ACTIONS: &[&str] = &[
 ];
 
 /// The routes.
-pub fn routes<B: Backend>() -> Router<V1<B>> {
+pub fn routes<B: AdminBackend>() -> Router<V1<B>> {
     Router::new().route("/admin/v1/audit", get(list::<B>))
 }
 
@@ -46,7 +46,7 @@ struct ListQuery {
     cursor: Option<String>,
 }
 
-async fn list<B: Backend>(State(st): State<V1<B>>, Query(q): Query<ListQuery>) -> Response {
+async fn list<B: AdminBackend>(State(st): State<V1<B>>, Query(q): Query<ListQuery>) -> Response {
     let filter = match (|| {
         Ok::<_, Response>(AuditFilter {
             action: param(

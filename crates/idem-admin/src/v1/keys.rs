@@ -16,8 +16,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{Audit, V1, action, conflict, cursor, limit, param, read, record, required};
-use crate::admin::Actor;
-use crate::backend::Backend;
+use crate::auth::Actor;
+use crate::backend::AdminBackend;
 use crate::respond::{db_error, internal, not_found, ok, rfc3339};
 
 const TENANT: &str = "a tenant: 1 to 64 characters of [A-Za-z0-9._:-]";
@@ -25,7 +25,7 @@ const OPERATION: &str = "an operation: 1 to 64 characters of [A-Za-z0-9._:-]";
 const KEY: &str = "an idempotency key: 1 to 255 visible ASCII characters";
 
 /// The routes.
-pub fn routes<B: Backend>(store: &B) -> Router<V1<B>> {
+pub fn routes<B: AdminBackend>(store: &B) -> Router<V1<B>> {
     Router::new()
         .route("/admin/v1/keys", get(list::<B>))
         .route("/admin/v1/key", get(show::<B>))
@@ -97,7 +97,7 @@ struct ListQuery {
     cursor: Option<String>,
 }
 
-async fn list<B: Backend>(State(st): State<V1<B>>, Query(q): Query<ListQuery>) -> Response {
+async fn list<B: AdminBackend>(State(st): State<V1<B>>, Query(q): Query<ListQuery>) -> Response {
     let filter = match (|| {
         Ok::<_, Response>(KeyFilter {
             tenant: param(q.tenant.as_deref(), "tenant", TENANT, tenant)?,
@@ -149,7 +149,7 @@ fn scope_of(t: Option<&str>, o: Option<&str>, k: Option<&str>) -> Result<Scope, 
     ))
 }
 
-async fn show<B: Backend>(State(st): State<V1<B>>, Query(q): Query<OneQuery>) -> Response {
+async fn show<B: AdminBackend>(State(st): State<V1<B>>, Query(q): Query<OneQuery>) -> Response {
     let scope = match scope_of(
         q.tenant.as_deref(),
         q.operation.as_deref(),
@@ -177,7 +177,7 @@ struct ReleaseBody {
     upstream_checked: bool,
 }
 
-async fn release<B: Backend>(
+async fn release<B: AdminBackend>(
     State(st): State<V1<B>>,
     Extension(tx): Extension<IdemTx<B::Tx>>,
     actor: Option<Extension<Actor>>,

@@ -39,9 +39,9 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
-use super::Actor;
-use super::outbox::RelaySlot;
-use crate::backend::Backend;
+use crate::auth::Actor;
+use crate::backend::AdminBackend;
+use crate::outbox::RelaySlot;
 use crate::respond::{db_error, invalid, ok, problem};
 
 /// The path prefix of this API.
@@ -59,7 +59,7 @@ const READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What every handler shares.
 #[derive(Clone)]
-pub struct V1<B: Backend> {
+pub struct V1<B: AdminBackend> {
     /// The store.
     pub store: B,
     /// The relay of this process, once it runs.
@@ -67,7 +67,7 @@ pub struct V1<B: Backend> {
 }
 
 /// The routes of `/admin/v1` over `store`.
-pub fn router<B: Backend>(store: B, relay: RelaySlot<B>) -> Router {
+pub fn router<B: AdminBackend>(store: B, relay: RelaySlot<B>) -> Router {
     let st = V1 {
         store: store.clone(),
         relay,
@@ -84,7 +84,7 @@ pub fn router<B: Backend>(store: B, relay: RelaySlot<B>) -> Router {
 
 /// The layer of one admin action: key required, tenant `admin`, operation
 /// `admin.<action>`, 4xx answers not stored (a refusal changes nothing).
-pub fn action<B: Backend>(store: &B, name: &'static str) -> IdempotencyLayer<B> {
+pub fn action<B: AdminBackend>(store: &B, name: &'static str) -> IdempotencyLayer<B> {
     let op = Operation::new(format!("admin.{name}"))
         .unwrap_or_else(|e| panic!("operation admin.{name}: {e}"));
     let tenant = Tenant::new(TENANT).unwrap_or_else(|e| panic!("tenant {TENANT}: {e}"));
@@ -209,7 +209,7 @@ pub struct Audit<'a> {
 
 /// Writes an action's audit row in the request's transaction `tx` (after
 /// the action, which succeeded).
-pub async fn record<B: Backend>(
+pub async fn record<B: AdminBackend>(
     tx: &mut B::Tx,
     actor: Option<&Actor>,
     headers: &HeaderMap,
@@ -234,7 +234,7 @@ pub async fn record<B: Backend>(
 /// Now (unix ms) by the store's clock — the database's on PostgreSQL —
 /// which an operator's action on a lease or an expiry is judged by, like
 /// every process's.
-pub fn now_ms<B: Backend>(store: &B) -> i64 {
+pub fn now_ms<B: AdminBackend>(store: &B) -> i64 {
     idem_core::Clock::now_ms(&store.clock())
 }
 

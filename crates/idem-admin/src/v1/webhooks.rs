@@ -15,10 +15,10 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::{Audit, V1, action, cursor, limit, param, read, record, required, text};
-use crate::admin::Actor;
-use crate::admin::webhooks::{receipt_json, replay_json};
-use crate::backend::Backend;
+use crate::auth::Actor;
+use crate::backend::AdminBackend;
 use crate::respond::{db_error, internal, json_response, not_found, ok};
+use crate::webhooks::{receipt_json, replay_json};
 
 const ENDPOINT: &str = "an endpoint name: 1 to 64 characters of [A-Za-z0-9_-]";
 const DELIVERY: &str = "a delivery id, 1 to 255 characters";
@@ -28,7 +28,7 @@ fn endpoint(s: &str) -> Option<String> {
 }
 
 /// The routes.
-pub fn routes<B: Backend>(store: &B) -> Router<V1<B>> {
+pub fn routes<B: AdminBackend>(store: &B) -> Router<V1<B>> {
     Router::new()
         .route("/admin/v1/webhooks/receipts", get(list::<B>))
         .route("/admin/v1/webhooks/receipt", get(show::<B>))
@@ -46,7 +46,7 @@ struct ListQuery {
     cursor: Option<String>,
 }
 
-async fn list<B: Backend>(State(st): State<V1<B>>, Query(q): Query<ListQuery>) -> Response {
+async fn list<B: AdminBackend>(State(st): State<V1<B>>, Query(q): Query<ListQuery>) -> Response {
     let filter = match (|| {
         Ok::<_, Response>(ReceiptFilter {
             endpoint: param(q.endpoint.as_deref(), "endpoint", ENDPOINT, endpoint)?,
@@ -75,7 +75,7 @@ struct OneQuery {
     delivery_id: Option<String>,
 }
 
-async fn show<B: Backend>(State(st): State<V1<B>>, Query(q): Query<OneQuery>) -> Response {
+async fn show<B: AdminBackend>(State(st): State<V1<B>>, Query(q): Query<OneQuery>) -> Response {
     let (ep, delivery) = match (
         required(q.endpoint.as_deref(), "endpoint", ENDPOINT, endpoint),
         required(q.delivery_id.as_deref(), "delivery_id", DELIVERY, text),
@@ -97,7 +97,7 @@ struct ReplayBody {
     delivery_id: String,
 }
 
-async fn replay<B: Backend>(
+async fn replay<B: AdminBackend>(
     State(st): State<V1<B>>,
     Extension(tx): Extension<IdemTx<B::Tx>>,
     actor: Option<Extension<Actor>>,

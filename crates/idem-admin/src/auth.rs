@@ -2,9 +2,9 @@
 //! (`/console/…`): a bearer token compared in constant time, or a console
 //! session (cookie `idem_session`, kept server-side as a hash only, with a
 //! per-session CSRF token every state-changing request must carry); a
-//! refusal of requests naming a host not allowed ([`super::hosts`], against
+//! refusal of requests naming a host not allowed ([`crate::hosts`], against
 //! DNS rebinding) or sent by a web page of another origin; and a lockout of
-//! sources guessing the token ([`super::limit`]).
+//! sources guessing the token ([`crate::limit`]).
 //!
 //! Without a configured token the admin routes answer `401
 //! admin-disabled`, saying how to enable them: loopback is not a security
@@ -25,10 +25,9 @@ use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use super::Actor;
-use super::hosts::{AllowedHosts, host_or_origin_refusal};
-use super::limit::{self, Limiter, Source};
-pub use super::token::AdminToken;
+use crate::hosts::{AllowedHosts, host_or_origin_refusal};
+use crate::limit::{self, Limiter, Source};
+pub use crate::token::AdminToken;
 
 /// The path prefix of the admin API the guard covers.
 pub const PREFIX: &str = "/admin";
@@ -250,6 +249,12 @@ impl Auth {
     }
 }
 
+/// Who is acting, for the audit log: set as a request extension by the
+/// authentication layer (the console's login name, or a bearer request's
+/// `X-Idem-Actor`); `admin` when absent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Actor(pub String);
+
 /// The peer address of a request, when the server recorded it.
 pub fn peer(req: &Request) -> Option<SocketAddr> {
     req.extensions()
@@ -257,18 +262,10 @@ pub fn peer(req: &Request) -> Option<SocketAddr> {
         .map(|c| c.0)
 }
 
-/// Puts every path under `/admin` and `/console` behind the guard — routes
-/// that exist and routes that do not alike, so the guard reveals nothing —
-/// and mounts the console. A request must name an allowed host (`421`, or
-/// `400` without one); its `Origin`, if any, must be that host (`403`).
-/// Then a bearer token or a console session when a token is configured,
-/// `401 admin-disabled` when none is; a source guessing tokens is locked
-/// out (`429`). The console's login page and its stylesheet need no
-/// credentials.
-pub fn guarded(router: Router, auth: Arc<Auth>) -> Router {
-    router
-        .merge(crate::console::router(auth.clone()))
-        .layer(axum::middleware::from_fn_with_state(auth, guard))
+/// The guard's middleware over `router`, without mounting the console
+/// ([`crate::guarded`] mounts both).
+pub fn layer(router: Router, auth: Arc<Auth>) -> Router {
+    router.layer(axum::middleware::from_fn_with_state(auth, guard))
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -279,6 +276,9 @@ enum Area {
     ConsolePublic,
 }
 
+/// The console paths the guard lets through without credentials.
+pub const PUBLIC: &[&str] = &["/console/login", "/console/app.css", "/console/favicon.svg"];
+
 fn under(path: &str, prefix: &str) -> bool {
     path.strip_prefix(prefix)
         .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
@@ -287,7 +287,7 @@ fn under(path: &str, prefix: &str) -> bool {
 fn area(path: &str) -> Area {
     if under(path, PREFIX) {
         Area::Admin
-    } else if crate::console::PUBLIC.contains(&path) {
+    } else if PUBLIC.contains(&path) {
         Area::ConsolePublic
     } else if under(path, CONSOLE) {
         Area::Console

@@ -18,12 +18,12 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{Audit, V1, action, conflict, cursor, limit, param, read, record, required, text};
-use crate::admin::Actor;
-use crate::backend::Backend;
+use crate::auth::Actor;
+use crate::backend::AdminBackend;
 use crate::respond::{db_error, internal, not_found, ok, rfc3339};
 
 /// The routes.
-pub fn routes<B: Backend>(store: &B) -> Router<V1<B>> {
+pub fn routes<B: AdminBackend>(store: &B) -> Router<V1<B>> {
     Router::new()
         .route("/admin/v1/outbox", get(figures::<B>))
         .route("/admin/v1/outbox/messages", get(messages::<B>))
@@ -66,13 +66,13 @@ pub fn inbox_json(e: &InboxEntry) -> Value {
     })
 }
 
-async fn figures<B: Backend>(State(st): State<V1<B>>) -> Response {
+async fn figures<B: AdminBackend>(State(st): State<V1<B>>) -> Response {
     match st.relay.get() {
         Some(d) => match d.stats().await {
-            Ok(s) => ok(&crate::admin::outbox::stats_json(&s)),
+            Ok(s) => ok(&crate::outbox::stats_json(&s)),
             Err(e) => db_error(e),
         },
-        None => match crate::admin::outbox::store_stats_json(&st.store).await {
+        None => match crate::outbox::store_stats_json(&st.store).await {
             Ok(v) => ok(&v),
             Err(e) => internal(format!("{e:#}")),
         },
@@ -87,7 +87,10 @@ struct MessagesQuery {
     cursor: Option<String>,
 }
 
-async fn messages<B: Backend>(State(st): State<V1<B>>, Query(q): Query<MessagesQuery>) -> Response {
+async fn messages<B: AdminBackend>(
+    State(st): State<V1<B>>,
+    Query(q): Query<MessagesQuery>,
+) -> Response {
     let filter = match (|| {
         Ok::<_, Response>(OutboxFilter {
             state: param(
@@ -116,7 +119,7 @@ struct RequeueBody {
     message_id: String,
 }
 
-async fn requeue<B: Backend>(
+async fn requeue<B: AdminBackend>(
     State(st): State<V1<B>>,
     Extension(tx): Extension<IdemTx<B::Tx>>,
     actor: Option<Extension<Actor>>,
@@ -165,7 +168,10 @@ struct InboxQuery {
 const SUBSCRIBER: &str = "a subscriber name, 1 to 255 characters";
 const MESSAGE: &str = "a message id, 1 to 255 characters";
 
-async fn inbox_one<B: Backend>(State(st): State<V1<B>>, Query(q): Query<InboxQuery>) -> Response {
+async fn inbox_one<B: AdminBackend>(
+    State(st): State<V1<B>>,
+    Query(q): Query<InboxQuery>,
+) -> Response {
     let (sub, msg) = match (
         required(q.subscriber.as_deref(), "subscriber", SUBSCRIBER, text),
         required(q.message_id.as_deref(), "message_id", MESSAGE, text),
@@ -192,7 +198,7 @@ struct InboxListQuery {
     cursor: Option<String>,
 }
 
-async fn inbox_list<B: Backend>(
+async fn inbox_list<B: AdminBackend>(
     State(st): State<V1<B>>,
     Query(q): Query<InboxListQuery>,
 ) -> Response {

@@ -17,12 +17,12 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{Audit, V1, action, conflict, cursor, limit, param, read, record};
-use crate::admin::Actor;
-use crate::backend::Backend;
+use crate::auth::Actor;
+use crate::backend::AdminBackend;
 use crate::respond::{db_error, internal, invalid, not_found, ok, rfc3339};
 
 /// The routes.
-pub fn routes<B: Backend>(store: &B) -> Router<V1<B>> {
+pub fn routes<B: AdminBackend>(store: &B) -> Router<V1<B>> {
     Router::new()
         .route("/admin/v1/runs", get(list::<B>))
         .route("/admin/v1/runs/{id}", get(show::<B>))
@@ -91,7 +91,7 @@ struct ListQuery {
     cursor: Option<String>,
 }
 
-async fn list<B: Backend>(State(st): State<V1<B>>, Query(q): Query<ListQuery>) -> Response {
+async fn list<B: AdminBackend>(State(st): State<V1<B>>, Query(q): Query<ListQuery>) -> Response {
     let filter = match (|| {
         Ok::<_, Response>(RunPageFilter {
             state: param(
@@ -125,7 +125,7 @@ fn run_id(id: &str) -> Result<RunId, Response> {
     RunId::parse(id).map_err(|_| invalid("id: not a run id (run_…)"))
 }
 
-async fn show<B: Backend>(State(st): State<V1<B>>, Path(id): Path<String>) -> Response {
+async fn show<B: AdminBackend>(State(st): State<V1<B>>, Path(id): Path<String>) -> Response {
     let id = match run_id(&id) {
         Ok(id) => id,
         Err(r) => return r,
@@ -148,7 +148,7 @@ struct ResolveBody {
     resolution: String,
 }
 
-async fn resolve<B: Backend>(
+async fn resolve<B: AdminBackend>(
     State(st): State<V1<B>>,
     Path(id): Path<String>,
     Extension(tx): Extension<IdemTx<B::Tx>>,
@@ -214,7 +214,7 @@ async fn resolve<B: Backend>(
 #[serde(deny_unknown_fields)]
 struct ResumeBody {}
 
-async fn resume<B: Backend>(
+async fn resume<B: AdminBackend>(
     State(st): State<V1<B>>,
     Path(id): Path<String>,
     Extension(tx): Extension<IdemTx<B::Tx>>,

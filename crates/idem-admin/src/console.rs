@@ -2,7 +2,7 @@
 //! its assets (`console/`: index.html, app.js, app.css), embedded in the
 //! binary and served with a strict Content-Security-Policy. The console is a
 //! client of the admin API (`/admin/v1`); the guard in front of both is
-//! [`crate::admin::auth`].
+//! [`crate::auth`].
 
 use std::sync::Arc;
 
@@ -14,10 +14,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::json;
 
-use crate::admin::auth::{Auth, COOKIE, SessionInfo, Verdict, valid_actor};
+use crate::auth::{Auth, COOKIE, SessionInfo, Verdict, valid_actor};
 
-/// The console paths the guard lets through without credentials.
-pub const PUBLIC: &[&str] = &["/console/login", "/console/app.css", "/console/favicon.svg"];
+pub use crate::auth::PUBLIC;
 
 /// The longest login form read.
 pub const LOGIN_FORM_MAX: usize = 4096;
@@ -151,7 +150,7 @@ async fn login(State(auth): State<Arc<Auth>>, req: Request) -> Response {
     if auth.token.is_none() {
         return login_form(StatusCode::UNAUTHORIZED, None, false);
     }
-    let peer = crate::admin::auth::peer(&req);
+    let peer = crate::auth::peer(&req);
     let form_type = req
         .headers()
         .get(header::CONTENT_TYPE)
@@ -198,7 +197,7 @@ async fn login(State(auth): State<Arc<Auth>>, req: Request) -> Response {
             );
         }
         Verdict::LockedOut(wait) => {
-            let secs = crate::admin::limit::retry_after_secs(wait);
+            let secs = crate::limit::retry_after_secs(wait);
             tracing::warn!(retry_after_secs = secs, "console login refused: locked out");
             let mut res = login_form(
                 StatusCode::TOO_MANY_REQUESTS,
@@ -249,7 +248,7 @@ async fn logout(State(auth): State<Arc<Auth>>, req: Request<Body>) -> Response {
 /// (`null` for a bearer-token request: it needs none).
 async fn session(req: Request<Body>) -> Response {
     let session = req.extensions().get::<SessionInfo>();
-    let actor = match (session, req.extensions().get::<crate::admin::Actor>()) {
+    let actor = match (session, req.extensions().get::<crate::auth::Actor>()) {
         (Some(s), _) => s.actor.clone(),
         (None, Some(a)) => a.0.clone(),
         (None, None) => "admin".to_owned(),
