@@ -1,8 +1,9 @@
 //! Running commands: the error type, Ctrl-C handling, a child process
 //! run to its end (or stopped on an interrupt), the workspace's root.
 
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -30,12 +31,50 @@ pub(crate) fn catch_interrupts() {
 }
 
 pub(crate) fn run(cmd: &mut Command) -> Result<()> {
+    wait(cmd)
+}
+
+/// Runs `cmd` like [`run`], its standard error passed through line by line;
+/// also returns the last of those lines that contains `marker` (trimmed), so
+/// a caller can quote a summary the command printed.
+pub(crate) fn run_quoting(cmd: &mut Command, marker: &str) -> (Result<()>, Option<String>) {
+    let marker = marker.to_owned();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let result = wait_with(cmd.stderr(Stdio::piped()), move |child| {
+        let Some(stderr) = child.stderr.take() else {
+            return;
+        };
+        std::thread::spawn(move || {
+            let mut last = None;
+            for line in BufReader::new(stderr)
+                .lines()
+                .map_while(std::io::Result::ok)
+            {
+                eprintln!("{line}");
+                if line.contains(&marker) {
+                    last = Some(line.trim().to_owned());
+                }
+            }
+            let _ = tx.send(last);
+        });
+    });
+    // The reader ends when the child's standard error closes.
+    let quoted = rx.recv_timeout(Duration::from_secs(5)).ok().flatten();
+    (result, quoted)
+}
+
+fn wait(cmd: &mut Command) -> Result<()> {
+    wait_with(cmd, |_| {})
+}
+
+fn wait_with(cmd: &mut Command, started: impl FnOnce(&mut Child)) -> Result<()> {
     if INTERRUPTED.load(Ordering::SeqCst) {
         return Err("interrupted".into());
     }
     let mut child = cmd
         .spawn()
         .map_err(|e| format!("failed to start {cmd:?}: {e}"))?;
+    started(&mut child);
     let mut forwarded = false;
     let status = loop {
         if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {

@@ -2,12 +2,12 @@
 //! tests, the OTLP build's tests and the fuzz targets, and ends with one
 //! verdict line.
 
-use std::process::{Command, Stdio};
+use std::process::{Command, ExitCode, Stdio};
 use std::sync::atomic::Ordering;
 
 use crate::fuzz::{FUZZ_TARGETS, fuzz_secs_in_test, fuzz_targets};
 use crate::servers::{Postgres, start_nats, sweep};
-use crate::shell::{INTERRUPTED, Result, catch_interrupts, run};
+use crate::shell::{INTERRUPTED, Result, catch_interrupts, run, run_quoting};
 use crate::tools::{browser_packages, chromium_binary, libfaketime, nats_binary, venv};
 
 /// The real clients the tests drive (`IDEM_TEST_PYTHON`): for the gateway,
@@ -23,13 +23,77 @@ pub(crate) const CLIENT_PACKAGES: &[&str] = &[
     "slack_sdk==3.48.0",
 ];
 
-pub(crate) fn test(extra: &[String]) -> Result<()> {
+/// `cargo xtask test [nextest args]`. Whatever happens, its last line is one
+/// verdict: `verdict: PASS (…)` or `verdict: FAIL (…)`, naming each part.
+pub(crate) fn test(extra: &[String]) -> ExitCode {
     if extra.iter().any(|a| a == "--help" || a == "-h") {
         println!(
-            "usage: cargo xtask test [nextest args]\n\nOther arguments go to `cargo nextest run` (e.g. -E 'test(/webhook/)')."
+            "usage: cargo xtask test [nextest args]\n\n\
+             Other arguments go to `cargo nextest run` (e.g. -E 'test(/webhook/)')."
         );
-        return Ok(());
+        return ExitCode::SUCCESS;
     }
+    let parts = suite(extra).unwrap_or_else(|e| vec![Part::failed("setup", e)]);
+    let passed = parts.iter().all(|p| p.passed);
+    let said: Vec<String> = parts.iter().map(Part::to_string).collect();
+    println!(
+        "verdict: {} ({})",
+        if passed { "PASS" } else { "FAIL" },
+        said.join("; ")
+    );
+    if passed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// One part of the run, as the verdict names it.
+struct Part {
+    name: &'static str,
+    passed: bool,
+    said: String,
+}
+
+impl Part {
+    fn of(name: &'static str, result: Result<()>, summary: Option<String>) -> Self {
+        match result {
+            Ok(()) => Self {
+                name,
+                passed: true,
+                said: summary.unwrap_or_else(|| "ok".into()),
+            },
+            Err(e) => Self::failed(name, summary.unwrap_or(e)),
+        }
+    }
+
+    fn failed(name: &'static str, said: String) -> Self {
+        Self {
+            name,
+            passed: false,
+            said,
+        }
+    }
+
+    fn skipped(name: &'static str, why: &str) -> Self {
+        Self {
+            name,
+            passed: true,
+            said: format!("skipped, {why}"),
+        }
+    }
+}
+
+impl std::fmt::Display for Part {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mark = if self.passed { "" } else { "FAILED " };
+        write!(f, "{}: {mark}{}", self.name, self.said)
+    }
+}
+
+/// Provisions, runs every part, stops the servers; an error is a failure
+/// to provision.
+fn suite(extra: &[String]) -> Result<Vec<Part>> {
     // Checked before the suite, not after six minutes of it.
     let fuzz_secs = fuzz_secs_in_test()?;
     catch_interrupts();
@@ -64,23 +128,39 @@ pub(crate) fn test(extra: &[String]) -> Result<()> {
         .env("IDEM_TEST_CHROMIUM", &chromium)
         .env("IDEM_TEST_PYTHON", &python)
         .env("IDEM_TEST_LIBFAKETIME", &faketime);
-    let result = run(&mut cmd);
-    if !extra.is_empty() || INTERRUPTED.load(Ordering::SeqCst) {
+    // nextest's last line says how many tests ran, passed, failed.
+    let (result, summary) = run_quoting(
+        &mut cmd,
+        if have_nextest {
+            "tests run:"
+        } else {
+            "test result:"
+        },
+    );
+    let mut parts = vec![Part::of(
+        if have_nextest {
+            "nextest"
+        } else {
+            "cargo test"
+        },
+        result,
+        summary,
+    )];
+    if INTERRUPTED.load(Ordering::SeqCst) {
+        parts.push(Part::failed("run", "interrupted; servers stopped".into()));
+        return Ok(parts);
+    }
+    if !extra.is_empty() {
         // A filtered run is a developer's loop: the doc tests and the fuzz
-        // targets belong to the whole suite. An interrupted one stops here.
-        if !INTERRUPTED.load(Ordering::SeqCst) {
-            eprintln!("xtask: filtered run; doc tests and fuzzing skipped");
-        }
-        drop(nats);
-        drop(pg);
-        return result;
+        // targets belong to the whole suite.
+        parts.push(Part::skipped("doc tests, otlp, fuzz", "filtered run"));
+        return Ok(parts);
     }
     // Doc tests are not run by nextest.
-    let docs = if have_nextest {
-        run(Command::new("cargo").args(["test", "--workspace", "--doc"]))
-    } else {
-        Ok(())
-    };
+    if have_nextest {
+        let docs = run(Command::new("cargo").args(["test", "--workspace", "--doc"]));
+        parts.push(Part::of("doc tests", docs, None));
+    }
     // The trace exporter is a feature of its own: its tests need a build
     // with it (and the plain build tests that it is refused without).
     let otlp = run(Command::new("cargo")
@@ -97,11 +177,16 @@ pub(crate) fn test(extra: &[String]) -> Result<()> {
         .env("IDEM_TEST_POSTGRES_URL", pg.url())
         .env("IDEM_TEST_NATS_URL", nats.url())
         .env("IDEM_TEST_NATS_SERVER", &nats_bin));
+    parts.push(Part::of("otlp", otlp, None));
     drop(nats);
     drop(pg);
-    let fuzzing = match fuzz_secs {
-        0 => Ok(()),
-        secs => fuzz_targets(FUZZ_TARGETS, secs),
-    };
-    result.and(docs).and(otlp).and(fuzzing)
+    parts.push(match fuzz_secs {
+        0 => Part::skipped("fuzz", "XTASK_FUZZ_SECS=0"),
+        secs => Part::of(
+            "fuzz",
+            fuzz_targets(FUZZ_TARGETS, secs),
+            Some(format!("{} targets, {secs} s each", FUZZ_TARGETS.len())),
+        ),
+    });
+    Ok(parts)
 }
