@@ -73,8 +73,8 @@ impl Cli {
             .map(|a| a.get_id().as_str())
             .filter(|id| !NOT_IN_FILE.contains(id))
             .collect();
-        let text = crate::config::read_file(path)?;
-        let defaults = crate::config::file_defaults(&text, &settings)
+        let text = crate::flags::read_file(path)?;
+        let defaults = crate::flags::file_defaults(&text, &settings)
             .map_err(|e| anyhow::anyhow!("invalid configuration in {}: {e:#}", path.display()))?;
         let command = Cli::command().mut_subcommand("serve", |mut c| {
             for (id, value) in defaults {
