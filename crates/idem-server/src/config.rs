@@ -17,9 +17,8 @@ use crate::flags::{check, within};
 
 // Kept where the drill and the admin code (being moved out of the binary)
 // still look for them.
-use crate::commands::CheckoutArgs;
 use crate::demo::DemoConfig;
-use crate::demo::checkout::{CheckoutConfig, MailDelivery};
+use crate::demo::checkout::CheckoutConfig;
 pub use crate::flags::{
     HttpBase, MAX_BODY_BYTES_LIMIT, file_defaults, listen_address, nats_url, read_file,
 };
@@ -107,65 +106,6 @@ pub fn demo(
         handler_timeout,
         ..DemoConfig::default()
     })
-}
-
-/// The checkout's settings from its flags; `None` without `--provider-url`.
-pub fn checkout(args: &CheckoutArgs) -> anyhow::Result<Option<CheckoutConfig>> {
-    use crate::demo::checkout::clients::base_url;
-    let hour = Duration::from_secs(3600);
-    let lease = check(within(
-        "--run-lease",
-        args.run_lease,
-        Duration::from_secs(1),
-        hour,
-    ))?;
-    let deadline = check(within(
-        "--order-deadline",
-        args.order_deadline,
-        Duration::from_secs(1),
-        Duration::from_secs(30 * 24 * 3600),
-    ))?;
-    let call_timeout = check(within(
-        "--call-timeout",
-        args.call_timeout,
-        Duration::from_millis(100),
-        Duration::from_secs(300),
-    ))?;
-    let landing_margin = check(within(
-        "--landing-margin",
-        args.landing_margin,
-        Duration::ZERO,
-        hour,
-    ))?;
-    if !(1..=10_000).contains(&args.max_runs) {
-        bail!(
-            "--max-runs must be between 1 and 10000, got {}",
-            args.max_runs
-        );
-    }
-    let mail_url = match &args.mail_url {
-        Some(url) => Some(base_url("--mail-url", url)?),
-        None => None,
-    };
-    if args.mail_delivery.is_some() && mail_url.is_none() {
-        bail!("--mail-delivery needs --mail-url: it says how confirmations go out");
-    }
-    let Some(provider) = &args.provider_url else {
-        if mail_url.is_some() {
-            bail!("--mail-url needs --provider-url: confirmations are sent for orders");
-        }
-        return Ok(None);
-    };
-    Ok(Some(CheckoutConfig {
-        provider_url: base_url("--provider-url", provider)?,
-        mail_url,
-        mail_delivery: args.mail_delivery.unwrap_or(MailDelivery::Verify),
-        lease,
-        deadline,
-        call_timeout,
-        landing_margin,
-        max_runs: args.max_runs,
-    }))
 }
 
 /// `--respond-within`.

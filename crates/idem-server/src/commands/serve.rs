@@ -155,7 +155,7 @@ impl ServeArgs {
             self.handler_timeout,
         )?;
         let gc_interval = config::gc_interval(self.gc_interval)?;
-        let checkout = config::checkout(&self.checkout)?;
+        let checkout = self.checkout.config()?;
         let respond_within = config::respond_within(self.respond_within)?;
         let gateway = crate::gateway::load(self.upstream.as_deref(), file, self.max_body_bytes)?;
         if gateway.is_some() && checkout.is_some() {
