@@ -1,6 +1,6 @@
 //! The server's settings, loaded from the built-in defaults, the `[server]`
 //! table of the `--config` TOML file, the environment and the flags — each
-//! over the one before ([`file_defaults`] turns the file's values into the
+//! over the one before ([`crate::flags::file_defaults`] turns the file's values into the
 //! flags' defaults) — and validated here once into a [`ServerConfig`] of the
 //! libraries' configs. Every bound a flag has is stated in this module (the
 //! HTTP limits' in [`Limits::validate`], the webhook file's in
@@ -13,15 +13,18 @@ use anyhow::bail;
 use idem_core::Policy;
 
 use crate::admin::AdminToken;
-use crate::commands::CheckoutArgs;
+use crate::flags::{check, within};
+
+// Kept where the drill and the admin code (being moved out of the binary)
+// still look for them.
 use crate::demo::DemoConfig;
-use crate::demo::checkout::{CheckoutConfig, MailDelivery};
+use crate::demo::checkout::CheckoutConfig;
+pub use crate::flags::{
+    HttpBase, MAX_BODY_BYTES_LIMIT, file_defaults, listen_address, nats_url, read_file,
+};
 use crate::http_server::Limits;
 use crate::messaging::{ConsumeConfig, DUPLICATE_WINDOW};
 use crate::webhooks::WebhookConfig;
-
-/// The largest request body `--max-body-bytes` accepts.
-pub const MAX_BODY_BYTES_LIMIT: usize = 64 << 20;
 
 /// Everything `idem serve` runs with, validated.
 #[derive(Debug)]
@@ -55,83 +58,6 @@ pub struct ServerConfig {
     /// `--upstream` and the file's `[gateway]`: serve as a gateway in front
     /// of that API instead of the demo.
     pub gateway: Option<idem_gateway::GatewayConfig>,
-}
-
-/// The largest configuration file read.
-const MAX_CONFIG_BYTES: u64 = 1 << 20;
-
-/// Reads the configuration file, at most 1 MiB.
-pub fn read_file(path: &std::path::Path) -> anyhow::Result<String> {
-    use anyhow::Context;
-    let size = std::fs::metadata(path)
-        .with_context(|| format!("failed to read {}", path.display()))?
-        .len();
-    if size > MAX_CONFIG_BYTES {
-        bail!(
-            "{} is {size} bytes; the limit is {MAX_CONFIG_BYTES}",
-            path.display()
-        );
-    }
-    std::fs::read_to_string(path).with_context(|| format!("failed to read {}", path.display()))
-}
-
-/// The `[server]` table of a configuration file as `(setting, value)`
-/// pairs, each setting one of `settings` (the flags of `idem serve` without
-/// the dashes, `key_ttl` for `--key-ttl`) and each value as it would be typed
-/// after the flag. The caller makes them the flags' defaults, so the
-/// environment and the command line still win.
-pub fn file_defaults(text: &str, settings: &[&str]) -> anyhow::Result<Vec<(String, String)>> {
-    #[derive(serde::Deserialize)]
-    struct File {
-        server: Option<toml::Table>,
-    }
-    let file: File = toml::from_str(text)
-        .map_err(|e| anyhow::anyhow!(crate::config_error::redacted(text, &e)))?;
-    let mut out = Vec::new();
-    for (key, value) in file.server.unwrap_or_default() {
-        if !settings.contains(&key.as_str()) {
-            bail!(
-                "server.{key}: unknown setting; expected one of {}",
-                settings.join(", ")
-            );
-        }
-        let value = match value {
-            toml::Value::String(s) => s,
-            toml::Value::Integer(n) => n.to_string(),
-            toml::Value::Boolean(b) => b.to_string(),
-            _ => bail!("server.{key}: expected a string, an integer or a boolean"),
-        };
-        out.push((key, value));
-    }
-    Ok(out)
-}
-
-pub use idem_gateway::HttpBase;
-
-/// `value` within `lo..=hi`, or an error naming the flag, with durations
-/// written the way they are typed (`0s`, `400d`: [`idem_core::duration_text`]).
-pub fn within(flag: &str, value: Duration, lo: Duration, hi: Duration) -> Result<Duration, String> {
-    if value < lo || value > hi {
-        return Err(format!(
-            "{flag} must be between {} and {}, got {}",
-            idem_core::duration_text(lo),
-            idem_core::duration_text(hi),
-            idem_core::duration_text(value)
-        ));
-    }
-    Ok(value)
-}
-
-fn check(r: Result<Duration, String>) -> anyhow::Result<Duration> {
-    r.map_err(anyhow::Error::msg)
-}
-
-/// `--nats-url`: checked before anything starts.
-pub fn nats_url(url: &str) -> anyhow::Result<()> {
-    if !(url.starts_with("nats://") || url.starts_with("tls://")) || url.len() > 1024 {
-        bail!("--nats-url must be a nats:// or tls:// URL");
-    }
-    Ok(())
 }
 
 /// `--gc-interval`.
@@ -180,65 +106,6 @@ pub fn demo(
         handler_timeout,
         ..DemoConfig::default()
     })
-}
-
-/// The checkout's settings from its flags; `None` without `--provider-url`.
-pub fn checkout(args: &CheckoutArgs) -> anyhow::Result<Option<CheckoutConfig>> {
-    use crate::demo::checkout::clients::base_url;
-    let hour = Duration::from_secs(3600);
-    let lease = check(within(
-        "--run-lease",
-        args.run_lease,
-        Duration::from_secs(1),
-        hour,
-    ))?;
-    let deadline = check(within(
-        "--order-deadline",
-        args.order_deadline,
-        Duration::from_secs(1),
-        Duration::from_secs(30 * 24 * 3600),
-    ))?;
-    let call_timeout = check(within(
-        "--call-timeout",
-        args.call_timeout,
-        Duration::from_millis(100),
-        Duration::from_secs(300),
-    ))?;
-    let landing_margin = check(within(
-        "--landing-margin",
-        args.landing_margin,
-        Duration::ZERO,
-        hour,
-    ))?;
-    if !(1..=10_000).contains(&args.max_runs) {
-        bail!(
-            "--max-runs must be between 1 and 10000, got {}",
-            args.max_runs
-        );
-    }
-    let mail_url = match &args.mail_url {
-        Some(url) => Some(base_url("--mail-url", url)?),
-        None => None,
-    };
-    if args.mail_delivery.is_some() && mail_url.is_none() {
-        bail!("--mail-delivery needs --mail-url: it says how confirmations go out");
-    }
-    let Some(provider) = &args.provider_url else {
-        if mail_url.is_some() {
-            bail!("--mail-url needs --provider-url: confirmations are sent for orders");
-        }
-        return Ok(None);
-    };
-    Ok(Some(CheckoutConfig {
-        provider_url: base_url("--provider-url", provider)?,
-        mail_url,
-        mail_delivery: args.mail_delivery.unwrap_or(MailDelivery::Verify),
-        lease,
-        deadline,
-        call_timeout,
-        landing_margin,
-        max_runs: args.max_runs,
-    }))
 }
 
 /// `--respond-within`.
@@ -291,22 +158,4 @@ pub fn admin_token(token: Option<&str>, listen: SocketAddr) -> anyhow::Result<Op
         ),
         None => Ok(None),
     }
-}
-
-/// `--listen`: an IP address and port, or a host name and port resolved now.
-pub fn listen_address(value: &str) -> Result<SocketAddr, String> {
-    use std::net::ToSocketAddrs;
-    if let Ok(addr) = value.parse() {
-        return Ok(addr);
-    }
-    let mut addrs = value.to_socket_addrs().map_err(|e| {
-        format!("{e}: expected IP:PORT or HOST:PORT, e.g. 127.0.0.1:8080 or localhost:8080")
-    })?;
-    // Loopback first when the name has both (localhost: 127.0.0.1 and ::1).
-    let all: Vec<SocketAddr> = addrs.by_ref().collect();
-    all.iter()
-        .find(|a| a.is_ipv4())
-        .or_else(|| all.first())
-        .copied()
-        .ok_or_else(|| format!("{value} resolves to no address"))
 }

@@ -9,7 +9,7 @@ use serde::Deserialize;
 
 pub use idem_gateway::config::{DEFAULT_OPERATION, DEFAULT_TENANT};
 
-use crate::config::HttpBase;
+use crate::flags::HttpBase;
 
 /// The `[gateway]` table.
 #[derive(Debug, Deserialize)]
@@ -104,11 +104,11 @@ pub fn load(
         config.timeout = d;
     }
     if let Some(n) = file.max_body_bytes {
-        if !(1..=crate::config::MAX_BODY_BYTES_LIMIT).contains(&n) {
+        if !(1..=crate::flags::MAX_BODY_BYTES_LIMIT).contains(&n) {
             bail!(
                 "{}: gateway.max_body_bytes: 1 to {}, got {n}",
                 place(line_of(text, at)),
-                crate::config::MAX_BODY_BYTES_LIMIT
+                crate::flags::MAX_BODY_BYTES_LIMIT
             );
         }
         config.max_body_bytes = n;

@@ -32,6 +32,7 @@ pub mod config_error;
 pub use idem_admin::console;
 pub mod demo;
 pub mod drill;
+pub mod flags;
 pub mod gateway;
 pub mod http_server;
 pub mod logging;

@@ -18,7 +18,7 @@ struct FileConfig {
     #[serde(default)]
     webhooks: BTreeMap<String, EndpointConfig>,
     worker: Option<WorkerConfig>,
-    /// `[server]`: read by [`crate::config::file_defaults`].
+    /// `[server]`: read by [`crate::flags::file_defaults`].
     #[allow(dead_code)]
     server: Option<toml::Table>,
     /// `[gateway]`: read by [`crate::gateway::load`].

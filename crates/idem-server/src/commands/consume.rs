@@ -22,7 +22,7 @@ pub struct ConsumeArgs {
 impl ConsumeArgs {
     /// Consumes until Ctrl-C or SIGTERM.
     pub async fn run(self) -> anyhow::Result<()> {
-        config::nats_url(&self.nats_url)?;
+        crate::flags::nats_url(&self.nats_url)?;
         let config = config::consume(self.consumer.ack_wait, self.consumer.max_deliver)?;
         let shutdown = shutdown::on_signal();
         let Some(js) = messaging::prepare(&self.nats_url, "idem-consume", shutdown.clone()).await

@@ -2,8 +2,8 @@
 
 use std::net::SocketAddr;
 
-use crate::config;
 use crate::demo::mail_sink::{Sink, router};
+use crate::flags as config;
 use crate::http_server::{self, Limits};
 use crate::shutdown::{self, stopped};
 

@@ -73,8 +73,8 @@ impl Cli {
             .map(|a| a.get_id().as_str())
             .filter(|id| !NOT_IN_FILE.contains(id))
             .collect();
-        let text = crate::config::read_file(path)?;
-        let defaults = crate::config::file_defaults(&text, &settings)
+        let text = crate::flags::read_file(path)?;
+        let defaults = crate::flags::file_defaults(&text, &settings)
             .map_err(|e| anyhow::anyhow!("invalid configuration in {}: {e:#}", path.display()))?;
         let command = Cli::command().mut_subcommand("serve", |mut c| {
             for (id, value) in defaults {
@@ -272,6 +272,70 @@ pub struct CheckoutArgs {
     /// Runs executed at once by this process (1 to 10000).
     #[arg(long, env = "IDEM_MAX_RUNS", default_value_t = 64)]
     pub max_runs: usize,
+}
+
+impl CheckoutArgs {
+    /// The checkout's settings from these flags; `None` without `--provider-url`.
+    pub fn config(&self) -> anyhow::Result<Option<crate::demo::checkout::CheckoutConfig>> {
+        use crate::demo::checkout::clients::base_url;
+        use crate::demo::checkout::{CheckoutConfig, MailDelivery};
+        use crate::flags::{check, within};
+        let args = self;
+        let hour = Duration::from_secs(3600);
+        let lease = check(within(
+            "--run-lease",
+            args.run_lease,
+            Duration::from_secs(1),
+            hour,
+        ))?;
+        let deadline = check(within(
+            "--order-deadline",
+            args.order_deadline,
+            Duration::from_secs(1),
+            Duration::from_secs(30 * 24 * 3600),
+        ))?;
+        let call_timeout = check(within(
+            "--call-timeout",
+            args.call_timeout,
+            Duration::from_millis(100),
+            Duration::from_secs(300),
+        ))?;
+        let landing_margin = check(within(
+            "--landing-margin",
+            args.landing_margin,
+            Duration::ZERO,
+            hour,
+        ))?;
+        if !(1..=10_000).contains(&args.max_runs) {
+            anyhow::bail!(
+                "--max-runs must be between 1 and 10000, got {}",
+                args.max_runs
+            );
+        }
+        let mail_url = match &args.mail_url {
+            Some(url) => Some(base_url("--mail-url", url)?),
+            None => None,
+        };
+        if args.mail_delivery.is_some() && mail_url.is_none() {
+            anyhow::bail!("--mail-delivery needs --mail-url: it says how confirmations go out");
+        }
+        let Some(provider) = &args.provider_url else {
+            if mail_url.is_some() {
+                anyhow::bail!("--mail-url needs --provider-url: confirmations are sent for orders");
+            }
+            return Ok(None);
+        };
+        Ok(Some(CheckoutConfig {
+            provider_url: base_url("--provider-url", provider)?,
+            mail_url,
+            mail_delivery: args.mail_delivery.unwrap_or(MailDelivery::Verify),
+            lease,
+            deadline,
+            call_timeout,
+            landing_margin,
+            max_runs: args.max_runs,
+        }))
+    }
 }
 
 /// The ledger consumer's flags (`idem consume`, `idem serve --consume`).

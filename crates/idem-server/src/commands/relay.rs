@@ -28,7 +28,7 @@ pub struct RelayArgs {
 impl RelayArgs {
     /// Relays until Ctrl-C or SIGTERM.
     pub async fn run(self) -> anyhow::Result<()> {
-        config::nats_url(&self.nats_url)?;
+        crate::flags::nats_url(&self.nats_url)?;
         let lease = config::relay_lease(self.lease)?;
         let shutdown = shutdown::on_signal();
         let relay = Relay {

@@ -12,6 +12,7 @@ use super::{CheckoutArgs, ConsumerArgs, DbArgs};
 use crate::admin::outbox::RelaySlot;
 use crate::backend::{Backend, Db, Job};
 use crate::config::{self, ServerConfig};
+use crate::flags;
 use crate::http_server::{self, Limits};
 use crate::messaging::{self, ConsumeConfig};
 use crate::shutdown::{self, stopped};
@@ -24,7 +25,7 @@ pub struct ServeArgs {
     db: DbArgs,
     /// Address to listen on: IP:PORT, or HOST:PORT (resolved once, the
     /// first address is used: `localhost:8080`).
-    #[arg(long, env = "IDEM_LISTEN", default_value = "127.0.0.1:8080", value_parser = config::listen_address)]
+    #[arg(long, env = "IDEM_LISTEN", default_value = "127.0.0.1:8080", value_parser = flags::listen_address)]
     listen: SocketAddr,
     /// Bearer token for `/admin/…` (24 to 1024 visible ASCII characters,
     /// hard to guess: `openssl rand -hex 32`). Without it the admin routes
@@ -129,13 +130,13 @@ impl ServeArgs {
     /// The flags, validated.
     fn config(&self) -> anyhow::Result<ServerConfig> {
         if let Some(url) = &self.nats_url {
-            config::nats_url(url)?;
+            flags::nats_url(url)?;
         }
         // Read once (by `Cli::load`, or here when built otherwise): the
         // webhooks and the gateway see one version of the file.
         let file = match (&self.config, &self.file_text) {
             (Some(path), Some(text)) => Some((path.as_path(), text.clone())),
-            (Some(path), None) => Some((path.as_path(), config::read_file(path)?)),
+            (Some(path), None) => Some((path.as_path(), flags::read_file(path)?)),
             (None, _) => None,
         };
         let file = file.as_ref().map(|(p, t)| (*p, t.as_str()));
@@ -154,7 +155,7 @@ impl ServeArgs {
             self.handler_timeout,
         )?;
         let gc_interval = config::gc_interval(self.gc_interval)?;
-        let checkout = config::checkout(&self.checkout)?;
+        let checkout = self.checkout.config()?;
         let respond_within = config::respond_within(self.respond_within)?;
         let gateway = crate::gateway::load(self.upstream.as_deref(), file, self.max_body_bytes)?;
         if gateway.is_some() && checkout.is_some() {

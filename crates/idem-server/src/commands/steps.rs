@@ -128,7 +128,7 @@ impl StepsAction {
         | StepsAction::Recover { db, .. }) = &self;
         if let StepsAction::Recover { checkout, .. } = &self {
             // Checked before the database is touched.
-            crate::config::checkout(checkout)?.context(
+            checkout.config()?.context(
                 "idem steps recover needs --provider-url: it runs the checkout's orders",
             )?;
         }
@@ -184,7 +184,7 @@ impl Job for StepsAction {
                 }
             }
             StepsAction::Recover { checkout, .. } => {
-                let Some(config) = crate::config::checkout(&checkout)? else {
+                let Some(config) = checkout.config()? else {
                     bail!("idem steps recover needs --provider-url");
                 };
                 let runs = config.runs(store)?;

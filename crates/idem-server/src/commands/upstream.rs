@@ -4,8 +4,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::config;
 use crate::demo::upstream::{Mode, Upstream, app};
+use crate::flags as config;
 use crate::http_server::{self, Limits};
 use crate::shutdown::{self, stopped};
 

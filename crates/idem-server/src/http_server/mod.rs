@@ -77,7 +77,7 @@ impl Limits {
     /// Checks every bound, and that one request body of `max_body_bytes` fits
     /// in the buffered-bytes budget. The error names the flag.
     pub fn validate(&self, max_body_bytes: usize) -> Result<(), String> {
-        use crate::config::within;
+        use crate::flags::within;
         let second = Duration::from_secs(1);
         within(
             "--header-read-timeout",

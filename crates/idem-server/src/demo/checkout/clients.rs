@@ -30,7 +30,7 @@ pub struct Endpoint {
 
 /// Checks a base URL given on the command line: `http://host:port[/path]`.
 pub fn base_url(flag: &str, url: &str) -> anyhow::Result<String> {
-    crate::config::HttpBase::parse(flag, url).map_err(anyhow::Error::msg)?;
+    crate::flags::HttpBase::parse(flag, url).map_err(anyhow::Error::msg)?;
     Ok(url.trim_end_matches('/').to_owned())
 }
 

@@ -1,0 +1,107 @@
+//! The leaf parsers of the server's settings: the configuration file's
+//! reading and its `[server]` table, bounds on durations, addresses and
+//! URLs. They import nothing of the server; [`crate::config`] builds the
+//! [`crate::config::ServerConfig`] from them.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::bail;
+
+/// The largest request body `--max-body-bytes` accepts.
+pub const MAX_BODY_BYTES_LIMIT: usize = 64 << 20;
+
+/// The largest configuration file read.
+const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
+/// Reads the configuration file, at most 1 MiB.
+pub fn read_file(path: &std::path::Path) -> anyhow::Result<String> {
+    use anyhow::Context;
+    let size = std::fs::metadata(path)
+        .with_context(|| format!("failed to read {}", path.display()))?
+        .len();
+    if size > MAX_CONFIG_BYTES {
+        bail!(
+            "{} is {size} bytes; the limit is {MAX_CONFIG_BYTES}",
+            path.display()
+        );
+    }
+    std::fs::read_to_string(path).with_context(|| format!("failed to read {}", path.display()))
+}
+
+/// The `[server]` table of a configuration file as `(setting, value)`
+/// pairs, each setting one of `settings` (the flags of `idem serve` without
+/// the dashes, `key_ttl` for `--key-ttl`) and each value as it would be typed
+/// after the flag. The caller makes them the flags' defaults, so the
+/// environment and the command line still win.
+pub fn file_defaults(text: &str, settings: &[&str]) -> anyhow::Result<Vec<(String, String)>> {
+    #[derive(serde::Deserialize)]
+    struct File {
+        server: Option<toml::Table>,
+    }
+    let file: File = toml::from_str(text)
+        .map_err(|e| anyhow::anyhow!(crate::config_error::redacted(text, &e)))?;
+    let mut out = Vec::new();
+    for (key, value) in file.server.unwrap_or_default() {
+        if !settings.contains(&key.as_str()) {
+            bail!(
+                "server.{key}: unknown setting; expected one of {}",
+                settings.join(", ")
+            );
+        }
+        let value = match value {
+            toml::Value::String(s) => s,
+            toml::Value::Integer(n) => n.to_string(),
+            toml::Value::Boolean(b) => b.to_string(),
+            _ => bail!("server.{key}: expected a string, an integer or a boolean"),
+        };
+        out.push((key, value));
+    }
+    Ok(out)
+}
+
+pub use idem_gateway::HttpBase;
+
+/// `value` within `lo..=hi`, or an error naming the flag, with durations
+/// written the way they are typed (`0s`, `400days`).
+pub fn within(flag: &str, value: Duration, lo: Duration, hi: Duration) -> Result<Duration, String> {
+    if value < lo || value > hi {
+        return Err(format!(
+            "{flag} must be between {} and {}, got {}",
+            idem_core::duration_text(lo),
+            idem_core::duration_text(hi),
+            idem_core::duration_text(value)
+        ));
+    }
+    Ok(value)
+}
+
+pub(crate) fn check(r: Result<Duration, String>) -> anyhow::Result<Duration> {
+    r.map_err(anyhow::Error::msg)
+}
+
+/// `--nats-url`: checked before anything starts.
+pub fn nats_url(url: &str) -> anyhow::Result<()> {
+    if !(url.starts_with("nats://") || url.starts_with("tls://")) || url.len() > 1024 {
+        bail!("--nats-url must be a nats:// or tls:// URL");
+    }
+    Ok(())
+}
+
+/// `--listen`: an IP address and port, or a host name and port resolved now.
+pub fn listen_address(value: &str) -> Result<SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    if let Ok(addr) = value.parse() {
+        return Ok(addr);
+    }
+    let mut addrs = value.to_socket_addrs().map_err(|e| {
+        format!("{e}: expected IP:PORT or HOST:PORT, e.g. 127.0.0.1:8080 or localhost:8080")
+    })?;
+    // Loopback first when the name has both (localhost: 127.0.0.1 and ::1).
+    let all: Vec<SocketAddr> = addrs.by_ref().collect();
+    all.iter()
+        .find(|a| a.is_ipv4())
+        .or_else(|| all.first())
+        .copied()
+        .ok_or_else(|| format!("{value} resolves to no address"))
+}

@@ -1,0 +1,127 @@
+//! `cargo xtask bench`: the servers and tools `idem bench` needs, then the
+//! bench itself in release mode.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::servers::{Postgres, Server, start_nats, start_redis, sweep};
+use crate::shell::{Result, catch_interrupts, run};
+use crate::tools::{apt_install, apt_install_no_start, nats_binary, venv};
+
+/// Runs `idem bench` (release build) on SQLite, a throwaway PostgreSQL and a
+/// throwaway NATS server, with what its external cases need: pgbench, wrk,
+/// perf (sends per operation), and for the Powertools peer a throwaway
+/// Redis and a Python venv (cached in `target/bench-peer`). A tool that
+/// cannot be provisioned skips its cases (the bench says why); it does not
+/// fail the run. Cases run 5 s unless `--secs` says otherwise.
+pub(crate) fn bench(extra: &[String]) -> Result<()> {
+    catch_interrupts();
+    let root = std::env::temp_dir().join("idem-xtask");
+    sweep(&root);
+    let pg = Postgres::start(&root)?;
+    let nats = start_nats(&root, &nats_binary()?)?;
+    bench_tools(&pg.bindir);
+    let peer = Peer::provision(&root);
+    let sqlite = root.join(format!("bench-{}.db", std::process::id()));
+    let mut cmd = Command::new("cargo");
+    cmd.args([
+        "run",
+        "--release",
+        "--quiet",
+        "-p",
+        "idem-server",
+        "--",
+        "bench",
+    ])
+    .arg("--sqlite-url")
+    .arg(format!("sqlite://{}", sqlite.display()))
+    .arg("--postgres-url")
+    .arg(pg.url())
+    .arg("--nats-url")
+    .arg(nats.url());
+    if !extra
+        .iter()
+        .any(|a| a == "--secs" || a.starts_with("--secs="))
+    {
+        cmd.args(["--secs", &BENCH_SECS.to_string()]);
+    }
+    cmd.args(extra);
+    match &peer {
+        Ok(p) => {
+            cmd.env("IDEM_BENCH_REDIS_URL", p.redis.url())
+                .env("IDEM_BENCH_PEER_PYTHON", &p.python)
+                .env_remove("IDEM_BENCH_PEER_SKIP");
+        }
+        Err(why) => {
+            eprintln!("xtask: the Powertools peer will be skipped: {why}");
+            cmd.env("IDEM_BENCH_PEER_SKIP", why);
+        }
+    }
+    let result = run(&mut cmd);
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", sqlite.display()));
+    }
+    drop(peer);
+    drop(nats);
+    drop(pg);
+    result
+}
+
+/// Seconds per key-engine case in `cargo xtask bench` (the webhook and
+/// steps tables take at most 2).
+pub(crate) const BENCH_SECS: u64 = 5;
+
+/// pgbench, wrk and perf, installed when missing (as root); what cannot be
+/// installed is reported and its cases are skipped by the bench.
+pub(crate) fn bench_tools(pg_bindir: &Path) {
+    let on_path = |name: &str| {
+        std::env::var_os("PATH")
+            .is_some_and(|path| std::env::split_paths(&path).any(|d| d.join(name).is_file()))
+    };
+    let mut wanted = Vec::new();
+    if !pg_bindir.join("pgbench").is_file() && !on_path("pgbench") {
+        wanted.push(("pgbench", "postgresql-client-15"));
+    }
+    if !on_path("wrk") {
+        wanted.push(("wrk", "wrk"));
+    }
+    if !on_path("perf") {
+        wanted.push(("perf", "linux-perf"));
+    }
+    for (tool, package) in wanted {
+        if let Err(e) = apt_install(package) {
+            eprintln!("xtask: no {tool}, its columns or cases will be skipped: {e}");
+        }
+    }
+}
+
+/// What the Powertools peer runs on.
+pub(crate) struct Peer {
+    pub(crate) redis: Server,
+    pub(crate) python: PathBuf,
+}
+
+/// The peer's Python packages (`crates/idem-server/bench/powertools_peer.py`;
+/// boto3 because Powertools' idempotency package imports its DynamoDB layer).
+pub(crate) const PEER_PACKAGES: &[&str] = &[
+    "aws-lambda-powertools[redis]>=3,<4",
+    "boto3",
+    "psycopg[binary]>=3.1,<4",
+];
+
+impl Peer {
+    /// A throwaway Redis (`redis-server`, installed if missing) and a venv
+    /// with [`PEER_PACKAGES`] from PyPI, or why not.
+    fn provision(root: &Path) -> std::result::Result<Peer, String> {
+        let redis_bin = PathBuf::from("/usr/bin/redis-server");
+        if !redis_bin.exists() {
+            apt_install_no_start("redis-server")?;
+        }
+        if !redis_bin.exists() {
+            return Err("redis-server installed but /usr/bin/redis-server is missing".into());
+        }
+        let python = venv("bench-peer", PEER_PACKAGES, "the Powertools peer")?;
+        let redis = start_redis(root, &redis_bin)?;
+        Ok(Peer { redis, python })
+    }
+}
