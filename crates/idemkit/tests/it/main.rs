@@ -4,16 +4,16 @@
 
 use std::time::Duration;
 
-use idemkit::{
-    Collected, Collector, CollectorConfig, Completion, Engine, FingerprintSpec, IdempotencyKey,
-    ManualClock, Operation, Policy, RequestParts, Scope, StoredResponse, Tenant,
-};
 use idem_core::inbox::{InboxStore, MessageId, Subscriber};
 use idem_core::outbox::{OutboxMessage, OutboxStore, OutboxWriter, Topic};
 use idem_core::steps::{
     Lease, MessageClaim, MessageState, NewRun, RunChange, RunId, RunState, RunStore,
 };
 use idem_core::webhooks::{NewReceipt, WebhookStore};
+use idemkit::{
+    Collected, Collector, CollectorConfig, Completion, Engine, FingerprintSpec, IdempotencyKey,
+    ManualClock, Operation, Policy, RequestParts, Scope, StoredResponse, Tenant,
+};
 
 const HOUR: Duration = Duration::from_secs(3600);
 
@@ -335,8 +335,8 @@ fn a_bad_config_is_refused() {
 }
 
 mod sqlite {
-    use idemkit::sqlite::{SqliteConfig, SqliteStore};
     use idem_testkit::TempDir;
+    use idemkit::sqlite::{SqliteConfig, SqliteStore};
 
     async fn store(dir: &TempDir) -> SqliteStore {
         let store = SqliteStore::connect(&dir.sqlite_url(), SqliteConfig::default())
