@@ -140,6 +140,11 @@ impl Rejection {
             Self::MalformedKey(e) => e.to_string(),
             Self::KeySentTwice => "Idempotency-Key was sent more than once".into(),
             Self::TenantSentTwice => "the tenant header was sent more than once".into(),
+            Self::TenantUnresolved => "no tenant for this request: send the credentials the \
+                service expects. (To the service's developer: the layer takes the tenant from \
+                its RouteConfig's TenantSource: Static, Extension, a Tenant request extension \
+                your authentication middleware sets outside the layer, or TrustedHeader.)"
+                .into(),
             Self::StoreUnavailable(_) => "nothing was written; retry later".into(),
             Self::OutcomeUnknown(_) => "the commit was sent to the database but not acknowledged: \
                 the request may or may not have taken effect; retry with the same \

@@ -662,6 +662,12 @@ macro_rules! http_suite {
                     problem_type(&b),
                     "https://idem.dev/problems/tenant-unresolved"
                 );
+                // The problem says how a tenant is set.
+                let v: serde_json::Value = serde_json::from_slice(&b).unwrap();
+                assert!(
+                    v["detail"].as_str().unwrap().contains("TenantSource"),
+                    "{v}"
+                );
                 assert_eq!(db.count().await, 0);
                 let (s, replayed, _) = call(Some("alpha"), "alpha").await;
                 assert_eq!((s, replayed), (StatusCode::CREATED, false));
@@ -1143,4 +1149,62 @@ async fn optimistic_loser_with_an_unstored_answer_replays_the_winner() {
     }
     assert_eq!(fresh, 1, "one execution, the others marked replayed");
     assert_eq!(db.count().await, 1);
+}
+
+/// A store that was never migrated (no key table): the layer answers a
+/// problem+json 500, not an empty one, and logs the database's error.
+#[tokio::test]
+async fn unmigrated_store_is_a_logged_problem_not_an_empty_500() {
+    use idem_core::{Operation, Tenant};
+    use idem_http::{IdempotencyLayer, RouteConfig, TenantSource};
+    use idem_sqlite::{SqliteConfig, SqliteStore};
+    use std::sync::{Arc, Mutex};
+
+    #[derive(Clone, Default)]
+    struct Log(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Log {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let log = Log::default();
+    let writer = log.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let dir = idem_testkit::TempDir::new("http-unmigrated");
+    let store = SqliteStore::connect(&dir.sqlite_url(), SqliteConfig::default())
+        .await
+        .unwrap();
+    // No `store.migrate()`.
+    let cfg = RouteConfig::required(
+        Operation::new("payments.create").unwrap(),
+        TenantSource::Static(Tenant::new("t").unwrap()),
+    );
+    let app = axum::Router::new().route(
+        "/payments",
+        axum::routing::post(|| async { StatusCode::CREATED })
+            .layer(IdempotencyLayer::new(store, cfg)),
+    );
+    let res = app.oneshot(keyed("k-1")).await.unwrap();
+    assert_eq!(
+        res.headers()["content-type"],
+        "application/problem+json",
+        "not an empty answer"
+    );
+    let (status, _, v) = problem_of(res).await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(v["type"], "https://idem.dev/problems/internal");
+    let logged = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+    assert!(
+        logged.contains("ERROR") && logged.contains("no such table"),
+        "the store's error is logged: {logged}"
+    );
 }
