@@ -12,7 +12,7 @@
 //! | `runs`, `send_once` | [`RunStore`](idem_core::steps::RunStore) | runs created with their key, fenced writes, takeovers only after the lease, claims never shared, listing; the send-once ledger |
 //! | `leased` | [`LeasedKeyStore`](idem_core::leased::LeasedKeyStore) | leased claims, token-fenced writes, takeovers of abandoned records, resolution, unknown outcomes |
 //! | `admin` | [`AdminStore`](idem_core::admin::AdminStore) | keyset pages, literal prefixes, actions and audit rows in the caller's transaction |
-//! | `patterns` | [`PatternExec`](idem_core::patterns::PatternExec) | upserts, versioned updates and transitions on a real table |
+//! | `patterns` | [`PatternExec`](idem_sql::patterns::PatternExec) | upserts, versioned updates and transitions on a real table |
 //! | `connections` | a backend's pool | callers cancelled mid-claim leave every connection clean |
 //!
 //! A backend runs each check against a real database in its integration

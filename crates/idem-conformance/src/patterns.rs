@@ -1,7 +1,7 @@
 //! The idempotent write patterns ([`PatternExec`]) on a real table.
 
-use idem_core::patterns::PatternExec;
 use idem_core::steps::RunStore;
+use idem_sql::patterns::PatternExec;
 
 /// The idempotent write patterns on a real table: an absolute upsert
 /// repeated changes nothing; a versioned update applies once per version
@@ -11,9 +11,7 @@ pub async fn patterns_hold_on_a_real_table<S>(store: S)
 where
     S: RunStore<Tx: PatternExec>,
 {
-    use idem_core::patterns::{
-        StateMachine, Transition, Upsert, Value, Versioned, VersionedUpdate,
-    };
+    use idem_sql::patterns::{StateMachine, Transition, Upsert, Value, Versioned, VersionedUpdate};
     let mut tx = store.begin().await.unwrap();
     tx.execute(
         "CREATE TABLE pat (tenant_id TEXT NOT NULL, id TEXT NOT NULL, status TEXT NOT NULL DEFAULT 'pending', \

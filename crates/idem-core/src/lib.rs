@@ -39,10 +39,6 @@
 //! - [`leased`]: keys claimed with a lease and committed at once, for work
 //!   outside the database (the gateway's forwards): [`leased::LeaseToken`],
 //!   the pure [`leased::leased_decision`] and the [`leased::LeasedKeyStore`].
-//! - [`patterns`]: the database patterns that make a write idempotent by
-//!   itself — a state-machine transition, an update conditional on a
-//!   version, an absolute-value upsert — as SQL builders with typed
-//!   outcomes, executed by each backend's `patterns` module.
 //! - [`Backoff`] (retry delays), [`headers`] (how header lists are stored) and
 //!   [`failpoint`] (crash points for the drills, compiled in with the
 //!   `failpoints` feature only) serve all of them, as do [`RoundLoop`],
@@ -65,7 +61,6 @@ pub mod inbox;
 pub mod keys;
 pub mod leased;
 pub mod outbox;
-pub mod patterns;
 pub mod steps;
 pub mod webhooks;
 

@@ -1,5 +1,5 @@
-//! Keys claimed with a lease on PostgreSQL: [`LeasedKeyStore`] for
-//! [`PgStore`], with the statements of [`idem_sql::leased`], each an
+//! Keys claimed with a lease on PostgreSQL: [`LeasedKeyStore`](idem_core::leased::LeasedKeyStore)
+//! for [`PgStore`], with the statements of [`idem_sql::leased`], each an
 //! autocommit statement. A claim inserts with `ON CONFLICT DO NOTHING` (no
 //! row lock: a replay is an insert that does nothing and a read, and
 //! commits nothing), then reclaims an expired record or takes over an
@@ -7,51 +7,31 @@
 //! claimers can win under the row lock; every later write is conditional
 //! on the token.
 
-use idem_core::leased::{
-    LeaseToken, LeasedClaim, LeasedKeyStore, NextStep, OnUnknown, Resolution,
-    UNRESOLVED_EXPIRES_AT_MS, claim_expires_at_ms, next_step,
-};
-use idem_core::{Completion, Fingerprint, KeyStore, Policy, Scope, StoreError};
-use idem_sql::leased as sql;
-use sqlx::Postgres;
-use sqlx::postgres::PgArguments;
-use sqlx::query::Query;
+use idem_core::leased::{LeasedClaim, NextStep, claim_expires_at_ms, next_step};
+use idem_core::{KeyStore, Scope, StoreError};
+use idem_sql::leased::{self as sql, LeaseClaim};
 
 use crate::PgStore;
+use crate::keys::{outcome, scoped};
 
-/// `sql` with the scope bound as `$1`, `$2`, `$3`.
-pub(crate) fn scoped<'q>(sql: &'q str, scope: &'q Scope) -> Query<'q, Postgres, PgArguments> {
-    sqlx::query(sql)
-        .bind(scope.tenant.as_str())
-        .bind(scope.operation.as_str())
-        .bind(scope.key.as_str())
-}
+idem_sql::leased_store!(PgStore);
 
-/// The outcome's columns after the parameters before them.
-pub(crate) fn outcome<'q>(
-    q: Query<'q, Postgres, PgArguments>,
-    c: &'q Completion,
-) -> Query<'q, Postgres, PgArguments> {
-    let (kind, id) = c.resource_columns();
-    q.bind(c.state.as_str())
-        .bind(i32::from(c.response.status))
-        .bind(c.response.headers_json())
-        .bind(&c.response.body[..])
-        .bind(kind)
-        .bind(id)
-}
-
-impl LeasedKeyStore for PgStore {
-    async fn claim_leased(
+impl PgStore {
+    /// The claim: autocommit statements, each seeing the newest committed
+    /// state.
+    async fn claim_leased_here(
         &self,
         scope: &Scope,
-        fingerprint: &Fingerprint,
-        policy: &Policy,
-        token: &LeaseToken,
-        locked_until_ms: i64,
-        on_unknown: OnUnknown,
+        c: LeaseClaim<'_>,
         now_ms: i64,
     ) -> Result<LeasedClaim, StoreError> {
+        let LeaseClaim {
+            fingerprint,
+            policy,
+            token,
+            locked_until_ms,
+            on_unknown,
+        } = c;
         // `$4`..`$7`; the statements that (re)create the record add `$8`.
         let claim = |sql: &'static str| {
             scoped(sql, scope)
@@ -111,77 +91,5 @@ impl LeasedKeyStore for PgStore {
         Err(StoreError::Busy {
             waited: policy.wait,
         })
-    }
-
-    async fn renew_leased(
-        &self,
-        scope: &Scope,
-        token: &LeaseToken,
-        locked_until_ms: i64,
-        now_ms: i64,
-    ) -> Result<bool, StoreError> {
-        let q = scoped(sql::RENEW, scope)
-            .bind(token.as_str())
-            .bind(locked_until_ms)
-            .bind(now_ms);
-        let done = self.bounded_write(q.execute(self.pool())).await?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn abandon_leased(
-        &self,
-        scope: &Scope,
-        token: &LeaseToken,
-        until_ms: i64,
-        reason: Option<&str>,
-        now_ms: i64,
-    ) -> Result<bool, StoreError> {
-        let q = scoped(sql::ABANDON, scope)
-            .bind(token.as_str())
-            .bind(until_ms.min(now_ms))
-            .bind(reason)
-            .bind(now_ms)
-            .bind(UNRESOLVED_EXPIRES_AT_MS);
-        let done = self.bounded_write(q.execute(self.pool())).await?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn complete_leased(
-        &self,
-        scope: &Scope,
-        token: &LeaseToken,
-        completion: &Completion,
-        now_ms: i64,
-        expires_at_ms: i64,
-    ) -> Result<bool, StoreError> {
-        let q = outcome(
-            scoped(sql::COMPLETE, scope).bind(token.as_str()),
-            completion,
-        )
-        .bind(now_ms)
-        .bind(expires_at_ms);
-        let done = self.bounded_write(q.execute(self.pool())).await?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn release_leased(&self, scope: &Scope, token: &LeaseToken) -> Result<bool, StoreError> {
-        let q = scoped(sql::RELEASE, scope).bind(token.as_str());
-        let done = self.bounded_write(q.execute(self.pool())).await?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn resolve_abandoned(
-        &self,
-        scope: &Scope,
-        resolution: &Resolution,
-        now_ms: i64,
-    ) -> Result<bool, StoreError> {
-        let q = match resolution {
-            Resolution::Release => scoped(sql::RESOLVE_RELEASE, scope).bind(now_ms),
-            Resolution::Answer(c) => outcome(scoped(sql::RESOLVE_ANSWER, scope).bind(now_ms), c)
-                .bind(Policy::default().expires_at_ms(now_ms)),
-        };
-        let done = self.bounded_write(q.execute(self.pool())).await?;
-        Ok(done.rows_affected() == 1)
     }
 }

@@ -110,7 +110,7 @@ impl Readers {
                     }
                     return Ok(row);
                 }
-                Err(e) if reused && crate::connection_lost(&e) => {
+                Err(e) if reused && crate::errors::connection_lost(&e) => {
                     // Whatever ended this one likely ended its neighbours.
                     self.lock().clear();
                     fresh_only = true;

@@ -1,84 +1,23 @@
-//! Runs, steps and the send-once ledger on PostgreSQL: [`RunStore`] for
+//! Runs, steps and the send-once ledger on PostgreSQL: [`RunStore`](idem_core::steps::RunStore) for
 //! [`PgStore`]. A fenced write is one statement (the run's conditional
 //! `UPDATE` with its step, ledger mark and key expiry in CTEs), so outside a
 //! phase it costs one round trip. Several executors and recovery workers may
 //! share the database: takeovers lock the row and re-check the lease, and
 //! `claim_due` skips rows another claimer holds (`FOR UPDATE SKIP LOCKED`).
 
-use idem_core::Operation;
-use idem_core::StoreError;
-use idem_core::steps::{
-    Fence, Lease, MessageClaim, MessageColumns, Namespace, NewRun, RunChange, RunColumns,
-    RunFilter, RunId, RunRecord, RunStore, SentMessage, StepColumns, StepRecord, attach_steps,
-};
-use idem_sql::columns::{MESSAGE_COLUMNS, RUN_COLUMNS, STEP_COLUMNS};
+use idem_core::steps::{Fence, Lease, NewRun, RunChange, RunId, RunRecord, StepRecord};
+use idem_core::{Operation, StoreError};
+use idem_sql::decode;
+use idem_sql::row::get;
+use idem_sql::runs::{NEVER_MS, TAKE_OVER};
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
 use sqlx::{PgConnection, Postgres};
 
-use crate::{PgStore, PgTx, column, map_err};
+use crate::pool::text_list;
+use crate::{PgStore, PgTx, map_err};
 
-/// A key record's expiry while its run lives: never.
-const NEVER_MS: i64 = i64::MAX;
-
-pub(crate) fn decode_run(row: &PgRow) -> Result<RunRecord, StoreError> {
-    RunColumns {
-        id: column(row, "id")?,
-        tenant_id: column(row, "tenant_id")?,
-        operation: column(row, "operation")?,
-        idempotency_key: column(row, "idempotency_key")?,
-        state: column(row, "state")?,
-        input: column(row, "input")?,
-        recovery_point: column(row, "recovery_point")?,
-        failure: column(row, "failure")?,
-        blocked_step: column(row, "blocked_step")?,
-        attention: column(row, "attention")?,
-        no_return: column(row, "no_return")?,
-        holder: column(row, "holder")?,
-        locked_until_ms: column(row, "locked_until_ms")?,
-        fence: column(row, "fence")?,
-        takeovers: column(row, "takeovers")?,
-        deadline_ms: column(row, "deadline_ms")?,
-        ttl_ms: column(row, "ttl_ms")?,
-        created_at_ms: column(row, "created_at_ms")?,
-        updated_at_ms: column(row, "updated_at_ms")?,
-        finished_at_ms: column(row, "finished_at_ms")?,
-    }
-    .decode()
-}
-
-fn decode_step(row: &PgRow) -> Result<(String, StepRecord), StoreError> {
-    StepColumns {
-        run_id: column(row, "run_id")?,
-        name: column(row, "name")?,
-        seq: column(row, "seq")?,
-        kind: column(row, "kind")?,
-        state: column(row, "state")?,
-        attempts: i64::from(column::<i32>(row, "attempts")?),
-        failures: i64::from(column::<i32>(row, "failures")?),
-        step_key: column(row, "step_key")?,
-        fence: column(row, "fence")?,
-        result: column(row, "result")?,
-        error: column(row, "error")?,
-        started_at_ms: column(row, "started_at_ms")?,
-        finished_at_ms: column(row, "finished_at_ms")?,
-        updated_at_ms: column(row, "updated_at_ms")?,
-    }
-    .decode()
-}
-
-fn decode_message(row: &PgRow) -> Result<SentMessage, StoreError> {
-    MessageColumns {
-        message_id: column(row, "message_id")?,
-        run_id: column(row, "run_id")?,
-        step: column(row, "step")?,
-        state: column(row, "state")?,
-        attempts: i64::from(column::<i32>(row, "attempts")?),
-        created_at_ms: column(row, "created_at_ms")?,
-        sent_at_ms: column(row, "sent_at_ms")?,
-    }
-    .decode()
-}
+idem_sql::run_store!(PgStore, PgTx, PgConnection, postgres);
 
 /// Every write of a run: the fenced update (`failure` kept once set; `$6`
 /// says whether the block is replaced by `$7`/`$8`), and — only when it
@@ -172,27 +111,7 @@ fn record_query<'q>(
 }
 
 fn written(row: &PgRow) -> Result<bool, StoreError> {
-    Ok(column::<i64>(row, "count")? == 1)
-}
-
-async fn steps_of(conn: &mut PgConnection, runs: &mut [RunRecord]) -> Result<(), StoreError> {
-    if runs.is_empty() {
-        return Ok(());
-    }
-    let ids: Vec<String> = runs.iter().map(|r| r.id.as_str().to_owned()).collect();
-    let rows = sqlx::query(&format!(
-        "SELECT {STEP_COLUMNS} FROM idem_run_steps WHERE run_id = ANY($1) ORDER BY run_id, seq"
-    ))
-    .bind(ids)
-    .fetch_all(&mut *conn)
-    .await
-    .map_err(map_err)?;
-    let steps = rows
-        .iter()
-        .map(decode_step)
-        .collect::<Result<Vec<_>, _>>()?;
-    attach_steps(runs, steps);
-    Ok(())
+    Ok(get::<i64, _>(row, "count")? == 1)
 }
 
 /// A final run of the id (left from an expired key record) is replaced,
@@ -216,57 +135,25 @@ ON CONFLICT (id) DO UPDATE SET
 WHERE idem_runs.state IN ('completed', 'failed')
 RETURNING fence";
 
-const CLAIM_MESSAGE: &str = "\
-INSERT INTO idem_send_once (message_id, run_id, step, state, attempts, created_at_ms,
-                            updated_at_ms, expires_at_ms)
-VALUES ($1, $2, $3, 'sending', 1, $4, $4, $5)
-ON CONFLICT (message_id) DO UPDATE SET
-    run_id = CASE WHEN idem_send_once.state = 'not_sent' THEN excluded.run_id
-                  ELSE idem_send_once.run_id END,
-    step = CASE WHEN idem_send_once.state = 'not_sent' THEN excluded.step
-                ELSE idem_send_once.step END,
-    attempts = idem_send_once.attempts +
-        CASE WHEN idem_send_once.state = 'not_sent'
-               OR (idem_send_once.state = 'sending' AND idem_send_once.run_id = excluded.run_id)
-             THEN 1 ELSE 0 END,
-    state = CASE WHEN idem_send_once.state = 'not_sent' THEN 'sending'
-                 ELSE idem_send_once.state END,
-    updated_at_ms = excluded.updated_at_ms,
-    expires_at_ms = GREATEST(idem_send_once.expires_at_ms, excluded.expires_at_ms)
-RETURNING message_id, run_id, step, state, attempts, created_at_ms, sent_at_ms";
+/// The fenced write in the caller's transaction: one statement.
+async fn record_in(
+    tx: &mut PgTx,
+    lease: &Lease,
+    change: &RunChange<'_>,
+    step: Option<&StepRecord>,
+    now_ms: i64,
+) -> Result<bool, StoreError> {
+    let row = record_query(lease, change, step, now_ms)
+        .fetch_one(&mut **tx)
+        .await
+        .map_err(map_err)?;
+    written(&row)
+}
 
-impl RunStore for PgStore {
-    async fn namespace(&self) -> Result<Namespace, StoreError> {
-        let kept: Option<String> = self
-            .bounded(async {
-                sqlx::query_scalar("SELECT value FROM idem_meta WHERE name = 'namespace'")
-                    .fetch_optional(self.pool())
-                    .await
-                    .map_err(map_err)
-            })
-            .await?;
-        if let Some(value) = kept {
-            return Namespace::new(value).map_err(|e| StoreError::Corrupt {
-                detail: e.to_string(),
-            });
-        }
-        let drawn = Namespace::generate();
-        let value: String = self
-            .bounded_write(
-                sqlx::query_scalar(
-                    "INSERT INTO idem_meta (name, value) VALUES ('namespace', $1)
-                     ON CONFLICT (name) DO UPDATE SET value = idem_meta.value RETURNING value",
-                )
-                .bind(drawn.as_str())
-                .fetch_one(self.pool()),
-            )
-            .await?;
-        Namespace::new(value).map_err(|e| StoreError::Corrupt {
-            detail: e.to_string(),
-        })
-    }
-
-    async fn create_run(tx: &mut PgTx, run: &NewRun<'_>) -> Result<Fence, StoreError> {
+impl PgStore {
+    /// A final run of the id is replaced, its fence carried on; a live one
+    /// is an error.
+    async fn create_run_here(tx: &mut PgTx, run: &NewRun<'_>) -> Result<Fence, StoreError> {
         let fence: Option<i64> = sqlx::query_scalar(CREATE_RUN)
             .bind(run.id.as_str())
             .bind(run.scope.tenant.as_str())
@@ -287,65 +174,23 @@ impl RunStore for PgStore {
         })
     }
 
-    async fn record_run_in(
-        tx: &mut PgTx,
-        lease: &Lease,
-        change: &RunChange<'_>,
-        step: Option<&StepRecord>,
-        now_ms: i64,
-    ) -> Result<bool, StoreError> {
-        let row = record_query(lease, change, step, now_ms)
-            .fetch_one(&mut **tx)
-            .await
-            .map_err(map_err)?;
-        written(&row)
-    }
-
-    async fn record_run(
+    /// A fenced write outside a transaction: one statement is its own
+    /// transaction (no BEGIN, no COMMIT).
+    async fn record_here(
         &self,
         lease: &Lease,
         change: &RunChange<'_>,
         step: Option<&StepRecord>,
         now_ms: i64,
     ) -> Result<bool, StoreError> {
-        // One statement is its own transaction: no BEGIN, no COMMIT.
         let row = self
             .bounded_write(record_query(lease, change, step, now_ms).fetch_one(self.pool()))
             .await?;
         written(&row)
     }
 
-    async fn claim_message(
-        tx: &mut PgTx,
-        claim: &MessageClaim<'_>,
-    ) -> Result<SentMessage, StoreError> {
-        let row = sqlx::query(CLAIM_MESSAGE)
-            .bind(claim.message_id)
-            .bind(claim.run.as_str())
-            .bind(claim.step)
-            .bind(claim.now_ms)
-            .bind(claim.expires_at_ms)
-            .fetch_one(&mut **tx)
-            .await
-            .map_err(map_err)?;
-        decode_message(&row)
-    }
-
-    async fn message(&self, message_id: &str) -> Result<Option<SentMessage>, StoreError> {
-        self.bounded(async {
-            let row = sqlx::query(&format!(
-                "SELECT {MESSAGE_COLUMNS} FROM idem_send_once WHERE message_id = $1"
-            ))
-            .bind(message_id)
-            .fetch_optional(self.pool())
-            .await
-            .map_err(map_err)?;
-            row.as_ref().map(decode_message).transpose()
-        })
-        .await
-    }
-
-    async fn take_over(
+    /// The takeover (autocommit), then the run's steps.
+    async fn take_over_here(
         &self,
         id: &RunId,
         holder: &str,
@@ -354,154 +199,49 @@ impl RunStore for PgStore {
     ) -> Result<Option<RunRecord>, StoreError> {
         let row = self
             .bounded_write(
-                sqlx::query(&format!(
-                    "UPDATE idem_runs SET fence = fence + 1, holder = $2, locked_until_ms = $4,
-                         takeovers = takeovers + 1, updated_at_ms = $3
-                     WHERE id = $1 AND state IN ('running', 'compensating')
-                       AND locked_until_ms <= $3
-                     RETURNING {RUN_COLUMNS}"
-                ))
-                .bind(id.as_str())
-                .bind(holder)
-                .bind(now_ms)
-                .bind(locked_until_ms)
-                .fetch_optional(self.pool()),
+                sqlx::query(&TAKE_OVER)
+                    .bind(id.as_str())
+                    .bind(holder)
+                    .bind(now_ms)
+                    .bind(locked_until_ms)
+                    .fetch_optional(self.pool()),
             )
             .await?;
         let Some(row) = row else { return Ok(None) };
-        let mut runs = vec![decode_run(&row)?];
+        let mut runs = vec![decode::run(&row)?];
         self.with_steps(&mut runs).await?;
         Ok(runs.pop())
     }
 
-    async fn claim_due(
+    /// The due runs of `operations` taken over by `holder` (`lease`: the
+    /// holder, now, the lease's end), skipping rows another claimer holds,
+    /// then their steps.
+    async fn claim_due_here(
         &self,
         operations: &[Operation],
-        holder: &str,
-        now_ms: i64,
-        locked_until_ms: i64,
+        (holder, now_ms, locked_until_ms): (&str, i64, i64),
         limit: u32,
     ) -> Result<Vec<RunRecord>, StoreError> {
         let ops: Vec<String> = operations.iter().map(|o| o.as_str().to_owned()).collect();
         let rows = self
             .bounded_write(
-                sqlx::query(&format!(
-                    "UPDATE idem_runs SET fence = fence + 1, holder = $1, locked_until_ms = $3,
-                         takeovers = takeovers + 1, updated_at_ms = $2
-                     WHERE id = ANY(ARRAY(
-                         SELECT id FROM idem_runs
-                         WHERE state IN ('running', 'compensating') AND locked_until_ms <= $2
-                           AND operation = ANY($4)
-                         ORDER BY locked_until_ms LIMIT $5
-                         FOR UPDATE SKIP LOCKED))
-                       AND state IN ('running', 'compensating') AND locked_until_ms <= $2
-                     RETURNING {RUN_COLUMNS}"
-                ))
-                .bind(holder)
-                .bind(now_ms)
-                .bind(locked_until_ms)
-                .bind(ops)
-                .bind(i64::from(limit))
-                .fetch_all(self.pool()),
+                sqlx::query(&CLAIM_DUE)
+                    .bind(holder)
+                    .bind(now_ms)
+                    .bind(locked_until_ms)
+                    .bind(ops)
+                    .bind(i64::from(limit))
+                    .fetch_all(self.pool()),
             )
             .await?;
-        let mut runs = rows.iter().map(decode_run).collect::<Result<Vec<_>, _>>()?;
+        let mut runs = rows
+            .iter()
+            .map(decode::run)
+            .collect::<Result<Vec<_>, _>>()?;
         self.with_steps(&mut runs).await?;
         Ok(runs)
     }
 
-    async fn load_run(&self, id: &RunId) -> Result<Option<RunRecord>, StoreError> {
-        let row = self
-            .bounded(async {
-                sqlx::query(&format!(
-                    "SELECT {RUN_COLUMNS} FROM idem_runs WHERE id = $1"
-                ))
-                .bind(id.as_str())
-                .fetch_optional(self.pool())
-                .await
-                .map_err(map_err)
-            })
-            .await?;
-        let Some(row) = row else { return Ok(None) };
-        let mut runs = vec![decode_run(&row)?];
-        self.with_steps(&mut runs).await?;
-        Ok(runs.pop())
-    }
-
-    async fn count_runs(&self) -> Result<Vec<(idem_core::steps::RunState, u64)>, StoreError> {
-        self.bounded(async {
-            let rows: Vec<(String, i64)> = sqlx::query_as(
-                "SELECT state, COUNT(*) FROM idem_runs GROUP BY state ORDER BY state",
-            )
-            .fetch_all(self.pool())
-            .await
-            .map_err(map_err)?;
-            Ok(rows
-                .into_iter()
-                .filter_map(|(s, n)| {
-                    Some((
-                        idem_core::steps::RunState::parse(&s)?,
-                        u64::try_from(n).ok()?,
-                    ))
-                })
-                .collect())
-        })
-        .await
-    }
-
-    async fn list_runs(&self, filter: &RunFilter) -> Result<Vec<RunRecord>, StoreError> {
-        self.bounded(async {
-            let rows = sqlx::query(&format!(
-                "SELECT {RUN_COLUMNS} FROM idem_runs WHERE ($1::text IS NULL OR state = $1)
-                 ORDER BY created_at_ms DESC, id DESC LIMIT $2"
-            ))
-            .bind(filter.state.map(|s| s.as_str()))
-            .bind(i64::from(filter.limit.clamp(1, 1000)))
-            .fetch_all(self.pool())
-            .await
-            .map_err(map_err)?;
-            rows.iter().map(decode_run).collect()
-        })
-        .await
-    }
-
-    async fn purge_runs(&self, now_ms: i64, limit: u32) -> Result<u64, StoreError> {
-        self.bounded(async {
-            let done = sqlx::query(
-                "DELETE FROM idem_runs WHERE ctid = ANY(ARRAY(
-                     SELECT ctid FROM idem_runs WHERE expires_at_ms <= $1
-                       AND state IN ('completed', 'failed')
-                     LIMIT $2 FOR UPDATE SKIP LOCKED))",
-            )
-            .bind(now_ms)
-            .bind(i64::from(limit))
-            .execute(self.pool())
-            .await
-            .map_err(map_err)?;
-            Ok(done.rows_affected())
-        })
-        .await
-    }
-
-    async fn purge_messages(&self, now_ms: i64, limit: u32) -> Result<u64, StoreError> {
-        self.bounded(async {
-            let done = sqlx::query(
-                "DELETE FROM idem_send_once WHERE ctid = ANY(ARRAY(
-                     SELECT ctid FROM idem_send_once WHERE expires_at_ms <= $1
-                     LIMIT $2 FOR UPDATE SKIP LOCKED))",
-            )
-            .bind(now_ms)
-            .bind(i64::from(limit))
-            .execute(self.pool())
-            .await
-            .map_err(map_err)?;
-            Ok(done.rows_affected())
-        })
-        .await
-    }
-}
-
-impl PgStore {
     /// Reads the steps of `runs` on a pooled connection.
     async fn with_steps(&self, runs: &mut [RunRecord]) -> Result<(), StoreError> {
         if runs.is_empty() {
@@ -514,3 +254,21 @@ impl PgStore {
         .await
     }
 }
+
+/// The due runs, taken over: `$1` holder, `$2` now, `$3` lease end, `$4`
+/// operations, `$5` limit.
+static CLAIM_DUE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "UPDATE idem_runs SET fence = fence + 1, holder = $1, locked_until_ms = $3,
+             takeovers = takeovers + 1, updated_at_ms = $2
+         WHERE id = ANY(ARRAY(
+             SELECT id FROM idem_runs
+             WHERE state IN ('running', 'compensating') AND locked_until_ms <= $2
+               AND operation = ANY($4)
+             ORDER BY locked_until_ms LIMIT $5
+             FOR UPDATE SKIP LOCKED))
+           AND state IN ('running', 'compensating') AND locked_until_ms <= $2
+         RETURNING {}",
+        idem_sql::columns::RUN_COLUMNS
+    )
+});

@@ -10,10 +10,10 @@ use idem_core::admin::AdminStore;
 use idem_core::inbox::InboxStore;
 use idem_core::leased::LeasedKeyStore;
 use idem_core::outbox::{OutboxStore, Wake};
-use idem_core::patterns::PatternExec;
 use idem_core::steps::RunStore;
 use idem_core::webhooks::WebhookStore;
 use idem_postgres::{PgConfig, PgStore};
+use idem_sql::patterns::PatternExec;
 use idem_sqlite::{SqliteConfig, SqliteStore};
 
 use crate::demo::{self, sql::DemoSql, sql::demo_sql};

@@ -32,3 +32,9 @@ pub const STEP_COLUMNS: &str = "run_id, name, seq, kind, state, attempts, failur
 /// The columns of `idem_send_once`, in the order every backend selects them.
 pub const MESSAGE_COLUMNS: &str =
     "message_id, run_id, step, state, attempts, created_at_ms, sent_at_ms";
+
+/// The columns of `idem_webhook_receipts` [`ReceiptColumns`](idem_core::webhooks::ReceiptColumns)
+/// holds, as every backend selects them.
+pub const RECEIPT_COLUMNS: &str = "id, endpoint, delivery_id, event_type, headers, body, \
+    entity_id, entity_version, content_sha256, state, attempts, last_error, received_at_ms, \
+    finished_at_ms";

@@ -96,3 +96,141 @@ UPDATE idem_keys SET state = $5, status_code = $6, response_headers = $7, respon
    expires_at_ms = CASE WHEN expires_at_ms > $11 THEN $11 ELSE expires_at_ms END
 WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND state = 'pending'
   AND locked_until_ms IS NOT NULL AND locked_until_ms <= $4 AND expires_at_ms > $4";
+
+/// What a leased claim asks for: the parameters of
+/// [`LeasedKeyStore::claim_leased`](idem_core::leased::LeasedKeyStore::claim_leased)
+/// besides the scope and now, as the backend's own claim takes them.
+#[derive(Debug, Clone, Copy)]
+pub struct LeaseClaim<'a> {
+    /// The request's fingerprint.
+    pub fingerprint: &'a idem_core::Fingerprint,
+    /// The operation's policy (its expiry, its wait).
+    pub policy: &'a idem_core::Policy,
+    /// The claimer's token.
+    pub token: &'a idem_core::leased::LeaseToken,
+    /// The lease's end.
+    pub locked_until_ms: i64,
+    /// What an unknown outcome of the claimer's work allows.
+    pub on_unknown: idem_core::leased::OnUnknown,
+}
+
+/// Implements [`LeasedKeyStore`](idem_core::leased::LeasedKeyStore) for a
+/// backend's store: every write after the claim is one autocommit statement
+/// of this module (through the store's `bounded_write`, with the crate's
+/// `scoped` and `outcome` binders, [`binders!`](crate::binders)); the claim,
+/// whose locking differs, is the store's own `claim_leased_here`, with the
+/// trait method's parameters.
+#[macro_export]
+macro_rules! leased_store {
+    ($store:ty) => {
+        const _: () = {
+            use idem_core::leased::{
+                LeaseToken, LeasedClaim, LeasedKeyStore, OnUnknown, Resolution,
+                UNRESOLVED_EXPIRES_AT_MS,
+            };
+            use idem_core::{Completion, Fingerprint, Policy, Scope, StoreError};
+            use $crate::leased as sql;
+
+            impl LeasedKeyStore for $store {
+                #[allow(clippy::too_many_arguments)]
+                async fn claim_leased(
+                    &self,
+                    scope: &Scope,
+                    fingerprint: &Fingerprint,
+                    policy: &Policy,
+                    token: &LeaseToken,
+                    locked_until_ms: i64,
+                    on_unknown: OnUnknown,
+                    now_ms: i64,
+                ) -> Result<LeasedClaim, StoreError> {
+                    let claim = $crate::leased::LeaseClaim {
+                        fingerprint,
+                        policy,
+                        token,
+                        locked_until_ms,
+                        on_unknown,
+                    };
+                    self.claim_leased_here(scope, claim, now_ms).await
+                }
+
+                async fn renew_leased(
+                    &self,
+                    scope: &Scope,
+                    token: &LeaseToken,
+                    locked_until_ms: i64,
+                    now_ms: i64,
+                ) -> Result<bool, StoreError> {
+                    let q = scoped(sql::RENEW, scope)
+                        .bind(token.as_str())
+                        .bind(locked_until_ms)
+                        .bind(now_ms);
+                    let done = self.bounded_write(q.execute(self.pool())).await?;
+                    Ok(done.rows_affected() == 1)
+                }
+
+                async fn abandon_leased(
+                    &self,
+                    scope: &Scope,
+                    token: &LeaseToken,
+                    until_ms: i64,
+                    reason: Option<&str>,
+                    now_ms: i64,
+                ) -> Result<bool, StoreError> {
+                    let q = scoped(sql::ABANDON, scope)
+                        .bind(token.as_str())
+                        .bind(until_ms.min(now_ms))
+                        .bind(reason)
+                        .bind(now_ms)
+                        .bind(UNRESOLVED_EXPIRES_AT_MS);
+                    let done = self.bounded_write(q.execute(self.pool())).await?;
+                    Ok(done.rows_affected() == 1)
+                }
+
+                async fn complete_leased(
+                    &self,
+                    scope: &Scope,
+                    token: &LeaseToken,
+                    completion: &Completion,
+                    now_ms: i64,
+                    expires_at_ms: i64,
+                ) -> Result<bool, StoreError> {
+                    let q = outcome(
+                        scoped(sql::COMPLETE, scope).bind(token.as_str()),
+                        completion,
+                    )
+                    .bind(now_ms)
+                    .bind(expires_at_ms);
+                    let done = self.bounded_write(q.execute(self.pool())).await?;
+                    Ok(done.rows_affected() == 1)
+                }
+
+                async fn release_leased(
+                    &self,
+                    scope: &Scope,
+                    token: &LeaseToken,
+                ) -> Result<bool, StoreError> {
+                    let q = scoped(sql::RELEASE, scope).bind(token.as_str());
+                    let done = self.bounded_write(q.execute(self.pool())).await?;
+                    Ok(done.rows_affected() == 1)
+                }
+
+                async fn resolve_abandoned(
+                    &self,
+                    scope: &Scope,
+                    resolution: &Resolution,
+                    now_ms: i64,
+                ) -> Result<bool, StoreError> {
+                    let q = match resolution {
+                        Resolution::Release => scoped(sql::RESOLVE_RELEASE, scope).bind(now_ms),
+                        Resolution::Answer(c) => {
+                            outcome(scoped(sql::RESOLVE_ANSWER, scope).bind(now_ms), c)
+                                .bind(Policy::default().expires_at_ms(now_ms))
+                        }
+                    };
+                    let done = self.bounded_write(q.execute(self.pool())).await?;
+                    Ok(done.rows_affected() == 1)
+                }
+            }
+        };
+    };
+}

@@ -19,6 +19,16 @@
 //! `idem-core` reads, in order), [`keys`] (the key record's read and the
 //! operator's release) and [`leased`] (the statements of `LeasedKeyStore`).
 
+pub mod admin;
 pub mod columns;
+pub mod decode;
+pub mod inbox;
 pub mod keys;
 pub mod leased;
+pub mod migrate;
+pub mod outbox;
+pub mod patterns;
+pub mod purge;
+pub mod row;
+pub mod runs;
+pub mod webhooks;

@@ -1,56 +1,36 @@
-//! Keys claimed with a lease on SQLite: [`LeasedKeyStore`] for
-//! [`SqliteStore`], with the statements of [`idem_sql::leased`]. A
+//! Keys claimed with a lease on SQLite: [`LeasedKeyStore`](idem_core::leased::LeasedKeyStore)
+//! for [`SqliteStore`], with the statements of [`idem_sql::leased`]. A
 //! record that stays as it is (a replay, a live lease, another request) is
 //! read without the write lock; a claim is one `BEGIN IMMEDIATE`
 //! transaction (insert, or reclaim or take over what it found), so two
 //! claimers never both win; every later write is one statement conditional
 //! on the token.
 
-use idem_core::leased::{
-    LeaseToken, LeasedClaim, LeasedKeyStore, NextStep, OnUnknown, Resolution,
-    UNRESOLVED_EXPIRES_AT_MS, claim_expires_at_ms, next_step,
-};
-use idem_core::{Completion, Fingerprint, KeyStore, Policy, Scope, StoreError};
-use idem_sql::leased as sql;
-use sqlx::Sqlite;
-use sqlx::query::Query;
-use sqlx::sqlite::SqliteArguments;
+use idem_core::leased::{LeasedClaim, NextStep, claim_expires_at_ms, next_step};
+use idem_core::{KeyStore, Scope, StoreError};
+use idem_sql::decode::record;
+use idem_sql::leased::{self as sql, LeaseClaim};
 
-use crate::{SqliteStore, decode};
+use crate::SqliteStore;
+use crate::keys::{outcome, scoped};
 
-/// `sql` with the scope bound as `$1`, `$2`, `$3`.
-pub(crate) fn scoped<'q>(sql: &'q str, scope: &'q Scope) -> Query<'q, Sqlite, SqliteArguments<'q>> {
-    sqlx::query(sql)
-        .bind(scope.tenant.as_str())
-        .bind(scope.operation.as_str())
-        .bind(scope.key.as_str())
-}
+idem_sql::leased_store!(SqliteStore);
 
-/// The outcome's columns after the parameters before them.
-pub(crate) fn outcome<'q>(
-    q: Query<'q, Sqlite, SqliteArguments<'q>>,
-    c: &'q Completion,
-) -> Query<'q, Sqlite, SqliteArguments<'q>> {
-    let (kind, id) = c.resource_columns();
-    q.bind(c.state.as_str())
-        .bind(i64::from(c.response.status))
-        .bind(c.response.headers_json())
-        .bind(&c.response.body[..])
-        .bind(kind)
-        .bind(id)
-}
-
-impl LeasedKeyStore for SqliteStore {
-    async fn claim_leased(
+impl SqliteStore {
+    /// The claim: one `BEGIN IMMEDIATE` transaction after a read.
+    async fn claim_leased_here(
         &self,
         scope: &Scope,
-        fingerprint: &Fingerprint,
-        policy: &Policy,
-        token: &LeaseToken,
-        locked_until_ms: i64,
-        on_unknown: OnUnknown,
+        c: LeaseClaim<'_>,
         now_ms: i64,
     ) -> Result<LeasedClaim, StoreError> {
+        let LeaseClaim {
+            fingerprint,
+            policy,
+            token,
+            locked_until_ms,
+            on_unknown,
+        } = c;
         // Replays and live leases: a read, without the write lock.
         if let Some(record) = self.fetch(scope).await?
             && next_step(&record, fingerprint, on_unknown, now_ms) == NextStep::Keep
@@ -85,7 +65,7 @@ impl LeasedKeyStore for SqliteStore {
                     detail: "conflicting key record vanished inside a write transaction".into(),
                 });
             };
-            let record = decode(&row)?;
+            let record = record(&row)?;
             // The write lock is ours: what was read is what is written over.
             let (statement, claim) = match next_step(&record, fingerprint, on_unknown, now_ms) {
                 NextStep::Reclaim => (
@@ -116,84 +96,5 @@ impl LeasedKeyStore for SqliteStore {
         };
         self.commit_tx(tx).await?;
         Ok(claim)
-    }
-
-    async fn renew_leased(
-        &self,
-        scope: &Scope,
-        token: &LeaseToken,
-        locked_until_ms: i64,
-        now_ms: i64,
-    ) -> Result<bool, StoreError> {
-        let done = scoped(sql::RENEW, scope)
-            .bind(token.as_str())
-            .bind(locked_until_ms)
-            .bind(now_ms)
-            .execute(self.pool())
-            .await
-            .map_err(|e| self.map(e))?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn abandon_leased(
-        &self,
-        scope: &Scope,
-        token: &LeaseToken,
-        until_ms: i64,
-        reason: Option<&str>,
-        now_ms: i64,
-    ) -> Result<bool, StoreError> {
-        let done = scoped(sql::ABANDON, scope)
-            .bind(token.as_str())
-            .bind(until_ms.min(now_ms))
-            .bind(reason)
-            .bind(now_ms)
-            .bind(UNRESOLVED_EXPIRES_AT_MS)
-            .execute(self.pool())
-            .await
-            .map_err(|e| self.map(e))?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn complete_leased(
-        &self,
-        scope: &Scope,
-        token: &LeaseToken,
-        completion: &Completion,
-        now_ms: i64,
-        expires_at_ms: i64,
-    ) -> Result<bool, StoreError> {
-        let q = scoped(sql::COMPLETE, scope).bind(token.as_str());
-        let done = outcome(q, completion)
-            .bind(now_ms)
-            .bind(expires_at_ms)
-            .execute(self.pool())
-            .await
-            .map_err(|e| self.map(e))?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn release_leased(&self, scope: &Scope, token: &LeaseToken) -> Result<bool, StoreError> {
-        let done = scoped(sql::RELEASE, scope)
-            .bind(token.as_str())
-            .execute(self.pool())
-            .await
-            .map_err(|e| self.map(e))?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn resolve_abandoned(
-        &self,
-        scope: &Scope,
-        resolution: &Resolution,
-        now_ms: i64,
-    ) -> Result<bool, StoreError> {
-        let q = match resolution {
-            Resolution::Release => scoped(sql::RESOLVE_RELEASE, scope).bind(now_ms),
-            Resolution::Answer(c) => outcome(scoped(sql::RESOLVE_ANSWER, scope).bind(now_ms), c)
-                .bind(Policy::default().expires_at_ms(now_ms)),
-        };
-        let done = q.execute(self.pool()).await.map_err(|e| self.map(e))?;
-        Ok(done.rows_affected() == 1)
     }
 }

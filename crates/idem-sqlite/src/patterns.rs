@@ -1,11 +1,11 @@
-//! [`PatternExec`] for [`SqliteTx`], so the patterns of
-//! [`idem_core::patterns`] run in the transaction of a key, a run's phase,
+//! [`PatternExec`](idem_sql::patterns::PatternExec) for [`SqliteTx`], so the patterns of
+//! [`idem_sql::patterns`] run in the transaction of a key, a run's phase,
 //! or one from [`KeyStore::begin`](idem_core::KeyStore::begin).
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! use idem_core::patterns::{StateMachine, Transition, Value};
+//! use idem_sql::patterns::{StateMachine, Transition, Value};
 //! # let dir = std::env::temp_dir().join(format!("idem-patterns-doc-{}", std::process::id()));
 //! # std::fs::create_dir_all(&dir)?;
 //! # let url = format!("sqlite://{}", dir.join("doc.db").display());
@@ -26,65 +26,8 @@
 //! # Ok(()) }
 //! ```
 
-use idem_core::patterns::{PatternExec, Value};
-use idem_core::{BoxFuture, StoreError};
-use sqlx::Arguments;
-use sqlx::sqlite::{Sqlite, SqliteArguments};
+use sqlx::Sqlite;
 
 use crate::{SqliteTx, map_err};
 
-fn arguments<'a>(binds: &'a [Value<'a>]) -> Result<SqliteArguments<'a>, StoreError> {
-    let mut args = SqliteArguments::default();
-    for v in binds {
-        let added = match *v {
-            Value::Text(s) => args.add(s),
-            Value::Int(i) => args.add(i),
-            Value::NullText => args.add(None::<&str>),
-            Value::NullInt => args.add(None::<i64>),
-        };
-        added.map_err(|e| StoreError::Database { source: e })?;
-    }
-    Ok(args)
-}
-
-impl PatternExec for SqliteTx {
-    fn fetch_text<'a>(
-        &'a mut self,
-        sql: &'a str,
-        binds: &'a [Value<'a>],
-    ) -> BoxFuture<'a, Result<Option<String>, StoreError>> {
-        Box::pin(async move {
-            sqlx::query_scalar_with::<Sqlite, String, _>(sql, arguments(binds)?)
-                .fetch_optional(&mut **self)
-                .await
-                .map_err(map_err)
-        })
-    }
-
-    fn fetch_int<'a>(
-        &'a mut self,
-        sql: &'a str,
-        binds: &'a [Value<'a>],
-    ) -> BoxFuture<'a, Result<Option<i64>, StoreError>> {
-        Box::pin(async move {
-            sqlx::query_scalar_with::<Sqlite, i64, _>(sql, arguments(binds)?)
-                .fetch_optional(&mut **self)
-                .await
-                .map_err(map_err)
-        })
-    }
-
-    fn execute<'a>(
-        &'a mut self,
-        sql: &'a str,
-        binds: &'a [Value<'a>],
-    ) -> BoxFuture<'a, Result<u64, StoreError>> {
-        Box::pin(async move {
-            sqlx::query_with::<Sqlite, _>(sql, arguments(binds)?)
-                .execute(&mut **self)
-                .await
-                .map(|r| r.rows_affected())
-                .map_err(map_err)
-        })
-    }
-}
+idem_sql::pattern_exec!(SqliteTx, Sqlite);

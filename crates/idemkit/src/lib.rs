@@ -62,6 +62,10 @@
 //! ```
 
 pub use idem_core::*;
+/// The database patterns that make a write idempotent by itself (a
+/// state-machine transition, a versioned update, an absolute upsert), from
+/// `idem-sql`.
+pub use idem_sql::patterns;
 
 mod collector;
 pub use collector::{Collected, Collector, CollectorConfig, KEYS_PURGED_TOTAL};

@@ -12,12 +12,12 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::routing::{get, post};
-use idem_core::patterns::{PatternExec, Value};
 use idem_core::steps::{Failure, RunStore};
 use idem_core::{
     BoxFuture, Completion, FingerprintSpec, IdempotencyKey, Operation, Policy, RequestParts, Scope,
     StoredResponse, Tenant,
 };
+use idem_sql::patterns::{PatternExec, Value};
 use idem_steps::{Ended, Run, Runs, RunsConfig, SendCtx, Started, Stop, Workflow, WorkflowPolicy};
 
 use super::measure::{Op, measure};

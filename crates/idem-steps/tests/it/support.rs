@@ -7,13 +7,13 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use idem_core::patterns::PatternExec;
 use idem_core::steps::{Failure, RunStore};
 use idem_core::{
     BoxFuture, Completion, FingerprintSpec, IdempotencyKey, Operation, Policy, RequestParts, Scope,
     StoredResponse, Tenant,
 };
 use idem_postgres::{PgConfig, PgStore};
+use idem_sql::patterns::PatternExec;
 use idem_sqlite::{SqliteConfig, SqliteStore};
 use idem_steps::{
     Ended, LookupCtx, Run, RunHandle, Runs, RunsConfig, Started, StepError, Stop, UndoCtx,
@@ -401,7 +401,7 @@ impl<S: TestStore> Workflow<S> for Flow {
                     let log = log.clone();
                     Box::pin(async move {
                         let sql = "UPDATE stock SET n = n + $1 WHERE id = 'a'";
-                        tx.execute(sql, &[idem_core::patterns::Value::Int(n)])
+                        tx.execute(sql, &[idem_sql::patterns::Value::Int(n)])
                             .await?;
                         log.lock().unwrap().push("release".into());
                         Ok(())

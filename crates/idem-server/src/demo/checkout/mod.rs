@@ -12,9 +12,9 @@ pub mod routes;
 
 use std::time::Duration;
 
-use idem_core::patterns::{PatternExec, StateMachine, Transition, Value};
 use idem_core::steps::{Failure, RunId, RunStore};
 use idem_core::{BoxError, BoxFuture, Completion, Operation, StoredResponse};
+use idem_sql::patterns::{PatternExec, StateMachine, Transition, Value};
 use idem_steps::{LookupCtx, Run, SendCtx, Stop, UndoCtx, Workflow};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value as Json, json};

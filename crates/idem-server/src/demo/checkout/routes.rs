@@ -11,10 +11,10 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::Response;
 use axum::routing::{get, post_service};
 use bytes::Bytes;
-use idem_core::patterns::{Upsert, Value, Versioned, VersionedUpdate};
 use idem_core::steps::RunRecord;
 use idem_core::{Policy, Tenant};
 use idem_http::{RouteConfig, TenantSource};
+use idem_sql::patterns::{Upsert, Value, Versioned, VersionedUpdate};
 use idem_steps::{Runs, WorkflowService};
 use serde_json::{Value as Json, json};
 

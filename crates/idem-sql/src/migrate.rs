@@ -1,0 +1,192 @@
+//! The schema, and one migration runner for both backends.
+//!
+//! [`sqlite::MIGRATIONS`] and [`postgres::MIGRATIONS`] are the key store's
+//! own migrations (the files under `migrations/<dialect>/`).
+//! [`migrate_fn!`](crate::migrate_fn) defines a backend's
+//! `migrate_component`: each migration of a component that
+//! `idem_schema_migrations` does not record is applied in a transaction of
+//! its own, with the record of it. Concurrent runners apply each once:
+//! SQLite's `BEGIN IMMEDIATE` serialises them, PostgreSQL's runners take an
+//! advisory lock first.
+
+/// Whether `$1` (component) has applied `$2` (version).
+pub const SEEN: &str =
+    "SELECT version FROM idem_schema_migrations WHERE component = $1 AND version = $2";
+
+macro_rules! migrations {
+    ($dir:literal) => {
+        &[
+            idem_core::Migration {
+                version: 1,
+                name: "idem_keys",
+                sql: include_str!(concat!("../migrations/", $dir, "/0001_idem_keys.sql")),
+            },
+            idem_core::Migration {
+                version: 2,
+                name: "idem_outbox",
+                sql: include_str!(concat!("../migrations/", $dir, "/0002_idem_outbox.sql")),
+            },
+            idem_core::Migration {
+                version: 3,
+                name: "idem_inbox",
+                sql: include_str!(concat!("../migrations/", $dir, "/0003_idem_inbox.sql")),
+            },
+            idem_core::Migration {
+                version: 4,
+                name: "idem_webhooks",
+                sql: include_str!(concat!("../migrations/", $dir, "/0004_idem_webhooks.sql")),
+            },
+            idem_core::Migration {
+                version: 5,
+                name: "idem_webhooks_hardening",
+                sql: include_str!(concat!(
+                    "../migrations/",
+                    $dir,
+                    "/0005_idem_webhooks_hardening.sql"
+                )),
+            },
+            idem_core::Migration {
+                version: 6,
+                name: "idem_runs",
+                sql: include_str!(concat!("../migrations/", $dir, "/0006_idem_runs.sql")),
+            },
+            idem_core::Migration {
+                version: 7,
+                name: "idem_runs_namespace",
+                sql: include_str!(concat!(
+                    "../migrations/",
+                    $dir,
+                    "/0007_idem_runs_namespace.sql"
+                )),
+            },
+            idem_core::Migration {
+                version: 8,
+                name: "idem_admin_audit",
+                sql: include_str!(concat!(
+                    "../migrations/",
+                    $dir,
+                    "/0008_idem_admin_audit.sql"
+                )),
+            },
+            idem_core::Migration {
+                version: 9,
+                name: "idem_keys_on_unknown",
+                sql: include_str!(concat!(
+                    "../migrations/",
+                    $dir,
+                    "/0009_idem_keys_on_unknown.sql"
+                )),
+            },
+        ]
+    };
+}
+
+/// SQLite's schema and runner statements.
+pub mod sqlite {
+    use idem_core::Migration;
+
+    /// The key store's own migrations.
+    pub const MIGRATIONS: &[Migration] = migrations!("sqlite");
+    /// A migration's transaction: the write lock taken at `BEGIN`.
+    pub const BEGIN: &str = "BEGIN IMMEDIATE";
+    /// Nothing to set before the first read.
+    pub const PRELUDE: &[&str] = &[];
+    /// Whether the record of migrations exists.
+    pub const TABLE_EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM sqlite_master \
+        WHERE type = 'table' AND name = 'idem_schema_migrations')";
+    /// The record of migrations.
+    pub const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS idem_schema_migrations (
+        component TEXT NOT NULL, version INTEGER NOT NULL, name TEXT NOT NULL,
+        applied_at_ms INTEGER NOT NULL, PRIMARY KEY (component, version))";
+    /// `$1` component, `$2` version, `$3` name applied now.
+    pub const RECORD: &str = "\
+INSERT INTO idem_schema_migrations (component, version, name, applied_at_ms)
+VALUES ($1, $2, $3, CAST(unixepoch('subsec') * 1000 AS INTEGER))";
+}
+
+/// PostgreSQL's schema and runner statements.
+pub mod postgres {
+    use idem_core::Migration;
+
+    /// The key store's own migrations.
+    pub const MIGRATIONS: &[Migration] = migrations!("postgres");
+    /// A migration's transaction.
+    pub const BEGIN: &str = "BEGIN";
+    /// Schema changes may legitimately take longer than the pool's
+    /// statement timeout, and wait for another runner's advisory lock,
+    /// which is taken before anything is read.
+    pub const PRELUDE: &[&str] = &[
+        "SET LOCAL statement_timeout = '15min'; SET LOCAL lock_timeout = '5min'",
+        "SELECT pg_advisory_xact_lock(7226415001)",
+    ];
+    /// Whether the record of migrations exists (checked first so that a
+    /// started server does not log "already exists, skipping" each time).
+    pub const TABLE_EXISTS: &str = "SELECT to_regclass('idem_schema_migrations') IS NOT NULL";
+    /// The record of migrations.
+    pub const CREATE_TABLE: &str = "CREATE TABLE idem_schema_migrations (
+        component TEXT NOT NULL, version BIGINT NOT NULL, name TEXT NOT NULL,
+        applied_at TIMESTAMPTZ NOT NULL DEFAULT now(), PRIMARY KEY (component, version))";
+    /// `$1` component, `$2` version, `$3` name applied now.
+    pub const RECORD: &str =
+        "INSERT INTO idem_schema_migrations (component, version, name) VALUES ($1, $2, $3)";
+}
+
+/// Defines a backend's `migrate_component(pool, component, migrations)`:
+/// `migrate_fn!(Pool, dialect)`, errors through the crate's `map_err`.
+#[macro_export]
+macro_rules! migrate_fn {
+    ($pool:ty, $d:ident) => {
+        /// Applies `migrations` of `component` that this database has not
+        /// recorded in `idem_schema_migrations`, each in a transaction of its
+        /// own with its record, so concurrent runners apply each once (see
+        /// [`idem_sql::migrate`]).
+        pub async fn migrate_component(
+            pool: &$pool,
+            component: &str,
+            migrations: &[idem_core::Migration],
+        ) -> Result<(), idem_core::StoreError> {
+            use $crate::migrate::$d as sql;
+            for m in migrations {
+                let mut tx = pool.begin_with(sql::BEGIN).await.map_err(map_err)?;
+                for statement in sql::PRELUDE {
+                    sqlx::raw_sql(statement)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(map_err)?;
+                }
+                let exists: bool = sqlx::query_scalar(sql::TABLE_EXISTS)
+                    .fetch_one(&mut *tx)
+                    .await
+                    .map_err(map_err)?;
+                if !exists {
+                    sqlx::raw_sql(sql::CREATE_TABLE)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(map_err)?;
+                }
+                let seen: Option<i64> = sqlx::query_scalar($crate::migrate::SEEN)
+                    .bind(component)
+                    .bind(m.version)
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(map_err)?;
+                if seen.is_some() {
+                    continue;
+                }
+                sqlx::raw_sql(m.sql)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(map_err)?;
+                sqlx::query(sql::RECORD)
+                    .bind(component)
+                    .bind(m.version)
+                    .bind(m.name)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(map_err)?;
+                tx.commit().await.map_err(map_err)?;
+            }
+            Ok(())
+        }
+    };
+}
