@@ -77,3 +77,165 @@ macro_rules! binders {
         }
     };
 }
+
+/// What a claim asks for besides the scope: the parameters of
+/// [`KeyStore::claim`](idem_core::KeyStore::claim) as a backend's own
+/// `claim_here` and `insert_completed_here` take them.
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimRequest<'a> {
+    /// The request's fingerprint.
+    pub fingerprint: &'a idem_core::Fingerprint,
+    /// The operation's policy.
+    pub policy: &'a idem_core::Policy,
+    /// Now.
+    pub now_ms: i64,
+}
+
+/// SQLite's claim: under the write lock, a fresh claim or the claim of a
+/// record that expired (replaced in the same statement); a live record is
+/// left alone. `$4` request hash, `$5` now, `$6` expiry.
+pub mod sqlite {
+    /// The claim.
+    pub const INSERT_CLAIM: &str = "\
+INSERT INTO idem_keys (tenant_id, operation, idempotency_key, request_hash, state,
+                       locked_until_ms, created_at_ms, updated_at_ms, expires_at_ms)
+VALUES ($1, $2, $3, $4, 'pending', NULL, $5, $5, $6)
+ON CONFLICT (tenant_id, operation, idempotency_key) DO UPDATE SET
+    request_hash = excluded.request_hash, state = 'pending', status_code = NULL,
+    response_headers = NULL, response_body = NULL, resource_type = NULL,
+    resource_id = NULL, recovery_point = NULL, locked_until_ms = NULL, lock_token = NULL,
+    created_at_ms = excluded.created_at_ms, updated_at_ms = excluded.updated_at_ms,
+    expires_at_ms = excluded.expires_at_ms
+WHERE idem_keys.expires_at_ms <= excluded.created_at_ms
+RETURNING 1";
+}
+
+/// PostgreSQL's claim, in two statements (`$4` request hash, `$5` now, `$6`
+/// expiry).
+pub mod postgres {
+    /// Inserts a pending record unless the key has one. `DO NOTHING` takes
+    /// no row lock on a committed conflicting record, so concurrent replays
+    /// of one hot key do not queue behind each other; it still waits
+    /// (bounded by `lock_timeout`) for a conflicting claim that has not
+    /// committed yet.
+    pub const INSERT_CLAIM: &str = "\
+INSERT INTO idem_keys (tenant_id, operation, idempotency_key, request_hash, state,
+                       locked_until_ms, created_at_ms, updated_at_ms, expires_at_ms)
+VALUES ($1, $2, $3, $4, 'pending', NULL, $5, $5, $6)
+ON CONFLICT (tenant_id, operation, idempotency_key) DO NOTHING
+RETURNING 1";
+
+    /// Takes over a record that expired but was not collected yet. A
+    /// concurrent takeover holds the row lock; under READ COMMITTED this
+    /// statement then re-checks the condition against the winner's row and
+    /// updates nothing.
+    pub const TAKE_OVER_EXPIRED: &str = "\
+UPDATE idem_keys SET
+    request_hash = $4, state = 'pending', status_code = NULL, response_headers = NULL,
+    response_body = NULL, resource_type = NULL, resource_id = NULL, recovery_point = NULL,
+    locked_until_ms = NULL, lock_token = NULL, created_at_ms = $5, updated_at_ms = $5,
+    expires_at_ms = $6
+WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND expires_at_ms <= $5
+RETURNING 1";
+}
+
+/// Implements [`KeyStore`](idem_core::KeyStore) for a backend's store:
+/// `key_store!(Store, Tx, dialect; extra trait items)`. The completion,
+/// commit, rollback, read and purge are written here; the claim, the
+/// optimistic insert and `BEGIN`, which lock differently, are the store's
+/// own `claim_here(scope, ClaimRequest)`, `insert_completed_here(tx,
+/// scope, ClaimRequest, completion)` and `begin_here()`; its `read_first`
+/// reads a record. The transaction type holds its sqlx transaction as
+/// `tx`; the crate's `scoped` and `outcome` binders ([`binders!`](crate::binders)).
+#[macro_export]
+macro_rules! key_store {
+    ($store:ty, $tx:ty, $d:ident $(; $($extra:tt)*)?) => {
+        const _: () = {
+            use idem_core::keys::{Claim, Settled};
+            use idem_core::{
+                Completion, Fingerprint, KeyStore, Policy, Scope, StoreError, StoredRecord,
+            };
+            use $crate::keys::ClaimRequest;
+
+            impl KeyStore for $store {
+                type Tx = $tx;
+
+                async fn claim(
+                    &self,
+                    scope: &Scope,
+                    fingerprint: &Fingerprint,
+                    policy: &Policy,
+                    now_ms: i64,
+                ) -> Result<Claim<$tx>, StoreError> {
+                    let request = ClaimRequest {
+                        fingerprint,
+                        policy,
+                        now_ms,
+                    };
+                    self.claim_here(scope, request).await
+                }
+
+                async fn complete(
+                    &self,
+                    mut tx: $tx,
+                    scope: &Scope,
+                    completion: &Completion,
+                    now_ms: i64,
+                ) -> Result<(), StoreError> {
+                    let update = outcome(scoped($crate::keys::UPDATE_COMPLETE, scope), completion)
+                        .bind(now_ms);
+                    let done = self
+                        .bounded(async { update.execute(&mut *tx).await.map_err(|e| self.map(e)) })
+                        .await?;
+                    if done.rows_affected() != 1 {
+                        return Err(StoreError::Corrupt {
+                            detail: "the claimed record is no longer pending".into(),
+                        });
+                    }
+                    self.commit_tx(tx.tx).await
+                }
+
+                async fn insert_completed(
+                    &self,
+                    tx: $tx,
+                    scope: &Scope,
+                    fingerprint: &Fingerprint,
+                    completion: &Completion,
+                    policy: &Policy,
+                    now_ms: i64,
+                ) -> Result<Settled, StoreError> {
+                    let request = ClaimRequest {
+                        fingerprint,
+                        policy,
+                        now_ms,
+                    };
+                    self.insert_completed_here(tx, scope, request, completion)
+                        .await
+                }
+
+                async fn begin(&self) -> Result<$tx, StoreError> {
+                    self.begin_here().await
+                }
+
+                async fn commit(&self, tx: $tx) -> Result<(), StoreError> {
+                    self.commit_tx(tx.tx).await
+                }
+
+                async fn rollback(&self, tx: $tx) -> Result<(), StoreError> {
+                    self.bounded(async { tx.tx.rollback().await.map_err(|e| self.map(e)) })
+                        .await
+                }
+
+                async fn fetch(&self, scope: &Scope) -> Result<Option<StoredRecord>, StoreError> {
+                    self.bounded(self.read_first(scope)).await
+                }
+
+                async fn purge_expired(&self, now_ms: i64, limit: u32) -> Result<u64, StoreError> {
+                    self.purge($crate::purge::$d::KEYS, now_ms, limit).await
+                }
+
+                $($($extra)*)?
+            }
+        };
+    };
+}

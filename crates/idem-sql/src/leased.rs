@@ -118,11 +118,79 @@ pub struct LeaseClaim<'a> {
 /// backend's store: every write after the claim is one autocommit statement
 /// of this module (through the store's `bounded_write`, with the crate's
 /// `scoped` and `outcome` binders, [`binders!`](crate::binders)); the claim,
-/// whose locking differs, is the store's own `claim_leased_here`, with the
-/// trait method's parameters.
+/// whose locking differs, is the store's own `claim_leased_here(scope,
+/// LeaseClaim, now_ms)`, written with the two statement builders this
+/// macro defines: `claim_insert` (the fresh claim) and `claim_over` (what a
+/// claim writes over the record it found, if anything):
+/// `leased_store!(Store, Database)`.
 #[macro_export]
 macro_rules! leased_store {
-    ($store:ty) => {
+    ($store:ty, $db:ty) => {
+        /// A claim's statement `sql` with `$1`..`$7` bound: the scope,
+        /// request hash, lease end, token, now.
+        fn claim_query<'q>(
+            sql: &'q str,
+            scope: &'q idem_core::Scope,
+            c: &$crate::leased::LeaseClaim<'q>,
+            now_ms: i64,
+        ) -> sqlx::query::Query<'q, $db, <$db as sqlx::Database>::Arguments<'q>> {
+            scoped(sql, scope)
+                .bind(&c.fingerprint.as_bytes()[..])
+                .bind(c.locked_until_ms)
+                .bind(c.token.as_str())
+                .bind(now_ms)
+        }
+
+        /// The fresh claim ([`idem_sql::leased::INSERT`]).
+        fn claim_insert<'q>(
+            scope: &'q idem_core::Scope,
+            c: &$crate::leased::LeaseClaim<'q>,
+            now_ms: i64,
+        ) -> sqlx::query::Query<'q, $db, <$db as sqlx::Database>::Arguments<'q>> {
+            let expiry = idem_core::leased::claim_expires_at_ms(c.policy, c.on_unknown, now_ms);
+            claim_query($crate::leased::INSERT, scope, c, now_ms)
+                .bind(expiry)
+                .bind(c.on_unknown.as_str())
+        }
+
+        /// What a claim writes over `record`, which it found in its way:
+        /// the reclaim of an expired record or the takeover of an abandoned
+        /// lease, with what winning it answers; `None` when the record stays
+        /// as it is (a replay, a live lease, another request).
+        fn claim_over<'q>(
+            record: &idem_core::StoredRecord,
+            scope: &'q idem_core::Scope,
+            c: &$crate::leased::LeaseClaim<'q>,
+            now_ms: i64,
+        ) -> Option<(
+            sqlx::query::Query<'q, $db, <$db as sqlx::Database>::Arguments<'q>>,
+            idem_core::leased::LeasedClaim,
+        )> {
+            use idem_core::leased::{LeasedClaim, NextStep, claim_expires_at_ms, next_step};
+            let expiry = claim_expires_at_ms(c.policy, c.on_unknown, now_ms);
+            match next_step(record, c.fingerprint, c.on_unknown, now_ms) {
+                NextStep::Keep => None,
+                NextStep::Reclaim => Some((
+                    claim_query($crate::leased::RECLAIM_EXPIRED, scope, c, now_ms)
+                        .bind(expiry)
+                        .bind(c.on_unknown.as_str()),
+                    LeasedClaim::Claimed,
+                )),
+                NextStep::TakeOver => {
+                    let ended = record.locked_until_ms.unwrap_or(now_ms);
+                    Some((
+                        claim_query($crate::leased::TAKE_OVER, scope, c, now_ms)
+                            .bind(ended)
+                            .bind(c.on_unknown.as_str())
+                            .bind(expiry),
+                        LeasedClaim::TakenOver {
+                            lease_ended_at_ms: ended,
+                        },
+                    ))
+                }
+            }
+        }
+
         const _: () = {
             use idem_core::leased::{
                 LeaseToken, LeasedClaim, LeasedKeyStore, OnUnknown, Resolution,

@@ -7,10 +7,38 @@
 
 use std::sync::LazyLock;
 
+use idem_core::steps::{Lease, RunChange, StepRecord};
+
 use crate::columns::{MESSAGE_COLUMNS, RUN_COLUMNS, STEP_COLUMNS};
 
 /// A key record's expiry while its run lives: never.
 pub const NEVER_MS: i64 = i64::MAX;
+
+/// One fenced write of a run, as a backend's `record_in` and
+/// `record_here` take it: the parameters of `RunStore::record_run`.
+#[derive(Clone, Copy)]
+pub struct RunWrite<'a> {
+    /// The lease the write is fenced by.
+    pub lease: &'a Lease,
+    /// What changes.
+    pub change: &'a RunChange<'a>,
+    /// The step written with it, if any.
+    pub step: Option<&'a StepRecord>,
+    /// Now.
+    pub now_ms: i64,
+}
+
+/// A takeover, as a backend's `take_over_here` and `claim_due_here` take
+/// it: who takes over, when, until when.
+#[derive(Debug, Clone, Copy)]
+pub struct Takeover<'a> {
+    /// The new holder.
+    pub holder: &'a str,
+    /// Now.
+    pub now_ms: i64,
+    /// The new lease's end.
+    pub locked_until_ms: i64,
+}
 
 /// The store's namespace, when drawn.
 pub const NAMESPACE: &str = "SELECT value FROM idem_meta WHERE name = 'namespace'";
@@ -79,6 +107,78 @@ pub mod sqlite {
     /// The ledger claim.
     pub const CLAIM_MESSAGE: &str = claim_message!("MAX");
 
+    /// The fenced update every write of a run goes through (`$1` run, `$2`
+    /// fence, `$3`..`$14` the change: `failure` is kept once set; `$6` says
+    /// whether the block is replaced by `$7`/`$8`); answers the run's scope.
+    pub const UPDATE_RUN: &str = "\
+UPDATE idem_runs SET
+    state = COALESCE($3, state),
+    recovery_point = COALESCE($4, recovery_point),
+    failure = COALESCE(failure, $5),
+    blocked_step = CASE WHEN $6 THEN $7 ELSE blocked_step END,
+    attention = CASE WHEN $6 THEN $8 ELSE attention END,
+    no_return = no_return OR $9,
+    locked_until_ms = COALESCE($10, locked_until_ms),
+    holder = CASE WHEN $11 THEN NULL ELSE holder END,
+    fence = fence + $12,
+    finished_at_ms = CASE WHEN $13 IS NULL THEN finished_at_ms ELSE $14 END,
+    expires_at_ms = COALESCE($13, expires_at_ms),
+    updated_at_ms = $14
+WHERE id = $1 AND fence = $2
+RETURNING tenant_id, operation, idempotency_key";
+
+    /// The step written with a fenced write.
+    pub const UPSERT_STEP: &str = "\
+INSERT INTO idem_run_steps (run_id, name, seq, kind, state, attempts, step_key, fence, result,
+                            error, started_at_ms, finished_at_ms, updated_at_ms, failures)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+ON CONFLICT (run_id, name) DO UPDATE SET
+    state = excluded.state, attempts = excluded.attempts, failures = excluded.failures,
+    fence = excluded.fence,
+    result = excluded.result, error = excluded.error,
+    started_at_ms = COALESCE(idem_run_steps.started_at_ms, excluded.started_at_ms),
+    finished_at_ms = excluded.finished_at_ms, updated_at_ms = excluded.updated_at_ms";
+
+    /// The ledger mark written with a fenced write: `$1` message, `$2`
+    /// state, `$3` run, `$4` now.
+    pub const MARK_MESSAGE: &str = "\
+UPDATE idem_send_once SET state = $2,
+    sent_at_ms = CASE WHEN $2 = 'sent' THEN $4 ELSE sent_at_ms END, updated_at_ms = $4
+WHERE message_id = $1 AND run_id = $3";
+
+    /// The key record's expiry: `$1`..`$3` the scope, `$4` the expiry.
+    pub const KEY_EXPIRY: &str = "\
+UPDATE idem_keys SET expires_at_ms = $4
+WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3";
+
+    /// A run of the id about to be created: its state and fence.
+    pub const RUN_STATE: &str = "SELECT state, fence FROM idem_runs WHERE id = $1";
+
+    /// A final run of the id, left from a key record that expired.
+    pub const DELETE_RUN: &str = "DELETE FROM idem_runs WHERE id = $1";
+
+    /// A new run: `$1`..`$10` as [`super::postgres::CREATE_RUN`], `$11` its
+    /// fence.
+    pub const INSERT_RUN: &str = "\
+INSERT INTO idem_runs (id, tenant_id, operation, idempotency_key, state, input, holder,
+                       locked_until_ms, fence, deadline_ms, ttl_ms, created_at_ms,
+                       updated_at_ms)
+VALUES ($1, $2, $3, $4, 'running', $5, $6, $7, $11, $8, $9, $10, $10)";
+
+    /// The due runs, taken over: `$1` holder, `$2` now, `$3` lease end, `$4`
+    /// operations (a JSON array), `$5` limit.
+    pub static CLAIM_DUE: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "UPDATE idem_runs SET fence = fence + 1, holder = $1, locked_until_ms = $3,
+                 takeovers = takeovers + 1, updated_at_ms = $2
+             WHERE id IN (SELECT id FROM idem_runs
+                          WHERE state IN ('running', 'compensating') AND locked_until_ms <= $2
+                            AND operation IN (SELECT value FROM json_each($4))
+                          ORDER BY locked_until_ms LIMIT $5)
+             RETURNING {RUN_COLUMNS}"
+        )
+    });
+
     /// The steps of `$1` (a JSON array of run ids).
     pub static STEPS_OF: LazyLock<String> = LazyLock::new(|| {
         format!(
@@ -103,6 +203,92 @@ pub mod postgres {
     /// The ledger claim.
     pub const CLAIM_MESSAGE: &str = claim_message!("GREATEST");
 
+    /// Every write of a run: the fenced update (`$1`..`$14` as SQLite's
+    /// `UPDATE_RUN`), and — only when it matched — the step upsert (when
+    /// `$15` names a step), the ledger mark (when `$26` names a message) and
+    /// the key record's expiry (when `$13` is set). One statement, one round
+    /// trip; it answers 1 when written, 0 when fenced out.
+    pub const RECORD: &str = "\
+WITH r AS (
+    UPDATE idem_runs SET
+        state = COALESCE($3, state),
+        recovery_point = COALESCE($4, recovery_point),
+        failure = COALESCE(failure, $5),
+        blocked_step = CASE WHEN $6 THEN $7 ELSE blocked_step END,
+        attention = CASE WHEN $6 THEN $8 ELSE attention END,
+        no_return = no_return OR $9,
+        locked_until_ms = COALESCE($10, locked_until_ms),
+        holder = CASE WHEN $11 THEN NULL ELSE holder END,
+        fence = fence + $12,
+        finished_at_ms = CASE WHEN $13::bigint IS NULL THEN finished_at_ms ELSE $14 END,
+        expires_at_ms = COALESCE($13, expires_at_ms),
+        updated_at_ms = $14
+    WHERE id = $1 AND fence = $2
+    RETURNING id, tenant_id, operation, idempotency_key),
+s AS (
+    INSERT INTO idem_run_steps (run_id, name, seq, kind, state, attempts, step_key, fence,
+                                result, error, started_at_ms, finished_at_ms, updated_at_ms,
+                                failures)
+    SELECT r.id, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $14, $28
+    FROM r WHERE $15::text IS NOT NULL
+    ON CONFLICT (run_id, name) DO UPDATE SET
+        state = excluded.state, attempts = excluded.attempts, failures = excluded.failures,
+        fence = excluded.fence,
+        result = excluded.result, error = excluded.error,
+        started_at_ms = COALESCE(idem_run_steps.started_at_ms, excluded.started_at_ms),
+        finished_at_ms = excluded.finished_at_ms, updated_at_ms = excluded.updated_at_ms),
+m AS (
+    UPDATE idem_send_once SET state = $27,
+        sent_at_ms = CASE WHEN $27 = 'sent' THEN $14 ELSE sent_at_ms END, updated_at_ms = $14
+    FROM r WHERE idem_send_once.message_id = $26 AND idem_send_once.run_id = r.id),
+k AS (
+    UPDATE idem_keys SET expires_at_ms = $13 FROM r
+    WHERE $13::bigint IS NOT NULL AND idem_keys.tenant_id = r.tenant_id
+      AND idem_keys.operation = r.operation AND idem_keys.idempotency_key = r.idempotency_key)
+SELECT count(*) FROM r";
+
+    /// A new run (`$1` id, `$2`..`$4` the scope, `$5` input, `$6` holder,
+    /// `$7` lease end, `$8` deadline, `$9` TTL, `$10` now, `$11` the key's
+    /// expiry while it lives). A final run of the id (left from an expired
+    /// key record) is replaced, its fence carried on; a live one is left
+    /// alone and nothing is returned.
+    pub const CREATE_RUN: &str = "\
+WITH k AS (
+    UPDATE idem_keys SET expires_at_ms = $11
+    WHERE tenant_id = $2 AND operation = $3 AND idempotency_key = $4),
+s AS (DELETE FROM idem_run_steps WHERE run_id = $1
+      AND EXISTS (SELECT 1 FROM idem_runs WHERE id = $1 AND state IN ('completed', 'failed')))
+INSERT INTO idem_runs (id, tenant_id, operation, idempotency_key, state, input, holder,
+                       locked_until_ms, fence, deadline_ms, ttl_ms, created_at_ms, updated_at_ms)
+VALUES ($1, $2, $3, $4, 'running', $5, $6, $7, 1, $8, $9, $10, $10)
+ON CONFLICT (id) DO UPDATE SET
+    state = 'running', input = excluded.input, recovery_point = NULL, failure = NULL,
+    blocked_step = NULL, attention = NULL, no_return = FALSE, holder = excluded.holder,
+    locked_until_ms = excluded.locked_until_ms, fence = idem_runs.fence + 1, takeovers = 0,
+    deadline_ms = excluded.deadline_ms, ttl_ms = excluded.ttl_ms,
+    created_at_ms = excluded.created_at_ms, updated_at_ms = excluded.updated_at_ms,
+    finished_at_ms = NULL, expires_at_ms = NULL
+WHERE idem_runs.state IN ('completed', 'failed')
+RETURNING fence";
+
+    /// The due runs, taken over, skipping rows another claimer holds: `$1`
+    /// holder, `$2` now, `$3` lease end, `$4` operations (an array), `$5`
+    /// limit.
+    pub static CLAIM_DUE: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "UPDATE idem_runs SET fence = fence + 1, holder = $1, locked_until_ms = $3,
+                 takeovers = takeovers + 1, updated_at_ms = $2
+             WHERE id = ANY(ARRAY(
+                 SELECT id FROM idem_runs
+                 WHERE state IN ('running', 'compensating') AND locked_until_ms <= $2
+                   AND operation = ANY($4)
+                 ORDER BY locked_until_ms LIMIT $5
+                 FOR UPDATE SKIP LOCKED))
+               AND state IN ('running', 'compensating') AND locked_until_ms <= $2
+             RETURNING {RUN_COLUMNS}"
+        )
+    });
+
     /// The steps of `$1` (an array of run ids).
     pub static STEPS_OF: LazyLock<String> = LazyLock::new(|| {
         format!(
@@ -121,15 +307,64 @@ pub mod postgres {
 }
 
 /// Defines `steps_of(conn, runs)` (reads the steps of `runs` and attaches
-/// them) and implements [`RunStore`](idem_core::steps::RunStore) for a
-/// backend's store: `run_store!(Store, Tx, Connection, dialect)`. The
-/// writes that lock differently are the store's own: `create_run_here`,
-/// `record_in`, `record_here`, `take_over_here` and `claim_due_here`, with
-/// the trait methods' parameters. The crate provides `text_list(Vec<String>)`,
-/// texts as its dialect binds a list.
+/// them), `change_query(sql, write)` (binds a fenced write's `$1`..`$14`)
+/// and `new_run_query(sql, run)` (binds a new run's `$1`..`$10`), and
+/// implements [`RunStore`](idem_core::steps::RunStore) for a backend's
+/// store: `run_store!(Store, Tx, Connection, Database, dialect)`. The
+/// writes that lock differently are the store's own: `create_run_here(tx,
+/// run)`, `record_in(tx, RunWrite)`, `record_here(RunWrite)`,
+/// `take_over_here(id, Takeover)` and `claim_due_here(operations, Takeover,
+/// limit)`. The crate provides `text_list(Vec<String>)`, texts as its
+/// dialect binds a list.
 #[macro_export]
 macro_rules! run_store {
-    ($store:ty, $tx:ty, $conn:ty, $d:ident) => {
+    ($store:ty, $tx:ty, $conn:ty, $db:ty, $d:ident) => {
+        /// A fenced write's `$1` (run) .. `$14` (now) of `sql`.
+        fn change_query<'q>(
+            sql: &'q str,
+            w: &$crate::runs::RunWrite<'q>,
+        ) -> sqlx::query::Query<'q, $db, <$db as sqlx::Database>::Arguments<'q>> {
+            let change = w.change;
+            let (set_block, blocked, why) = match change.attention {
+                None => (false, None, None),
+                Some(None) => (true, None, None),
+                Some(Some((step, why))) => (true, Some(step), Some(why)),
+            };
+            sqlx::query(sql)
+                .bind(w.lease.run.as_str())
+                .bind(w.lease.fence.0)
+                .bind(change.state.map(|s| s.as_str()))
+                .bind(change.recovery_point)
+                .bind(change.failure.map(|f| f.to_json()))
+                .bind(set_block)
+                .bind(blocked)
+                .bind(why)
+                .bind(change.no_return)
+                .bind(change.locked_until_ms)
+                .bind(change.release)
+                .bind(i64::from(change.bump_fence))
+                .bind(change.expires_at_ms)
+                .bind(w.now_ms)
+        }
+
+        /// A new run's `$1` (id) .. `$10` (now) of `sql`.
+        fn new_run_query<'q>(
+            sql: &'q str,
+            run: &'q idem_core::steps::NewRun<'q>,
+        ) -> sqlx::query::Query<'q, $db, <$db as sqlx::Database>::Arguments<'q>> {
+            sqlx::query(sql)
+                .bind(run.id.as_str())
+                .bind(run.scope.tenant.as_str())
+                .bind(run.scope.operation.as_str())
+                .bind(run.scope.key.as_str())
+                .bind(run.input)
+                .bind(run.holder)
+                .bind(run.locked_until_ms)
+                .bind(run.deadline_ms)
+                .bind(run.ttl_ms)
+                .bind(run.now_ms)
+        }
+
         /// Reads the steps of `runs` on `conn` and attaches them.
         async fn steps_of(
             conn: &mut $conn,
@@ -201,7 +436,13 @@ macro_rules! run_store {
                     step: Option<&StepRecord>,
                     now_ms: i64,
                 ) -> Result<bool, StoreError> {
-                    record_in(tx, lease, change, step, now_ms).await
+                    let write = sql::RunWrite {
+                        lease,
+                        change,
+                        step,
+                        now_ms,
+                    };
+                    record_in(tx, write).await
                 }
 
                 async fn record_run(
@@ -211,7 +452,13 @@ macro_rules! run_store {
                     step: Option<&StepRecord>,
                     now_ms: i64,
                 ) -> Result<bool, StoreError> {
-                    self.record_here(lease, change, step, now_ms).await
+                    let write = sql::RunWrite {
+                        lease,
+                        change,
+                        step,
+                        now_ms,
+                    };
+                    self.record_here(write).await
                 }
 
                 async fn claim_message(
@@ -252,8 +499,12 @@ macro_rules! run_store {
                     now_ms: i64,
                     locked_until_ms: i64,
                 ) -> Result<Option<RunRecord>, StoreError> {
-                    self.take_over_here(id, holder, now_ms, locked_until_ms)
-                        .await
+                    let takeover = sql::Takeover {
+                        holder,
+                        now_ms,
+                        locked_until_ms,
+                    };
+                    self.take_over_here(id, takeover).await
                 }
 
                 async fn claim_due(
@@ -264,8 +515,12 @@ macro_rules! run_store {
                     locked_until_ms: i64,
                     limit: u32,
                 ) -> Result<Vec<RunRecord>, StoreError> {
-                    let lease = (holder, now_ms, locked_until_ms);
-                    self.claim_due_here(operations, lease, limit).await
+                    let takeover = sql::Takeover {
+                        holder,
+                        now_ms,
+                        locked_until_ms,
+                    };
+                    self.claim_due_here(operations, takeover, limit).await
                 }
 
                 async fn load_run(&self, id: &RunId) -> Result<Option<RunRecord>, StoreError> {

@@ -6,15 +6,16 @@
 //! claimers never both win; every later write is one statement conditional
 //! on the token.
 
-use idem_core::leased::{LeasedClaim, NextStep, claim_expires_at_ms, next_step};
+use idem_core::leased::{LeasedClaim, NextStep, next_step};
 use idem_core::{KeyStore, Scope, StoreError};
 use idem_sql::decode::record;
-use idem_sql::leased::{self as sql, LeaseClaim};
+use idem_sql::leased::{LeaseClaim, SELECT};
+use sqlx::Sqlite;
 
 use crate::SqliteStore;
 use crate::keys::{outcome, scoped};
 
-idem_sql::leased_store!(SqliteStore);
+idem_sql::leased_store!(SqliteStore, Sqlite);
 
 impl SqliteStore {
     /// The claim: one `BEGIN IMMEDIATE` transaction after a read.
@@ -24,77 +25,39 @@ impl SqliteStore {
         c: LeaseClaim<'_>,
         now_ms: i64,
     ) -> Result<LeasedClaim, StoreError> {
-        let LeaseClaim {
-            fingerprint,
-            policy,
-            token,
-            locked_until_ms,
-            on_unknown,
-        } = c;
         // Replays and live leases: a read, without the write lock.
-        if let Some(record) = self.fetch(scope).await?
-            && next_step(&record, fingerprint, on_unknown, now_ms) == NextStep::Keep
+        if let Some(found) = self.fetch(scope).await?
+            && next_step(&found, c.fingerprint, c.on_unknown, now_ms) == NextStep::Keep
         {
-            return Ok(LeasedClaim::Existing(record));
+            return Ok(LeasedClaim::Existing(found));
         }
-        // `$4`..`$7`; the statements that (re)create the record add `$8`.
-        let claim = |sql: &'static str| {
-            scoped(sql, scope)
-                .bind(&fingerprint.as_bytes()[..])
-                .bind(locked_until_ms)
-                .bind(token.as_str())
-                .bind(now_ms)
-        };
-        let expiry = claim_expires_at_ms(policy, on_unknown, now_ms);
         let mut tx = self.begin_immediate().await?;
-        let inserted = claim(sql::INSERT)
-            .bind(expiry)
-            .bind(on_unknown.as_str())
+        let fresh = claim_insert(scope, &c, now_ms)
             .fetch_optional(&mut *tx)
             .await
             .map_err(|e| self.map(e))?;
-        let claim = if inserted.is_some() {
+        let won = if fresh.is_some() {
             LeasedClaim::Claimed
         } else {
-            let row = scoped(sql::SELECT, scope)
+            let Some(row) = scoped(SELECT, scope)
                 .fetch_optional(&mut *tx)
                 .await
-                .map_err(|e| self.map(e))?;
-            let Some(row) = row else {
+                .map_err(|e| self.map(e))?
+            else {
                 return Err(StoreError::Corrupt {
                     detail: "conflicting key record vanished inside a write transaction".into(),
                 });
             };
-            let record = record(&row)?;
+            let found = record(&row)?;
             // The write lock is ours: what was read is what is written over.
-            let (statement, claim) = match next_step(&record, fingerprint, on_unknown, now_ms) {
-                NextStep::Reclaim => (
-                    claim(sql::RECLAIM_EXPIRED)
-                        .bind(expiry)
-                        .bind(on_unknown.as_str()),
-                    LeasedClaim::Claimed,
-                ),
-                NextStep::TakeOver => {
-                    let ended = record.locked_until_ms.unwrap_or(now_ms);
-                    (
-                        claim(sql::TAKE_OVER)
-                            .bind(ended)
-                            .bind(on_unknown.as_str())
-                            .bind(expiry),
-                        LeasedClaim::TakenOver {
-                            lease_ended_at_ms: ended,
-                        },
-                    )
-                }
-                NextStep::Keep => {
-                    let _ = tx.rollback().await;
-                    return Ok(LeasedClaim::Existing(record));
-                }
+            let Some((statement, won)) = claim_over(&found, scope, &c, now_ms) else {
+                let _ = tx.rollback().await;
+                return Ok(LeasedClaim::Existing(found));
             };
             statement.execute(&mut *tx).await.map_err(|e| self.map(e))?;
-            claim
+            won
         };
         self.commit_tx(tx).await?;
-        Ok(claim)
+        Ok(won)
     }
 }
