@@ -46,14 +46,7 @@ impl PgConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         const C: &str = "PgConfig";
         let (second, hour) = (Duration::from_secs(1), Duration::from_secs(3600));
-        ConfigError::check_range(C, "max_connections", self.max_connections, 1, 10_000)?;
-        ConfigError::check_duration(
-            C,
-            "acquire_timeout",
-            self.acquire_timeout,
-            Duration::from_millis(10),
-            hour,
-        )?;
+        idem_sql::store::check_pool(C, self.max_connections, self.acquire_timeout)?;
         ConfigError::check_duration(
             C,
             "lock_timeout",

@@ -179,11 +179,6 @@ impl PgStore {
         }
     }
 
-    /// The pool, for reads outside a key's transaction.
-    pub fn pool(&self) -> &PgPool {
-        &self.pool
-    }
-
     /// The database server's clock, which every lease, takeover and expiry
     /// on this store is judged by ([`KeyStore::clock`] hands it out as
     /// a [`SharedClock`]); see [`clock`] for what it assumes.
@@ -191,11 +186,7 @@ impl PgStore {
         &self.clock
     }
 
-    /// Applies the key store's migrations (idempotent, safe to run from several
-    /// processes at once).
-    pub async fn migrate(&self) -> Result<(), StoreError> {
-        migrate_component(&self.pool, "idem", crate::MIGRATIONS).await
-    }
+    idem_sql::store_common!(PgPool);
 
     /// Opens a transaction whose statements wait up to `wait` for row locks.
     pub(crate) async fn begin_waiting(
@@ -239,8 +230,6 @@ impl PgStore {
     pub(crate) fn map(&self, e: sqlx::Error) -> StoreError {
         map_err(e)
     }
-
-    idem_sql::purge_fn!();
 }
 
 /// Ids as PostgreSQL binds a list: an array (`= ANY($n)`).

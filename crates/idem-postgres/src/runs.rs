@@ -10,7 +10,7 @@ use idem_core::{Operation, StoreError};
 use idem_sql::decode;
 use idem_sql::row::get;
 use idem_sql::runs::postgres as sql;
-use idem_sql::runs::{NEVER_MS, RunWrite, TAKE_OVER, Takeover};
+use idem_sql::runs::{NEVER_MS, RunWrite, Takeover};
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
 use sqlx::{PgConnection, Postgres};
@@ -86,12 +86,7 @@ impl PgStore {
         id: &RunId,
         t: Takeover<'_>,
     ) -> Result<Option<RunRecord>, StoreError> {
-        let taken = sqlx::query(&TAKE_OVER)
-            .bind(id.as_str())
-            .bind(t.holder)
-            .bind(t.now_ms)
-            .bind(t.locked_until_ms)
-            .fetch_optional(self.pool());
+        let taken = take_over_query(id, t).fetch_optional(self.pool());
         let Some(row) = self.bounded_write(taken).await? else {
             return Ok(None);
         };
@@ -109,14 +104,7 @@ impl PgStore {
         t: Takeover<'_>,
         limit: u32,
     ) -> Result<Vec<RunRecord>, StoreError> {
-        let ops: Vec<String> = operations.iter().map(|o| o.as_str().to_owned()).collect();
-        let claim = sqlx::query(&sql::CLAIM_DUE)
-            .bind(t.holder)
-            .bind(t.now_ms)
-            .bind(t.locked_until_ms)
-            .bind(text_list(ops))
-            .bind(i64::from(limit))
-            .fetch_all(self.pool());
+        let claim = claim_due_query(operations, t, limit).fetch_all(self.pool());
         let claimed = self.bounded_write(claim).await?;
         let mut due: Vec<RunRecord> = claimed.iter().map(decode::run).collect::<Result<_, _>>()?;
         self.with_steps(&mut due).await?;

@@ -13,12 +13,8 @@ idem_sql::webhook_store!(PgStore, Postgres, postgres);
 impl PgStore {
     /// One statement, hence one transaction and one round trip: the
     /// receipt and its inbox record commit together or not at all.
-    async fn accept_here(
-        &self,
-        r: &NewReceipt,
-        now_ms: i64,
-        expires_at_ms: i64,
-    ) -> Result<Accepted, StoreError> {
+    async fn accept_here(&self, r: &NewReceipt, at: (i64, i64)) -> Result<Accepted, StoreError> {
+        let (now_ms, expires_at_ms) = at;
         let insert = receipt_insert(r, now_ms, expires_at_ms).fetch_optional(self.pool());
         Ok(match self.bounded_write(insert).await? {
             Some(_) => Accepted::New,

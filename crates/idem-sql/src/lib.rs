@@ -31,4 +31,5 @@ pub mod patterns;
 pub mod purge;
 pub mod row;
 pub mod runs;
+pub mod store;
 pub mod webhooks;

@@ -347,6 +347,34 @@ macro_rules! run_store {
                 .bind(w.now_ms)
         }
 
+        /// The takeover of `id` ([`idem_sql::runs::TAKE_OVER`]).
+        fn take_over_query<'q>(
+            id: &'q idem_core::steps::RunId,
+            t: $crate::runs::Takeover<'q>,
+        ) -> sqlx::query::Query<'q, $db, <$db as sqlx::Database>::Arguments<'q>> {
+            sqlx::query(&$crate::runs::TAKE_OVER)
+                .bind(id.as_str())
+                .bind(t.holder)
+                .bind(t.now_ms)
+                .bind(t.locked_until_ms)
+        }
+
+        /// The claim of the due runs of `operations`, at most `limit` (the
+        /// dialect's `CLAIM_DUE`).
+        fn claim_due_query<'q>(
+            operations: &[idem_core::Operation],
+            t: $crate::runs::Takeover<'q>,
+            limit: u32,
+        ) -> sqlx::query::Query<'q, $db, <$db as sqlx::Database>::Arguments<'q>> {
+            let ops = operations.iter().map(|o| o.as_str().to_owned()).collect();
+            sqlx::query(&$crate::runs::$d::CLAIM_DUE)
+                .bind(t.holder)
+                .bind(t.now_ms)
+                .bind(t.locked_until_ms)
+                .bind(text_list(ops))
+                .bind(i64::from(limit))
+        }
+
         /// A new run's `$1` (id) .. `$10` (now) of `sql`.
         fn new_run_query<'q>(
             sql: &'q str,

@@ -200,8 +200,8 @@ ON CONFLICT (endpoint, entity_id) DO UPDATE SET
 
 /// Implements [`WebhookStore`](idem_core::webhooks::WebhookStore) for a
 /// backend's store: `webhook_store!(Store, Database, dialect)`. The
-/// acceptance, whose transaction differs, is the store's own `accept_here`,
-/// with the trait method's parameters; it binds the receipt with the
+/// acceptance, whose transaction differs, is the store's own
+/// `accept_here(receipt, (now_ms, expires_at_ms))`; it binds the receipt with the
 /// `receipt_insert` this macro defines.
 #[macro_export]
 macro_rules! webhook_store {
@@ -243,7 +243,7 @@ macro_rules! webhook_store {
                     now_ms: i64,
                     expires_at_ms: i64,
                 ) -> Result<Accepted, StoreError> {
-                    self.accept_here(r, now_ms, expires_at_ms).await
+                    self.accept_here(r, (now_ms, expires_at_ms)).await
                 }
 
                 async fn claim_receipts(

@@ -32,15 +32,8 @@ impl SqliteConfig {
     /// Checks every bound (called by [`SqliteStore::connect`](crate::SqliteStore::connect)).
     pub fn validate(&self) -> Result<(), ConfigError> {
         const C: &str = "SqliteConfig";
+        idem_sql::store::check_pool(C, self.max_connections, self.acquire_timeout)?;
         let hour = Duration::from_secs(3600);
-        ConfigError::check_range(C, "max_connections", self.max_connections, 1, 10_000)?;
-        ConfigError::check_duration(
-            C,
-            "acquire_timeout",
-            self.acquire_timeout,
-            Duration::from_millis(10),
-            hour,
-        )?;
         ConfigError::check_duration(C, "busy_timeout", self.busy_timeout, Duration::ZERO, hour)
     }
 }

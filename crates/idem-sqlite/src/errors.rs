@@ -31,10 +31,6 @@ pub fn map_err(e: sqlx::Error) -> StoreError {
                 _ => StoreError::Database { source: e.into() },
             }
         }
-        sqlx::Error::Io(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed => StoreError::Unavailable { source: e.into() },
-        _ => StoreError::Database { source: e.into() },
+        _ => idem_sql::store::map_client_err(e),
     }
 }

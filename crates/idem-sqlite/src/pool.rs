@@ -2,7 +2,6 @@
 //! `COMMIT`, and the glue the shared statements of [`idem_sql`] run
 //! through (`map`, `bounded`, `bounded_write`, `purge`).
 
-use std::future::Future;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -69,15 +68,7 @@ impl SqliteStore {
         }
     }
 
-    /// The pool, for reads outside a key's transaction.
-    pub fn pool(&self) -> &SqlitePool {
-        &self.pool
-    }
-
-    /// Applies the key store's migrations (idempotent).
-    pub async fn migrate(&self) -> Result<(), StoreError> {
-        migrate_component(&self.pool, "idem", crate::MIGRATIONS).await
-    }
+    idem_sql::store_common!(SqlitePool);
 
     /// `BEGIN IMMEDIATE`, in a task of its own: sqlx 0.8's `begin_with` is not
     /// cancel safe, and a caller dropped between the worker's `BEGIN` and the
@@ -124,23 +115,7 @@ impl SqliteStore {
         }
     }
 
-    /// A local file needs no client-side deadline: the call as it is.
-    pub(crate) async fn bounded<T>(
-        &self,
-        call: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        call.await
-    }
-
-    /// One autocommit statement that writes, its error through [`Self::map`].
-    pub(crate) async fn bounded_write<T>(
-        &self,
-        statement: impl Future<Output = Result<T, sqlx::Error>>,
-    ) -> Result<T, StoreError> {
-        statement.await.map_err(|e| self.map(e))
-    }
-
-    idem_sql::purge_fn!();
+    idem_sql::unbounded!();
 }
 
 /// The file an `sqlite:` URL names (`sqlite://PATH?…` or `sqlite:PATH`), or

@@ -9,7 +9,7 @@ use idem_core::{Operation, StoreError};
 use idem_sql::decode;
 use idem_sql::row::get;
 use idem_sql::runs::sqlite as sql;
-use idem_sql::runs::{NEVER_MS, RunWrite, TAKE_OVER, Takeover};
+use idem_sql::runs::{NEVER_MS, RunWrite, Takeover};
 use sqlx::{Sqlite, SqliteConnection};
 
 use crate::pool::text_list;
@@ -133,11 +133,7 @@ impl SqliteStore {
         t: Takeover<'_>,
     ) -> Result<Option<RunRecord>, StoreError> {
         let mut tx = self.begin_immediate().await?;
-        let row = sqlx::query(&TAKE_OVER)
-            .bind(id.as_str())
-            .bind(t.holder)
-            .bind(t.now_ms)
-            .bind(t.locked_until_ms)
+        let row = take_over_query(id, t)
             .fetch_optional(&mut *tx)
             .await
             .map_err(|e| self.map(e))?;
@@ -159,14 +155,8 @@ impl SqliteStore {
         t: Takeover<'_>,
         limit: u32,
     ) -> Result<Vec<RunRecord>, StoreError> {
-        let ops = operations.iter().map(|o| o.as_str().to_owned()).collect();
         let mut tx = self.begin_immediate().await?;
-        let claimed = sqlx::query(&sql::CLAIM_DUE)
-            .bind(t.holder)
-            .bind(t.now_ms)
-            .bind(t.locked_until_ms)
-            .bind(text_list(ops))
-            .bind(i64::from(limit))
+        let claimed = claim_due_query(operations, t, limit)
             .fetch_all(&mut *tx)
             .await
             .map_err(|e| self.map(e))?;

@@ -1,7 +1,5 @@
 //! [`SqliteTx`]: the open transaction a claim hands to business code.
 
-use std::ops::{Deref, DerefMut};
-
 use sqlx::{Sqlite, SqliteConnection, Transaction};
 use tokio::sync::OwnedMutexGuard;
 
@@ -14,21 +12,4 @@ pub struct SqliteTx {
     pub(crate) _gate: Option<OwnedMutexGuard<()>>,
 }
 
-impl std::fmt::Debug for SqliteTx {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SqliteTx").finish_non_exhaustive()
-    }
-}
-
-impl Deref for SqliteTx {
-    type Target = SqliteConnection;
-    fn deref(&self) -> &SqliteConnection {
-        &self.tx
-    }
-}
-
-impl DerefMut for SqliteTx {
-    fn deref_mut(&mut self) -> &mut SqliteConnection {
-        &mut self.tx
-    }
-}
+idem_sql::tx_guard!(SqliteTx, SqliteConnection);

@@ -13,12 +13,8 @@ idem_sql::webhook_store!(SqliteStore, Sqlite, sqlite);
 
 impl SqliteStore {
     /// The receipt, then its inbox record, in one transaction.
-    async fn accept_here(
-        &self,
-        r: &NewReceipt,
-        now_ms: i64,
-        expires_at_ms: i64,
-    ) -> Result<Accepted, StoreError> {
+    async fn accept_here(&self, r: &NewReceipt, at: (i64, i64)) -> Result<Accepted, StoreError> {
+        let (now_ms, expires_at_ms) = at;
         let mut tx = self.begin().await?;
         let id = receipt_insert(r, now_ms, expires_at_ms)
             .fetch_optional(&mut *tx)
