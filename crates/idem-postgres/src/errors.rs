@@ -1,4 +1,4 @@
-//! Driver errors as [`StoreError`]s, by SQLSTATE.
+//! Driver errors as [`StoreError`](idem_core::StoreError)s, by SQLSTATE.
 
 use std::time::Duration;
 

@@ -14,7 +14,7 @@
 //! - That wait is bounded by `lock_timeout`: the pool's default is set as a
 //!   startup parameter (no extra round trip); a policy with another wait adds
 //!   `SET LOCAL lock_timeout` to the same `BEGIN` message. Beyond it the claim
-//!   fails with [`StoreError::Busy`], which the engine turns into "in flight".
+//!   fails with [`StoreError::Busy`](idem_core::StoreError::Busy), which the engine turns into "in flight".
 //! - `fsync = on` and `synchronous_commit = on` (the defaults): a commit is
 //!   durable when `COMMIT` returns.
 //!
@@ -22,7 +22,7 @@
 //! - Every store call is bounded on the client side by
 //!   [`PgConfig::statement_timeout`] plus one second (a claim by its policy's
 //!   wait if that is longer): a database that stops answering — a partition,
-//!   a proxy that stops forwarding — gives [`StoreError::Unavailable`] within
+//!   a proxy that stops forwarding — gives [`StoreError::Unavailable`](idem_core::StoreError::Unavailable) within
 //!   that time instead of a hang. sqlx does not expose TCP keepalive; this
 //!   deadline is what bounds a silent connection.
 //! - The same `statement_timeout` is set on every connection (a startup
@@ -31,7 +31,7 @@
 //!   session whose client went silent inside a transaction, releasing its
 //!   row locks (the key it claimed) for the retry.
 //! - A `COMMIT` whose answer does not arrive — the connection broke after it
-//!   was sent, or the deadline passed — is [`StoreError::OutcomeUnknown`]:
+//!   was sent, or the deadline passed — is [`StoreError::OutcomeUnknown`](idem_core::StoreError::OutcomeUnknown):
 //!   it may have committed. Any failure before `COMMIT` was sent rolls back
 //!   and is `Unavailable`.
 //!
@@ -39,7 +39,7 @@
 //! Processes on several hosts share the database and its leases, so every
 //! lease, takeover and expiry is judged by the database server's clock, not
 //! by each host's: [`PgStore::connect`] samples the server's
-//! `clock_timestamp()`, and [`KeyStore::clock`] hands out a [`PgClock`]
+//! `clock_timestamp()`, and [`KeyStore::clock`](idem_core::KeyStore::clock) hands out a [`PgClock`]
 //! that runs on from the sample with the process's monotonic clock (error:
 //! half the sample's round trip plus the drift since, resampled every 30 s;
 //! see [`clock`]). `Engine::new`, `IdempotencyLayer::new`, `Runs::builder`,

@@ -20,7 +20,7 @@ pub struct PgStore {
     pool: PgPool,
     pub(crate) readers: std::sync::Arc<readers::Readers>,
     clock: PgClock,
-    /// `clock`, as [`KeyStore::clock`] hands it out.
+    /// `clock`, as [`KeyStore::clock`](idem_core::KeyStore::clock) hands it out.
     pub(crate) shared_clock: SharedClock,
     pub(crate) lock_timeout: Duration,
     statement_timeout: Duration,
@@ -180,8 +180,8 @@ impl PgStore {
     }
 
     /// The database server's clock, which every lease, takeover and expiry
-    /// on this store is judged by ([`KeyStore::clock`] hands it out as
-    /// a [`SharedClock`]); see [`clock`] for what it assumes.
+    /// on this store is judged by ([`KeyStore::clock`](idem_core::KeyStore::clock) hands it out as
+    /// a [`SharedClock`]); see [`clock`](crate::clock) for what it assumes.
     pub fn database_clock(&self) -> &PgClock {
         &self.clock
     }

@@ -16,7 +16,7 @@ pub const KEY_LIST_COLUMNS: &str = "tenant_id, operation, idempotency_key, reque
     recovery_point, locked_until_ms, lock_token IS NOT NULL AS leased, created_at_ms, \
     updated_at_ms, expires_at_ms, on_unknown";
 
-/// The outbox columns [`OutboxEntryColumns`] holds, as both backends select them.
+/// The outbox columns [`OutboxEntryColumns`](idem_core::admin::OutboxEntryColumns) holds, as both backends select them.
 pub const OUTBOX_ENTRY_COLUMNS: &str = "id, message_id, topic, message_key, state, attempts, \
     last_error, created_at_ms, available_at_ms, sent_at_ms, payload, headers";
 

@@ -1,4 +1,4 @@
-//! Driver errors as [`StoreError`]s, by SQLite result code.
+//! Driver errors as [`StoreError`](idem_core::StoreError)s, by SQLite result code.
 
 use std::time::Duration;
 

@@ -24,13 +24,13 @@
 //! - Claims use `BEGIN IMMEDIATE`: the write lock is taken at `BEGIN`, so two
 //!   claims never interleave and there is no read-then-upgrade deadlock.
 //! - `busy_timeout` bounds how long a transaction waits for the write lock;
-//!   beyond it the store answers [`StoreError::Unavailable`] (retryable).
+//!   beyond it the store answers [`StoreError::Unavailable`](idem_core::StoreError::Unavailable) (retryable).
 //! - Inside one process, requests with the same key queue on an in-process gate
 //!   for at most the policy's wait, and then get "in flight". Several processes
 //!   on one file stay correct (the write lock serialises them) but a waiter
 //!   then only sees `Busy`. One process per file is the supported layout.
 //! - Leases, takeovers and expiries are judged by the host's clock (the
-//!   default [`KeyStore::clock`], a
+//!   default [`KeyStore::clock`](idem_core::KeyStore::clock), a
 //!   `SystemClock`): every process sharing the file runs on one host and
 //!   reads one kernel clock. A file shared by several hosts is not
 //!   supported.

@@ -90,7 +90,7 @@ impl SqliteStore {
 
     /// Commits. A commit that fails with an I/O error (the WAL's sync may or
     /// may not have reached the disk) or whose worker thread died is
-    /// [`StoreError::OutcomeUnknown`]; a busy or full database did not commit.
+    /// [`StoreError::OutcomeUnknown`](idem_core::StoreError::OutcomeUnknown); a busy or full database did not commit.
     pub(crate) async fn commit_tx(
         &self,
         tx: Transaction<'static, Sqlite>,

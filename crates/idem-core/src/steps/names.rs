@@ -1,5 +1,5 @@
-//! The names and derived identifiers of runs and steps: [`Namespace`],
-//! [`RunId`], [`StepName`], [`StepKey`], and the lease's [`Fence`].
+//! The names and derived identifiers of runs and steps: [`Namespace`](crate::steps::Namespace),
+//! [`RunId`](crate::steps::RunId), [`StepName`](crate::steps::StepName), [`StepKey`](crate::steps::StepKey), and the lease's [`Fence`](crate::steps::Fence).
 
 use std::fmt;
 
@@ -49,7 +49,7 @@ fn hex(bytes: &[u8]) -> String {
 /// installations that share a provider (staging and production, two shops
 /// on one merchant account) never send each other's keys for a client key
 /// they happen to share. Each database draws its own once
-/// ([`RunStore::namespace`]); 1 to 64 characters of `[A-Za-z0-9._-]`.
+/// ([`RunStore::namespace`](crate::steps::RunStore::namespace)); 1 to 64 characters of `[A-Za-z0-9._-]`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Namespace(String);
 

@@ -1,6 +1,6 @@
-//! What a backend stores of a run and its steps: [`RunRecord`],
-//! [`StepRecord`], [`Failure`], and the column sets the backends' decoders
-//! fill ([`RunColumns`], [`StepColumns`]).
+//! What a backend stores of a run and its steps: [`RunRecord`](crate::steps::RunRecord),
+//! [`StepRecord`](crate::steps::StepRecord), [`Failure`](crate::steps::Failure), and the column sets the backends' decoders
+//! fill ([`RunColumns`](crate::steps::RunColumns), [`StepColumns`](crate::steps::StepColumns)).
 
 use crate::error::StoreError;
 use crate::idempotency_key::IdempotencyKey;
@@ -125,7 +125,7 @@ pub struct RunRecord {
     pub updated_at_ms: i64,
     /// When it finished (unix ms).
     pub finished_at_ms: Option<i64>,
-    /// Its steps in order ([`RunStore::list_runs`] leaves them out).
+    /// Its steps in order ([`RunStore::list_runs`](crate::steps::RunStore::list_runs) leaves them out).
     pub steps: Vec<StepRecord>,
 }
 

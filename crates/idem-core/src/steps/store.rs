@@ -1,4 +1,4 @@
-//! The capability a backend implements for runs ([`RunStore`]), and what
+//! The capability a backend implements for runs ([`RunStore`](crate::steps::RunStore)), and what
 //! its calls take and answer: leases, new runs, changes, the send-once
 //! ledger's claims and entries.
 
@@ -125,7 +125,7 @@ impl MessageColumns {
     }
 }
 
-/// Which runs [`RunStore::list_runs`] returns: newest first.
+/// Which runs [`RunStore::list_runs`](crate::steps::RunStore::list_runs) returns: newest first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RunFilter {
     /// Only runs in this state.
@@ -146,14 +146,14 @@ impl Default for RunFilter {
 /// Runs and steps, stored in the same database as the key records and the
 /// business data.
 ///
-/// Every write of a run ([`RunStore::record_run_in`], [`RunStore::record_run`]) is
+/// Every write of a run ([`RunStore::record_run_in`](crate::steps::RunStore::record_run_in), [`RunStore::record_run`](crate::steps::RunStore::record_run)) is
 /// conditional on the writer's fence and reports `Ok(false)`, writing
-/// nothing, when the fence moved. Takeovers ([`RunStore::take_over`],
-/// [`RunStore::claim_due`]) only take a live run whose lease expired, add one
+/// nothing, when the fence moved. Takeovers ([`RunStore::take_over`](crate::steps::RunStore::take_over),
+/// [`RunStore::claim_due`](crate::steps::RunStore::claim_due)) only take a live run whose lease expired, add one
 /// to its fence, and never hand one run to two claimers (PostgreSQL: `FOR
 /// UPDATE SKIP LOCKED`; SQLite: one writer at a time).
 pub trait RunStore: KeyStore {
-    /// This database's [`Namespace`]: drawn at random the first time it is
+    /// This database's [`Namespace`](crate::steps::Namespace): drawn at random the first time it is
     /// asked for, kept for good. Every id an executor derives includes it.
     fn namespace(&self) -> impl Future<Output = Result<Namespace, StoreError>> + Send;
 
@@ -180,7 +180,7 @@ pub trait RunStore: KeyStore {
         now_ms: i64,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send + 'a;
 
-    /// [`RunStore::record_run_in`] as a transaction of its own.
+    /// [`RunStore::record_run_in`](crate::steps::RunStore::record_run_in) as a transaction of its own.
     fn record_run(
         &self,
         lease: &Lease,
@@ -215,7 +215,7 @@ pub trait RunStore: KeyStore {
     ) -> impl Future<Output = Result<Option<RunRecord>, StoreError>> + Send;
 
     /// Takes over up to `limit` live runs of `operations` whose lease ended
-    /// by `now_ms`, oldest due first (see [`RunStore::take_over`]). Runs
+    /// by `now_ms`, oldest due first (see [`RunStore::take_over`](crate::steps::RunStore::take_over)). Runs
     /// another claimer is taking are skipped, never shared.
     fn claim_due(
         &self,
