@@ -186,7 +186,7 @@ impl PgStore {
         &self.clock
     }
 
-    idem_sql::store_common!(PgPool);
+    idem_sql::store_common!(PgPool, crate::MIGRATIONS);
 
     /// Opens a transaction whose statements wait up to `wait` for row locks.
     pub(crate) async fn begin_waiting(

@@ -431,6 +431,77 @@ impl Upsert {
     }
 }
 
+/// Implements [`PatternExec`] for a backend's transaction type:
+/// `pattern_exec!(Tx, Database)`, errors through the crate's `map_err`.
+#[macro_export]
+macro_rules! pattern_exec {
+    ($tx:ty, $db:ty) => {
+        const _: () = {
+            use idem_core::{BoxFuture, StoreError};
+            use sqlx::Arguments as _;
+            use $crate::patterns::{PatternExec, Value};
+
+            fn arguments<'a>(
+                binds: &'a [Value<'a>],
+            ) -> Result<<$db as sqlx::Database>::Arguments<'a>, StoreError> {
+                let mut args = <$db as sqlx::Database>::Arguments::<'a>::default();
+                for v in binds {
+                    let added = match *v {
+                        Value::Text(s) => args.add(s),
+                        Value::Int(i) => args.add(i),
+                        Value::NullText => args.add(None::<&str>),
+                        Value::NullInt => args.add(None::<i64>),
+                    };
+                    added.map_err(|e| StoreError::Database { source: e })?;
+                }
+                Ok(args)
+            }
+
+            impl PatternExec for $tx {
+                fn fetch_text<'a>(
+                    &'a mut self,
+                    sql: &'a str,
+                    binds: &'a [Value<'a>],
+                ) -> BoxFuture<'a, Result<Option<String>, StoreError>> {
+                    Box::pin(async move {
+                        sqlx::query_scalar_with::<$db, String, _>(sql, arguments(binds)?)
+                            .fetch_optional(&mut **self)
+                            .await
+                            .map_err(map_err)
+                    })
+                }
+
+                fn fetch_int<'a>(
+                    &'a mut self,
+                    sql: &'a str,
+                    binds: &'a [Value<'a>],
+                ) -> BoxFuture<'a, Result<Option<i64>, StoreError>> {
+                    Box::pin(async move {
+                        sqlx::query_scalar_with::<$db, i64, _>(sql, arguments(binds)?)
+                            .fetch_optional(&mut **self)
+                            .await
+                            .map_err(map_err)
+                    })
+                }
+
+                fn execute<'a>(
+                    &'a mut self,
+                    sql: &'a str,
+                    binds: &'a [Value<'a>],
+                ) -> BoxFuture<'a, Result<u64, StoreError>> {
+                    Box::pin(async move {
+                        sqlx::query_with::<$db, _>(sql, arguments(binds)?)
+                            .execute(&mut **self)
+                            .await
+                            .map(|r| r.rows_affected())
+                            .map_err(map_err)
+                    })
+                }
+            }
+        };
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -590,75 +661,4 @@ mod tests {
                 .is_err()
         );
     }
-}
-
-/// Implements [`PatternExec`] for a backend's transaction type:
-/// `pattern_exec!(Tx, Database)`, errors through the crate's `map_err`.
-#[macro_export]
-macro_rules! pattern_exec {
-    ($tx:ty, $db:ty) => {
-        const _: () = {
-            use idem_core::{BoxFuture, StoreError};
-            use sqlx::Arguments as _;
-            use $crate::patterns::{PatternExec, Value};
-
-            fn arguments<'a>(
-                binds: &'a [Value<'a>],
-            ) -> Result<<$db as sqlx::Database>::Arguments<'a>, StoreError> {
-                let mut args = <$db as sqlx::Database>::Arguments::<'a>::default();
-                for v in binds {
-                    let added = match *v {
-                        Value::Text(s) => args.add(s),
-                        Value::Int(i) => args.add(i),
-                        Value::NullText => args.add(None::<&str>),
-                        Value::NullInt => args.add(None::<i64>),
-                    };
-                    added.map_err(|e| StoreError::Database { source: e })?;
-                }
-                Ok(args)
-            }
-
-            impl PatternExec for $tx {
-                fn fetch_text<'a>(
-                    &'a mut self,
-                    sql: &'a str,
-                    binds: &'a [Value<'a>],
-                ) -> BoxFuture<'a, Result<Option<String>, StoreError>> {
-                    Box::pin(async move {
-                        sqlx::query_scalar_with::<$db, String, _>(sql, arguments(binds)?)
-                            .fetch_optional(&mut **self)
-                            .await
-                            .map_err(map_err)
-                    })
-                }
-
-                fn fetch_int<'a>(
-                    &'a mut self,
-                    sql: &'a str,
-                    binds: &'a [Value<'a>],
-                ) -> BoxFuture<'a, Result<Option<i64>, StoreError>> {
-                    Box::pin(async move {
-                        sqlx::query_scalar_with::<$db, i64, _>(sql, arguments(binds)?)
-                            .fetch_optional(&mut **self)
-                            .await
-                            .map_err(map_err)
-                    })
-                }
-
-                fn execute<'a>(
-                    &'a mut self,
-                    sql: &'a str,
-                    binds: &'a [Value<'a>],
-                ) -> BoxFuture<'a, Result<u64, StoreError>> {
-                    Box::pin(async move {
-                        sqlx::query_with::<$db, _>(sql, arguments(binds)?)
-                            .execute(&mut **self)
-                            .await
-                            .map(|r| r.rows_affected())
-                            .map_err(map_err)
-                    })
-                }
-            }
-        };
-    };
 }

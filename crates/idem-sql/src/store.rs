@@ -76,10 +76,10 @@ macro_rules! tx_guard {
 
 /// Inside `impl Store`: `pool()`, `migrate()` (the key store's migrations,
 /// idempotent) and `purge(..)` ([`purge_fn!`](crate::purge_fn)), for a
-/// store whose pool is its `pool` field: `store_common!(Pool)`.
+/// store whose pool is its `pool` field: `store_common!(Pool, MIGRATIONS)`.
 #[macro_export]
 macro_rules! store_common {
-    ($pool:ty) => {
+    ($pool:ty, $migrations:expr) => {
         /// The pool, for reads outside a key's transaction.
         pub fn pool(&self) -> &$pool {
             &self.pool
@@ -88,7 +88,7 @@ macro_rules! store_common {
         /// Applies the key store's migrations (idempotent; concurrent
         /// runners apply each once, see [`idem_sql::migrate`]).
         pub async fn migrate(&self) -> Result<(), idem_core::StoreError> {
-            migrate_component(&self.pool, "idem", crate::MIGRATIONS).await
+            migrate_component(&self.pool, "idem", $migrations).await
         }
 
         $crate::purge_fn!();

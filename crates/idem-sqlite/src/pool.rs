@@ -68,7 +68,7 @@ impl SqliteStore {
         }
     }
 
-    idem_sql::store_common!(SqlitePool);
+    idem_sql::store_common!(SqlitePool, crate::MIGRATIONS);
 
     /// `BEGIN IMMEDIATE`, in a task of its own: sqlx 0.8's `begin_with` is not
     /// cancel safe, and a caller dropped between the worker's `BEGIN` and the
