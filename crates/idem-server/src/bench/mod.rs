@@ -13,6 +13,7 @@
 use std::time::Duration;
 
 pub mod keys;
+pub mod load;
 pub mod measure;
 pub mod messaging;
 pub mod peer;

@@ -204,7 +204,7 @@ async fn post(addr: SocketAddr, key: &str) -> anyhow::Result<(u16, bool)> {
         .body(http_body_util::Full::new(bytes::Bytes::from_static(
             BODY.as_bytes(),
         )))?;
-    let res = super::keys::client().request(req).await?;
+    let res = super::load::client().request(req).await?;
     let status = res.status().as_u16();
     let replayed = res
         .headers()
