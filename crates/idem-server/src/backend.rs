@@ -16,8 +16,8 @@ use idem_core::webhooks::WebhookStore;
 use idem_postgres::{PgConfig, PgStore};
 use idem_sqlite::{SqliteConfig, SqliteStore};
 
+use crate::demo;
 use crate::demo::sql::{DemoSql, drivers::demo_sql};
-use crate::demo::{self};
 
 /// Every store capability the server uses, from one database: runs and
 /// steps included, whose transactions run the database patterns.
