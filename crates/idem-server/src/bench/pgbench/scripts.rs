@@ -44,7 +44,7 @@ VALUES (:tenant, :operation, :id, :hash, :state, :status, :headers, :body, NULL,
 ON CONFLICT (tenant_id, operation, idempotency_key) DO NOTHING;
 ";
 
-/// `INSERT_PAYMENT` of `demo/sql.rs`, the business insert of
+/// `INSERT_PAYMENT` of `demo/sql/statements.rs`, the business insert of
 /// `POST /v1/payments` (no reference: `NULL`).
 const DEMO_INSERT: &str = "\
 INSERT INTO demo_payments (tenant_id, id, amount, currency, customer, reference, created_at_ms)

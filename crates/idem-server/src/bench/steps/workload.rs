@@ -218,3 +218,37 @@ pub(super) async fn sqlx_table<S: RunStore<Tx: PatternExec>>(store: &S) -> anyho
     store.commit(tx).await?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One run of each path against a real SQLite file: the calls go
+    /// through `idem-client` to the fakes, the recorded run ends `201`,
+    /// and each path wrote its order.
+    #[tokio::test]
+    async fn one_unrecorded_and_one_recorded_run_complete_through_the_fakes() {
+        let dir = idem_testkit::TempDir::new("bench-steps");
+        let store = idem_sqlite::SqliteStore::connect(
+            &dir.sqlite_url(),
+            idem_sqlite::SqliteConfig::default(),
+        )
+        .await
+        .unwrap();
+        store.migrate().await.unwrap();
+        sqlx_table(&store).await.unwrap();
+        let (p, r) = fakes().await.unwrap();
+        let (provider, relay) = clients(p, r).unwrap();
+        let base = baseline(store.clone(), provider.clone(), relay.clone(), 7);
+        let rec = recorded(runs(store.clone(), provider, relay).unwrap(), 7);
+        base(1).await.unwrap();
+        rec(1).await.unwrap();
+        let orders: Vec<String> = sqlx::query_scalar("SELECT id FROM bench_orders ORDER BY id")
+            .fetch_all(store.pool())
+            .await
+            .unwrap();
+        assert_eq!(orders.len(), 2, "{orders:?}");
+        assert!(orders.contains(&"b7-1".to_owned()), "{orders:?}");
+        assert!(orders.iter().any(|id| id.starts_with("ord_")), "{orders:?}");
+    }
+}

@@ -1,7 +1,7 @@
 //! HTTP from outside: the real `idem serve` (this binary, a child process
 //! on a free loopback port, `RUST_LOG=warn`) driven by `wrk`
 //! (`-t min(C, 2) -c C -d secs`) with `POST /v1/payments`, the demo route
-//! with one business insert (`INSERT_PAYMENT` of `demo/sql.rs`) under the
+//! with one business insert (`INSERT_PAYMENT` of `demo/sql/statements.rs`) under the
 //! idempotency layer. A Lua script gives each request a new
 //! `Idempotency-Key` (fresh) or one stored key (replay), and counts what
 //! came back: any answer but 201, a socket error, a fresh key replayed or a
