@@ -16,7 +16,8 @@ use idem_postgres::{PgConfig, PgStore};
 use idem_sql::patterns::PatternExec;
 use idem_sqlite::{SqliteConfig, SqliteStore};
 
-use crate::demo::{self, sql::DemoSql, sql::demo_sql};
+use crate::demo;
+use crate::demo::sql::{DemoSql, drivers::demo_sql};
 
 /// Every store capability the server uses, from one database: runs and
 /// steps included, whose transactions run the database patterns.

@@ -1,10 +1,11 @@
 //! The server's settings, loaded from the built-in defaults, the `[server]`
 //! table of the `--config` TOML file, the environment and the flags — each
 //! over the one before ([`crate::flags::file_defaults`] turns the file's values into the
-//! flags' defaults) — and validated here once into a [`ServerConfig`] of the
-//! libraries' configs. Every bound a flag has is stated in this module (the
-//! HTTP limits' in [`Limits::validate`], the webhook file's in
-//! [`crate::webhooks`]).
+//! flags' defaults) — and validated here into the libraries' configs, which
+//! each command assembles (`idem serve`'s in its `ServerConfig`). Every
+//! bound a flag has is stated in this module (the HTTP limits' in
+//! [`Limits::validate`](crate::http_server::Limits::validate), the webhook
+//! file's in [`crate::webhooks`]).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -13,52 +14,12 @@ use anyhow::bail;
 use idem_core::Policy;
 
 use crate::admin::AdminToken;
-use crate::flags::{check, within};
-
-// Kept where the drill and the admin code (being moved out of the binary)
-// still look for them.
 use crate::demo::DemoConfig;
-use crate::demo::checkout::CheckoutConfig;
 pub use crate::flags::{
     HttpBase, MAX_BODY_BYTES_LIMIT, file_defaults, listen_address, nats_url, read_file,
 };
-use crate::http_server::Limits;
+use crate::flags::{check, within};
 use crate::messaging::{ConsumeConfig, DUPLICATE_WINDOW};
-use crate::webhooks::WebhookConfig;
-
-/// Everything `idem serve` runs with, validated.
-#[derive(Debug)]
-pub struct ServerConfig {
-    /// `--listen`.
-    pub listen: SocketAddr,
-    /// The HTTP server's limits.
-    pub limits: Limits,
-    /// `--admin-token`; `None` disables the admin routes.
-    pub admin_token: Option<AdminToken>,
-    /// `--admin-hosts`: the host names admin requests may name.
-    pub admin_hosts: crate::admin::AllowedHosts,
-    /// `--admin-lockout`: a guessing source's first lockout.
-    pub admin_lockout: Duration,
-    /// `--public-metrics`: `/metrics` without the admin token.
-    pub public_metrics: bool,
-    /// The demo routes.
-    pub demo: DemoConfig,
-    /// How often expired records are deleted.
-    pub gc_interval: Duration,
-    /// `--nats-url`: relay the outbox here.
-    pub nats_url: Option<String>,
-    /// `--consume`: the ledger consumer's settings.
-    pub consume: Option<ConsumeConfig>,
-    /// `--config`: webhook endpoints and workers.
-    pub webhooks: Option<WebhookConfig>,
-    /// `--provider-url` and the checkout's other flags.
-    pub checkout: Option<CheckoutConfig>,
-    /// `--respond-within`: how long an order request waits for its run.
-    pub respond_within: Duration,
-    /// `--upstream` and the file's `[gateway]`: serve as a gateway in front
-    /// of that API instead of the demo.
-    pub gateway: Option<idem_gateway::GatewayConfig>,
-}
 
 /// `--gc-interval`.
 pub fn gc_interval(every: Duration) -> anyhow::Result<Duration> {

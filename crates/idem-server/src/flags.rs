@@ -1,7 +1,7 @@
 //! The leaf parsers of the server's settings: the configuration file's
 //! reading and its `[server]` table, bounds on durations, addresses and
-//! URLs. They import nothing of the server; [`crate::config`] builds the
-//! [`crate::config::ServerConfig`] from them.
+//! URLs. They import nothing of the server; [`crate::config`] validates
+//! the commands' settings with them.
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -5,7 +5,9 @@
 //!   parses and dispatches.
 //! - [`backend`]: the one place the backends are told apart ([`backend::Db`]);
 //!   everything else is generic over [`backend::Backend`].
-//! - [`config`]: flags and files validated into the libraries' configs.
+//! - [`config`]: flags and files validated into the libraries' configs
+//!   (`idem serve`'s whole [`ServerConfig`](commands::serve::ServerConfig):
+//!   the demo apps or a gateway, never both).
 //! - [`demo`]: the payments API and its ledger consumer.
 //! - [`gateway`]: `idem serve --upstream`, the contract in front of any HTTP
 //!   API (keys claimed with a lease, forwards with a derived key).

@@ -187,9 +187,9 @@ macro_rules! http_ops {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         tokio::spawn(async move { axum::serve(listener, app).await });
-        let client = $crate::bench::keys::client();
+        let client = $crate::bench::load::client();
         let post = move |path: &'static str, key: Option<String>| {
-            $crate::bench::keys::post(client.clone(), addr, path, key)
+            $crate::bench::load::post(client.clone(), addr, path, key)
         };
         let p = post.clone();
         let baseline: Op = Arc::new(move |_| Box::pin(p("/baseline", None)));
@@ -214,38 +214,6 @@ pub fn cases(baseline: Op, fresh: Op, fresh_optimistic: Op, replay: Op) -> Vec<(
         (FRESH_OPTIMISTIC, fresh_optimistic),
         (REPLAY, replay),
     ]
-}
-
-pub type Client = hyper_util::client::legacy::Client<
-    hyper_util::client::legacy::connect::HttpConnector,
-    http_body_util::Full<bytes::Bytes>,
->;
-
-pub fn client() -> Client {
-    hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http()
-}
-
-/// One `POST` with a small JSON body; anything but `201` is an error.
-pub async fn post(
-    client: Client,
-    addr: std::net::SocketAddr,
-    path: &'static str,
-    key: Option<String>,
-) -> anyhow::Result<()> {
-    use http_body_util::BodyExt;
-    let mut req = axum::http::Request::post(format!("http://{addr}{path}"))
-        .header("content-type", "application/json");
-    if let Some(k) = key {
-        req = req.header("idempotency-key", k);
-    }
-    let req = req.body(http_body_util::Full::new(bytes::Bytes::from_static(
-        br#"{"amount":100,"currency":"EUR"}"#,
-    )))?;
-    let res = client.request(req).await?;
-    let status = res.status();
-    res.into_body().collect().await?;
-    anyhow::ensure!(status == 201, "{path} answered {status}");
-    Ok(())
 }
 
 const BENCH_PAYMENTS: &str =

@@ -8,11 +8,13 @@
 //! operation ([`sends`]) and a ratio to a bare insert; then come the ratios
 //! issue 13 sets targets for ([`report`]). Every case starts with a check
 //! that the machine is quiet ([`quiet`]). Then the webhook, steps and
-//! messaging tables.
+//! messaging tables. The in-process HTTP cases send with [`load`]'s bare
+//! client (its module says why it is not `idem-client`).
 
 use std::time::Duration;
 
 pub mod keys;
+pub mod load;
 pub mod measure;
 pub mod messaging;
 pub mod peer;

@@ -30,7 +30,7 @@ fn signature(body: &[u8]) -> anyhow::Result<String> {
     Ok(format!("sha256={tag}"))
 }
 
-async fn deliver(client: super::keys::Client, url: String, delivery: String) -> anyhow::Result<()> {
+async fn deliver(client: super::load::Client, url: String, delivery: String) -> anyhow::Result<()> {
     use http_body_util::BodyExt;
     let body = format!(r#"{{"delivery":"{delivery}","action":"opened"}}"#);
     let req = axum::http::Request::post(url)
@@ -98,7 +98,7 @@ pub async fn run<S: WebhookStore>(
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     tokio::spawn(async move { axum::serve(listener, app).await });
-    let client = super::keys::client();
+    let client = super::load::client();
     let op = |path: &'static str, tag: &'static str| -> Op {
         let client = client.clone();
         Arc::new(move |n| {

@@ -34,7 +34,7 @@ pub struct KeyArgs {
     #[command(flatten)]
     db: DbArgs,
     /// The tenant (the gateway's default is `default`).
-    #[arg(long, default_value = crate::gateway::DEFAULT_TENANT)]
+    #[arg(long, default_value = idem_gateway::config::DEFAULT_TENANT)]
     tenant: String,
     /// The operation (the route's `operation`; `gateway` for `--upstream` alone).
     #[arg(long)]

@@ -1,22 +1,24 @@
-//! `idem serve`: the demo payments API, the key GC, and — with their flags —
-//! the relay, the ledger consumer and the webhook endpoints.
+//! `idem serve`: the demo payments API (or, with `--upstream`, a gateway in
+//! front of another API), the key GC, and — with their flags — the relay,
+//! the ledger consumer and the webhook endpoints. Here: the flags and their
+//! validation; [`settings`]: the [`ServerConfig`] they are validated into;
+//! `start`: what runs on the backend once the database is open.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
-use tokio::sync::watch;
-
 use super::{CheckoutArgs, ConsumerArgs, DbArgs};
-use crate::admin::outbox::RelaySlot;
-use crate::backend::{Backend, Db, Job};
-use crate::config::{self, ServerConfig};
+use crate::backend::Db;
+use crate::config;
 use crate::flags;
 use crate::http_server::{self, Limits};
-use crate::messaging::{self, ConsumeConfig};
 use crate::shutdown::{self, stopped};
-use crate::webhooks::WebhookConfig;
+
+pub mod settings;
+mod start;
+
+pub use settings::{App, DemoApp, ServerConfig};
+use start::Start;
 
 /// `idem serve`'s flags.
 #[derive(clap::Args)]
@@ -158,11 +160,19 @@ impl ServeArgs {
         let checkout = self.checkout.config()?;
         let respond_within = config::respond_within(self.respond_within)?;
         let gateway = crate::gateway::load(self.upstream.as_deref(), file, self.max_body_bytes)?;
-        if gateway.is_some() && checkout.is_some() {
-            anyhow::bail!(
+        let app = match gateway {
+            Some(_) if checkout.is_some() => anyhow::bail!(
                 "--upstream (a gateway) and --provider-url (the checkout demo) are two different servers; start one of them"
-            );
-        }
+            ),
+            // The demo's flags were validated all the same: a bad one is
+            // refused whichever app it would configure.
+            Some(gateway) => App::Gateway(gateway),
+            None => App::Demo(DemoApp {
+                demo,
+                checkout,
+                respond_within,
+            }),
+        };
         let limits = Limits {
             header_read_timeout: self.header_read_timeout,
             idle_timeout: self.idle_timeout,
@@ -181,14 +191,11 @@ impl ServeArgs {
                 .map_err(anyhow::Error::msg)?,
             admin_lockout: config::admin_lockout(self.admin_lockout)?,
             public_metrics: self.public_metrics,
-            demo,
             gc_interval,
             nats_url: self.nats_url.clone(),
             consume: self.consume.then_some(consume),
             webhooks,
-            checkout,
-            respond_within,
-            gateway,
+            app,
         })
     }
 
@@ -220,16 +227,16 @@ impl ServeArgs {
                  localhost; to reach them by a name, list it in --admin-hosts (IDEM_ADMIN_HOSTS)"
             );
         }
-        match &config.gateway {
-            Some(g) => tracing::info!(
+        match &config.app {
+            App::Gateway(g) => tracing::info!(
                 listen = %bound,
                 upstream = %format!("http://{}{}", g.upstream.authority, g.upstream.prefix),
                 routes = g.routes.len(),
                 "idem serving as a gateway"
             ),
-            None => tracing::info!(
+            App::Demo(d) => tracing::info!(
                 listen = %bound,
-                claim_mode = ?config.demo.claim_mode,
+                claim_mode = ?d.demo.claim_mode,
                 "idem serving the demo payments API"
             ),
         }
@@ -237,182 +244,6 @@ impl ServeArgs {
         http_server::serve(listener, app, config.limits.clone(), stopped(shutdown)).await;
         Ok(())
     }
-}
-
-/// Starts the background work on the backend and returns the routes.
-struct Start<'a> {
-    config: &'a ServerConfig,
-    auth: &'a Arc<crate::admin::Auth>,
-    shutdown: &'a watch::Receiver<bool>,
-}
-
-impl Job for Start<'_> {
-    /// Idem's own routes, and the gateway's fallback when there is one.
-    type Output = anyhow::Result<(Router, Option<Router>)>;
-    async fn run<B: Backend>(self, store: B) -> Self::Output {
-        let Start {
-            config,
-            auth,
-            shutdown,
-        } = self;
-        let access = match config.public_metrics {
-            true => crate::metrics::Access::Public,
-            false => crate::metrics::Access::Token(auth.clone()),
-        };
-        let metrics = crate::metrics::router(store.clone(), access, crate::metrics::install());
-        super::gc::spawn(store.clone(), config.gc_interval, shutdown)?;
-        let relay = start_messaging(
-            &store,
-            config.nats_url.as_deref(),
-            config.consume.clone(),
-            shutdown,
-        );
-        let own = crate::admin::outbox::router(store.clone(), relay.clone())
-            .merge(crate::admin::v1::router(store.clone(), relay))
-            .merge(start_webhooks(
-                &store,
-                config.webhooks.as_ref(),
-                config.gateway.is_some(),
-                shutdown,
-            ))
-            .merge(metrics);
-        if let Some(gateway) = &config.gateway {
-            // The upstream's paths are the upstream's: no demo routes.
-            let namespace = store.namespace().await?;
-            // Several gateways on one database judge each other's leases
-            // by one clock: the store's.
-            // On the store's clock: the database's on PostgreSQL.
-            let gateway = idem_gateway::Gateway::new(store.clone(), namespace, gateway.clone());
-            return Ok((own, Some(gateway.into_router())));
-        }
-        Ok((
-            crate::demo::router(store.clone(), &config.demo)
-                .merge(start_checkout(&store, config, shutdown)?)
-                .merge(own),
-            None,
-        ))
-    }
-}
-
-/// The stock routes, and with `--provider-url` the order routes and the
-/// recovery worker that resumes orders whose process died.
-fn start_checkout<B: Backend>(
-    store: &B,
-    config: &ServerConfig,
-    shutdown: &watch::Receiver<bool>,
-) -> anyhow::Result<Router> {
-    let runs = match &config.checkout {
-        Some(checkout) => {
-            let runs = checkout.runs(store.clone())?;
-            tokio::spawn(runs.recovery().run(stopped(shutdown.clone())));
-            tracing::info!(
-                provider = checkout.provider_url,
-                mail = checkout.mail_url.as_deref().unwrap_or("none"),
-                holder = runs.holder(),
-                "orders enabled at /v1/orders; recovering their runs"
-            );
-            Some(runs)
-        }
-        None => None,
-    };
-    crate::demo::checkout::routes::router(store.clone(), runs, &config.demo, config.respond_within)
-}
-
-/// Starts the relay (and the consumer) in the background when a NATS URL is
-/// given. The relay needs the streams, hence the server; until it is up the
-/// API works and events wait in the outbox. Returns the slot the relay is put
-/// in once it runs.
-fn start_messaging<B: Backend>(
-    store: &B,
-    nats_url: Option<&str>,
-    consume: Option<ConsumeConfig>,
-    shutdown: &watch::Receiver<bool>,
-) -> RelaySlot<B> {
-    let slot = RelaySlot::<B>::default();
-    let Some(url) = nats_url else {
-        return slot;
-    };
-    let (url, store, shutdown, filled) = (
-        url.to_owned(),
-        store.clone(),
-        shutdown.clone(),
-        slot.clone(),
-    );
-    tokio::spawn(async move {
-        let Some(js) = messaging::prepare(&url, "idem-serve", shutdown.clone()).await else {
-            return;
-        };
-        if let Some(config) = consume {
-            let ledger = crate::demo::Ledger::<B>::new();
-            let task =
-                messaging::consume(store.clone(), js.clone(), ledger, config, shutdown.clone());
-            tokio::spawn(task);
-        }
-        let lease = idem_outbox::DispatcherConfig::default().lease;
-        match messaging::dispatcher(store.clone(), store.clock(), js, B::RELAY_POLL, lease) {
-            Ok(d) => {
-                let d = Arc::new(d);
-                let _ = filled.set(d.clone());
-                messaging::relay(d, store.outbox_wake().await, shutdown).await
-            }
-            Err(e) => tracing::error!(error = %format!("{e:#}"), "relay not started"),
-        }
-    });
-    slot
-}
-
-/// Mounts the webhook routes and starts the workers, when a configuration
-/// declares endpoints.
-fn start_webhooks<B: Backend>(
-    store: &B,
-    config: Option<&WebhookConfig>,
-    gateway: bool,
-    shutdown: &watch::Receiver<bool>,
-) -> Router {
-    use crate::admin::webhooks as admin;
-    // The admin view of stored receipts works without endpoints too (an
-    // endpoint taken out of the file still has receipts to look at).
-    let stored_only = || {
-        let receiver = Arc::new(idem_webhooks::Receiver::with_clock(
-            store.clone(),
-            vec![],
-            store.clock(),
-        ));
-        admin::router(store.clone(), receiver)
-    };
-    let Some(config) = config else {
-        return stored_only();
-    };
-    if config.endpoints.is_empty() {
-        // A file for the gateway alone needs no webhooks.
-        if gateway {
-            return stored_only();
-        }
-        tracing::warn!(
-            "--config: no webhook endpoints are configured (no [webhooks.<name>] table); no webhooks are received"
-        );
-        return stored_only();
-    }
-    let receiver = Arc::new(idem_webhooks::Receiver::with_clock(
-        store.clone(),
-        config.endpoints.clone(),
-        store.clock(),
-    ));
-    match crate::webhooks::processor(store.clone(), store.clock(), config) {
-        Ok(processor) => {
-            let shutdown = shutdown.clone();
-            tokio::spawn(async move {
-                processor
-                    .run(Duration::from_secs(3600), stopped(shutdown))
-                    .await
-            });
-        }
-        // Not reached: the worker settings were validated when the file was read.
-        Err(e) => tracing::error!(error = %e, "webhook workers not started"),
-    }
-    let names: Vec<&str> = config.endpoints.iter().map(|e| e.name.as_str()).collect();
-    tracing::info!(endpoints = ?names, "receiving webhooks at /webhooks/{{endpoint}}");
-    idem_webhooks::route::router(receiver.clone()).merge(admin::router(store.clone(), receiver))
 }
 
 /// `--claim-mode`.

@@ -1,0 +1,64 @@
+//! What `idem serve` runs with, validated from its flags and file by
+//! `ServeArgs::config`: the server's own settings, and what it serves
+//! besides its own routes — the demo apps or a gateway, never both, so a
+//! gateway's configuration carries nothing of the demo.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use crate::admin::{AdminToken, AllowedHosts};
+use crate::demo::DemoConfig;
+use crate::demo::checkout::CheckoutConfig;
+use crate::http_server::Limits;
+use crate::messaging::ConsumeConfig;
+use crate::webhooks::WebhookConfig;
+
+/// Everything `idem serve` runs with, validated.
+#[derive(Debug)]
+pub struct ServerConfig {
+    /// `--listen`.
+    pub listen: SocketAddr,
+    /// The HTTP server's limits.
+    pub limits: Limits,
+    /// `--admin-token`; `None` disables the admin routes.
+    pub admin_token: Option<AdminToken>,
+    /// `--admin-hosts`: the host names admin requests may name.
+    pub admin_hosts: AllowedHosts,
+    /// `--admin-lockout`: a guessing source's first lockout.
+    pub admin_lockout: Duration,
+    /// `--public-metrics`: `/metrics` without the admin token.
+    pub public_metrics: bool,
+    /// How often expired records are deleted.
+    pub gc_interval: Duration,
+    /// `--nats-url`: relay the outbox here.
+    pub nats_url: Option<String>,
+    /// `--consume`: the ledger consumer's settings.
+    pub consume: Option<ConsumeConfig>,
+    /// `--config`: webhook endpoints and workers.
+    pub webhooks: Option<WebhookConfig>,
+    /// The demo apps, or the gateway.
+    pub app: App,
+}
+
+/// What the server serves besides its own routes (admin, metrics,
+/// webhooks).
+#[derive(Debug)]
+pub enum App {
+    /// The demo payments API, the stock routes and, with `--provider-url`,
+    /// the checkout's orders.
+    Demo(DemoApp),
+    /// `--upstream` and the file's `[gateway]`: the gateway in front of
+    /// that API instead of the demo.
+    Gateway(idem_gateway::GatewayConfig),
+}
+
+/// The demo apps' settings.
+#[derive(Debug)]
+pub struct DemoApp {
+    /// The demo routes.
+    pub demo: DemoConfig,
+    /// `--provider-url` and the checkout's other flags.
+    pub checkout: Option<CheckoutConfig>,
+    /// `--respond-within`: how long an order request waits for its run.
+    pub respond_within: Duration,
+}
