@@ -131,12 +131,12 @@ impl<S: RunStore<Tx: PatternExec>> Workflow<S> for Three {
     }
 }
 
-fn clients(provider: SocketAddr, relay: SocketAddr) -> (Provider, Mail) {
+fn clients(provider: SocketAddr, relay: SocketAddr) -> anyhow::Result<(Provider, Mail)> {
     let t = Duration::from_secs(5);
-    (
-        Provider(Endpoint::new(format!("http://{provider}"), t)),
-        Mail(Endpoint::new(format!("http://{relay}"), t)),
-    )
+    Ok((
+        Provider(Endpoint::new(&format!("http://{provider}"), t)?),
+        Mail(Endpoint::new(&format!("http://{relay}"), t)?),
+    ))
 }
 
 /// The unrecorded run: the insert in a transaction, then the two calls.
@@ -235,7 +235,7 @@ pub async fn run<S: RunStore<Tx: PatternExec>>(
 ) -> anyhow::Result<()> {
     sqlx_table(&store).await?;
     let (p, r) = fakes().await?;
-    let (provider, mail) = clients(p, r);
+    let (provider, mail) = clients(p, r)?;
     let base = baseline(store.clone(), provider.clone(), mail.clone(), run_id);
     let rec = recorded(runs(store, provider, mail)?, run_id);
     for c in [1, 8, 32] {
@@ -286,7 +286,7 @@ pub async fn costs(url: &str, run_id: u64, n: u64) -> anyhow::Result<()> {
     store.migrate().await?;
     sqlx_table(&store).await?;
     let (p, r) = fakes().await?;
-    let (provider, mail) = clients(p, r);
+    let (provider, mail) = clients(p, r)?;
     let xid = || async {
         let v: i64 = sqlx::query_scalar("SELECT txid_current()")
             .fetch_one(store.pool())

@@ -117,15 +117,16 @@ impl CheckoutConfig {
     /// The workflow with its clients.
     pub fn workflow(&self) -> anyhow::Result<Checkout> {
         let provider = Provider(clients::Endpoint::new(
-            self.provider_url.clone(),
+            &self.provider_url,
             self.call_timeout,
-        ));
-        let mail = self.mail_url.as_ref().map(|url| {
-            (
-                Mail(clients::Endpoint::new(url.clone(), self.call_timeout)),
+        )?);
+        let mail = match &self.mail_url {
+            Some(url) => Some((
+                Mail(clients::Endpoint::new(url, self.call_timeout)?),
                 self.mail_delivery,
-            )
-        });
+            )),
+            None => None,
+        };
         Checkout::new(provider, mail)
     }
 }
