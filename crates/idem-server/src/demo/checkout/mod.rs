@@ -9,10 +9,11 @@
 //!
 //! `order` is what an order is, `workflow` the saga, `phases` its
 //! transactional writes, [`clients`] the provider and the relay, [`routes`]
-//! the HTTP API.
+//! the HTTP API, [`page`] the browser's checkout page.
 
 pub mod clients;
 mod order;
+pub mod page;
 mod phases;
 pub mod routes;
 mod workflow;
