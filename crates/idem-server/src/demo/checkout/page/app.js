@@ -54,7 +54,8 @@ function loadCart() {
   try {
     const c = JSON.parse(localStorage.getItem(CART) ?? "null");
     if (c && typeof c.key === "string" && c.key && PRICES[c.sku] !== undefined &&
-        Number.isInteger(c.quantity) && Array.isArray(c.answers)) {
+        Number.isInteger(c.quantity) && typeof c.customer === "string" &&
+        typeof c.email === "string" && Array.isArray(c.answers)) {
       return c;
     }
   } catch {
@@ -205,9 +206,18 @@ async function pay() {
       // A cart replaced meanwhile ("New cart") keeps no answers.
       if (cart.key === c.key) {
         cart.answers.push(answer);
+        // A 400 is not kept for the key (nothing was ordered): the cart
+        // can be corrected and sent again with its key.
+        if (answer.status === 400) cart.sent = false;
         saveCart(cart);
       }
-      setStatus(answer.replayed ? "Answered again, from the shop's record of this key." : "Answered.");
+      if (answer.status === 400) {
+        setStatus("The shop refused the cart's fields; correct them and Pay again.");
+      } else if (answer.status >= 400) {
+        setStatus("This cart's key has its answer for good; a New cart is a new order.");
+      } else {
+        setStatus(answer.replayed ? "Answered again, from the shop's record of this key." : "Answered.");
+      }
     }
   } finally {
     inFlight -= 1;
