@@ -293,13 +293,14 @@ async fn console_without_a_token_says_so() {
 }
 
 /// What the browser test needs, or a panic saying how to get it.
-struct Browser {
-    node: PathBuf,
-    chromium: PathBuf,
-    dir: PathBuf,
+/// Node, Chromium and `tests/browser` (also the checkout page's test).
+pub struct Browser {
+    pub node: PathBuf,
+    pub chromium: PathBuf,
+    pub dir: PathBuf,
 }
 
-fn browser() -> Browser {
+pub fn browser() -> Browser {
     let hint = "run `cargo xtask test` (it installs Debian's chromium and runs `npm ci` in \
                 crates/idem-server/tests/browser)";
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser");

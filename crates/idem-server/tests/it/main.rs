@@ -28,6 +28,7 @@ macro_rules! on_both {
 
 mod admin_api;
 mod checkout;
+mod checkout_page;
 mod clock;
 mod compensation;
 mod console;

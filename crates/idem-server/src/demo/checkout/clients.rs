@@ -1,18 +1,18 @@
 //! The checkout's clients of other systems: the payment provider (which
 //! honours `Idempotency-Key`) and the mail relay (which does not
-//! deduplicate). Each exchange is bounded in time and in the bytes read, and
-//! each failure is classified by what it says about the effect
-//! ([`StepError`]): a refused connection certainly did nothing; a timeout, a
-//! broken answer or a 5xx may have done it.
+//! deduplicate), both over [`idem_client`]. Each exchange is one attempt —
+//! the run's steps retry, with their own policy and a key derived from the
+//! step — bounded in time and in the bytes read, and each failure is
+//! classified by what it says about the effect ([`StepError`]): a refused
+//! connection certainly did nothing; a timeout, a broken answer or a 5xx may
+//! have done it.
 
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
-use hyper::{Method, Request, StatusCode};
-use hyper_util::client::legacy::Client;
+use hyper::{Method, StatusCode};
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use idem_client::{Client, ClientError, Failure, RetryPolicy};
 use idem_steps::StepError;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -20,11 +20,11 @@ use serde_json::{Value, json};
 /// Answers read, at most.
 const MAX_ANSWER_BYTES: usize = 64 << 10;
 
-/// An `http://` base URL and a pooled client with a per-exchange timeout.
+/// An `http://` base URL and a pooled [`idem_client::Client`] that makes one
+/// attempt per exchange, within a timeout.
 #[derive(Debug, Clone)]
 pub struct Endpoint {
-    base: String,
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: Client<HttpConnector>,
     timeout: Duration,
 }
 
@@ -35,24 +35,30 @@ pub fn base_url(flag: &str, url: &str) -> anyhow::Result<String> {
 }
 
 impl Endpoint {
-    /// A client of `base` (already checked by [`base_url`]).
-    pub fn new(base: String, timeout: Duration) -> Self {
+    /// A client of `base` (already checked by [`base_url`]) whose exchanges
+    /// each take at most `timeout`, connecting included.
+    pub fn new(base: &str, timeout: Duration) -> anyhow::Result<Self> {
+        let mut policy = RetryPolicy::no_retries();
+        policy.attempt_timeout = timeout;
+        policy.deadline = timeout;
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(timeout));
-        Self {
-            base,
-            client: Client::builder(TokioExecutor::new()).build(connector),
-            timeout,
-        }
+        let client = Client::builder()
+            .retry_policy(policy)
+            .max_response_body(MAX_ANSWER_BYTES)
+            .build_with_connector(base, connector)?;
+        Ok(Self { client, timeout })
     }
 
     /// The base URL.
     pub fn base(&self) -> &str {
-        &self.base
+        self.client.base_url()
     }
 
     /// One exchange: the status and at most [`MAX_ANSWER_BYTES`] of the
-    /// answer, within the timeout.
+    /// answer, within the timeout. `key` is the `Idempotency-Key` (without
+    /// one, the client draws a fresh key, which a receiver that does not
+    /// deduplicate ignores).
     async fn exchange(
         &self,
         method: Method,
@@ -60,46 +66,65 @@ impl Endpoint {
         key: Option<&str>,
         body: Option<Value>,
     ) -> Result<(StatusCode, Bytes), StepError> {
-        let mut req = Request::builder()
-            .method(method)
-            .uri(format!("{}{path}", self.base));
+        let mut req = self.client.request(method, path);
         if let Some(key) = key {
-            req = req.header("idempotency-key", key);
+            req = req.key(key);
         }
-        let body = match body {
-            Some(v) => {
-                req = req.header("content-type", "application/json");
-                Full::new(Bytes::from(v.to_string()))
+        if let Some(v) = &body {
+            req = req.json(v);
+        }
+        match req.send().await {
+            Ok(answer) => Ok((answer.status, answer.body)),
+            // With one attempt, an answer the client would have retried
+            // (429, a 5xx, a 409 in flight) is the exchange's answer: the
+            // caller classifies it.
+            Err(
+                ClientError::DeadlineExceeded {
+                    last: Failure::Status(answer),
+                    ..
+                }
+                | ClientError::AttemptsExhausted {
+                    last: Failure::Status(answer),
+                    ..
+                },
+            ) => {
+                let answer = *answer;
+                Ok((answer.status, answer.body))
             }
-            None => Full::new(Bytes::new()),
+            Err(e) => Err(self.step_error(e)),
+        }
+    }
+
+    /// What an exchange without an answer says about its effect.
+    fn step_error(&self, e: ClientError) -> StepError {
+        let last = match &e {
+            ClientError::DeadlineExceeded { last, .. }
+            | ClientError::AttemptsExhausted { last, .. } => last,
+            ClientError::ResponseTooLarge { .. } => {
+                return StepError::Unknown(format!("the answer could not be read: {e}"));
+            }
+            _ if e.nothing_sent() => {
+                return StepError::Permanent(format!("cannot build the request: {e}"));
+            }
+            _ => return StepError::Unknown(format!("the exchange broke: {e}")),
         };
-        let req = req
-            .body(body)
-            .map_err(|e| StepError::Permanent(format!("cannot build the request: {e}")))?;
-        let exchange = async {
-            let res = self.client.request(req).await.map_err(|e| {
-                let why = idem_core::ErrorChain(&e).to_string();
-                if e.is_connect() {
+        match last {
+            Failure::Transport(source) => {
+                let why = idem_core::ErrorChain(source.as_ref()).to_string();
+                let connect = source
+                    .downcast_ref::<hyper_util::client::legacy::Error>()
+                    .is_some_and(hyper_util::client::legacy::Error::is_connect);
+                if connect {
                     // Nothing was sent.
                     StepError::Retry(format!("unreachable: {why}"))
                 } else {
                     StepError::Unknown(format!("the exchange broke: {why}"))
                 }
-            })?;
-            let status = res.status();
-            let bytes = Limited::new(res.into_body(), MAX_ANSWER_BYTES)
-                .collect()
-                .await
-                .map_err(|e| StepError::Unknown(format!("the answer could not be read: {e}")))?
-                .to_bytes();
-            Ok((status, bytes))
-        };
-        match tokio::time::timeout(self.timeout, exchange).await {
-            Ok(result) => result,
-            Err(_) => Err(StepError::Unknown(format!(
-                "no complete answer within {:?}",
-                self.timeout
-            ))),
+            }
+            Failure::Timeout { .. } => {
+                StepError::Unknown(format!("no complete answer within {:?}", self.timeout))
+            }
+            other => StepError::Unknown(format!("the exchange failed: {other}")),
         }
     }
 }
@@ -296,51 +321,4 @@ impl Mail {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn base_urls_are_checked() {
-        assert_eq!(
-            base_url("--provider-url", "http://127.0.0.1:9/").unwrap(),
-            "http://127.0.0.1:9"
-        );
-        assert!(base_url("--provider-url", "https://x").is_err());
-        assert!(base_url("--provider-url", "ftp://x").is_err());
-        assert!(base_url("--provider-url", "x").is_err());
-        assert!(base_url("--provider-url", "http://x/?a=1").is_err());
-        let creds = base_url("--provider-url", "http://user:pw@127.0.0.1:9").unwrap_err();
-        assert!(creds.to_string().contains("credentials") && !creds.to_string().contains("pw"));
-        assert_eq!(
-            base_url("--mail-url", "http://127.0.0.1:9/relay").unwrap(),
-            "http://127.0.0.1:9/relay"
-        );
-    }
-
-    #[tokio::test]
-    async fn a_refused_connection_did_nothing_and_may_be_retried() {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let p = Provider(Endpoint::new(
-            format!("http://127.0.0.1:{port}"),
-            Duration::from_secs(2),
-        ));
-        let e = p
-            .charge("k", "cus_1", 100, "EUR", "ord_1")
-            .await
-            .unwrap_err();
-        assert!(matches!(e, StepError::Retry(_)), "{e:?}");
-    }
-
-    #[test]
-    fn failures_say_what_they_know() {
-        let b = Bytes::from_static(b"{}");
-        let c = |s: u16| classify("charge", StatusCode::from_u16(s).unwrap(), s, &b);
-        assert!(matches!(c(409), StepError::Retry(_)));
-        assert!(matches!(c(503), StepError::Unknown(_)));
-        assert!(matches!(c(422), StepError::Permanent(_)));
-    }
-}
+mod tests;

@@ -296,7 +296,7 @@ async fn list_orders<S: Backend>(
 }
 
 /// The stock routes, and — with `runs` (the checkout's workflow registered)
-/// — the order routes.
+/// — the order routes and the checkout page (`/checkout`).
 pub fn router<S: Backend>(
     store: S,
     runs: Option<Runs<S>>,
@@ -326,6 +326,7 @@ pub fn router<S: Backend>(
             get(show_stock::<S>).put(put_stock::<S>),
         )
         .layer(DefaultBodyLimit::max(config.max_body_bytes));
+    let orders = runs.is_some();
     if let Some(runs) = runs {
         let mut route = RouteConfig::required(super::Checkout::operation()?, tenant);
         route.max_request_bytes = config.max_body_bytes;
@@ -335,5 +336,10 @@ pub fn router<S: Backend>(
             .route("/v1/orders", post_service(service).get(list_orders::<S>))
             .route("/v1/orders/{id}", get(show_order::<S>));
     }
-    Ok(router.with_state(app))
+    let router = router.with_state(app);
+    Ok(if orders {
+        router.merge(super::page::router())
+    } else {
+        router
+    })
 }

@@ -1,0 +1,60 @@
+//! The checkout page: a cart in the browser whose `Idempotency-Key` is drawn
+//! when the cart is created (`crypto.randomUUID()`, kept with the cart in
+//! `localStorage`), and a Pay button that sends the order with it. A double
+//! click, a reload and a retry send the same key, so they make one order. The
+//! page, its script and its stylesheet are in the binary; the
+//! Content-Security-Policy allows nothing but this origin.
+
+use axum::Router;
+use axum::http::{HeaderValue, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+
+const INDEX_HTML: &str = include_str!("page/index.html");
+const APP_JS: &str = include_str!("page/app.js");
+const APP_CSS: &str = include_str!("page/app.css");
+
+/// Scripts, styles and `fetch` from this origin only; no inline code, no
+/// frames, no other origin.
+pub const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
+                       connect-src 'self'; img-src 'self'; base-uri 'none'; \
+                       form-action 'self'; frame-ancestors 'none'";
+
+/// The page at `/checkout`, its script and its stylesheet.
+pub fn router() -> Router {
+    Router::new()
+        .route(
+            "/checkout",
+            get(|| async { asset("text/html; charset=utf-8", INDEX_HTML) }),
+        )
+        .route(
+            "/checkout/app.js",
+            get(|| async { asset("text/javascript; charset=utf-8", APP_JS) }),
+        )
+        .route(
+            "/checkout/app.css",
+            get(|| async { asset("text/css; charset=utf-8", APP_CSS) }),
+        )
+}
+
+/// One of the page's files, revalidated on every load (it changes with the
+/// binary).
+fn asset(content_type: &'static str, body: &'static str) -> Response {
+    let mut res = ([(header::CONTENT_TYPE, content_type)], body).into_response();
+    let h = res.headers_mut();
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(CSP),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("same-origin"),
+    );
+    res
+}
