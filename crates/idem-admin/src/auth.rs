@@ -7,7 +7,9 @@
 //! sources guessing the token ([`crate::limit`]).
 //!
 //! Without a configured token the admin routes answer `401
-//! admin-disabled`, saying how to enable them: loopback is not a security
+//! admin-disabled`, saying a token must be configured (in words that name no
+//! flag: this router may be mounted in any application; `idem serve` takes
+//! `--admin-token`): loopback is not a security
 //! boundary (a web page can POST to it, and DNS rebinding can read from it).
 //! The console's login page says so too.
 
@@ -335,7 +337,7 @@ async fn guard(State(auth): State<Arc<Auth>>, mut req: Request, next: Next) -> R
             &req,
             "admin-disabled",
             "The admin API is disabled",
-            "start idem serve with --admin-token or IDEM_ADMIN_TOKEN, then send \
+            "no admin token is configured on this server: configure one, then send \
              Authorization: Bearer <token>",
         );
     }
@@ -344,7 +346,7 @@ async fn guard(State(auth): State<Arc<Auth>>, mut req: Request, next: Next) -> R
             req,
             "unauthorized",
             "A valid admin token is required",
-            "send Authorization: Bearer <the token given to --admin-token>, or log in at /console/login",
+            "send Authorization: Bearer <the admin token>, or log in at /console/login",
         )
     };
     let actor = if req.headers().contains_key(header::AUTHORIZATION) {
@@ -431,15 +433,15 @@ pub fn refusal(auth: &Auth, req: &Request) -> Option<Response> {
         return Some(unauthorized(
             "admin-disabled",
             "The admin API is disabled",
-            "start idem serve with --admin-token or IDEM_ADMIN_TOKEN (or --public-metrics for \
-             /metrics), then send Authorization: Bearer <token>",
+            "no admin token is configured on this server: configure one (or make /metrics \
+             public), then send Authorization: Bearer <token>",
         ));
     }
     let wrong = || {
         Some(unauthorized(
             "unauthorized",
             "A valid admin token is required",
-            "send Authorization: Bearer <the token given to --admin-token>",
+            "send Authorization: Bearer <the admin token>",
         ))
     };
     let Some(candidate) = bearer(req.headers()) else {

@@ -108,7 +108,7 @@ fn asset(content_type: &'static str, body: &'static str) -> Response {
 fn login_form(status: StatusCode, message: Option<&str>, enabled: bool) -> Response {
     let notice = match (enabled, message) {
         (false, _) => "<p class=\"error\" id=\"login-error\">The admin token is not configured: \
-             start idem serve with --admin-token (or IDEM_ADMIN_TOKEN) to use the console.</p>"
+             configure one on this server to use the console.</p>"
             .to_owned(),
         (true, Some(m)) => format!("<p class=\"error\" id=\"login-error\">{m}</p>"),
         (true, None) => String::new(),
@@ -128,7 +128,7 @@ autocomplete=\"username\"{disabled}></label>\
 <label>Admin token<input name=\"token\" id=\"token\" type=\"password\" required \
 autocomplete=\"current-password\"{disabled}></label>\
 <button type=\"submit\" id=\"login\"{disabled}>Log in</button></form>\
-<p class=\"hint\">The token is the one given to <code>idem serve --admin-token</code>. \
+<p class=\"hint\">The token is this server's admin token. \
 The operator name is written to the audit log.</p></main></body></html>\n"
         ),
     )

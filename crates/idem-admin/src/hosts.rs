@@ -10,8 +10,9 @@
 //!   that address, i.e. this server's; and port-mapped or tunnelled access
 //!   (`docker -p`, `ssh -L`) keeps working;
 //! - `localhost`, on any port, for the same reason;
-//! - a name given to `--admin-hosts` (`admin.example.com` on any port, or
-//!   `admin.example.com:8443` on that port alone).
+//! - a name configured in [`AllowedHosts`] (`admin.example.com` on any
+//!   port, or `admin.example.com:8443` on that port alone; `idem serve`
+//!   takes them as `--admin-hosts`).
 //!
 //! Names compare case-insensitively, without a final dot. A request without
 //! a host, with two, or with one that is not a host name is refused. Then an
@@ -24,7 +25,7 @@ use axum::extract::Request;
 use axum::http::{HeaderMap, StatusCode, Uri, header};
 use axum::response::Response;
 
-/// The most names `--admin-hosts` takes.
+/// The most names an [`AllowedHosts`] holds.
 pub const MAX_HOSTS: usize = 64;
 
 /// A configured name, lowercase, and its port when one was given.
@@ -102,14 +103,15 @@ fn port_number(p: &str) -> Option<u16> {
 }
 
 impl AllowedHosts {
-    /// The list of `--admin-hosts`: names, or `name:port`, separated by
-    /// commas (spaces around them ignored); empty for none.
+    /// A list of names, or `name:port`, separated by commas (spaces around
+    /// them ignored); empty for none. The errors name no flag (the caller
+    /// says where the list came from).
     pub fn parse(list: &str) -> Result<Self, String> {
         let mut names = Vec::new();
         for item in list.split(',').map(str::trim).filter(|i| !i.is_empty()) {
             let bad = || {
                 format!(
-                    "--admin-hosts: {item:?} is not a host name or NAME:PORT \
+                    "{item:?} is not a host name or NAME:PORT \
                      (e.g. admin.example.com or admin.example.com:8443)"
                 )
             };
@@ -120,7 +122,7 @@ impl AllowedHosts {
         }
         if names.len() > MAX_HOSTS {
             return Err(format!(
-                "--admin-hosts takes at most {MAX_HOSTS} names, got {}",
+                "at most {MAX_HOSTS} host names, got {}",
                 names.len()
             ));
         }
@@ -194,8 +196,8 @@ pub(crate) fn host_or_origin_refusal(hosts: &AllowedHosts, req: &Request) -> Opt
                 "host-not-allowed",
                 "This server does not answer admin requests for that host",
                 Some(
-                    "reach it by IP address or localhost, or add the name to --admin-hosts \
-                      (IDEM_ADMIN_HOSTS)",
+                    "reach it by IP address or localhost, or add the name to this server's \
+                      allowed admin hosts",
                 ),
                 None,
             ));

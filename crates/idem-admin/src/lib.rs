@@ -29,10 +29,12 @@
 //! - [`hosts`]: the `Host` allow-list (against DNS rebinding).
 //! - [`limit`]: the limiter of admin token guesses.
 //! - [`token`]: the admin token and its strength rule.
-//! - [`v1`]: the versioned admin JSON API `/admin/v1`.
+//! - [`v1`]: the versioned admin JSON API `/admin/v1`, the one admin API.
+//! - [`retired`]: the unversioned routes `/admin/v1` replaced
+//!   (`/admin/outbox`, `/admin/webhooks…`); each answers `410 Gone` naming
+//!   its replacement.
 //! - [`outbox`], [`webhooks`]: the JSON shapes of the outbox figures and
-//!   webhook deliveries (also printed by `idem stats` and `idem webhooks`),
-//!   and the older routes that serve them.
+//!   webhook deliveries (also printed by `idem stats` and `idem webhooks`).
 //! - [`backend`]: [`AdminBackend`], what the routes ask of the store.
 //! - [`respond`]: problem+json and JSON answers every route shares.
 
@@ -47,6 +49,7 @@ pub mod hosts;
 pub mod limit;
 pub mod outbox;
 pub mod respond;
+pub mod retired;
 pub mod token;
 pub mod v1;
 pub mod webhooks;
@@ -89,19 +92,24 @@ impl AdminConfig {
 }
 
 /// `/admin/v1` and `/console` over `store`, behind the guard `config`
-/// describes (no relay figures: the relay runs elsewhere).
+/// describes (no relay figures: the relay runs elsewhere; no webhook
+/// counters: mount [`v1::webhooks::stats_routes`] beside it where a
+/// webhook receiver runs).
 pub fn router<S: AdminBackend>(store: S, config: AdminConfig) -> Router {
     guarded(v1::router(store, Default::default()), config.into_auth())
 }
 
 /// Puts every path under `/admin` and `/console` behind the guard — routes
 /// that exist and routes that do not alike, so the guard reveals nothing —
-/// and mounts the console. A request must name an allowed host (`421`, or
+/// and mounts the console and the [`retired`] routes' `410`s. A request must name an allowed host (`421`, or
 /// `400` without one); its `Origin`, if any, must be that host (`403`).
 /// Then a bearer token or a console session when a token is configured,
 /// `401 admin-disabled` when none is; a source guessing tokens is locked
 /// out (`429`). The console's login page and its stylesheet need no
 /// credentials.
 pub fn guarded(router: Router, auth: Arc<Auth>) -> Router {
-    auth::layer(router.merge(console::router(auth.clone())), auth)
+    let router = router
+        .merge(console::router(auth.clone()))
+        .merge(retired::router());
+    auth::layer(router, auth)
 }

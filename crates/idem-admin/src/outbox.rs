@@ -1,20 +1,15 @@
-//! `GET /admin/outbox`: the outbox's lag figures, with the relay's publish
-//! rate when the relay runs in this process.
+//! The outbox's lag figures as JSON, with the relay's publish rate when the
+//! relay runs in this process: what `GET /admin/v1/outbox`
+//! ([`crate::v1::outbox`]) answers and `idem stats` prints.
 
 use std::sync::{Arc, OnceLock};
 
 use anyhow::Context;
-use axum::Router;
-use axum::extract::State;
-use axum::response::Response;
-use axum::routing::get;
 use idem_core::outbox::OutboxStore;
 use idem_core::{Clock, KeyStore, SharedClock};
 use idem_nats::NatsPublisher;
 use idem_outbox::{Dispatcher, DispatcherStats};
 use serde_json::{Value, json};
-
-use crate::respond::{db_error, ok};
 
 /// The relay of this process, once it has started.
 pub type RelaySlot<S> = Arc<OnceLock<Arc<Dispatcher<S, NatsPublisher, SharedClock>>>>;
@@ -40,30 +35,4 @@ pub async fn store_stats_json<S: OutboxStore + KeyStore>(store: &S) -> anyhow::R
         "oldest_pending_age_ms": s.oldest_pending_ms.map(|t| now.saturating_sub(t).max(0)),
         "dead": s.dead,
     }))
-}
-
-/// `GET /admin/outbox`.
-pub fn router<S: OutboxStore + KeyStore>(store: S, relay: RelaySlot<S>) -> Router {
-    async fn outbox<S: OutboxStore + KeyStore>(
-        State((store, relay)): State<(S, RelaySlot<S>)>,
-    ) -> Response {
-        let figures = match relay.get() {
-            Some(d) => d
-                .stats()
-                .await
-                .map(|s| stats_json(&s))
-                .map_err(anyhow::Error::from),
-            None => store_stats_json(&store).await,
-        };
-        match figures {
-            Ok(v) => ok(&v),
-            Err(e) => db_error(match e.downcast::<idem_core::StoreError>() {
-                Ok(s) => s,
-                Err(e) => idem_core::StoreError::Database { source: e.into() },
-            }),
-        }
-    }
-    Router::new()
-        .route("/admin/outbox", get(outbox::<S>))
-        .with_state((store, relay))
 }

@@ -35,22 +35,23 @@ pub struct AdminToken([u8; 32]);
 impl AdminToken {
     /// Validates a token: 24 to 1024 visible ASCII characters (it travels
     /// in a header) worth at least [`MIN_TOKEN_BITS`] by
-    /// [`estimated_bits`]. The errors never quote the token.
+    /// [`estimated_bits`]. The errors never quote the token, and name no
+    /// flag or variable (the caller says where the token came from).
     pub fn new(token: &str) -> Result<Self, String> {
         if token.len() < MIN_TOKEN_LEN || token.len() > MAX_TOKEN_LEN {
             return Err(format!(
-                "--admin-token must be {MIN_TOKEN_LEN} to {MAX_TOKEN_LEN} characters, got {}; \
+                "the admin token must be {MIN_TOKEN_LEN} to {MAX_TOKEN_LEN} characters, got {}; \
                  generate one with: {GENERATE}",
                 token.len()
             ));
         }
         if !token.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
-            return Err("--admin-token must be visible ASCII (no spaces)".into());
+            return Err("the admin token must be visible ASCII (no spaces)".into());
         }
         let bits = estimated_bits(token.as_bytes());
         if bits < MIN_TOKEN_BITS {
             return Err(format!(
-                "--admin-token is too easy to guess: about {bits:.0} bits by Idem's estimate, \
+                "the admin token is too easy to guess: about {bits:.0} bits by Idem's estimate, \
                  at least {MIN_TOKEN_BITS:.0} needed (repeats, runs like abcd and small \
                  alphabets count little); generate one with: {GENERATE}"
             ));

@@ -110,7 +110,9 @@ pub fn admin_lockout(first: Duration) -> anyhow::Result<Duration> {
 /// The admin token, required off loopback.
 pub fn admin_token(token: Option<&str>, listen: SocketAddr) -> anyhow::Result<Option<AdminToken>> {
     match token {
-        Some(t) => Ok(Some(AdminToken::new(t).map_err(anyhow::Error::msg)?)),
+        Some(t) => Ok(Some(
+            AdminToken::new(t).map_err(|e| anyhow::anyhow!("--admin-token: {e}"))?,
+        )),
         None if !listen.ip().is_loopback() => bail!(
             "--listen {listen} is not a loopback address: set --admin-token (or \
              IDEM_ADMIN_TOKEN; generate one with: {}) so the admin API, the console \

@@ -1,6 +1,6 @@
 //! Webhook ingest in `idem serve`: endpoints from a TOML file and the workers
 //! that forward stored deliveries. The receive route is
-//! [`idem_webhooks::route`]; the operator's routes are [`crate::admin::webhooks`].
+//! [`idem_webhooks::route`]; the operator's routes are [`crate::admin::v1::webhooks`].
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -1,26 +1,90 @@
-//! # Idem
+//! # idemkit
 //!
-//! Idem makes duplicate delivery harmless: a repeated business intent never
-//! produces a second business effect, and the caller still gets a consistent
-//! answer. The idempotency key record is written in the same database
-//! transaction as the business mutation, so both commit or neither does.
+//! Make duplicate delivery harmless: a repeated business intent never
+//! produces a second business effect, and the caller still gets a
+//! consistent answer. The idempotency key record is written in the same
+//! database transaction as the business mutation, so both commit or neither
+//! does.
 //!
-//! This crate gathers the parts behind cargo features, the way sqlx gates its
-//! drivers:
+//! ## An axum route behind the `Idempotency-Key` contract
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//! use axum::{Router, routing::post};
+//! use idemkit::http::{IdempotencyLayer, RouteConfig, TenantSource};
+//! use idemkit::sqlite::{SqliteConfig, SqliteStore};
+//! use idemkit::{Collector, CollectorConfig, Operation, Tenant};
+//!
+//! let url = "sqlite://app.db?mode=rwc";
+//! # let dir = std::env::temp_dir().join(format!("idemkit-front-{}", std::process::id()));
+//! # std::fs::create_dir_all(&dir)?;
+//! # let url = &format!("sqlite://{}?mode=rwc", dir.join("app.db").display());
+//! let store = SqliteStore::connect(url, SqliteConfig::default()).await?;
+//! store.migrate().await?; // idem's tables; without them every request is a 500
+//!
+//! // Deletes expired key records. Without it the key table grows forever.
+//! let collector = Collector::new(store.clone(), CollectorConfig::default())?;
+//! tokio::spawn(async move { collector.run(Duration::from_secs(60), std::future::pending()).await });
+//!
+//! // One tenant here; `TenantSource::Extension` takes it from your auth middleware.
+//! let tenant = TenantSource::Static(Tenant::new("acme")?);
+//! let config = RouteConfig::required(Operation::new("orders.create")?, tenant);
+//! let app: Router = Router::new()
+//!     .route("/orders", post(|| async { "created" }).layer(IdempotencyLayer::new(store, config)));
+//! # use tower::ServiceExt as _;
+//! # let send = |app: Router| async move {
+//! #     let req = axum::http::Request::post("/orders")
+//! #         .header("idempotency-key", "order-1")
+//! #         .body(axum::body::Body::empty())?;
+//! #     let res = app.oneshot(req).await?;
+//! #     Ok::<_, Box<dyn std::error::Error>>((res.status(), res.headers().get("idempotent-replayed").cloned()))
+//! # };
+//! # let (first, replayed) = send(app.clone()).await?;
+//! # assert_eq!((first.as_u16(), replayed), (200, None));
+//! # let (again, replayed) = send(app).await?;
+//! # assert_eq!((again.as_u16(), replayed.as_ref().map(|v| v.as_bytes())), (200, Some(&b"true"[..])));
+//! # std::fs::remove_dir_all(&dir)?;
+//! # Ok(()) }
+//! ```
+//!
+//! A request without an `Idempotency-Key` is refused (`400`); a retry with
+//! the same key and body gets the stored answer (`Idempotent-Replayed:
+//! true`) without running the handler again; the same key with another body
+//! is a `422`. A handler that writes to the database takes the layer's
+//! transaction (`Extension<IdemTx<SqliteTx>>`) so its rows and the key
+//! commit together: `examples/axum-layer` is the whole service, with the
+//! tenant set by an authentication middleware.
+//!
+//! ## Run the `Collector`
+//!
+//! **If you use this crate as a library, run a [`Collector`].** Key records
+//! (and inbox records, webhook receipts, sent outbox messages, finished
+//! runs) are kept until they expire and then until something deletes them.
+//! `idem serve` runs a collector; in your own application nothing else
+//! does, and without one the key table grows forever. One collector per
+//! database is enough.
+//!
+//! ## Map
+//!
+//! The parts sit behind cargo features, the way sqlx gates its drivers.
+//! Every module below has its own page.
 //!
 //! | feature | module | what |
 //! |---|---|---|
-//! | (always) | the crate root, [`keys`] | [`idem_core`]: keys, scopes, fingerprints, [`Engine`], [`KeyStore`] |
-//! | (always) | [`outbox`], [`inbox`], [`webhooks`] | each capability's types and store trait (`OutboxMessage`, `Subscriber`, `Receipt`, …) |
+//! | (always) | the crate root, [`keys`] | keys, scopes, fingerprints, the [`Engine`] (`begin`/`finish`) and the [`KeyStore`] trait |
 //! | (always) | the crate root | [`Collector`]: expired keys, inbox records, receipts and sent outbox rows purged in bounded batches |
-//! | `sqlite` (default) | `idemkit::sqlite` | `SqliteStore`, the embedded backend |
-//! | `postgres` | `idemkit::postgres` | `PgStore`, the production backend |
-//! | `http` (default) | `idemkit::http` | `IdempotencyLayer` for axum and hyper |
+//! | (always) | [`outbox`], [`inbox`], [`webhooks`] | each capability's types and store trait (`OutboxMessage`, `Subscriber`, `Receipt`, …) |
+//! | (always) | [`steps`], [`patterns`] | runs and steps (`RunStore`, `StepKey`, `Fence`, …); the idempotent database patterns |
+//! | `sqlite` (default) | `sqlite` | `SqliteStore`, the embedded backend (one file) |
+//! | `postgres` | `postgres` | `PgStore`, the production backend |
+//! | `http` (default) | `http` | `IdempotencyLayer`, the tower layer for axum and hyper |
 //! | `outbox` | [`outbox`] as well | `Outbox::enqueue` in your transaction, and the `Dispatcher` relaying it |
 //! | `inbox` | [`inbox`] as well | the `Inbox` and `Consumer`: effects once per subscriber |
-//! | `nats` | `idemkit::nats` | NATS JetStream `NatsPublisher` and `NatsSource` |
+//! | `nats` | `nats` | NATS JetStream `NatsPublisher` and `NatsSource` |
 //! | `webhooks` | [`webhooks`] as well | signature schemes, `Receiver`, `Processor`, `Forward` |
-//! | (always) | [`steps`], [`patterns`] | runs and steps (`RunStore`, `StepKey`, `Fence`, …); the idempotent database patterns |
+//! | `webhooks-axum` | [`webhooks`] as well | the receive route for axum (`webhooks::route`) |
 //! | `steps` | [`steps`] as well | `Runs`, `Workflow`, `Run` (phases, calls, sends, compensations), `Recovery`, `resolve` |
 //! | `steps-http` | [`steps`] as well | `WorkflowService`: a multi-step operation behind the `Idempotency-Key` contract |
 //!
@@ -28,6 +92,15 @@
 //! [dependencies]
 //! idemkit = { version = "0.1", default-features = false, features = ["postgres", "http"] }
 //! ```
+//!
+//! The admin API and console (`idem-admin`), the gateway (`idem-gateway`)
+//! and the conformance drill (`idem-drill`) are crates of their own.
+//!
+//! ## Without HTTP: the engine
+//!
+//! The layer is built on the [`Engine`]: claim a key in a transaction,
+//! write your effect in it, finish with the answer to store. For work that
+//! does not arrive over HTTP (a queue consumer, a cron job):
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
@@ -70,13 +143,19 @@ pub use idem_sql::patterns;
 mod collector;
 pub use collector::{Collected, Collector, CollectorConfig, KEYS_PURGED_TOTAL};
 
+// The backends and the layer are whole crates, inlined so that each has a
+// module page here with its own docs (a bare `pub use` shows one line).
 #[cfg(feature = "http")]
+#[doc(inline)]
 pub use idem_http as http;
 #[cfg(feature = "nats")]
+#[doc(inline)]
 pub use idem_nats as nats;
 #[cfg(feature = "postgres")]
+#[doc(inline)]
 pub use idem_postgres as postgres;
 #[cfg(feature = "sqlite")]
+#[doc(inline)]
 pub use idem_sqlite as sqlite;
 
 /// The outbox: messages written in the business transaction

@@ -90,6 +90,6 @@ fn a_weak_token_is_refused_at_start() {
     let out = command("password", &db_path("weak.db")).output().unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("--admin-token must be"), "{err}");
+    assert!(err.contains("admin token must be"), "{err}");
     assert!(out.stdout.is_empty(), "it must not listen");
 }

@@ -1,5 +1,10 @@
 //! Webhook receipts: `GET /admin/v1/webhooks/receipts`, `GET
-//! /admin/v1/webhooks/receipt`, `POST /admin/v1/webhooks/replay`.
+//! /admin/v1/webhooks/receipt`, `POST /admin/v1/webhooks/replay`; and `GET
+//! /admin/v1/webhooks/stats`, the counters of a [`Receiver`] running in this
+//! process ([`stats_routes`], mounted where the receiver is).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use axum::body::Bytes;
 use axum::extract::{Query, State};
@@ -7,12 +12,13 @@ use axum::http::HeaderMap;
 use axum::response::Response;
 use axum::routing::{get, post};
 use axum::{Extension, Router};
+use idem_core::SharedClock;
 use idem_core::admin::ReceiptFilter;
-use idem_core::webhooks::{ReceiptState, Requeue};
+use idem_core::webhooks::{ReceiptState, Requeue, WebhookStore};
 use idem_http::IdemTx;
-use idem_webhooks::{Endpoint, delivery_forms, find_receipt};
+use idem_webhooks::{Endpoint, Receiver, delivery_forms, find_receipt};
 use serde::Deserialize;
-use serde_json::json;
+use serde_json::{Map, Value, json};
 
 use super::{Audit, V1, action, cursor, limit, param, read, record, required, text};
 use crate::auth::Actor;
@@ -36,6 +42,37 @@ pub fn routes<B: AdminBackend>(store: &B) -> Router<V1<B>> {
             "/admin/v1/webhooks/replay",
             post(replay::<B>).layer(action(store, "webhooks.replay")),
         )
+}
+
+/// `GET /admin/v1/webhooks/stats`: per endpoint of `receiver`, the
+/// deliveries it `accepted`, the `duplicates`, those refused with a bad
+/// signature (`rejected_signature`) and those over the body limit
+/// (`too_large`), since this process started. An object keyed by endpoint
+/// name; `{}` when no endpoint is configured.
+pub fn stats_routes<S: WebhookStore>(receiver: Arc<Receiver<S, SharedClock>>) -> Router {
+    async fn stats<S: WebhookStore>(
+        State(receiver): State<Arc<Receiver<S, SharedClock>>>,
+    ) -> Response {
+        let counters: Map<String, Value> = receiver
+            .counters()
+            .map(|(name, c)| {
+                let n = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+                (
+                    name.to_owned(),
+                    json!({
+                        "accepted": n(&c.accepted),
+                        "duplicates": n(&c.duplicates),
+                        "rejected_signature": n(&c.rejected_signature),
+                        "too_large": n(&c.too_large),
+                    }),
+                )
+            })
+            .collect();
+        ok(&Value::Object(counters))
+    }
+    Router::new()
+        .route("/admin/v1/webhooks/stats", get(stats::<S>))
+        .with_state(receiver)
 }
 
 #[derive(Debug, Deserialize)]

@@ -182,7 +182,9 @@ async fn console_login_sessions_and_csrf() {
     assert!(!String::from_utf8_lossy(&js.body).contains("innerHTML"));
     // Reads need no CSRF token; state-changing requests do.
     assert_eq!(
-        send(a, "GET", "/admin/outbox", &[cookie], "").await.status,
+        send(a, "GET", "/admin/v1/outbox", &[cookie], "")
+            .await
+            .status,
         200
     );
     for csrf_header in [None, Some("wrong"), Some(&csrf[..63])] {
@@ -430,7 +432,7 @@ async fn console_in_chromium(db: ShopDb) {
     let headers = crate::webhooks::sign::github("github-secret", "console-1", body);
     let r = crate::webhooks::deliver(a, "github", &headers, body).await;
     assert_eq!(r.status, 202);
-    await_admin(a, "/admin/webhooks?state=dead", |v| {
+    await_admin(a, "/admin/v1/webhooks/receipts?state=dead", |v| {
         v.to_string().contains("console-1")
     })
     .await;

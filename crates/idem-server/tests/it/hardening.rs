@@ -73,15 +73,13 @@ fn get_with(path: &str, headers: &[(&str, &str)]) -> Vec<u8> {
 async fn admin_routes_need_the_token_and_refuse_foreign_origins() {
     let dir = TempDir::new("admin");
     let closed = Server::start(&dir.sqlite_url(), &[]).await;
-    let r = call(closed.addr, "GET", "/admin/outbox", None, "").await;
+    let r = call(closed.addr, "GET", "/admin/v1/outbox", None, "").await;
     assert_eq!(r.status, 401);
     assert_eq!(r.problem_type(), "https://idem.dev/problems/admin-disabled");
-    assert!(
-        r.json()["detail"]
-            .as_str()
-            .unwrap()
-            .contains("--admin-token")
-    );
+    // The router is a library: its answer names no flag of the server.
+    let detail = r.json()["detail"].as_str().unwrap().to_owned();
+    assert!(detail.contains("no admin token is configured"), "{detail}");
+    assert!(!detail.contains("--"), "{detail}");
     // Unknown admin paths are guarded alike: nothing is revealed.
     let r = call(closed.addr, "GET", "/admin/no-such-thing", None, "").await;
     assert_eq!(r.status, 401);
@@ -94,19 +92,27 @@ async fn admin_routes_need_the_token_and_refuse_foreign_origins() {
     let dir = TempDir::new("admin-token");
     let server = Server::start(&dir.sqlite_url(), &["--admin-token", TOKEN]).await;
     let a = server.addr;
-    let r = exchange(a, &get_with("/admin/outbox", &[])).await.unwrap();
+    let r = exchange(a, &get_with("/admin/v1/outbox", &[]))
+        .await
+        .unwrap();
     assert_eq!(r.status, 401);
     assert_eq!(r.problem_type(), "https://idem.dev/problems/unauthorized");
     assert!(r.header("www-authenticate").unwrap().starts_with("Bearer"));
     let wrong = format!("Bearer {TOKEN}x");
-    let r = exchange(a, &get_with("/admin/outbox", &[("Authorization", &wrong)]))
-        .await
-        .unwrap();
+    let r = exchange(
+        a,
+        &get_with("/admin/v1/outbox", &[("Authorization", &wrong)]),
+    )
+    .await
+    .unwrap();
     assert_eq!(r.status, 401);
     let right = format!("Bearer {TOKEN}");
-    let r = exchange(a, &get_with("/admin/outbox", &[("Authorization", &right)]))
-        .await
-        .unwrap();
+    let r = exchange(
+        a,
+        &get_with("/admin/v1/outbox", &[("Authorization", &right)]),
+    )
+    .await
+    .unwrap();
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     assert!(r.json()["pending"].is_u64());
     // A web page on another origin cannot use the token's routes, even if
@@ -114,7 +120,7 @@ async fn admin_routes_need_the_token_and_refuse_foreign_origins() {
     let r = exchange(
         a,
         &get_with(
-            "/admin/outbox",
+            "/admin/v1/outbox",
             &[("Authorization", &right), ("Origin", "http://evil.example")],
         ),
     )
@@ -125,13 +131,61 @@ async fn admin_routes_need_the_token_and_refuse_foreign_origins() {
     let r = exchange(
         a,
         &get_with(
-            "/admin/outbox",
+            "/admin/v1/outbox",
             &[("Authorization", &right), ("Origin", "http://localhost")],
         ),
     )
     .await
     .unwrap();
     assert_eq!(r.status, 200, "the server's own origin is fine");
+    // The retired unversioned routes: guarded like the rest, then 410 Gone
+    // as problem+json naming the /admin/v1 route that replaces them; they
+    // change nothing (no audit row, no key record for the admin tenant).
+    for old in idem_server::admin::retired::RETIRED {
+        let anon = call(a, old.method, old.path, None, "").await;
+        assert_eq!(anon.status, 401, "{}", old.path);
+        let req = format!(
+            "{} {}?endpoint=github&delivery=x HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
+             Authorization: {right}\r\nIdempotency-Key: retired-1\r\nContent-Length: 0\r\n\r\n",
+            old.method, old.path
+        );
+        let r = exchange(a, req.as_bytes()).await.unwrap();
+        assert_eq!(r.status, 410, "{}", old.path);
+        assert_eq!(
+            r.header("content-type").as_deref(),
+            Some("application/problem+json")
+        );
+        assert_eq!(r.problem_type(), "https://idem.dev/problems/route-retired");
+        let v = r.json();
+        assert_eq!(v["status"], 410);
+        assert_eq!(
+            v["replacement"],
+            format!("{} {}", old.method, old.replacement)
+        );
+        assert!(v["replacement"].as_str().unwrap().contains(" /admin/v1/"));
+        assert!(
+            v["detail"].as_str().unwrap().contains(old.replacement),
+            "{v}"
+        );
+        assert_eq!(
+            r.header("link"),
+            Some(format!("<{}>; rel=\"successor-version\"", old.replacement))
+        );
+    }
+    let audit = exchange(
+        a,
+        &get_with("/admin/v1/audit", &[("Authorization", &right)]),
+    )
+    .await
+    .unwrap();
+    assert_eq!(audit.json()["items"], serde_json::json!([]));
+    let keys = exchange(
+        a,
+        &get_with("/admin/v1/keys?tenant=admin", &[("Authorization", &right)]),
+    )
+    .await
+    .unwrap();
+    assert_eq!(keys.json()["items"], serde_json::json!([]));
     // The token never shows up in the logs.
     let mut server = server;
     assert!(!server.proc().log().contains(TOKEN));
@@ -637,9 +691,9 @@ async fn requests_axum_cannot_parse_get_problems_too() {
     let server = Server::start(&dir.sqlite_url(), &["--admin-token", TOKEN]).await;
     let auth = format!("Bearer {TOKEN}");
     for (path, status) in [
-        ("/admin/webhooks?limit=abc", 400),
-        ("/admin/webhooks?limit=5000", 400),
-        ("/admin/webhooks/receipt", 400),
+        ("/admin/v1/webhooks/receipts?limit=abc", 400),
+        ("/admin/v1/webhooks/receipts?limit=5000", 400),
+        ("/admin/v1/webhooks/receipt", 400),
         ("/v1/payments/%FF", 400),
     ] {
         let r = exchange(server.addr, &get_with(path, &[("Authorization", &auth)]))

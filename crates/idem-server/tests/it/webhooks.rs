@@ -15,7 +15,6 @@ use idem_core::{KeyStore, ManualClock, SharedClock};
 use idem_server::webhooks;
 use idem_webhooks::Receiver;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 use crate::fixture::serve;
 use crate::process::Server;
@@ -193,7 +192,19 @@ pub struct Rig<S: WebhookStore + KeyStore> {
     _up: idem_testkit::TempDir,
 }
 
-impl<S: WebhookStore + KeyStore> Rig<S> {
+/// The webhook routes of the admin API over `store` (unguarded: the guard
+/// has tests of its own), with `receiver`'s counters and the retired routes.
+fn admin<S: idem_server::admin::AdminBackend>(
+    store: &S,
+    receiver: &Arc<Receiver<S, SharedClock>>,
+) -> axum::Router {
+    use idem_server::admin::{retired, v1};
+    v1::router(store.clone(), Default::default())
+        .merge(v1::webhooks::stats_routes(receiver.clone()))
+        .merge(retired::router())
+}
+
+impl<S: idem_server::admin::AdminBackend> Rig<S> {
     pub async fn new(store: S, extra: &str) -> Self {
         let (upstream, up) = upstream().await;
         let config =
@@ -203,9 +214,7 @@ impl<S: WebhookStore + KeyStore> Rig<S> {
             config.endpoints.clone(),
             store.clock(),
         ));
-        let router = idem_webhooks::route::router(receiver.clone()).merge(
-            idem_server::admin::webhooks::router(store.clone(), receiver.clone()),
-        );
+        let router = idem_webhooks::route::router(receiver.clone()).merge(admin(&store, &receiver));
         Self {
             addr: serve(router).await,
             processor: webhooks::processor(store.clone(), store.clock(), &config).unwrap(),
@@ -342,6 +351,12 @@ macro_rules! webhook_suite {
                 };
                 assert_eq!(statuses, [202, 200, 200]);
                 assert_eq!(rig.counter("github"), (1, 2, 0, 0));
+                let stats = crate::call(rig.addr, "GET", "/admin/v1/webhooks/stats", None, "").await;
+                assert_eq!(stats.status, 200);
+                assert_eq!(
+                    stats.json()["github"],
+                    serde_json::json!({"accepted": 1, "duplicates": 2, "rejected_signature": 0, "too_large": 0})
+                );
                 assert_eq!(rig.processor.run_once().await.unwrap().processed, 1);
                 assert_eq!(rig.processor.run_once().await.unwrap().claimed, 0);
                 assert_eq!(payments_of(rig.upstream, "cus_d5").await.len(), 1, "one effect");
@@ -784,10 +799,10 @@ macro_rules! webhook_suite {
                     content_sha256: None,
                 };
                 store.accept(&old, now * 1000, now * 1000 + 60_000).await.unwrap();
-                let shown = crate::call(rig.addr, "GET", "/admin/webhooks/receipt?endpoint=github&delivery=4242%3Aold", None, "").await;
+                let shown = crate::call(rig.addr, "GET", "/admin/v1/webhooks/receipt?endpoint=github&delivery_id=4242%3Aold", None, "").await;
                 assert_eq!(shown.status, 200);
                 assert_eq!(shown.json()["headers"], serde_json::json!([["content-type", "application/json"]]));
-                let shown = crate::call(rig.addr, "GET", "/admin/webhooks/receipt?endpoint=github&delivery=4242%3Ah1", None, "").await;
+                let shown = crate::call(rig.addr, "GET", "/admin/v1/webhooks/receipt?endpoint=github&delivery_id=4242%3Ah1", None, "").await;
                 let text = String::from_utf8_lossy(&shown.body).to_ascii_lowercase();
                 assert!(!text.contains("signature"), "{text}");
             }
@@ -826,7 +841,7 @@ macro_rules! webhook_suite {
                     max: Duration::from_millis(20),
                 };
                 let receiver = Arc::new(Receiver::with_clock(store.clone(), config.endpoints.clone(), store.clock()));
-                let addr = serve(idem_webhooks::route::router(receiver.clone()).merge(idem_server::admin::webhooks::router(store.clone(), receiver))).await;
+                let addr = serve(idem_webhooks::route::router(receiver.clone()).merge(admin(&store, &receiver))).await;
                 let processor = webhooks::processor(store.clone(), store.clock(), &config).unwrap();
                 let body = payment("cus_r", "");
                 assert_eq!(deliver(addr, "github", &sign::github("github-secret", "r1", &body), &body).await.status, 202);
@@ -838,39 +853,56 @@ macro_rules! webhook_suite {
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 let round = processor.run_once().await.unwrap();
                 assert_eq!(round.dead, 1, "the second failure is the last");
-                let replay = |delivery: &'static str| async move {
-                    let mut s = TcpStream::connect(addr).await.unwrap();
-                    let req = format!("POST /admin/webhooks/replay?endpoint=github&delivery={delivery} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: 0\r\n\r\n");
-                    s.write_all(req.as_bytes()).await.unwrap();
-                    let mut raw = String::new();
-                    s.read_to_string(&mut raw).await.unwrap();
-                    raw
+                let replay = |key: &'static str, delivery: &'static str| async move {
+                    let body = serde_json::json!({"endpoint": "github", "delivery_id": delivery}).to_string();
+                    crate::call(addr, "POST", "/admin/v1/webhooks/replay", Some(key), &body).await
                 };
                 let show = |delivery: &'static str| async move {
-                    let r = crate::call(addr, "GET", &format!("/admin/webhooks/receipt?endpoint=github&delivery={delivery}"), None, "").await;
+                    let r = crate::call(addr, "GET", &format!("/admin/v1/webhooks/receipt?endpoint=github&delivery_id={delivery}"), None, "").await;
                     assert_eq!(r.status, 200, "{delivery}");
                     let v = r.json();
                     (v["state"].as_str().unwrap().to_owned(), v["attempts"].as_u64().unwrap(), v["finished_at"].is_string())
                 };
                 assert_eq!(show("4242%3Ar1").await, ("dead".into(), 2, true), "two runs; dead is finished");
                 up.store(true, Ordering::SeqCst);
+                // The retired replay route answers 410 naming its
+                // replacement, and replays nothing.
+                let gone = crate::call(addr, "POST", "/admin/webhooks/replay?endpoint=github&delivery=4242%3Ar1", Some("old-replay"), "").await;
+                assert_eq!(gone.status, 410);
+                assert_eq!(gone.header("content-type").as_deref(), Some("application/problem+json"));
+                assert_eq!(gone.problem_type(), "https://idem.dev/problems/route-retired");
+                assert_eq!(gone.json()["replacement"], "POST /admin/v1/webhooks/replay");
+                assert!(gone.json()["detail"].as_str().unwrap().contains("delivery_id"), "{:?}", gone.json());
+                assert_eq!(show("4242%3Ar1").await, ("dead".into(), 2, true), "the retired route changed nothing");
+                assert_eq!(processor.run_once().await.unwrap().claimed, 0, "nothing was requeued");
                 // The form the upstream saw in Idempotency-Key works too.
-                let r = replay("github%3A4242%3Ar1").await;
-                assert!(r.starts_with("HTTP/1.1 202") && r.contains("\"requeued\"") && r.contains("\"delivery_id\":\"4242:r1\""), "{r}");
+                let r = replay("replay-1", "github:4242:r1").await;
+                assert_eq!(r.status, 202, "{:?}", r.json());
+                assert_eq!((r.json()["result"].as_str(), r.json()["delivery_id"].as_str()), (Some("requeued"), Some("4242:r1")));
                 assert_eq!(show("github%3A4242%3Ar1").await, ("received".into(), 0, false), "a replay starts afresh");
                 assert_eq!(processor.run_once().await.unwrap().processed, 1);
                 assert_eq!(show("4242%3Ar1").await, ("processed".into(), 1, true), "the successful run counts");
-                let r = replay("4242%3Ar1").await;
-                assert!(r.starts_with("HTTP/1.1 200") && r.contains("\"no_op\"") && r.contains("processed"), "{r}");
+                let r = replay("replay-2", "4242:r1").await;
+                assert_eq!(r.status, 200, "{:?}", r.json());
+                assert_eq!(r.json()["result"], "no_op");
+                assert!(r.json()["message"].as_str().unwrap().contains("processed"));
                 assert_eq!(processor.run_once().await.unwrap().claimed, 0, "a processed delivery is not run again");
-                // Input no stored id can hold is "not found", never a database error.
-                let r = crate::call(addr, "GET", "/admin/webhooks/receipt?endpoint=github&delivery=a%00b", None, "").await;
-                assert_eq!(r.status, 404);
-                let r = replay("a%00b").await;
-                assert!(r.starts_with("HTTP/1.1 404"), "{r}");
-                let r = crate::call(addr, "GET", "/admin/webhooks/receipt?endpoint=git%00hub&delivery=x", None, "").await;
-                assert_eq!(r.status, 404);
-                let r = crate::call(addr, "GET", "/admin/webhooks?endpoint=git%00hub", None, "").await;
+                // Two replays, two audit rows; the retired route wrote none.
+                let audit = crate::call(addr, "GET", "/admin/v1/audit?action=webhooks.replay", None, "").await;
+                assert_eq!(audit.json()["items"].as_array().unwrap().len(), 2, "{:?}", audit.json());
+                // Input no stored id can hold is a 400 naming the parameter,
+                // never a database error; a well-formed unknown id is 404.
+                let r = crate::call(addr, "GET", "/admin/v1/webhooks/receipt?endpoint=github&delivery_id=a%00b", None, "").await;
+                assert_eq!((r.status, r.problem_type().as_str()), (400, "https://idem.dev/problems/invalid-request"));
+                assert!(r.json()["detail"].as_str().unwrap().starts_with("delivery_id"));
+                let r = replay("replay-3", "a\u{0}b").await;
+                assert_eq!(r.status, 400, "{:?}", r.json());
+                let r = replay("replay-4", "no-such-delivery").await;
+                assert_eq!(r.status, 404, "{:?}", r.json());
+                let r = crate::call(addr, "GET", "/admin/v1/webhooks/receipt?endpoint=git%00hub&delivery_id=x", None, "").await;
+                assert_eq!(r.status, 400);
+                assert!(r.json()["detail"].as_str().unwrap().starts_with("endpoint"));
+                let r = crate::call(addr, "GET", "/admin/v1/webhooks/receipts?endpoint=git%00hub", None, "").await;
                 assert_eq!(r.status, 400);
             }
         }

@@ -188,7 +188,7 @@ impl ServeArgs {
             limits,
             admin_token: config::admin_token(self.admin_token.as_deref(), self.listen)?,
             admin_hosts: crate::admin::AllowedHosts::parse(&self.admin_hosts)
-                .map_err(anyhow::Error::msg)?,
+                .map_err(|e| anyhow::anyhow!("--admin-hosts: {e}"))?,
             admin_lockout: config::admin_lockout(self.admin_lockout)?,
             public_metrics: self.public_metrics,
             gc_interval,

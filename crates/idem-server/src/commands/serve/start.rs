@@ -43,8 +43,7 @@ impl Job for Start<'_> {
             config.consume.clone(),
             shutdown,
         );
-        let own = crate::admin::outbox::router(store.clone(), relay.clone())
-            .merge(crate::admin::v1::router(store.clone(), relay))
+        let own = crate::admin::v1::router(store.clone(), relay)
             .merge(start_webhooks(
                 &store,
                 config.webhooks.as_ref(),
@@ -147,16 +146,15 @@ fn start_webhooks<B: Backend>(
     gateway: bool,
     shutdown: &watch::Receiver<bool>,
 ) -> Router {
-    use crate::admin::webhooks as admin;
-    // The admin view of stored receipts works without endpoints too (an
-    // endpoint taken out of the file still has receipts to look at).
+    use crate::admin::v1::webhooks as admin;
+    // `/admin/v1/webhooks/stats` answers without endpoints too (`{}`).
     let stored_only = || {
         let receiver = Arc::new(idem_webhooks::Receiver::with_clock(
             store.clone(),
             vec![],
             store.clock(),
         ));
-        admin::router(store.clone(), receiver)
+        admin::stats_routes(receiver)
     };
     let Some(config) = config else {
         return stored_only();
@@ -190,5 +188,5 @@ fn start_webhooks<B: Backend>(
     }
     let names: Vec<&str> = config.endpoints.iter().map(|e| e.name.as_str()).collect();
     tracing::info!(endpoints = ?names, "receiving webhooks at /webhooks/{{endpoint}}");
-    idem_webhooks::route::router(receiver.clone()).merge(admin::router(store.clone(), receiver))
+    idem_webhooks::route::router(receiver.clone()).merge(admin::stats_routes(receiver))
 }
