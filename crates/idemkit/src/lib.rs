@@ -23,6 +23,7 @@
 //! | (always) | [`steps`], [`patterns`] | runs and steps (`RunStore`, `StepKey`, `Fence`, …); the idempotent database patterns |
 //! | `steps` | [`steps`] as well | `Runs`, `Workflow`, `Run` (phases, calls, sends, compensations), `Recovery`, `resolve` |
 //! | `steps-http` | [`steps`] as well | `WorkflowService`: a multi-step operation behind the `Idempotency-Key` contract |
+//! | `gateway` | `idemkit::gateway` | `Gateway`: the `Idempotency-Key` contract in front of an HTTP API that has none, as an axum router (needs a store with leases: `SqliteStore`, `PgStore`) |
 //!
 //! ```toml
 //! [dependencies]
@@ -66,6 +67,8 @@ pub use idem_core::*;
 mod collector;
 pub use collector::{Collected, Collector, CollectorConfig, KEYS_PURGED_TOTAL};
 
+#[cfg(feature = "gateway")]
+pub use idem_gateway as gateway;
 #[cfg(feature = "http")]
 pub use idem_http as http;
 #[cfg(feature = "nats")]
