@@ -4,9 +4,11 @@
 //! and they are missing, and the browser tests' npm packages with `npm ci`),
 //! runs the whole test suite against them, stops them, and runs each fuzz
 //! target briefly. `cargo xtask fuzz [TARGET] [--secs N]` runs the fuzz targets of
-//! `fuzz/` for longer.
+//! `fuzz/` for longer. `cargo xtask docs-sync [--fix]` checks (or rewrites)
+//! the README's and docs' code blocks that include an example file.
 
 mod bench;
+mod docs_sync;
 mod dups;
 mod fuzz;
 mod servers;
@@ -27,6 +29,9 @@ commands:
   bench [idem bench args]  the same servers, pgbench, wrk, perf, a Redis and a Python venv for
                            the Powertools peer, then `idem bench` in release mode (5 s a case)
   fuzz [TARGET] [--secs N] run the fuzz targets of fuzz/ (every target, 180 s each, by default)
+  docs-sync [--fix]        check that README.md's and docs/*.md's example blocks (a line
+                           `<!-- example: PATH[#anchor] -->` before a fence) equal their files;
+                           with --fix, rewrite the stale ones
   backend-dups [--max N]   count the lines the SQLite and PostgreSQL backends repeat; with --max,
                            fail above N
   help                     this text";
@@ -37,6 +42,7 @@ fn main() -> ExitCode {
         Some("test") => return test::test(&args[1..]),
         Some("bench") => bench::bench(&args[1..]),
         Some("fuzz") => fuzz::fuzz(&args[1..]),
+        Some("docs-sync") => docs_sync::run(&args[1..], &shell::workspace_root()),
         Some("backend-dups") => dups::run(&args[1..], &shell::workspace_root()),
         Some("help" | "--help" | "-h") => {
             println!("{USAGE}");

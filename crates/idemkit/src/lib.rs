@@ -87,6 +87,7 @@
 //! | `webhooks-axum` | [`webhooks`] as well | the receive route for axum (`webhooks::route`) |
 //! | `steps` | [`steps`] as well | `Runs`, `Workflow`, `Run` (phases, calls, sends, compensations), `Recovery`, `resolve` |
 //! | `steps-http` | [`steps`] as well | `WorkflowService`: a multi-step operation behind the `Idempotency-Key` contract |
+//! | `gateway` | `gateway` | `Gateway`: the `Idempotency-Key` contract in front of an HTTP API that has none, as an axum router (needs a store with leases: `SqliteStore`, `PgStore`) |
 //!
 //! ```toml
 //! [dependencies]
@@ -145,6 +146,9 @@ pub use collector::{Collected, Collector, CollectorConfig, KEYS_PURGED_TOTAL};
 
 // The backends and the layer are whole crates, inlined so that each has a
 // module page here with its own docs (a bare `pub use` shows one line).
+#[cfg(feature = "gateway")]
+#[doc(inline)]
+pub use idem_gateway as gateway;
 #[cfg(feature = "http")]
 #[doc(inline)]
 pub use idem_http as http;
