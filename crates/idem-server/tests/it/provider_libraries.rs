@@ -283,11 +283,14 @@ pub async fn slack_url_verification_signed_by_slack_sdk_gets_its_challenge(db: S
     );
 }
 
-/// The `toml` blocks of the README's "One block per provider".
+/// The `toml` blocks of docs/webhooks.md's "One block per provider".
 fn readme_provider_blocks() -> Vec<String> {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
-    let (_, section) = readme.split_once("\n### One block per provider\n").unwrap();
+    let page = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/webhooks.md"
+    ))
+    .unwrap();
+    let (_, section) = page.split_once("\n## One block per provider\n").unwrap();
     let section = section.split("\n## ").next().unwrap();
     section
         .split("```toml\n")
@@ -296,7 +299,7 @@ fn readme_provider_blocks() -> Vec<String> {
         .collect()
 }
 
-/// Each README block works as written: the configuration loads, and a
+/// Each provider block of docs/webhooks.md works as written: the configuration loads, and a
 /// delivery signed with the block's secret by the provider's own library
 /// (GitHub's and Shopify's documented algorithm: they publish none) verifies.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
