@@ -61,22 +61,7 @@ pub struct OwnAnswer;
 
 fn secured(mut res: Response, cache: &'static str) -> Response {
     res.extensions_mut().insert(OwnAnswer);
-    let h = res.headers_mut();
-    h.insert(
-        header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static(CSP),
-    );
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static(cache));
-    h.insert(
-        header::X_CONTENT_TYPE_OPTIONS,
-        HeaderValue::from_static("nosniff"),
-    );
-    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
-    h.insert(
-        header::REFERRER_POLICY,
-        HeaderValue::from_static("same-origin"),
-    );
-    res
+    crate::respond::for_browser(res, CSP, cache)
 }
 
 fn page(html: &'static str) -> Response {
@@ -98,10 +83,9 @@ fn html_status(status: StatusCode, html: String) -> Response {
 /// A script or stylesheet: revalidated on every load (it changes with the
 /// binary), never stored by shared caches.
 fn asset(content_type: &'static str, body: &'static str) -> Response {
-    secured(
-        ([(header::CONTENT_TYPE, content_type)], body).into_response(),
-        "private, no-cache",
-    )
+    let mut res = crate::respond::embedded(content_type, body, CSP, "private, no-cache");
+    res.extensions_mut().insert(OwnAnswer);
+    res
 }
 
 /// The login page, with a fixed message (never an echo of input).

@@ -107,6 +107,43 @@ pub fn rfc3339(ms: i64) -> String {
     humantime::format_rfc3339_millis(t).to_string()
 }
 
+/// An answer a browser renders (a page, its script or stylesheet, an
+/// embedded file): `csp` as its Content-Security-Policy, `cache` as its
+/// Cache-Control, no sniffing, no framing, the referrer kept to this
+/// origin.
+pub fn for_browser(mut res: Response, csp: &'static str, cache: &'static str) -> Response {
+    let h = res.headers_mut();
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(csp),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static(cache));
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("same-origin"),
+    );
+    res
+}
+
+/// A file embedded in the binary, served [`for_browser`].
+pub fn embedded(
+    content_type: &'static str,
+    body: &'static str,
+    csp: &'static str,
+    cache: &'static str,
+) -> Response {
+    for_browser(
+        ([(header::CONTENT_TYPE, content_type)], body).into_response(),
+        csp,
+        cache,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

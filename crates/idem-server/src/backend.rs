@@ -1,6 +1,8 @@
 //! The one place the server tells its backends apart: [`Db::open`] reads the
-//! URL, connects and migrates; everything else is generic over [`Backend`]
-//! and is handed the store by [`Db::run`].
+//! URL, connects and migrates Idem's tables; everything else is generic over
+//! [`Backend`] and is handed the store by [`Db::run`]. The demo apps' work
+//! ([`DemoJob`], by [`Db::run_demo`]) is also handed the demo's SQL, and
+//! only then are the demo's tables made: a gateway's database has none.
 
 use std::time::Duration;
 
@@ -9,7 +11,7 @@ use idem_core::KeyStore;
 use idem_core::admin::AdminStore;
 use idem_core::inbox::InboxStore;
 use idem_core::leased::LeasedKeyStore;
-use idem_core::outbox::{OutboxStore, Wake};
+use idem_core::outbox::{OutboxStore, OutboxWriter, Wake};
 use idem_core::steps::RunStore;
 use idem_core::webhooks::WebhookStore;
 use idem_postgres::{PgConfig, PgStore};
@@ -17,7 +19,7 @@ use idem_sql::patterns::PatternExec;
 use idem_sqlite::{SqliteConfig, SqliteStore};
 
 use crate::demo;
-use crate::demo::sql::{DemoSql, drivers::demo_sql};
+use crate::demo::DemoSql;
 
 /// Every store capability the server uses, from one database: runs and
 /// steps included, whose transactions run the database patterns.
@@ -25,11 +27,11 @@ pub trait Backend:
     InboxStore
     + AdminStore
     + OutboxStore
+    + OutboxWriter
     + WebhookStore
     + RunStore
     + LeasedKeyStore
     + KeyStore<Tx: PatternExec>
-    + DemoSql
 {
     /// What wakes the relay when a row is written to the outbox.
     type OutboxWake: Wake + 'static;
@@ -40,8 +42,8 @@ pub trait Backend:
     /// The wake-up for the relay (for PostgreSQL a `LISTEN`).
     fn outbox_wake(&self) -> impl Future<Output = Self::OutboxWake> + Send;
 
-    /// Applies the key store's and the demo's migrations.
-    fn migrate_all(&self) -> impl Future<Output = anyhow::Result<()>>;
+    /// Applies the key store's migrations.
+    fn migrate_store(&self) -> impl Future<Output = Result<(), idem_core::StoreError>>;
 }
 
 impl Backend for SqliteStore {
@@ -52,13 +54,8 @@ impl Backend for SqliteStore {
         idem_outbox::Polling
     }
 
-    async fn migrate_all(&self) -> anyhow::Result<()> {
-        self.migrate()
-            .await
-            .context("failed to migrate the key store")?;
-        idem_sqlite::migrate_component(self.pool(), "demo", demo::SQLITE_MIGRATIONS)
-            .await
-            .context("failed to migrate the demo tables")
+    async fn migrate_store(&self) -> Result<(), idem_core::StoreError> {
+        self.migrate().await
     }
 }
 
@@ -70,26 +67,10 @@ impl Backend for PgStore {
         self.outbox_listener().await
     }
 
-    async fn migrate_all(&self) -> anyhow::Result<()> {
-        self.migrate()
-            .await
-            .context("failed to migrate the key store")?;
-        idem_postgres::migrate_component(self.pool(), "demo", demo::POSTGRES_MIGRATIONS)
-            .await
-            .context("failed to migrate the demo tables")
+    async fn migrate_store(&self) -> Result<(), idem_core::StoreError> {
+        self.migrate().await
     }
 }
-
-demo_sql!(
-    idem_sqlite::SqliteStore,
-    idem_sqlite::SqliteTx,
-    idem_sqlite::map_err,
-);
-demo_sql!(
-    idem_postgres::PgStore,
-    idem_postgres::PgTx,
-    idem_postgres::map_err,
-);
 
 /// Work to do on whichever backend the URL named.
 pub trait Job {
@@ -97,6 +78,14 @@ pub trait Job {
     type Output;
     /// Does the work on `backend`.
     fn run<B: Backend>(self, backend: B) -> impl Future<Output = Self::Output>;
+}
+
+/// Work of the demo apps: also handed the demo's SQL and the checkout's runs.
+pub trait DemoJob {
+    /// What the work returns.
+    type Output;
+    /// Does the work on `backend`, whose demo tables exist.
+    fn run<B: Backend + demo::Store>(self, backend: B) -> impl Future<Output = Self::Output>;
 }
 
 /// An open, migrated database.
@@ -109,8 +98,8 @@ pub enum Db {
 }
 
 impl Db {
-    /// Opens the database, creating an SQLite file if missing, and migrates
-    /// it.
+    /// Opens the database, creating an SQLite file if missing, and applies
+    /// Idem's migrations (not the demo's: [`Db::run_demo`] makes those).
     pub async fn open(url: &str) -> anyhow::Result<Db> {
         let db = Self::connect(url).await?;
         db.clone().run(Migrate).await?;
@@ -167,6 +156,24 @@ impl Db {
             Db::Postgres(store) => job.run(store).await,
         }
     }
+
+    /// Creates or updates the demo's tables.
+    pub async fn migrate_demo(&self) -> anyhow::Result<()> {
+        match self {
+            Db::Sqlite(store) => store.migrate_demo().await,
+            Db::Postgres(store) => store.migrate_demo().await,
+        }
+        .context("failed to migrate the demo tables")
+    }
+
+    /// Creates or updates the demo's tables, then runs `job` on the backend.
+    pub async fn run_demo<J: DemoJob>(self, job: J) -> anyhow::Result<J::Output> {
+        self.migrate_demo().await?;
+        Ok(match self {
+            Db::Sqlite(store) => job.run(store).await,
+            Db::Postgres(store) => job.run(store).await,
+        })
+    }
 }
 
 struct Migrate;
@@ -174,6 +181,9 @@ struct Migrate;
 impl Job for Migrate {
     type Output = anyhow::Result<()>;
     async fn run<B: Backend>(self, backend: B) -> anyhow::Result<()> {
-        backend.migrate_all().await
+        backend
+            .migrate_store()
+            .await
+            .context("failed to migrate the key store")
     }
 }

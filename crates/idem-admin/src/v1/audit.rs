@@ -8,7 +8,7 @@ use idem_core::admin::{AuditEntry, AuditFilter};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{V1, cursor, limit, param, read};
+use super::{V1, cursor, limit, param};
 use crate::backend::AdminBackend;
 use crate::respond::rfc3339;
 
@@ -47,7 +47,7 @@ struct ListQuery {
 }
 
 async fn list<B: AdminBackend>(State(st): State<V1<B>>, Query(q): Query<ListQuery>) -> Response {
-    let filter = match (|| {
+    let filter = (|| {
         Ok::<_, Response>(AuditFilter {
             action: param(
                 q.action.as_deref(),
@@ -58,12 +58,7 @@ async fn list<B: AdminBackend>(State(st): State<V1<B>>, Query(q): Query<ListQuer
             before_id: cursor(q.cursor.as_deref())?,
             limit: limit(q.limit.as_deref())?,
         })
-    })() {
-        Ok(f) => f,
-        Err(r) => return r,
-    };
-    match read(st.store.list_audit(&filter)).await {
-        Ok(rows) => super::page(&rows, filter.limit, audit_json, |e| e.id),
-        Err(r) => r,
-    }
+    })();
+    let fetch = |f: AuditFilter| async move { st.store.list_audit(&f).await };
+    super::list_page(filter, |f| f.limit, fetch, audit_json, |e| e.id).await
 }

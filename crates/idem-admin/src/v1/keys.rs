@@ -98,7 +98,7 @@ struct ListQuery {
 }
 
 async fn list<B: AdminBackend>(State(st): State<V1<B>>, Query(q): Query<ListQuery>) -> Response {
-    let filter = match (|| {
+    let filter = (|| {
         Ok::<_, Response>(KeyFilter {
             tenant: param(q.tenant.as_deref(), "tenant", TENANT, tenant)?,
             operation: param(q.operation.as_deref(), "operation", OPERATION, operation)?,
@@ -122,16 +122,16 @@ async fn list<B: AdminBackend>(State(st): State<V1<B>>, Query(q): Query<ListQuer
             after: cursor(q.cursor.as_deref())?,
             limit: limit(q.limit.as_deref())?,
         })
-    })() {
-        Ok(f) => f,
-        Err(r) => return r,
-    };
-    match read(st.store.list_keys(&filter)).await {
-        Ok(rows) => super::page(&rows, filter.limit, key_json, |k| {
-            (k.tenant.clone(), k.operation.clone(), k.key.clone())
-        }),
-        Err(r) => r,
-    }
+    })();
+    let fetch = |f: KeyFilter| async move { st.store.list_keys(&f).await };
+    super::list_page(
+        filter,
+        |f| f.limit,
+        fetch,
+        key_json,
+        |k| (k.tenant.clone(), k.operation.clone(), k.key.clone()),
+    )
+    .await
 }
 
 #[derive(Debug, Deserialize)]

@@ -108,6 +108,30 @@ pub fn page<T, K: Serialize>(
     ok(&json!({"items": rows.iter().map(item).collect::<Vec<_>>(), "next_cursor": next}))
 }
 
+/// A list route's answer: the query's `400` when it was refused, else one
+/// page of the rows `fetch` reads (within the read timeout) and the cursor
+/// of the next.
+pub async fn list_page<F, T, K: Serialize, Fut>(
+    filter: Result<F, Response>,
+    limit: fn(&F) -> u32,
+    fetch: impl FnOnce(F) -> Fut,
+    item: impl Fn(&T) -> Value,
+    cursor: impl Fn(&T) -> K,
+) -> Response
+where
+    Fut: Future<Output = Result<Vec<T>, idem_core::StoreError>>,
+{
+    let filter = match filter {
+        Ok(f) => f,
+        Err(r) => return r,
+    };
+    let limit = limit(&filter);
+    match read(fetch(filter)).await {
+        Ok(rows) => page(&rows, limit, item, cursor),
+        Err(r) => r,
+    }
+}
+
 fn encode_cursor<K: Serialize>(k: &K) -> String {
     URL_SAFE_NO_PAD.encode(serde_json::to_vec(k).unwrap_or_default())
 }

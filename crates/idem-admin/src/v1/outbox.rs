@@ -91,7 +91,7 @@ async fn messages<B: AdminBackend>(
     State(st): State<V1<B>>,
     Query(q): Query<MessagesQuery>,
 ) -> Response {
-    let filter = match (|| {
+    let filter = (|| {
         Ok::<_, Response>(OutboxFilter {
             state: param(
                 q.state.as_deref(),
@@ -103,14 +103,9 @@ async fn messages<B: AdminBackend>(
             before_id: cursor(q.cursor.as_deref())?,
             limit: limit(q.limit.as_deref())?,
         })
-    })() {
-        Ok(f) => f,
-        Err(r) => return r,
-    };
-    match read(st.store.list_outbox(&filter)).await {
-        Ok(rows) => super::page(&rows, filter.limit, message_json, |m| m.id),
-        Err(r) => r,
-    }
+    })();
+    let fetch = |f: OutboxFilter| async move { st.store.list_outbox(&f).await };
+    super::list_page(filter, |f| f.limit, fetch, message_json, |m| m.id).await
 }
 
 #[derive(Debug, Deserialize)]

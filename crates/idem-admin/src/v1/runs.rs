@@ -92,7 +92,7 @@ struct ListQuery {
 }
 
 async fn list<B: AdminBackend>(State(st): State<V1<B>>, Query(q): Query<ListQuery>) -> Response {
-    let filter = match (|| {
+    let filter = (|| {
         Ok::<_, Response>(RunPageFilter {
             state: param(
                 q.state.as_deref(),
@@ -109,16 +109,16 @@ async fn list<B: AdminBackend>(State(st): State<V1<B>>, Query(q): Query<ListQuer
             before: cursor(q.cursor.as_deref())?,
             limit: limit(q.limit.as_deref())?,
         })
-    })() {
-        Ok(f) => f,
-        Err(r) => return r,
-    };
-    match read(st.store.list_runs_page(&filter)).await {
-        Ok(rows) => super::page(&rows, filter.limit, run_json, |r| {
-            (r.created_at_ms, r.id.as_str().to_owned())
-        }),
-        Err(r) => r,
-    }
+    })();
+    let fetch = |f: RunPageFilter| async move { st.store.list_runs_page(&f).await };
+    super::list_page(
+        filter,
+        |f| f.limit,
+        fetch,
+        run_json,
+        |r| (r.created_at_ms, r.id.as_str().to_owned()),
+    )
+    .await
 }
 
 fn run_id(id: &str) -> Result<RunId, Response> {

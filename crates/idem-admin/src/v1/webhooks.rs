@@ -84,7 +84,7 @@ struct ListQuery {
 }
 
 async fn list<B: AdminBackend>(State(st): State<V1<B>>, Query(q): Query<ListQuery>) -> Response {
-    let filter = match (|| {
+    let filter = (|| {
         Ok::<_, Response>(ReceiptFilter {
             endpoint: param(q.endpoint.as_deref(), "endpoint", ENDPOINT, endpoint)?,
             state: param(
@@ -96,14 +96,16 @@ async fn list<B: AdminBackend>(State(st): State<V1<B>>, Query(q): Query<ListQuer
             before_id: cursor(q.cursor.as_deref())?,
             limit: limit(q.limit.as_deref())?,
         })
-    })() {
-        Ok(f) => f,
-        Err(r) => return r,
-    };
-    match read(st.store.list_receipts_page(&filter)).await {
-        Ok(rows) => super::page(&rows, filter.limit, |r| receipt_json(r, false), |r| r.id),
-        Err(r) => r,
-    }
+    })();
+    let fetch = |f: ReceiptFilter| async move { st.store.list_receipts_page(&f).await };
+    super::list_page(
+        filter,
+        |f| f.limit,
+        fetch,
+        |r| receipt_json(r, false),
+        |r| r.id,
+    )
+    .await
 }
 
 #[derive(Debug, Deserialize)]

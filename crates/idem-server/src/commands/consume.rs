@@ -3,7 +3,7 @@
 use tokio::sync::watch;
 
 use super::{ConsumerArgs, DbArgs};
-use crate::backend::{Backend, Db, Job};
+use crate::backend::{Backend, Db, DemoJob};
 use crate::messaging::{self, ConsumeConfig};
 use crate::{config, shutdown};
 
@@ -36,9 +36,8 @@ impl ConsumeArgs {
         };
         Db::open_existing(&self.db.database_url)
             .await?
-            .run(job)
-            .await;
-        Ok(())
+            .run_demo(job)
+            .await
     }
 }
 
@@ -48,9 +47,9 @@ struct Consume {
     shutdown: watch::Receiver<bool>,
 }
 
-impl Job for Consume {
+impl DemoJob for Consume {
     type Output = ();
-    async fn run<B: Backend>(self, store: B) {
+    async fn run<B: Backend + crate::demo::Store>(self, store: B) {
         let ledger = crate::demo::Ledger::<B>::new();
         messaging::consume(store, self.js, ledger, self.config, self.shutdown).await
     }

@@ -4,7 +4,9 @@
 
 use axum::response::Response;
 use bytes::Bytes;
+use idem_core::steps::RunStore;
 use idem_core::{Clock, Migration, SystemClock};
+use idem_sql::patterns::PatternExec;
 use serde_json::{Value, json};
 
 use crate::respond::{invalid, rfc3339};
@@ -18,7 +20,14 @@ pub mod upstream;
 
 pub use handlers::{router, router_with_clock};
 pub use ledger::Ledger;
-pub use sql::{PaymentRow, RefundRow};
+pub use sql::{DemoSql, PaymentRow, RefundRow};
+
+/// What the demo apps need of a store: their own SQL ([`DemoSql`]), and the
+/// checkout's runs, whose transactions run the database patterns. Both
+/// backends are one; a gateway's server never asks for it.
+pub trait Store: DemoSql + RunStore<Tx: PatternExec> {}
+
+impl<S: DemoSql + RunStore<Tx: PatternExec>> Store for S {}
 
 const DEMO_PAYMENTS: Migration = Migration {
     version: 1,

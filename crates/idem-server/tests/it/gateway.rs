@@ -468,6 +468,43 @@ pub async fn contract(db: ShopDb) {
     assert_eq!(put.key(), Some("mine"), "untouched");
     // Idem's own routes keep their paths.
     assert_eq!(call(gw.addr, "GET", "/healthz", None, "").await.status, 200);
+    // A gateway ships no demo: its database has Idem's tables, none of the
+    // demo's.
+    let (idem, demo) = tables(&db).await;
+    assert!(idem > 0, "Idem's tables are made");
+    assert_eq!(
+        demo,
+        Vec::<String>::new(),
+        "no demo tables in a gateway's database"
+    );
+}
+
+/// The tables of the shop's database: how many are Idem's, and the demo's
+/// names.
+async fn tables(db: &ShopDb) -> (usize, Vec<String>) {
+    let names: Vec<String> = match db {
+        ShopDb::Sqlite(_) => {
+            let pool = sqlx::SqlitePool::connect(&db.url()).await.unwrap();
+            let q = "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name";
+            let names = sqlx::query_scalar(q).fetch_all(&pool).await.unwrap();
+            pool.close().await;
+            names
+        }
+        ShopDb::Postgres(_) => {
+            let pool = sqlx::PgPool::connect(&db.url()).await.unwrap();
+            let q = "SELECT table_name::text FROM information_schema.tables \
+                     WHERE table_schema = current_schema() ORDER BY 1";
+            let names = sqlx::query_scalar(q).fetch_all(&pool).await.unwrap();
+            pool.close().await;
+            names
+        }
+    };
+    let idem = names.iter().filter(|n| n.starts_with("idem_")).count();
+    let demo = names
+        .into_iter()
+        .filter(|n| n.starts_with("demo_"))
+        .collect();
+    (idem, demo)
 }
 
 /// Concurrent requests with one key: one effect; each answer is the

@@ -635,7 +635,7 @@ pub use fixture::{DemoConfig, Fixture};
 mod fixture {
     use super::*;
     use idem_core::{Engine, ManualClock};
-    use idem_server::backend::{Backend, Db, Job};
+    use idem_server::backend::{Backend, Db, DemoJob};
     use idem_testkit::PgDatabase;
     use std::future::Future;
     use std::pin::Pin;
@@ -706,9 +706,9 @@ mod fixture {
         config: DemoConfig,
     }
 
-    impl Job for Demo {
+    impl DemoJob for Demo {
         type Output = (axum::Router, Gc);
-        async fn run<B: Backend>(self, store: B) -> Self::Output {
+        async fn run<B: Backend + idem_server::demo::Store>(self, store: B) -> Self::Output {
             let router = idem_server::demo::router_with_clock(
                 store.clone(),
                 &self.config,
@@ -724,7 +724,7 @@ mod fixture {
             clock: clock.clone(),
             config,
         };
-        let (router, gc) = Db::open(url).await.unwrap().run(demo).await;
+        let (router, gc) = Db::open(url).await.unwrap().run_demo(demo).await.unwrap();
         Fixture {
             addr: serve(router).await,
             gc,
@@ -767,7 +767,10 @@ async fn a_silent_postgres_gives_every_route_a_bounded_503() {
     )
     .await
     .unwrap();
-    idem_server::backend::Backend::migrate_all(&store)
+    idem_server::backend::Backend::migrate_store(&store)
+        .await
+        .unwrap();
+    idem_server::demo::DemoSql::migrate_demo(&store)
         .await
         .unwrap();
     let config = DemoConfig {

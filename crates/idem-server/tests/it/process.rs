@@ -465,6 +465,19 @@ fn bad_settings_are_clear_errors_and_nothing_starts() {
             &["serve", "--database-url", &db, "--handler-timeout", "0s"],
             "--handler-timeout must be between 1s and 10min, got 0s",
         ),
+        (
+            &[
+                "serve",
+                "--database-url",
+                &db,
+                "--upstream",
+                "http://127.0.0.1:9",
+                "--nats-url",
+                "nats://127.0.0.1:4222",
+                "--consume",
+            ],
+            "--consume runs the demo's ledger consumer, which a gateway (--upstream) does not have",
+        ),
     ];
     for (args, expected) in cases {
         let out = run(args);

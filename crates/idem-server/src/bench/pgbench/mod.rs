@@ -61,7 +61,7 @@ pub async fn run(url: &str, duration: Duration, run_id: u64) -> anyhow::Result<(
         return Ok(());
     };
     // The demo's tables too (the route's insert), as `idem serve` makes them.
-    crate::backend::Db::open(url).await?;
+    crate::backend::Db::open(url).await?.migrate_demo().await?;
     let now = idem_core::Clock::now_ms(&idem_core::SystemClock);
     let fingerprint = idem_core::FingerprintSpec::default().fingerprint(&idem_core::RequestParts {
         method: "POST",

@@ -166,11 +166,15 @@ impl ServeArgs {
             ),
             // The demo's flags were validated all the same: a bad one is
             // refused whichever app it would configure.
+            Some(_) if self.consume => anyhow::bail!(
+                "--consume runs the demo's ledger consumer, which a gateway (--upstream) does not have; consume the events with your own service"
+            ),
             Some(gateway) => App::Gateway(gateway),
             None => App::Demo(DemoApp {
                 demo,
                 checkout,
                 respond_within,
+                consume: self.consume.then_some(consume),
             }),
         };
         let limits = Limits {
@@ -193,7 +197,6 @@ impl ServeArgs {
             public_metrics: self.public_metrics,
             gc_interval,
             nats_url: self.nats_url.clone(),
-            consume: self.consume.then_some(consume),
             webhooks,
             app,
         })
@@ -208,14 +211,13 @@ impl ServeArgs {
             config.admin_hosts.clone(),
             crate::admin::limit::Limits::with_first_lock(config.admin_lockout),
         );
-        let (api, gateway) = Db::open(&self.db.database_url)
-            .await?
-            .run(Start {
-                config: &config,
-                auth: &auth,
-                shutdown: &shutdown,
-            })
-            .await?;
+        let db = Db::open(&self.db.database_url).await?;
+        let start = Start {
+            config: &config,
+            auth: &auth,
+            shutdown: &shutdown,
+        };
+        let (api, gateway) = start.routes(db).await?;
         let (listener, bound) = http_server::bind(config.listen).await?;
         if config.admin_token.is_none() {
             tracing::info!(

@@ -32,8 +32,6 @@ pub struct ServerConfig {
     pub gc_interval: Duration,
     /// `--nats-url`: relay the outbox here.
     pub nats_url: Option<String>,
-    /// `--consume`: the ledger consumer's settings.
-    pub consume: Option<ConsumeConfig>,
     /// `--config`: webhook endpoints and workers.
     pub webhooks: Option<WebhookConfig>,
     /// The demo apps, or the gateway.
@@ -61,4 +59,6 @@ pub struct DemoApp {
     pub checkout: Option<CheckoutConfig>,
     /// `--respond-within`: how long an order request waits for its run.
     pub respond_within: Duration,
+    /// `--consume`: the demo ledger consumer's settings.
+    pub consume: Option<ConsumeConfig>,
 }

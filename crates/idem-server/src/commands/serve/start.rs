@@ -1,6 +1,8 @@
-//! What `idem serve` starts on the backend once the database is open: the
-//! key GC, the relay and the ledger consumer, the webhook workers, and the
-//! routes of what it serves (the demo apps or the gateway).
+//! What `idem serve` starts once the database is open: the key GC, the
+//! relay, the webhook workers and Idem's own routes on every backend
+//! ([`Own`]); then what it serves besides — the gateway ([`GatewayStart`])
+//! or the demo apps with their ledger consumer ([`DemoStart`], the only
+//! part that makes the demo's tables).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,10 +12,13 @@ use tokio::sync::watch;
 
 use super::settings::{App, DemoApp, ServerConfig};
 use crate::admin::outbox::RelaySlot;
-use crate::backend::{Backend, Job};
-use crate::messaging::{self, ConsumeConfig};
+use crate::backend::{Backend, Db, DemoJob, Job};
+use crate::messaging;
 use crate::shutdown::stopped;
 use crate::webhooks::WebhookConfig;
+
+/// The broker's context once the relay has connected, for the consumer.
+type Broker = watch::Receiver<Option<idem_nats::Context>>;
 
 /// Starts the background work on the backend and returns the routes.
 pub(super) struct Start<'a> {
@@ -22,27 +27,47 @@ pub(super) struct Start<'a> {
     pub(super) shutdown: &'a watch::Receiver<bool>,
 }
 
-impl Job for Start<'_> {
-    /// Idem's own routes, and the gateway's fallback when there is one.
-    type Output = anyhow::Result<(Router, Option<Router>)>;
+impl Start<'_> {
+    /// Idem's own routes and the demo's, or Idem's own routes and the
+    /// gateway's fallback.
+    pub(super) async fn routes(self, db: Db) -> anyhow::Result<(Router, Option<Router>)> {
+        let (own, broker) = db.clone().run(Own(&self)).await?;
+        match &self.config.app {
+            App::Gateway(gateway) => {
+                let gateway = db.run(GatewayStart(gateway)).await?;
+                Ok((own, Some(gateway)))
+            }
+            App::Demo(demo) => {
+                let start = DemoStart {
+                    config: demo,
+                    broker,
+                    shutdown: self.shutdown,
+                };
+                Ok((db.run_demo(start).await??.merge(own), None))
+            }
+        }
+    }
+}
+
+/// The GC, the relay, the webhook workers; the admin, metrics and webhook
+/// routes.
+struct Own<'a>(&'a Start<'a>);
+
+impl Job for Own<'_> {
+    type Output = anyhow::Result<(Router, Broker)>;
     async fn run<B: Backend>(self, store: B) -> Self::Output {
         let Start {
             config,
             auth,
             shutdown,
-        } = self;
+        } = self.0;
         let access = match config.public_metrics {
             true => crate::metrics::Access::Public,
-            false => crate::metrics::Access::Token(auth.clone()),
+            false => crate::metrics::Access::Token((*auth).clone()),
         };
         let metrics = crate::metrics::router(store.clone(), access, crate::metrics::install());
         crate::commands::gc::spawn(store.clone(), config.gc_interval, shutdown)?;
-        let relay = start_messaging(
-            &store,
-            config.nats_url.as_deref(),
-            config.consume.clone(),
-            shutdown,
-        );
+        let (relay, broker) = start_messaging(&store, config.nats_url.as_deref(), shutdown);
         let own = crate::admin::v1::router(store.clone(), relay)
             .merge(start_webhooks(
                 &store,
@@ -51,29 +76,64 @@ impl Job for Start<'_> {
                 shutdown,
             ))
             .merge(metrics);
-        match &config.app {
-            App::Gateway(gateway) => {
-                // The upstream's paths are the upstream's: no demo routes.
-                let namespace = store.namespace().await?;
-                // Several gateways on one database judge each other's leases
-                // by one clock: the store's.
-                // On the store's clock: the database's on PostgreSQL.
-                let gateway = idem_gateway::Gateway::new(store.clone(), namespace, gateway.clone());
-                Ok((own, Some(gateway.into_router())))
-            }
-            App::Demo(demo) => Ok((
-                crate::demo::router(store.clone(), &demo.demo)
-                    .merge(start_checkout(&store, demo, shutdown)?)
-                    .merge(own),
-                None,
-            )),
+        Ok((own, broker))
+    }
+}
+
+/// The gateway in front of the upstream: its routes are the upstream's.
+struct GatewayStart<'a>(&'a idem_gateway::GatewayConfig);
+
+impl Job for GatewayStart<'_> {
+    type Output = anyhow::Result<Router>;
+    async fn run<B: Backend>(self, store: B) -> Self::Output {
+        let namespace = store.namespace().await?;
+        // Several gateways on one database judge each other's leases by one
+        // clock: the store's (the database's on PostgreSQL).
+        let gateway = idem_gateway::Gateway::new(store, namespace, self.0.clone());
+        Ok(gateway.into_router())
+    }
+}
+
+/// The demo payments API, the stock and order routes, the checkout's
+/// recovery, and with `--consume` the ledger consumer.
+struct DemoStart<'a> {
+    config: &'a DemoApp,
+    broker: Broker,
+    shutdown: &'a watch::Receiver<bool>,
+}
+
+impl DemoJob for DemoStart<'_> {
+    type Output = anyhow::Result<Router>;
+    async fn run<B: Backend + crate::demo::Store>(self, store: B) -> Self::Output {
+        let DemoStart {
+            config,
+            mut broker,
+            shutdown,
+        } = self;
+        if let Some(consume) = config.consume.clone() {
+            let (store, shutdown) = (store.clone(), shutdown.clone());
+            tokio::spawn(async move {
+                let js = tokio::select! {
+                    _ = stopped(shutdown.clone()) => return,
+                    js = broker.wait_for(Option::is_some) => match js {
+                        Ok(js) => js.clone(),
+                        // The relay gave up (bad settings, said so): no broker.
+                        Err(_) => return,
+                    },
+                };
+                let Some(js) = js else { return };
+                let ledger = crate::demo::Ledger::<B>::new();
+                messaging::consume(store, js, ledger, consume, shutdown).await
+            });
         }
+        Ok(crate::demo::router(store.clone(), &config.demo)
+            .merge(start_checkout(&store, config, shutdown)?))
     }
 }
 
 /// The stock routes, and with `--provider-url` the order routes and the
 /// recovery worker that resumes orders whose process died.
-fn start_checkout<B: Backend>(
+fn start_checkout<B: crate::demo::Store>(
     store: &B,
     config: &DemoApp,
     shutdown: &watch::Receiver<bool>,
@@ -95,19 +155,19 @@ fn start_checkout<B: Backend>(
     crate::demo::checkout::routes::router(store.clone(), runs, &config.demo, config.respond_within)
 }
 
-/// Starts the relay (and the consumer) in the background when a NATS URL is
-/// given. The relay needs the streams, hence the server; until it is up the
-/// API works and events wait in the outbox. Returns the slot the relay is put
-/// in once it runs.
+/// Starts the relay in the background when a NATS URL is given. The relay
+/// needs the streams, hence the server; until it is up the API works and
+/// events wait in the outbox. Returns the slot the relay is put in once it
+/// runs, and the broker's context once connected.
 fn start_messaging<B: Backend>(
     store: &B,
     nats_url: Option<&str>,
-    consume: Option<ConsumeConfig>,
     shutdown: &watch::Receiver<bool>,
-) -> RelaySlot<B> {
+) -> (RelaySlot<B>, Broker) {
     let slot = RelaySlot::<B>::default();
+    let (connected, broker) = watch::channel(None);
     let Some(url) = nats_url else {
-        return slot;
+        return (slot, broker);
     };
     let (url, store, shutdown, filled) = (
         url.to_owned(),
@@ -119,12 +179,7 @@ fn start_messaging<B: Backend>(
         let Some(js) = messaging::prepare(&url, "idem-serve", shutdown.clone()).await else {
             return;
         };
-        if let Some(config) = consume {
-            let ledger = crate::demo::Ledger::<B>::new();
-            let task =
-                messaging::consume(store.clone(), js.clone(), ledger, config, shutdown.clone());
-            tokio::spawn(task);
-        }
+        connected.send_replace(Some(js.clone()));
         let lease = idem_outbox::DispatcherConfig::default().lease;
         match messaging::dispatcher(store.clone(), store.clock(), js, B::RELAY_POLL, lease) {
             Ok(d) => {
@@ -135,7 +190,7 @@ fn start_messaging<B: Backend>(
             Err(e) => tracing::error!(error = %format!("{e:#}"), "relay not started"),
         }
     });
-    slot
+    (slot, broker)
 }
 
 /// Mounts the webhook routes and starts the workers, when a configuration

@@ -6,8 +6,7 @@
 //! Content-Security-Policy allows nothing but this origin.
 
 use axum::Router;
-use axum::http::{HeaderValue, header};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::routing::get;
 
 const INDEX_HTML: &str = include_str!("page/index.html");
@@ -40,21 +39,5 @@ pub fn router() -> Router {
 /// One of the page's files, revalidated on every load (it changes with the
 /// binary).
 fn asset(content_type: &'static str, body: &'static str) -> Response {
-    let mut res = ([(header::CONTENT_TYPE, content_type)], body).into_response();
-    let h = res.headers_mut();
-    h.insert(
-        header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static(CSP),
-    );
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    h.insert(
-        header::X_CONTENT_TYPE_OPTIONS,
-        HeaderValue::from_static("nosniff"),
-    );
-    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
-    h.insert(
-        header::REFERRER_POLICY,
-        HeaderValue::from_static("same-origin"),
-    );
-    res
+    crate::respond::embedded(content_type, body, CSP, "no-cache")
 }

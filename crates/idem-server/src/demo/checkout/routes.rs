@@ -19,9 +19,8 @@ use idem_steps::{Runs, WorkflowService};
 use serde_json::{Value as Json, json};
 
 use super::{NewOrder, order_json, run_of, valid_sku};
-use crate::backend::Backend;
 use crate::demo::sql::{OrderRow, StockRow};
-use crate::demo::{DemoConfig, now_ms, valid_id, valid_text};
+use crate::demo::{DemoConfig, Store, now_ms, valid_id, valid_text};
 use crate::respond::{invalid, json_response, not_found, ok, within};
 
 /// The most stock one SKU may hold.
@@ -96,7 +95,7 @@ fn if_match(headers: &HeaderMap) -> Result<Option<i64>, Response> {
 /// `PUT /v1/inventory/{sku}` `{"available": N}`: sets the stock to N — an
 /// absolute value, so repeating it changes nothing. With `If-Match`, only
 /// over the version read (`412` otherwise).
-async fn put_stock<S: Backend>(
+async fn put_stock<S: Store>(
     State(app): State<App<S>>,
     headers: HeaderMap,
     Path(sku): Path<String>,
@@ -178,7 +177,7 @@ async fn put_stock<S: Backend>(
     }
 }
 
-async fn show_stock<S: Backend>(
+async fn show_stock<S: Store>(
     State(app): State<App<S>>,
     headers: HeaderMap,
     Path(sku): Path<String>,
@@ -233,7 +232,7 @@ fn steps_json(run: Option<&RunRecord>) -> Json {
 }
 
 /// `GET /v1/orders/{id}`: the order and its run's steps.
-async fn show_order<S: Backend>(
+async fn show_order<S: Store>(
     State(app): State<App<S>>,
     headers: HeaderMap,
     Path(id): Path<String>,
@@ -269,7 +268,7 @@ async fn show_order<S: Backend>(
 }
 
 /// `GET /v1/orders?customer=C`.
-async fn list_orders<S: Backend>(
+async fn list_orders<S: Store>(
     State(app): State<App<S>>,
     headers: HeaderMap,
     Query(q): Query<HashMap<String, String>>,
@@ -297,7 +296,7 @@ async fn list_orders<S: Backend>(
 
 /// The stock routes, and — with `runs` (the checkout's workflow registered)
 /// — the order routes and the checkout page (`/checkout`).
-pub fn router<S: Backend>(
+pub fn router<S: Store>(
     store: S,
     runs: Option<Runs<S>>,
     config: &DemoConfig,

@@ -1,17 +1,34 @@
 //! `demo_sql!`: [`DemoSql`](super::DemoSql) for one driver, from the shared
-//! statements; `crate::backend` instantiates it for SQLite and PostgreSQL.
+//! statements, instantiated at the bottom for SQLite and PostgreSQL.
 
 /// Implements [`DemoSql`] for a store whose transaction derefs to the
-/// driver's connection and whose `pool()` is the driver's pool.
+/// driver's connection and whose `pool()` is the driver's pool (of `$db`).
 macro_rules! demo_sql {
-    ($store:ty, $tx:ty, $map_err:path $(,)?) => {
+    ($store:ty, $tx:ty, $db:ty, $map_err:path, $migrate:path, $migrations:expr $(,)?) => {
         const _: () = {
             use idem_core::StoreError;
+            use sqlx::Database;
             use $crate::demo::sql::statements::*;
             use $crate::demo::sql::{
                 DemoSql, LedgerEntry, OrderRow, PaymentKey, PaymentRow, RefundRow, StockRow,
             };
+
+            /// A read of rows `T` by text parameters `$1`, `$2`, … on the pool.
+            fn read<'q, T>(
+                sql: &'q str,
+                args: &[&'q str],
+            ) -> sqlx::query::QueryAs<'q, $db, T, <$db as Database>::Arguments<'q>>
+            where
+                T: for<'r> sqlx::FromRow<'r, <$db as Database>::Row>,
+            {
+                args.iter().fold(sqlx::query_as(sql), |q, a| q.bind(*a))
+            }
+
             impl DemoSql for $store {
+                async fn migrate_demo(&self) -> Result<(), StoreError> {
+                    $migrate(self.pool(), "demo", $migrations).await
+                }
+
                 async fn insert_payment(
                     tx: &mut $tx,
                     tenant: &str,
@@ -108,12 +125,9 @@ macro_rules! demo_sql {
                     tenant: &str,
                     id: &str,
                 ) -> Result<Option<PaymentRow>, StoreError> {
-                    sqlx::query_as(&select_payments("id = $2"))
-                        .bind(tenant)
-                        .bind(id)
-                        .fetch_optional(self.pool())
-                        .await
-                        .map_err($map_err)
+                    let sql = select_payments(PaymentKey::Id.filter());
+                    let q = read(&sql, &[tenant, id]);
+                    q.fetch_optional(self.pool()).await.map_err($map_err)
                 }
 
                 async fn refund(
@@ -122,13 +136,8 @@ macro_rules! demo_sql {
                     payment_id: &str,
                     id: &str,
                 ) -> Result<Option<RefundRow>, StoreError> {
-                    sqlx::query_as(SELECT_REFUND)
-                        .bind(tenant)
-                        .bind(id)
-                        .bind(payment_id)
-                        .fetch_optional(self.pool())
-                        .await
-                        .map_err($map_err)
+                    let q = read(SELECT_REFUND, &[tenant, id, payment_id]);
+                    q.fetch_optional(self.pool()).await.map_err($map_err)
                 }
 
                 async fn payment_by_reference(
@@ -136,12 +145,9 @@ macro_rules! demo_sql {
                     tenant: &str,
                     reference: &str,
                 ) -> Result<Option<PaymentRow>, StoreError> {
-                    sqlx::query_as(&select_payments(PaymentKey::Reference.filter()))
-                        .bind(tenant)
-                        .bind(reference)
-                        .fetch_optional(self.pool())
-                        .await
-                        .map_err($map_err)
+                    let sql = select_payments(PaymentKey::Reference.filter());
+                    let q = read(&sql, &[tenant, reference]);
+                    q.fetch_optional(self.pool()).await.map_err($map_err)
                 }
 
                 async fn payments_of(
@@ -149,23 +155,14 @@ macro_rules! demo_sql {
                     tenant: &str,
                     customer: &str,
                 ) -> Result<Vec<PaymentRow>, StoreError> {
-                    sqlx::query_as(&select_payments(
-                        "customer = $2 ORDER BY created_at_ms, id LIMIT 1000",
-                    ))
-                    .bind(tenant)
-                    .bind(customer)
-                    .fetch_all(self.pool())
-                    .await
-                    .map_err($map_err)
+                    let sql = select_payments(BY_CUSTOMER);
+                    let q = read(&sql, &[tenant, customer]);
+                    q.fetch_all(self.pool()).await.map_err($map_err)
                 }
 
                 async fn effects(&self, tenant: &str, id: &str) -> Result<(i64, i64), StoreError> {
-                    sqlx::query_as(COUNT_EFFECTS)
-                        .bind(tenant)
-                        .bind(id)
-                        .fetch_one(self.pool())
-                        .await
-                        .map_err($map_err)
+                    let q = read(COUNT_EFFECTS, &[tenant, id]);
+                    q.fetch_one(self.pool()).await.map_err($map_err)
                 }
 
                 async fn order(
@@ -173,12 +170,9 @@ macro_rules! demo_sql {
                     tenant: &str,
                     id: &str,
                 ) -> Result<Option<OrderRow>, StoreError> {
-                    sqlx::query_as(&select_orders("id = $2"))
-                        .bind(tenant)
-                        .bind(id)
-                        .fetch_optional(self.pool())
-                        .await
-                        .map_err($map_err)
+                    let sql = select_orders("id = $2");
+                    let q = read(&sql, &[tenant, id]);
+                    q.fetch_optional(self.pool()).await.map_err($map_err)
                 }
 
                 async fn orders_of(
@@ -186,14 +180,9 @@ macro_rules! demo_sql {
                     tenant: &str,
                     customer: &str,
                 ) -> Result<Vec<OrderRow>, StoreError> {
-                    sqlx::query_as(&select_orders(
-                        "customer = $2 ORDER BY created_at_ms, id LIMIT 1000",
-                    ))
-                    .bind(tenant)
-                    .bind(customer)
-                    .fetch_all(self.pool())
-                    .await
-                    .map_err($map_err)
+                    let sql = select_orders(BY_CUSTOMER);
+                    let q = read(&sql, &[tenant, customer]);
+                    q.fetch_all(self.pool()).await.map_err($map_err)
                 }
 
                 async fn stock(
@@ -201,16 +190,27 @@ macro_rules! demo_sql {
                     tenant: &str,
                     sku: &str,
                 ) -> Result<Option<StockRow>, StoreError> {
-                    sqlx::query_as(SELECT_STOCK)
-                        .bind(tenant)
-                        .bind(sku)
-                        .fetch_optional(self.pool())
-                        .await
-                        .map_err($map_err)
+                    let q = read(SELECT_STOCK, &[tenant, sku]);
+                    q.fetch_optional(self.pool()).await.map_err($map_err)
                 }
             }
         };
     };
 }
 
-pub(crate) use demo_sql;
+demo_sql!(
+    idem_sqlite::SqliteStore,
+    idem_sqlite::SqliteTx,
+    sqlx::Sqlite,
+    idem_sqlite::map_err,
+    idem_sqlite::migrate_component,
+    crate::demo::SQLITE_MIGRATIONS,
+);
+demo_sql!(
+    idem_postgres::PgStore,
+    idem_postgres::PgTx,
+    sqlx::Postgres,
+    idem_postgres::map_err,
+    idem_postgres::migrate_component,
+    crate::demo::POSTGRES_MIGRATIONS,
+);

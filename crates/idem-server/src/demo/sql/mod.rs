@@ -72,6 +72,10 @@ pub struct LedgerEntry<'a> {
 /// reads on the pool. Events go through [`idem_outbox::Outbox`], hence the
 /// [`OutboxWriter`] bound.
 pub trait DemoSql: OutboxWriter {
+    /// Creates or updates the demo's tables (the `demo` component's
+    /// migrations), beside the key store's.
+    fn migrate_demo(&self) -> impl Future<Output = Result<(), StoreError>>;
+
     /// Inserts a payment; `false` when its `reference` was used before.
     fn insert_payment<'a>(
         tx: &'a mut Self::Tx,

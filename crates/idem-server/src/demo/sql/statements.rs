@@ -49,3 +49,7 @@ pub const COUNT_EFFECTS: &str = "SELECT \
 pub fn select_payments(filter: &str) -> String {
     format!("SELECT {PAYMENT_COLUMNS} FROM demo_payments WHERE tenant_id = $1 AND {filter}")
 }
+
+/// A customer's rows, oldest first, at most 1000: the filter for
+/// [`select_orders`] and [`select_payments`].
+pub const BY_CUSTOMER: &str = "customer = $2 ORDER BY created_at_ms, id LIMIT 1000";
