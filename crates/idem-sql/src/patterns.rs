@@ -457,18 +457,28 @@ macro_rules! pattern_exec {
                 Ok(args)
             }
 
+            /// The first column of the first row, if any.
+            async fn scalar<'a, T>(
+                tx: &'a mut $tx,
+                sql: &'a str,
+                binds: &'a [Value<'a>],
+            ) -> Result<Option<T>, StoreError>
+            where
+                T: for<'r> sqlx::Decode<'r, $db> + sqlx::Type<$db> + Send + Unpin,
+            {
+                sqlx::query_scalar_with::<$db, T, _>(sql, arguments(binds)?)
+                    .fetch_optional(&mut **tx)
+                    .await
+                    .map_err(map_err)
+            }
+
             impl PatternExec for $tx {
                 fn fetch_text<'a>(
                     &'a mut self,
                     sql: &'a str,
                     binds: &'a [Value<'a>],
                 ) -> BoxFuture<'a, Result<Option<String>, StoreError>> {
-                    Box::pin(async move {
-                        sqlx::query_scalar_with::<$db, String, _>(sql, arguments(binds)?)
-                            .fetch_optional(&mut **self)
-                            .await
-                            .map_err(map_err)
-                    })
+                    Box::pin(scalar(self, sql, binds))
                 }
 
                 fn fetch_int<'a>(
@@ -476,12 +486,7 @@ macro_rules! pattern_exec {
                     sql: &'a str,
                     binds: &'a [Value<'a>],
                 ) -> BoxFuture<'a, Result<Option<i64>, StoreError>> {
-                    Box::pin(async move {
-                        sqlx::query_scalar_with::<$db, i64, _>(sql, arguments(binds)?)
-                            .fetch_optional(&mut **self)
-                            .await
-                            .map_err(map_err)
-                    })
+                    Box::pin(scalar(self, sql, binds))
                 }
 
                 fn execute<'a>(
