@@ -7,8 +7,12 @@ use idem_sql::patterns::{PatternExec, StateMachine, Transition, Value};
 use serde::{Deserialize, Serialize};
 
 use super::NewOrder;
-use super::workflow::fault;
 use crate::demo::now_ms;
+
+/// A phase's failure as the error its closure returns.
+pub(super) fn fault(what: String) -> BoxError {
+    what.into()
+}
 
 /// What the reserve phase found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

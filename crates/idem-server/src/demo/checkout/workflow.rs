@@ -2,13 +2,13 @@
 //! by mail, confirm — and what the client is told when it fails.
 
 use idem_core::steps::{Failure, RunId, RunStore};
-use idem_core::{BoxError, BoxFuture, Completion, StoredResponse};
+use idem_core::{BoxFuture, Completion, StoredResponse};
 use idem_sql::patterns::{PatternExec, Transition, Value};
 use idem_steps::{LookupCtx, Run, SendCtx, Stop, UndoCtx, Workflow};
 use serde_json::{Value as Json, json};
 
 use super::clients::Charge;
-use super::phases::{Reserved, confirm, release, reserve};
+use super::phases::{Reserved, confirm, fault, release, reserve};
 use super::{Checkout, MailDelivery, order_id, order_json, parse_order};
 use crate::demo::now_ms;
 
@@ -46,11 +46,6 @@ fn problem_answer(
         headers: vec![("content-type".into(), "application/problem+json".into())],
         body: body.to_string().into_bytes(),
     }
-}
-
-/// A phase's failure as the error its closure returns.
-pub(super) fn fault(what: String) -> BoxError {
-    what.into()
 }
 
 impl<S> Workflow<S> for Checkout
