@@ -5,12 +5,15 @@
 //! runs the whole test suite against them, stops them, and runs each fuzz
 //! target briefly. `cargo xtask fuzz [TARGET] [--secs N]` runs the fuzz targets of
 //! `fuzz/` for longer. `cargo xtask docs-sync [--fix]` checks (or rewrites)
-//! the README's and docs' code blocks that include an example file.
+//! the README's and docs' code blocks that include an example file;
+//! `cargo xtask readme-app` builds the README's library example as a new
+//! project (also part of `test`).
 
 mod bench;
 mod docs_sync;
 mod dups;
 mod fuzz;
+mod readme_app;
 mod servers;
 mod shell;
 mod test;
@@ -32,6 +35,8 @@ commands:
   docs-sync [--fix]        check that README.md's and docs/*.md's example blocks (a line
                            `<!-- example: PATH[#anchor] -->` before a fence) equal their files;
                            with --fix, rewrite the stale ones
+  readme-app               build README.md's library example as a new project outside the workspace
+                           (its dependencies resolved afresh), run it, check one order per key
   backend-dups [--max N]   count the lines the SQLite and PostgreSQL backends repeat; with --max,
                            fail above N
   help                     this text";
@@ -43,6 +48,7 @@ fn main() -> ExitCode {
         Some("bench") => bench::bench(&args[1..]),
         Some("fuzz") => fuzz::fuzz(&args[1..]),
         Some("docs-sync") => docs_sync::run(&args[1..], &shell::workspace_root()),
+        Some("readme-app") => readme_app::run_cli(&args[1..]),
         Some("backend-dups") => dups::run(&args[1..], &shell::workspace_root()),
         Some("help" | "--help" | "-h") => {
             println!("{USAGE}");

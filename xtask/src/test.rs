@@ -153,9 +153,18 @@ fn suite(extra: &[String]) -> Result<Vec<Part>> {
     if !extra.is_empty() {
         // A filtered run is a developer's loop: the doc tests and the fuzz
         // targets belong to the whole suite.
-        parts.push(Part::skipped("doc tests, otlp, fuzz", "filtered run"));
+        parts.push(Part::skipped(
+            "readme app, doc tests, otlp, fuzz",
+            "filtered run",
+        ));
         return Ok(parts);
     }
+    // The README's library section, literally, in a new project.
+    let root = crate::shell::workspace_root();
+    parts.push(match crate::readme_app::readme_app(&root) {
+        Ok(said) => Part::of("readme app", Ok(()), Some(said)),
+        Err(e) => Part::failed("readme app", e),
+    });
     // Doc tests are not run by nextest.
     if have_nextest {
         let docs = run(Command::new("cargo").args(["test", "--workspace", "--doc"]));
