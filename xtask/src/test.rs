@@ -48,6 +48,15 @@ pub(crate) fn test(extra: &[String]) -> ExitCode {
     }
 }
 
+/// What the verdict says when a filtered run selected no test.
+fn no_match(extra: &[String]) -> String {
+    format!(
+        "no test matched the filter {} (filters are substrings of test names; \
+         a crate: -E 'package(NAME)')",
+        extra.join(" ")
+    )
+}
+
 /// One part of the run, as the verdict names it.
 struct Part {
     name: &'static str,
@@ -137,15 +146,18 @@ fn suite(extra: &[String]) -> Result<Vec<Part>> {
             "test result:"
         },
     );
-    let mut parts = vec![Part::of(
-        if have_nextest {
-            "nextest"
-        } else {
-            "cargo test"
-        },
-        result,
-        summary,
-    )];
+    let runner = if have_nextest {
+        "nextest"
+    } else {
+        "cargo test"
+    };
+    let mut parts = vec![match summary {
+        // nextest refuses a run that selects nothing; say why in plain words.
+        Some(s) if !extra.is_empty() && s.contains(" 0 tests run:") => {
+            Part::failed(runner, no_match(extra))
+        }
+        summary => Part::of(runner, result, summary),
+    }];
     if INTERRUPTED.load(Ordering::SeqCst) {
         parts.push(Part::failed("run", "interrupted; servers stopped".into()));
         return Ok(parts);
