@@ -94,8 +94,8 @@
 //! idemkit = { version = "0.1", default-features = false, features = ["postgres", "http"] }
 //! ```
 //!
-//! The admin API and console (`idem-admin`), the gateway (`idem-gateway`)
-//! and the conformance drill (`idem-drill`) are crates of their own.
+//! The admin API and console (`idem-admin`) and the conformance drill
+//! (`idem-drill`) are crates of their own.
 //!
 //! ## Without HTTP: the engine
 //!
