@@ -5,7 +5,7 @@
 //! upstream once; the retry gets the stored answer.
 //!
 //! `UPSTREAM` (required, `http://host:port`) is the API, `IDEM_DB` (default
-//! `./gateway.db`) the database, `IDEM_LISTEN` (default `127.0.0.1:3000`)
+//! `./example-gateway.db`) the database, `IDEM_LISTEN` (default `127.0.0.1:3000`)
 //! the address.
 
 use std::time::Duration;
@@ -22,7 +22,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .with_writer(std::io::stderr)
         .init();
     let upstream = std::env::var("UPSTREAM").map_err(|_| "set UPSTREAM=http://host:port")?;
-    let db = std::env::var("IDEM_DB").unwrap_or_else(|_| "gateway.db".into());
+    let db = std::env::var("IDEM_DB").unwrap_or_else(|_| "example-gateway.db".into());
     let listen = std::env::var("IDEM_LISTEN").unwrap_or_else(|_| "127.0.0.1:3000".into());
 
     let store =

@@ -3,7 +3,7 @@
 //! deliveries, a `Processor` applies each one once, and `GET /payments`
 //! shows the effect.
 //!
-//! `IDEM_DB` (default `./webhooks.db`) is the database, `IDEM_LISTEN`
+//! `IDEM_DB` (default `./example-webhooks.db`) is the database, `IDEM_LISTEN`
 //! (default `127.0.0.1:3000`) the address, `WEBHOOK_SECRET` the endpoint's
 //! `whsec_…` secret (required).
 
@@ -68,7 +68,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .init();
-    let db = std::env::var("IDEM_DB").unwrap_or_else(|_| "webhooks.db".into());
+    let db = std::env::var("IDEM_DB").unwrap_or_else(|_| "example-webhooks.db".into());
     let listen = std::env::var("IDEM_LISTEN").unwrap_or_else(|_| "127.0.0.1:3000".into());
     let secret = std::env::var("WEBHOOK_SECRET").map_err(|_| "set WEBHOOK_SECRET=whsec_…")?;
 
