@@ -18,6 +18,7 @@ async fn the_checkout_page_pays_once_per_cart_in_chromium() {
     // The page and its files are the binary's, under a CSP of this origin.
     for (path, kind) in [
         ("/checkout", "text/html"),
+        ("/checkout/", "text/html"),
         ("/checkout/app.js", "text/javascript"),
         ("/checkout/app.css", "text/css"),
     ] {

@@ -19,13 +19,13 @@ pub const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; 
                        connect-src 'self'; img-src 'self'; base-uri 'none'; \
                        form-action 'self'; frame-ancestors 'none'";
 
-/// The page at `/checkout`, its script and its stylesheet.
+/// The page at `/checkout` (and `/checkout/`), its script and its
+/// stylesheet.
 pub fn router() -> Router {
+    let page = || async { asset("text/html; charset=utf-8", INDEX_HTML) };
     Router::new()
-        .route(
-            "/checkout",
-            get(|| async { asset("text/html; charset=utf-8", INDEX_HTML) }),
-        )
+        .route("/checkout", get(page))
+        .route("/checkout/", get(page))
         .route(
             "/checkout/app.js",
             get(|| async { asset("text/javascript; charset=utf-8", APP_JS) }),
