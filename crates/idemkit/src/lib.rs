@@ -89,13 +89,27 @@
 //! | `steps-http` | [`steps`] as well | `WorkflowService`: a multi-step operation behind the `Idempotency-Key` contract |
 //! | `gateway` | `gateway` | `Gateway`: the `Idempotency-Key` contract in front of an HTTP API that has none, as an axum router (needs a store with leases: `SqliteStore`, `PgStore`) |
 //!
-//! ```toml
-//! [dependencies]
-//! idemkit = { version = "0.1", default-features = false, features = ["postgres", "http"] }
-//! ```
-//!
 //! The admin API and console (`idem-admin`) and the conformance drill
 //! (`idem-drill`) are crates of their own.
+//!
+//! ## Depending on it
+//!
+//! idemkit is not on crates.io yet. From a clone of the repository (the path
+//! is relative to your project), or by git without a clone:
+//!
+//! ```toml
+//! [dependencies]
+//! idemkit = { path = "../idem/crates/idemkit", features = ["sqlite", "http"] }
+//! # or: idemkit = { git = "https://github.com/idem-rs/idem", features = ["sqlite", "http"] }
+//! # once it is published: idemkit = { version = "0.1", features = ["sqlite", "http"] }
+//! sqlx = { version = "0.8.6", default-features = false, features = ["runtime-tokio", "sqlite"] }
+//! ```
+//!
+//! Your own queries run on the transaction Idem hands you, so they need the
+//! same `sqlx` as Idem: 0.8.6 or a later 0.8, without default features, with
+//! `runtime-tokio` and the driver's feature. For PostgreSQL:
+//! `default-features = false, features = ["postgres", "http"]` on idemkit and
+//! `postgres` instead of `sqlite` on sqlx.
 //!
 //! ## Without HTTP: the engine
 //!
