@@ -19,8 +19,8 @@ impl Drop for App {
 fn command(token: &str, db: &str) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_example-admin-router"));
     c.env("IDEM_ADMIN_TOKEN", token)
-        .env("DATABASE_URL", format!("sqlite://{db}"))
-        .env("ADDR", "127.0.0.1:0");
+        .env("IDEM_DB", db)
+        .env("IDEM_LISTEN", "127.0.0.1:0");
     c
 }
 
