@@ -8,7 +8,19 @@
 //! `order-1`) the request's idempotency key, `CARD` (default `ok`; `declined`
 //! makes the provider refuse) its input. Prints the answer (`answer …`, or
 //! `replayed …` for a key used before), then
-//! `stock <available>, reserved <n>, released <n>`.
+//! `book: <n> of 10 available; reservations made <n>, released <n> (all runs so far)`:
+//! the stock left, and how many reservations and releases every run on this
+//! database has made in total.
+//!
+//! Run it: no server, no port; each run places one order and exits.
+//!
+//! ```text
+//! CARD=declined cargo run -p example-steps-workflow   # answer 402 …; book: 10 of 10 available; reservations made 1, released 1 …
+//! CARD=declined cargo run -p example-steps-workflow   # replayed 402 …: the same counts, nothing ran again
+//! IDEM_KEY=order-2 cargo run -p example-steps-workflow   # answer 201 …; book: 9 of 10 available; reservations made 2, released 1 …
+//! ```
+//!
+//! Delete `steps.db` to start again.
 
 use std::time::Duration;
 
@@ -76,6 +88,9 @@ fn answer(status: u16, body: String) -> Completion {
     }
 }
 
+/// The books in stock when the database is created.
+const STOCK: i64 = 10;
+
 struct PlaceOrder;
 
 impl Workflow<SqliteStore> for PlaceOrder {
@@ -119,9 +134,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let store =
         SqliteStore::connect(&format!("sqlite://{db}?mode=rwc"), SqliteConfig::default()).await?;
     store.migrate().await?;
+    let seed = format!("INSERT OR IGNORE INTO stock (sku, available) VALUES ('book', {STOCK})");
     for ddl in [
         "CREATE TABLE IF NOT EXISTS stock (sku TEXT PRIMARY KEY, available INTEGER NOT NULL)",
-        "INSERT OR IGNORE INTO stock (sku, available) VALUES ('book', 10)",
+        seed.as_str(),
         "CREATE TABLE IF NOT EXISTS stock_log (id INTEGER PRIMARY KEY, event TEXT NOT NULL)",
     ] {
         sqlx::query(ddl).execute(store.pool()).await?;
@@ -175,6 +191,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .fetch_one(store.pool())
     };
     let (reserved, released) = (count("reserved").await?, count("released").await?);
-    println!("stock {available}, reserved {reserved}, released {released}");
+    println!(
+        "book: {available} of {STOCK} available; \
+         reservations made {reserved}, released {released} (all runs so far)"
+    );
     Ok(())
 }

@@ -38,7 +38,7 @@ async fn a_declined_charge_releases_the_reservation_exactly_once() {
         first,
         [
             format!("answer {failed}"),
-            "stock 10, reserved 1, released 1".into()
+            "book: 10 of 10 available; reservations made 1, released 1 (all runs so far)".into()
         ],
         "reserved, charge declined, released once"
     );
@@ -48,7 +48,7 @@ async fn a_declined_charge_releases_the_reservation_exactly_once() {
         retry,
         [
             format!("replayed {failed}"),
-            "stock 10, reserved 1, released 1".into()
+            "book: 10 of 10 available; reservations made 1, released 1 (all runs so far)".into()
         ],
         "the retry replays the answer: no second reservation, no second release"
     );
@@ -60,7 +60,7 @@ async fn a_declined_charge_releases_the_reservation_exactly_once() {
         "{good:?}"
     );
     assert_eq!(
-        good[1], "stock 9, reserved 2, released 1",
+        good[1], "book: 9 of 10 available; reservations made 2, released 1 (all runs so far)",
         "nothing to compensate"
     );
 
