@@ -3,6 +3,12 @@
 //! `IDEM_DB` (default `./orders.db`) is the database, `IDEM_LISTEN`
 //! (default `127.0.0.1:3000`) the address. `POST /orders` with
 //! `Authorization: Bearer key-acme` and an `Idempotency-Key` header.
+//!
+//! Run it: `cargo run -p example-axum-layer` prints
+//! `listening on 127.0.0.1:3000` (Ctrl-C stops it). From another shell,
+//! `curl -i -w '\n' -X POST localhost:3000/orders -H 'Authorization: Bearer key-acme' -H 'Idempotency-Key: o-1' -d shirt`
+//! answers `201` with `order <n>`; the same command again replays it
+//! (`Idempotent-Replayed: true`), no second order.
 
 use std::time::Duration;
 

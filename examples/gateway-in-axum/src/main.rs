@@ -7,6 +7,19 @@
 //! `UPSTREAM` (required, `http://host:port`) is the API, `IDEM_DB` (default
 //! `./example-gateway.db`) the database, `IDEM_LISTEN` (default `127.0.0.1:3000`)
 //! the address.
+//!
+//! Run it, with `idem upstream` (an in-memory payments API without
+//! idempotency) as the upstream; it prints `listening on 127.0.0.1:3000`
+//! and Ctrl-C stops it:
+//!
+//! ```text
+//! idem upstream --listen 127.0.0.1:9000 &
+//! UPSTREAM=http://127.0.0.1:9000 cargo run -p example-gateway-in-axum
+//! # in another shell: twice, the second is the stored answer (Idempotent-Replayed: true)
+//! curl -si -w '\n' -X POST localhost:3000/v1/payments -H 'Idempotency-Key: k-1' \
+//!   -H 'Content-Type: application/json' -d '{"amount":100,"currency":"EUR","reference":"order-1"}'
+//! curl -s -w '\n' 'localhost:3000/v1/payments?reference=order-1'   # one payment upstream
+//! ```
 
 use std::time::Duration;
 

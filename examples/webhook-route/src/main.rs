@@ -6,6 +6,28 @@
 //! `IDEM_DB` (default `./example-webhooks.db`) is the database, `IDEM_LISTEN`
 //! (default `127.0.0.1:3000`) the address, `WEBHOOK_SECRET` the endpoint's
 //! `whsec_…` secret (required).
+//!
+//! ## Run it
+//!
+//! It prints `listening on 127.0.0.1:3000`; Ctrl-C stops it. A test
+//! delivery is signed the Standard Webhooks way: HMAC-SHA256, keyed with the
+//! secret's base64 part decoded, over `{webhook-id}.{webhook-timestamp}.{body}`,
+//! sent base64-encoded as `webhook-signature: v1,…` (the timestamp must be
+//! within 5 minutes of now):
+//!
+//! ```text
+//! export WEBHOOK_SECRET=whsec_$(openssl rand -base64 24)
+//! cargo run -p example-webhook-route
+//! # in another shell, with the same WEBHOOK_SECRET:
+//! ID=msg_1 TS=$(date +%s) BODY='{"type":"payment.succeeded","data":{"id":"pay_1","amount":4200}}'
+//! SIG=$(python3 -c 'import base64,hashlib,hmac,sys; s,m=sys.argv[1:]; k=base64.b64decode(s.removeprefix("whsec_")); print(base64.b64encode(hmac.new(k,m.encode(),hashlib.sha256).digest()).decode())' "$WEBHOOK_SECRET" "$ID.$TS.$BODY")
+//! curl -si -w '\n' localhost:3000/webhooks/payments -H 'Content-Type: application/json' \
+//!   -H "webhook-id: $ID" -H "webhook-timestamp: $TS" -H "webhook-signature: v1,$SIG" --data-raw "$BODY"
+//! # 202 "accepted"; the same command again: 200 "duplicate"
+//! curl -s -w '\n' localhost:3000/payments   # payments 1, handler runs 1
+//! ```
+//!
+//! `tests/run.rs` does the same with the Standard Webhooks library itself.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
