@@ -11,6 +11,14 @@
 //! stream's name and subject prefix, `ORDERS` (default 3) how many orders are
 //! placed. Prints `enqueued <order> <message id>` per order, then
 //! `applied <n>, duplicates <n>` whenever the consumer's counts change.
+//!
+//! Run it: no HTTP port; it needs a NATS server with JetStream, and runs
+//! until Ctrl-C.
+//!
+//! ```text
+//! nats-server -js -a 127.0.0.1 -p 4222 -sd /tmp/example-nats &
+//! cargo run -p example-outbox-relay-inbox   # enqueued order-1 …, …, then applied 3, duplicates 0
+//! ```
 
 use std::path::Path;
 use std::time::Duration;
