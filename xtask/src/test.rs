@@ -141,7 +141,7 @@ fn suite(extra: &[String]) -> Result<Vec<Part>> {
     let (result, summary) = run_quoting(
         &mut cmd,
         if have_nextest {
-            "tests run:"
+            " run: "
         } else {
             "test result:"
         },

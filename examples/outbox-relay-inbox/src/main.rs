@@ -1,7 +1,7 @@
 //! Outbox → relay → inbox, on NATS JetStream, with a SQLite file per service.
 //!
 //! The *orders* service writes each order and its `orders.placed` message in
-//! one transaction (`orders.db`); a `Dispatcher` relays what committed to
+//! one transaction (`outbox-orders.db`); a `Dispatcher` relays what committed to
 //! JetStream. The *shipping* service consumes the subject through an `Inbox`
 //! (`shipping.db`): each message's shipment row is written in the same
 //! transaction as its inbox record, so a message delivered twice ships once.
@@ -79,7 +79,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let placed = format!("{prefix}.orders.placed");
 
     // The orders service: the order row and its message commit together.
-    let orders = open(&Path::new(&dir).join("orders.db")).await?;
+    let orders = open(&Path::new(&dir).join("outbox-orders.db")).await?;
     sqlx::query("CREATE TABLE IF NOT EXISTS orders (id INTEGER PRIMARY KEY, item TEXT NOT NULL)")
         .execute(orders.pool())
         .await?;
