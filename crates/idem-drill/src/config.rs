@@ -481,7 +481,8 @@ impl Fields {
         })
     }
 
-    /// Another payload of the same shape: the first number field plus one,
+    /// Another payload of the same shape: the first number field plus one
+    /// (negated, a float too large for one to change it),
     /// else the first string field (not the unique value) with `-other`
     /// appended, else an extra field. What changed is said in the second
     /// value.
@@ -491,7 +492,9 @@ impl Fields {
             let new = if let Some(i) = v.as_i64().filter(|i| *i < i64::MAX) {
                 Value::from(i + 1)
             } else if let Some(x) = v.as_f64() {
-                serde_json::Number::from_f64(x + 1.0).map_or(Value::from(1), Value::Number)
+                // Past 2^53 adding one changes nothing: negate instead.
+                let y = if x + 1.0 != x { x + 1.0 } else { -x };
+                serde_json::Number::from_f64(y).map_or(Value::from(1), Value::Number)
             } else {
                 Value::from(1)
             };

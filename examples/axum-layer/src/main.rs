@@ -14,24 +14,36 @@ use std::time::Duration;
 
 use axum::{
     Extension, Router,
+    body::Bytes,
     extract::Request,
     http::{StatusCode, header},
     middleware::{self, Next},
     response::{IntoResponse, Response},
     routing::post,
 };
-use idemkit::http::{IdemTx, IdempotencyLayer, RouteConfig, TenantSource};
+use idemkit::http::{IdemTx, IdempotencyLayer, RouteConfig, TenantSource, problem};
 use idemkit::sqlite::{SqliteConfig, SqliteStore, SqliteTx};
 use idemkit::{Collector, CollectorConfig, Operation, Tenant};
 
 /// The handler: its row is written in the transaction that holds the key,
 /// so the row and the stored answer commit together or not at all.
-async fn create_order(Extension(tx): Extension<IdemTx<SqliteTx>>, body: String) -> Response {
+async fn create_order(Extension(tx): Extension<IdemTx<SqliteTx>>, body: Bytes) -> Response {
+    // Bad input is a problem document like the layer's own refusals (the
+    // `String` extractor would answer text/plain).
+    let Ok(body) = std::str::from_utf8(&body) else {
+        return problem(
+            StatusCode::BAD_REQUEST,
+            "invalid-request",
+            "The order must be UTF-8 text",
+            None,
+            None,
+        );
+    };
     let Ok(mut tx) = tx.lock().await else {
         return StatusCode::INTERNAL_SERVER_ERROR.into_response();
     };
     let inserted = sqlx::query("INSERT INTO orders (item) VALUES (?)")
-        .bind(&body)
+        .bind(body)
         .execute(&mut **tx)
         .await;
     match inserted {

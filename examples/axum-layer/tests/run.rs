@@ -1,6 +1,7 @@
 //! Runs the example binary and checks what it shows: a retried request makes
 //! one order and is replayed, a different body under the same key is 422,
-//! a request without credentials is 401.
+//! a body that is not UTF-8 is a 400 problem and no order, a request
+//! without credentials is 401.
 
 use std::process::Stdio;
 
@@ -61,6 +62,25 @@ async fn retry_replays_one_order_mismatch_is_422_no_credentials_is_401() {
     let (mismatch, d) = post(&addr, acme, "order-1", "lamp").await;
     assert_eq!(mismatch, 422, "{d}");
     assert!(d.contains("idempotency-key-reused"), "{d}");
+
+    // A body that is not UTF-8: problem+json, and no order.
+    let mut stream = TcpStream::connect(&addr).await.expect("connect");
+    let mut req = format!(
+        "POST /orders HTTP/1.1\r\nhost: {addr}\r\nauthorization: Bearer key-acme\r\n\
+         idempotency-key: order-4\r\ncontent-length: 2\r\nconnection: close\r\n\r\n"
+    )
+    .into_bytes();
+    req.extend_from_slice(b"\xff\xfe");
+    stream.write_all(&req).await.expect("write");
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await.expect("read");
+    let f = String::from_utf8_lossy(&raw).to_ascii_lowercase();
+    assert!(f.starts_with("http/1.1 400"), "{f}");
+    assert!(f.contains("content-type: application/problem+json"), "{f}");
+    assert!(f.contains("invalid-request"), "{f}");
+    let (next, g) = post(&addr, acme, "order-5", "cup").await;
+    assert_eq!(next, 201);
+    assert!(g.ends_with("order 3"), "the bad body made no row: {g}");
 
     let (anonymous, e) = post(&addr, None, "order-3", "book").await;
     assert_eq!(anonymous, 401, "{e}");

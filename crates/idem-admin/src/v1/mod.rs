@@ -193,8 +193,14 @@ pub fn text(s: &str) -> Option<String> {
 /// A JSON request body, or `400` saying what is wrong with it.
 pub fn body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Response> {
     serde_json::from_slice(bytes).map_err(|e| {
+        // The parser's message may quote the body (an unknown field's
+        // name): cut it to 300 bytes at a character boundary.
         let mut detail = format!("body: {e}");
-        detail.truncate(300);
+        let mut end = detail.len().min(300);
+        while !detail.is_char_boundary(end) {
+            end -= 1;
+        }
+        detail.truncate(end);
         invalid(&detail)
     })
 }

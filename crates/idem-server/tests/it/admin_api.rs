@@ -801,6 +801,52 @@ impl Job for AuthAndOverview {
     }
 }
 
+/// A body the JSON parser refuses with a long message holding non-ASCII
+/// text (an unknown field named `ééé…`): every action answers `400
+/// invalid-request` with a shortened detail (never a 500 from cutting a
+/// character in two), and the same key then runs a good body.
+struct NonAsciiBodies;
+impl Job for NonAsciiBodies {
+    type Output = ();
+    async fn run<B: Backend>(self, store: B) {
+        let addr = serve(&store).await;
+        let run = "run_0123456789abcdef0123456789abcdef";
+        for (n, field) in [
+            "é".repeat(200),
+            format!("x{}", "é".repeat(200)),
+            "€".repeat(150),
+        ]
+        .iter()
+        .enumerate()
+        {
+            let body = format!("{{\"{field}\": 1}}");
+            for path in [
+                "/admin/v1/keys/release".to_owned(),
+                "/admin/v1/outbox/requeue".to_owned(),
+                "/admin/v1/webhooks/replay".to_owned(),
+                format!("/admin/v1/runs/{run}/resolve"),
+                format!("/admin/v1/runs/{run}/resume"),
+            ] {
+                let key = format!("na-{n}-{}", path.len());
+                let r = post(addr, &path, &key, &body).await;
+                assert_problem(&r, 400, "invalid-request");
+                let detail = r.json()["detail"].as_str().unwrap().to_owned();
+                assert!(
+                    detail.starts_with("body: unknown field"),
+                    "{path}: {detail}"
+                );
+                assert!(detail.len() <= 300, "{path}: {} bytes", detail.len());
+            }
+            // The refusal stored nothing: the key runs a good body.
+            let good = r#"{"tenant":"t","operation":"o","key":"absent"}"#;
+            let key = format!("na-{n}-{}", "/admin/v1/keys/release".len());
+            let r = post(addr, "/admin/v1/keys/release", &key, good).await;
+            assert_problem(&r, 404, "not-found");
+        }
+        assert!(audit(addr).await.is_empty(), "nothing was done");
+    }
+}
+
 macro_rules! both {
     ($($name:ident: $job:expr;)*) => {
         mod sqlite {
@@ -832,4 +878,5 @@ both! {
     admin_webhooks_replay_a_dead_receipt: Webhooks;
     admin_runs_resolve_and_resume: Runs;
     admin_needs_a_token_and_overview_counts_outcomes: AuthAndOverview;
+    admin_bodies_with_long_non_ascii_errors_are_400: NonAsciiBodies;
 }

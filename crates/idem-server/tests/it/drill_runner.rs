@@ -680,3 +680,36 @@ async fn the_gateway_passes_every_drill_on_sqlite() {
 async fn two_gateways_on_postgres_pass_every_drill() {
     the_gateway_passes_every_drill(crate::checkout::ShopDb::postgres().await, 2).await;
 }
+
+/// key-reuse changes the body's first number; where adding one leaves a
+/// float unchanged (1e300, 2^60 as a float), the "other payload" must still
+/// differ, or a correct API (the demo, which ignores the extra field) is
+/// failed for replaying what is in truth the same request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_reuse_changes_a_large_float_field() {
+    let dir = TempDir::new("drill-float");
+    let server = Server::start(&dir.sqlite_url(), &[]).await;
+    for first in ["1e300", "1.152921504606847e18", "-1e300"] {
+        let body =
+            format!(r#"{{"trace":{first},"amount":100,"currency":"EUR","customer":"{{unique}}"}}"#);
+        let mut args = drill_args(server.addr);
+        let at = args.iter().position(|a| a == BODY).unwrap();
+        args[at] = body;
+        args.extend(
+            [
+                "--json",
+                "--rounds",
+                "1",
+                "--concurrency",
+                "2",
+                "--settle",
+                "0s",
+            ]
+            .map(String::from),
+        );
+        let out = drill(args).await;
+        let r = report(&out);
+        assert_eq!(outcome(&r, "key-reuse"), "pass", "{first}: {r:#}");
+        assert_eq!(out.status.code(), Some(0), "{first}: {r:#}");
+    }
+}
