@@ -348,21 +348,10 @@ impl DrillSpec {
             headers.push((name, value));
         }
         let concurrency = self.concurrency.unwrap_or(50);
-        if !(2..=MAX_CONCURRENCY).contains(&concurrency) {
-            return usage(format!(
-                "--concurrency must be between 2 and {MAX_CONCURRENCY}, got {concurrency}"
-            ));
-        }
         let timeout = match self.timeout {
             Some(t) => duration("--timeout", &t)?,
             None => Duration::from_secs(10),
         };
-        if !(Duration::from_millis(100)..=Duration::from_secs(600)).contains(&timeout) {
-            return usage("--timeout must be between 100ms and 10min");
-        }
-        if self.max_requests == Some(0) {
-            return usage("--max-requests must be at least 1");
-        }
         let mutate = match (self.mutate, self.mutate_body) {
             (Some(line), body) => {
                 let line = RequestLine::parse("--mutate", &line, false)?;
@@ -375,11 +364,6 @@ impl DrillSpec {
             (None, None) => None,
         };
         let rounds = self.rounds.unwrap_or(DEFAULT_ROUNDS);
-        if !(1..=MAX_ROUNDS).contains(&rounds) {
-            return usage(format!(
-                "--rounds must be between 1 and {MAX_ROUNDS}, got {rounds}"
-            ));
-        }
         let key_format = match &self.key_format {
             Some(f) => KeyFormat::parse(f)?,
             None => KeyFormat::Token,
@@ -388,14 +372,8 @@ impl DrillSpec {
             Some(t) => duration("--settle", t)?,
             None => DEFAULT_SETTLE,
         };
-        if settle > MAX_SETTLE {
-            return usage("--settle must be at most 60s");
-        }
         let ttl = self.ttl.map(|t| duration("--ttl", &t)).transpose()?;
-        if ttl.is_some_and(|t| t > MAX_TTL) {
-            return usage("--ttl must be at most 24h (the drill waits that long)");
-        }
-        Ok(DrillConfig {
+        let config = DrillConfig {
             target,
             request,
             body,
@@ -411,7 +389,41 @@ impl DrillSpec {
             key_format,
             strict: self.strict.unwrap_or(false),
             settle,
-        })
+        };
+        config.check_bounds()?;
+        Ok(config)
+    }
+}
+
+impl DrillConfig {
+    /// Checks the numeric bounds (the fields are public: a library caller
+    /// may change a validated config, so [`crate::run`] checks again).
+    pub fn check_bounds(&self) -> Result<(), UsageError> {
+        if !(2..=MAX_CONCURRENCY).contains(&self.concurrency) {
+            return usage(format!(
+                "--concurrency must be between 2 and {MAX_CONCURRENCY}, got {}",
+                self.concurrency
+            ));
+        }
+        if !(Duration::from_millis(100)..=Duration::from_secs(600)).contains(&self.timeout) {
+            return usage("--timeout must be between 100ms and 10min");
+        }
+        if self.max_requests == Some(0) {
+            return usage("--max-requests must be at least 1");
+        }
+        if !(1..=MAX_ROUNDS).contains(&self.rounds) {
+            return usage(format!(
+                "--rounds must be between 1 and {MAX_ROUNDS}, got {}",
+                self.rounds
+            ));
+        }
+        if self.settle > MAX_SETTLE {
+            return usage("--settle must be at most 60s");
+        }
+        if self.ttl.is_some_and(|t| t > MAX_TTL) {
+            return usage("--ttl must be at most 24h (the drill waits that long)");
+        }
+        Ok(())
     }
 }
 
@@ -528,6 +540,24 @@ mod tests {
             effects: Some("GET /v1/payments?customer={unique}".into()),
             count: Some("/data".into()),
             ..DrillSpec::default()
+        }
+    }
+
+    /// A validated config changed out of bounds by a library caller is
+    /// refused by `run` before anything is sent (the target here listens
+    /// nowhere: a request would be `Unreachable`, not `Usage`).
+    #[test]
+    fn run_checks_the_bounds_again() {
+        let mut c = spec().validate().unwrap();
+        c.concurrency = 1_000_000;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let out = runtime.block_on(crate::run(c, &mut crate::Quiet));
+        match out {
+            Err(crate::Error::Usage(why)) => assert!(why.contains("--concurrency"), "{why}"),
+            other => panic!("expected a usage error, got {other:?}"),
         }
     }
 

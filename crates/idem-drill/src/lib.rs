@@ -140,6 +140,10 @@ pub enum Error {
     /// The target did not answer the first request.
     #[error("the target is unreachable: {0}")]
     Unreachable(String),
+    /// A setting is out of its bounds (changed after
+    /// [`DrillSpec::validate`](crate::DrillSpec::validate)); nothing was sent.
+    #[error("{0}")]
+    Usage(String),
 }
 
 /// Why a drill stopped before its verdict.
@@ -348,8 +352,10 @@ impl Runner {
 /// one the budget stops is skipped (and so is every drill after it).
 ///
 /// # Errors
-/// [`Error::Unreachable`] when the very first request cannot connect.
+/// [`Error::Unreachable`] when the very first request cannot connect;
+/// [`Error::Usage`] when a setting is out of its bounds.
 pub async fn run(config: DrillConfig, observer: &mut dyn Observer) -> Result<Report, Error> {
+    config.check_bounds().map_err(|e| Error::Usage(e.0))?;
     let started = Instant::now();
     let budget = Arc::new(Budget::new(config.max_requests));
     let client = Client::new(&config, budget.clone());
