@@ -1,0 +1,90 @@
+use super::*;
+use crate::steps::Namespace;
+use crate::{IdempotencyKey, Tenant};
+
+#[test]
+fn names_are_checked() {
+    assert!(QueueName::new("triage.v2_a-b").is_ok());
+    for bad in ["", "a b", "é", &"q".repeat(65)] {
+        assert!(QueueName::new(bad).is_err(), "{bad:?}");
+        assert!(PollerName::new(bad).is_err(), "{bad:?}");
+        assert!(ActionName::new(bad).is_err(), "{bad:?}");
+    }
+    assert!(WorkerName::new("host-a:4711@eu").is_ok());
+    assert!(WorkerName::new("a/b").is_err());
+    assert!(WorkerName::new("w".repeat(129)).is_err());
+    let err = QueueName::new("x".repeat(200)).unwrap_err().to_string();
+    assert!(err.starts_with("queue must be"), "{err}");
+    assert!(err.len() < 200, "the value is cut: {err}");
+}
+
+#[test]
+fn task_ids_are_derived_and_parsed() {
+    let ns = Namespace::new("n1").unwrap();
+    let t = Tenant::new("acme").unwrap();
+    let q = QueueName::new("triage").unwrap();
+    let k = IdempotencyKey::new("obs-1").unwrap();
+    let id = TaskId::of(&ns, &t, &q, &k);
+    assert_eq!(TaskId::parse(id.as_str()).unwrap(), id);
+    let other_queue = TaskId::of(&ns, &t, &QueueName::new("mail").unwrap(), &k);
+    let other_tenant = TaskId::of(&ns, &Tenant::new("globex").unwrap(), &q, &k);
+    let other_ns = TaskId::of(&Namespace::new("n2").unwrap(), &t, &q, &k);
+    assert!(id != other_queue && id != other_tenant && id != other_ns);
+    for bad in [
+        "tsk_",
+        "tsk_XYZ",
+        "run_0123456789abcdef0123456789abcdef",
+        "tsk_0123",
+    ] {
+        assert!(TaskId::parse(bad).is_err(), "{bad}");
+    }
+}
+
+#[test]
+fn action_keys_are_valid_idempotency_keys() {
+    let ns = Namespace::new("n1").unwrap();
+    let id = TaskId::parse("tsk_0123456789abcdef0123456789abcdef").unwrap();
+    let name = ActionName::new("a".repeat(64)).unwrap();
+    let key = ActionKey::derive(&ns, &id, &name);
+    assert!(IdempotencyKey::new(key.as_str()).is_ok(), "{key}");
+    assert_ne!(
+        key,
+        ActionKey::derive(&ns, &id, &ActionName::new("b").unwrap())
+    );
+}
+
+#[test]
+fn states_and_modes_round_trip() {
+    for s in TaskState::ALL {
+        assert_eq!(TaskState::parse(s.as_str()), Some(s));
+    }
+    assert_eq!(TaskState::parse("READY"), None);
+    assert!(TaskState::Done.is_final() && !TaskState::NeedsAttention.is_final());
+    for m in [ActionMode::AtMostOnce, ActionMode::Verify] {
+        assert_eq!(ActionMode::parse(m.as_str()), Some(m));
+    }
+    assert_eq!(ActionMode::parse("exactly-once"), None);
+    assert_eq!(
+        ActionOutcome::parse("not-sent"),
+        Some(ActionOutcome::NotSent)
+    );
+    assert_eq!(ActionOutcome::parse("sent"), None);
+}
+
+#[test]
+fn corrupt_columns_are_an_error_not_a_panic() {
+    let ok = TaskColumns {
+        state: "ready".into(),
+        attempt: 0,
+        max_attempts: 5,
+        ..TaskColumns::default()
+    };
+    assert!(ok.clone().decode().is_ok());
+    let bad_state = TaskColumns {
+        state: "lost".into(),
+        ..ok.clone()
+    };
+    assert!(bad_state.decode().is_err());
+    let negative = TaskColumns { attempt: -1, ..ok };
+    assert!(negative.decode().is_err());
+}
