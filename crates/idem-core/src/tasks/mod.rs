@@ -39,12 +39,14 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod decide;
 mod names;
 mod records;
 mod store;
 #[cfg(test)]
 mod tests;
 
+pub use decide::{SettlePlan, SettleWrite, holds, plan_settle};
 pub use names::{ActionKey, ActionName, PollerName, QueueName, TaskId, TaskNameError, WorkerName};
 pub use records::{
     ActionDecision, ActionMode, ActionOutcome, ClaimRequest, CursorMove, Fenced, NewTask,

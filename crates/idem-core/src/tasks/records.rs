@@ -164,6 +164,8 @@ pub struct TaskRecord {
     pub lease_expires_at_ms: Option<i64>,
     /// The completed task's result: JSON text.
     pub result: Option<String>,
+    /// The result's fingerprint: a repeated completion must carry the same.
+    pub result_hash: Option<String>,
     /// The last failure a worker reported.
     pub last_error: Option<String>,
     /// Created (unix ms).
@@ -193,6 +195,7 @@ pub struct TaskColumns {
     pub holder: Option<String>,
     pub lease_expires_at_ms: Option<i64>,
     pub result: Option<String>,
+    pub result_hash: Option<String>,
     pub last_error: Option<String>,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
@@ -221,6 +224,7 @@ impl TaskColumns {
             holder: self.holder,
             lease_expires_at_ms: self.lease_expires_at_ms,
             result: self.result,
+            result_hash: self.result_hash,
             last_error: self.last_error,
             created_at_ms: self.created_at_ms,
             updated_at_ms: self.updated_at_ms,

@@ -88,3 +88,98 @@ fn corrupt_columns_are_an_error_not_a_panic() {
     let negative = TaskColumns { attempt: -1, ..ok };
     assert!(negative.decode().is_err());
 }
+
+fn claimed(fence: i64, attempt: u32, until: i64) -> TaskRecord {
+    TaskRecord {
+        id: "tsk_0123456789abcdef0123456789abcdef".into(),
+        tenant: "acme".into(),
+        queue: "q".into(),
+        key: "k".into(),
+        payload: "{}".into(),
+        payload_hash: "h".into(),
+        state: TaskState::Claimed,
+        priority: 0,
+        run_at_ms: 0,
+        attempt,
+        max_attempts: 3,
+        fence,
+        holder: Some("w1".into()),
+        lease_expires_at_ms: Some(until),
+        result: None,
+        result_hash: None,
+        last_error: None,
+        created_at_ms: 0,
+        updated_at_ms: 0,
+        finished_at_ms: None,
+    }
+}
+
+#[test]
+fn only_the_live_holder_writes() {
+    let t = claimed(4, 1, 1_000);
+    let beat = Settle::Heartbeat { lease_ms: 500 };
+    assert_eq!(
+        plan_settle(&t, 4, &beat, 999),
+        SettlePlan::Write(SettleWrite::Renew { until_ms: 1_499 })
+    );
+    // Another fence, or the lease ended by the database's clock.
+    for (fence, now) in [(3, 10), (5, 10), (4, 1_000), (4, 2_000)] {
+        assert!(
+            matches!(
+                plan_settle(&t, fence, &beat, now),
+                SettlePlan::Answer(Fenced::LeaseLost(_))
+            ),
+            "fence {fence} at {now}"
+        );
+    }
+}
+
+#[test]
+fn a_completion_repeats_and_mismatches_by_its_fence() {
+    let mut t = claimed(2, 1, 1_000);
+    let done = Settle::Complete {
+        result: "{}",
+        result_hash: "r1",
+    };
+    assert_eq!(
+        plan_settle(&t, 2, &done, 10),
+        SettlePlan::Write(SettleWrite::Complete)
+    );
+    t.state = TaskState::Done;
+    t.result_hash = Some("r1".into());
+    t.lease_expires_at_ms = None;
+    assert!(matches!(
+        plan_settle(&t, 2, &done, 5_000),
+        SettlePlan::Answer(Fenced::Repeated(_))
+    ));
+    let other = Settle::Complete {
+        result: "[]",
+        result_hash: "r2",
+    };
+    assert!(matches!(
+        plan_settle(&t, 2, &other, 10),
+        SettlePlan::Answer(Fenced::Mismatch(_))
+    ));
+    // A zombie with an older fence is refused, whatever it sends.
+    assert!(matches!(
+        plan_settle(&t, 1, &done, 10),
+        SettlePlan::Answer(Fenced::LeaseLost(_))
+    ));
+}
+
+#[test]
+fn failures_retry_until_the_attempts_run_out() {
+    let fail = Settle::Fail {
+        error: "boom",
+        retry_at_ms: 5,
+    };
+    assert_eq!(
+        plan_settle(&claimed(1, 2, 100), 1, &fail, 10),
+        SettlePlan::Write(SettleWrite::Retry { run_at_ms: 10 }),
+        "never before now"
+    );
+    assert_eq!(
+        plan_settle(&claimed(1, 3, 100), 1, &fail, 10),
+        SettlePlan::Write(SettleWrite::Dead)
+    );
+}
