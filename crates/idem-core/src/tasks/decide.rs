@@ -30,13 +30,35 @@ pub enum SettleWrite {
     Dead,
 }
 
+/// Why a settle writes nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// A repeat of the completion that settled it: answered as it was.
+    Repeated,
+    /// The same fence completed it with another result.
+    Mismatch,
+    /// Not the live holder.
+    LeaseLost,
+}
+
+impl Refusal {
+    /// The answer, with the task as it stands.
+    pub fn with(self, task: TaskRecord) -> Fenced {
+        match self {
+            Refusal::Repeated => Fenced::Repeated(task),
+            Refusal::Mismatch => Fenced::Mismatch(task),
+            Refusal::LeaseLost => Fenced::LeaseLost(task),
+        }
+    }
+}
+
 /// A settle's plan: a write, or an answer without one.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SettlePlan {
     /// Write this, fenced by the task's fence.
     Write(SettleWrite),
-    /// Answer this; nothing is written.
-    Answer(Fenced),
+    /// Write nothing, for this reason.
+    Refuse(Refusal),
 }
 
 /// Decides what `settle` by the holder of `fence` does to `task` at `now_ms`.
@@ -44,17 +66,18 @@ pub enum SettlePlan {
 /// did (or [`Fenced::Mismatch`] with another result); anything else not by
 /// the live holder is [`Fenced::LeaseLost`].
 pub fn plan_settle(task: &TaskRecord, fence: i64, settle: &Settle<'_>, now_ms: i64) -> SettlePlan {
-    if task.state == TaskState::Done && task.fence == fence {
-        if let Settle::Complete { result_hash, .. } = settle {
-            return SettlePlan::Answer(if task_result_hash(task) == Some(result_hash) {
-                Fenced::Repeated(task.clone())
-            } else {
-                Fenced::Mismatch(task.clone())
-            });
-        }
+    if let Settle::Complete { result_hash, .. } = settle
+        && task.state == TaskState::Done
+        && task.fence == fence
+    {
+        return SettlePlan::Refuse(if task.result_hash.as_deref() == Some(result_hash) {
+            Refusal::Repeated
+        } else {
+            Refusal::Mismatch
+        });
     }
     if !holds(task, fence, now_ms) {
-        return SettlePlan::Answer(Fenced::LeaseLost(task.clone()));
+        return SettlePlan::Refuse(Refusal::LeaseLost);
     }
     SettlePlan::Write(match settle {
         Settle::Heartbeat { lease_ms } => SettleWrite::Renew {
@@ -68,9 +91,4 @@ pub fn plan_settle(task: &TaskRecord, fence: i64, settle: &Settle<'_>, now_ms: i
         }
         Settle::Fail { .. } => SettleWrite::Dead,
     })
-}
-
-/// The stored result's fingerprint: kept in the record's `result_hash`.
-fn task_result_hash(task: &TaskRecord) -> Option<&str> {
-    task.result_hash.as_deref()
 }

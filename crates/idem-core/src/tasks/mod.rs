@@ -46,7 +46,7 @@ mod store;
 #[cfg(test)]
 mod tests;
 
-pub use decide::{SettlePlan, SettleWrite, holds, plan_settle};
+pub use decide::{Refusal, SettlePlan, SettleWrite, holds, plan_settle};
 pub use names::{ActionKey, ActionName, PollerName, QueueName, TaskId, TaskNameError, WorkerName};
 pub use records::{
     ActionDecision, ActionMode, ActionOutcome, ClaimRequest, CursorMove, Fenced, NewTask,

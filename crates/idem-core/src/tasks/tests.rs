@@ -127,7 +127,7 @@ fn only_the_live_holder_writes() {
         assert!(
             matches!(
                 plan_settle(&t, fence, &beat, now),
-                SettlePlan::Answer(Fenced::LeaseLost(_))
+                SettlePlan::Refuse(Refusal::LeaseLost)
             ),
             "fence {fence} at {now}"
         );
@@ -150,7 +150,7 @@ fn a_completion_repeats_and_mismatches_by_its_fence() {
     t.lease_expires_at_ms = None;
     assert!(matches!(
         plan_settle(&t, 2, &done, 5_000),
-        SettlePlan::Answer(Fenced::Repeated(_))
+        SettlePlan::Refuse(Refusal::Repeated)
     ));
     let other = Settle::Complete {
         result: "[]",
@@ -158,12 +158,12 @@ fn a_completion_repeats_and_mismatches_by_its_fence() {
     };
     assert!(matches!(
         plan_settle(&t, 2, &other, 10),
-        SettlePlan::Answer(Fenced::Mismatch(_))
+        SettlePlan::Refuse(Refusal::Mismatch)
     ));
     // A zombie with an older fence is refused, whatever it sends.
     assert!(matches!(
         plan_settle(&t, 1, &done, 10),
-        SettlePlan::Answer(Fenced::LeaseLost(_))
+        SettlePlan::Refuse(Refusal::LeaseLost)
     ));
 }
 
