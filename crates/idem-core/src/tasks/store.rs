@@ -12,6 +12,8 @@ use super::records::{
 /// An action attempt to record in the send-once ledger.
 #[derive(Clone, Debug)]
 pub struct ActionAttempt<'a> {
+    /// The caller's tenant: another tenant's task is missing to it.
+    pub tenant: &'a str,
     /// The task.
     pub task: &'a str,
     /// The fence the worker holds.
@@ -35,6 +37,8 @@ pub enum ActionClaim {
     Decided(ActionDecision, TaskRecord),
     /// The fence is not the task's, or its lease ended: nothing written.
     LeaseLost(TaskRecord),
+    /// A result reported for an action never attempted: nothing written.
+    NoAttempt(TaskRecord),
     /// No such task.
     Missing,
 }
@@ -92,9 +96,11 @@ pub trait TaskStore: KeyStore {
         claim: &'a ClaimRequest<'a>,
     ) -> impl Future<Output = Result<Vec<TaskRecord>, StoreError>> + Send + 'a;
 
-    /// In `tx`: the holder of `fence` renews, completes or fails the task.
+    /// In `tx`: the holder of `fence` renews, completes or fails the task
+    /// (of `tenant`: another tenant's task is [`Fenced::Missing`]).
     fn settle<'a>(
         tx: &'a mut Self::Tx,
+        tenant: &'a str,
         task: &'a str,
         fence: i64,
         settle: &'a Settle<'a>,
@@ -109,8 +115,9 @@ pub trait TaskStore: KeyStore {
     ) -> impl Future<Output = Result<ActionClaim, StoreError>> + Send + 'a;
 
     /// In `tx`: the holder of `fence` reports what became of an action it
-    /// attempted or verified: `done` marks its ledger entry sent, `not-sent`
-    /// frees it for another attempt.
+    /// attempted or verified: `done` marks its ledger entry sent (answered
+    /// [`ActionDecision::Done`]), `not-sent` frees it for another attempt
+    /// ([`ActionDecision::Go`]; `Done` when it was marked sent before).
     fn record_action<'a>(
         tx: &'a mut Self::Tx,
         attempt: &'a ActionAttempt<'a>,

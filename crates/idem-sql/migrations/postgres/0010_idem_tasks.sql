@@ -24,7 +24,9 @@ CREATE TABLE idem_tasks (
     created_at_ms       BIGINT  NOT NULL,
     updated_at_ms       BIGINT  NOT NULL,
     finished_at_ms      BIGINT,
-    expires_at_ms       BIGINT,
+    -- How the latest claim took it: 'claimed' (ready), 'taken_over' (a
+    -- lease that ended), 'dead' (a lease that ended on the last attempt).
+    claim_kind          TEXT,
     UNIQUE (tenant_id, queue, task_key)
 );
 -- Claims take the ready tasks of a queue by priority and age, and the
@@ -34,7 +36,8 @@ CREATE INDEX idem_tasks_ready ON idem_tasks (tenant_id, queue, priority DESC, ru
 CREATE INDEX idem_tasks_leased ON idem_tasks (tenant_id, queue, lease_expires_at_ms)
     WHERE state = 'claimed';
 CREATE INDEX idem_tasks_created ON idem_tasks (created_at_ms, id);
-CREATE INDEX idem_tasks_expires ON idem_tasks (expires_at_ms) WHERE expires_at_ms IS NOT NULL;
+-- Retention: finished tasks are purged some time after they finished.
+CREATE INDEX idem_tasks_finished ON idem_tasks (finished_at_ms) WHERE finished_at_ms IS NOT NULL;
 
 CREATE TABLE idem_task_events (
     task_id  TEXT    NOT NULL,
