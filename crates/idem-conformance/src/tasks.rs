@@ -341,6 +341,7 @@ async fn action<S: TaskStore>(
         mode,
         now_ms,
         expires_at_ms: now_ms + 86_400_000,
+        detail: None,
     };
     let mut tx = store.begin().await.unwrap();
     let out = S::claim_action(&mut tx, &attempt).await.unwrap();
@@ -369,6 +370,7 @@ async fn report<S: TaskStore>(
         mode: ActionMode::Verify,
         now_ms,
         expires_at_ms: now_ms + 86_400_000,
+        detail: None,
     };
     let mut tx = store.begin().await.unwrap();
     let out = S::record_action(&mut tx, &attempt, outcome).await.unwrap();

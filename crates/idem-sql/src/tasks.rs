@@ -572,7 +572,10 @@ macro_rules! task_store {
                             None => ActionClaim::NoAttempt(t),
                         });
                     }
-                    let detail = format!("{}: {name}", a.action);
+                    let detail = match a.detail {
+                        Some(d) => format!("{}: {name} ({d})", a.action),
+                        None => format!("{}: {name}", a.action),
+                    };
                     event(
                         tx,
                         a.task,

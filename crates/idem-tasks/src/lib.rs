@@ -45,7 +45,7 @@
 //!     if decision == ActionDecision::Go {
 //!         // send the notification with `Idempotency-Key: {key}`, then:
 //!         tasks.action_result(&tenant, &id, task.fence, &notify,
-//!                             idem_core::tasks::ActionOutcome::Done).await?;
+//!                             idem_core::tasks::ActionOutcome::Done, None).await?;
 //!     }
 //!     tasks.complete(&tenant, &id, task.fence, &serde_json::json!({"notified": true})).await?;
 //! }
@@ -54,6 +54,8 @@
 
 mod config;
 mod error;
+#[cfg(feature = "http")]
+pub mod http;
 mod service;
 
 pub use config::{TaskSpec, TasksConfig};

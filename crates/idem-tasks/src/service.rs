@@ -471,6 +471,7 @@ impl<S: TaskStore + RunStore> Tasks<S> {
             mode,
             now_ms,
             expires_at_ms: now_ms.saturating_add(millis(self.config.action_retention)),
+            detail: None,
         }
     }
 
@@ -528,6 +529,8 @@ impl<S: TaskStore + RunStore> Tasks<S> {
     /// The holder of `fence` reports what became of `action`: `Done` marks
     /// it done for good; `NotSent` (the other system says it never
     /// happened) lets it be attempted again.
+    /// `detail` (what the worker learnt, at most 4 KiB) is kept in the
+    /// task's timeline.
     pub async fn action_result(
         &self,
         tenant: &Tenant,
@@ -535,9 +538,14 @@ impl<S: TaskStore + RunStore> Tasks<S> {
         fence: i64,
         action: &ActionName,
         outcome: ActionOutcome,
+        detail: Option<&str>,
     ) -> Result<(ActionKey, ActionDecision, TaskRecord), TasksError> {
+        if detail.is_some_and(|d| d.len() > 4096) {
+            return Err(TasksError::invalid("detail: at most 4096 bytes"));
+        }
         let key = self.action_key(task, action);
-        let attempt = self.attempt(tenant, task, fence, action, &key, ActionMode::Verify);
+        let mut attempt = self.attempt(tenant, task, fence, action, &key, ActionMode::Verify);
+        attempt.detail = detail;
         let mut tx = self.store.begin().await?;
         let out = S::record_action(&mut tx, &attempt, outcome).await;
         let (decision, record) = self.decided(fence, tx, out).await?;

@@ -28,6 +28,9 @@ pub struct ActionAttempt<'a> {
     pub now_ms: i64,
     /// When the ledger may forget it.
     pub expires_at_ms: i64,
+    /// What the worker says about a result it reports (kept in the
+    /// timeline).
+    pub detail: Option<&'a str>,
 }
 
 /// What an action attempt found.
