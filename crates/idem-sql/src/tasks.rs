@@ -633,6 +633,10 @@ macro_rules! task_store {
                     .await
                 }
 
+                async fn purge_tasks(&self, before_ms: i64, limit: u32) -> Result<u64, StoreError> {
+                    self.purge($crate::purge::$d::TASKS, before_ms, limit).await
+                }
+
                 async fn count_tasks(&self) -> Result<Vec<(String, TaskState, u64)>, StoreError> {
                     self.bounded(async {
                         let rows = sqlx::query(sql::COUNT)

@@ -59,5 +59,14 @@ pub mod http;
 mod service;
 
 pub use config::{TaskSpec, TasksConfig};
+
+/// Tasks claimed, by queue (a counter).
+pub const CLAIMED_TOTAL: &str = "idem_tasks_claimed_total";
+/// Tasks claimed again after a lease ended or a failure, by queue (a
+/// counter): attempts beyond the first.
+pub const RECLAIMED_TOTAL: &str = "idem_tasks_reclaimed_total";
+/// Writes refused because the writer's fence was not the task's live claim
+/// (a counter).
+pub const FENCED_OUT_TOTAL: &str = "idem_tasks_fenced_out_total";
 pub use error::TasksError;
 pub use service::{Observation, Observed, Tasks};

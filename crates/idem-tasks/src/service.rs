@@ -300,11 +300,11 @@ impl<S: TaskStore + RunStore> Tasks<S> {
             now_ms: self.now_ms(),
         };
         let claimed = S::claim_tasks(tx, &request).await?;
-        metrics::counter!("idem_tasks_claimed_total", "queue" => queue.as_str().to_owned())
+        metrics::counter!(crate::CLAIMED_TOTAL, "queue" => queue.as_str().to_owned())
             .increment(claimed.len() as u64);
         let taken_over = claimed.iter().filter(|t| t.attempt > 1).count();
         if taken_over > 0 {
-            metrics::counter!("idem_tasks_reclaimed_total", "queue" => queue.as_str().to_owned())
+            metrics::counter!(crate::RECLAIMED_TOTAL, "queue" => queue.as_str().to_owned())
                 .increment(taken_over as u64);
         }
         Ok(claimed)
@@ -353,7 +353,7 @@ impl<S: TaskStore + RunStore> Tasks<S> {
             Ok(out) => {
                 let _ = self.store.rollback(tx).await;
                 if matches!(out, Fenced::LeaseLost(_)) {
-                    metrics::counter!("idem_tasks_fenced_out_total").increment(1);
+                    metrics::counter!(crate::FENCED_OUT_TOTAL).increment(1);
                 }
                 Ok(out)
             }
@@ -490,7 +490,7 @@ impl<S: TaskStore + RunStore> Tasks<S> {
                 let _ = self.store.rollback(tx).await;
                 Err(match other {
                     ActionClaim::LeaseLost(t) => {
-                        metrics::counter!("idem_tasks_fenced_out_total").increment(1);
+                        metrics::counter!(crate::FENCED_OUT_TOTAL).increment(1);
                         TasksError::lease_lost(fence, t.fence, t.state)
                     }
                     ActionClaim::NoAttempt(_) => TasksError::NoAttempt,

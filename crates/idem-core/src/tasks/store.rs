@@ -145,6 +145,14 @@ pub trait TaskStore: KeyStore {
         filter: &TaskFilter,
     ) -> impl Future<Output = Result<Vec<TaskRecord>, StoreError>> + Send;
 
+    /// Deletes up to `limit` done or dead tasks that finished at or before
+    /// `before_ms`, with their timelines; returns how many.
+    fn purge_tasks(
+        &self,
+        before_ms: i64,
+        limit: u32,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
     /// How many tasks each queue holds in each state.
     fn count_tasks(
         &self,

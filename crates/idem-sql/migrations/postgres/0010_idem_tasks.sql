@@ -40,7 +40,7 @@ CREATE INDEX idem_tasks_created ON idem_tasks (created_at_ms, id);
 CREATE INDEX idem_tasks_finished ON idem_tasks (finished_at_ms) WHERE finished_at_ms IS NOT NULL;
 
 CREATE TABLE idem_task_events (
-    task_id  TEXT    NOT NULL,
+    task_id  TEXT    NOT NULL REFERENCES idem_tasks (id) ON DELETE CASCADE,
     seq      BIGINT  NOT NULL,
     kind     TEXT    NOT NULL,
     actor    TEXT,
