@@ -7,8 +7,8 @@ use idem_core::Tenant;
 use idem_core::steps::Namespace;
 use idem_core::tasks::{
     ActionAttempt, ActionClaim, ActionDecision, ActionKey, ActionMode, ActionName, ActionOutcome,
-    ClaimRequest, CursorMove, Fenced, NewTask, QueueName, Settle, TaskFilter, TaskId, TaskRecord,
-    TaskState, TaskStore,
+    ClaimRequest, CursorMove, Fenced, NewTask, QueueName, Settle, Steer, Steered, TaskFilter,
+    TaskId, TaskRecord, TaskState, TaskStore,
 };
 
 const T0: i64 = 1_000_000;
@@ -523,4 +523,101 @@ pub async fn concurrent_claims_never_share_a_task<S: TaskStore>(store: S, worker
     all.sort();
     all.dedup();
     assert_eq!((n, all.len()), (20, 20), "each task claimed once");
+}
+
+async fn steer<S: TaskStore>(store: &S, task: &str, how: Steer<'_>, now_ms: i64) -> Steered {
+    let mut tx = store.begin().await.unwrap();
+    let out = S::steer(&mut tx, task, how, "ops@example", now_ms)
+        .await
+        .unwrap();
+    store.commit(tx).await.unwrap();
+    out
+}
+
+/// Operators: a dead task is retried (ready, one more attempt, a new
+/// fence); a task that needs attention is resolved after checking the other
+/// system — `sent` makes its action done for good, not sent lets it go
+/// again; neither applies to a task that is ready or done.
+pub async fn operators_steer_what_workers_cannot<S: TaskStore>(store: S) {
+    let (task, _) = create(&store, "dead-one", "{}", 0).await;
+    assert!(
+        matches!(
+            steer(&store, &task.id, Steer::Retry, T0).await,
+            Steered::NotApplicable(_)
+        ),
+        "a ready task needs no retry"
+    );
+    // Two claims whose leases end: dead.
+    claim(&store, "w1", 1, T0).await;
+    claim(&store, "w2", 1, T0 + LEASE).await;
+    assert!(claim(&store, "w3", 1, T0 + 2 * LEASE).await.is_empty());
+    let Steered::Done(revived) = steer(&store, &task.id, Steer::Retry, T0 + 2 * LEASE).await else {
+        panic!("a dead task is retried")
+    };
+    assert_eq!(
+        (revived.state, revived.max_attempts, revived.fence),
+        (TaskState::Ready, 3, 4),
+        "one more attempt; the fence grew at its death and at its revival"
+    );
+    let again = claim(&store, "w4", 1, T0 + 2 * LEASE).await;
+    assert_eq!(again.len(), 1);
+    assert_eq!((again[0].attempt, again[0].fence), (3, 5));
+
+    // An unknown action in at-most-once mode, resolved as sent.
+    let (t, _) = create(&store, "attn", "{}", 0).await;
+    let a = claim(&store, "w1", 1, T0 + 3 * LEASE).await.remove(0);
+    assert_eq!(a.id, t.id);
+    action(&store, &t, a.fence, ActionMode::AtMostOnce, T0 + 3 * LEASE).await;
+    let b = claim(&store, "w2", 1, T0 + 4 * LEASE).await.remove(0);
+    let parked = action(&store, &t, b.fence, ActionMode::AtMostOnce, T0 + 4 * LEASE).await;
+    assert_eq!(decision(&parked), ActionDecision::Unknown);
+    let key = ActionKey::derive(
+        &Namespace::new("conformance").unwrap(),
+        &TaskId::parse(&t.id).unwrap(),
+        &ActionName::new("notify").unwrap(),
+    );
+    let resolve = |sent| Steer::Resolve {
+        action: "notify",
+        key: key.as_str(),
+        sent,
+    };
+    let Steered::Done(ready) = steer(&store, &t.id, resolve(true), T0 + 4 * LEASE + 1).await else {
+        panic!("a task that needs attention is resolved")
+    };
+    assert_eq!(ready.state, TaskState::Ready);
+    assert!(
+        matches!(
+            steer(&store, &t.id, resolve(true), T0 + 4 * LEASE + 2).await,
+            Steered::NotApplicable(_)
+        ),
+        "resolved once"
+    );
+    let c = claim(&store, "w3", 5, T0 + 4 * LEASE + 3).await;
+    let c = c.into_iter().find(|c| c.id == t.id).unwrap();
+    assert_eq!(
+        decision(
+            &action(
+                &store,
+                &t,
+                c.fence,
+                ActionMode::AtMostOnce,
+                T0 + 4 * LEASE + 3
+            )
+            .await
+        ),
+        ActionDecision::Done,
+        "resolved as sent: never performed again"
+    );
+    let kinds: Vec<String> = store
+        .task_events(&t.id)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
+    assert!(kinds.contains(&"resolved".to_owned()), "{kinds:?}");
+    assert_eq!(
+        steer(&store, &id("nope"), Steer::Retry, T0).await,
+        Steered::Missing
+    );
 }

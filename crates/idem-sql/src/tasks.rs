@@ -92,6 +92,17 @@ pub static ATTENTION: LazyLock<String> = fenced_update!(
     "state = 'needs_attention', holder = NULL, lease_expires_at_ms = NULL, updated_at_ms = $3"
 );
 
+/// An operator makes the task ready again now, with one more attempt
+/// allowed, its fence grown: `$1` task, `$2` now.
+pub static REVIVE: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE idem_tasks SET state = 'ready', run_at_ms = $2, \
+         max_attempts = CASE WHEN max_attempts > attempt THEN max_attempts ELSE attempt + 1 END, \
+         holder = NULL, lease_expires_at_ms = NULL, finished_at_ms = NULL, fence = fence + 1, \
+         updated_at_ms = $2 WHERE id = $1 RETURNING {TASK_COLUMNS}"
+    )
+});
+
 /// A poller's first cursor: `$1` tenant, `$2` poller, `$3` cursor, `$4` now.
 pub const INSERT_CURSOR: &str = "INSERT INTO idem_pollers \
     (tenant_id, poller, cursor, version, updated_at_ms) VALUES ($1, $2, $3, 1, $4) \
@@ -210,8 +221,8 @@ macro_rules! task_store {
             use idem_core::tasks::{
                 ActionAttempt, ActionClaim, ActionDecision, ActionMode, ActionOutcome,
                 ClaimRequest, CursorMove, Fenced, NewTask, PollerRecord, Settle, SettlePlan,
-                SettleWrite, TaskEvent, TaskFilter, TaskRecord, TaskState, TaskStore, holds,
-                plan_settle,
+                SettleWrite, Steer, Steered, TaskEvent, TaskFilter, TaskRecord, TaskState,
+                TaskStore, holds, plan_settle,
             };
             use $crate::decode;
             use $crate::tasks as sql;
@@ -587,6 +598,70 @@ macro_rules! task_store {
                     )
                     .await?;
                     Ok(ActionClaim::Decided(answer, t))
+                }
+
+                async fn steer(
+                    tx: &mut $tx,
+                    task: &str,
+                    steer: Steer<'_>,
+                    actor: &str,
+                    now_ms: i64,
+                ) -> Result<Steered, StoreError> {
+                    let row = sqlx::query(&sql::$d::LOCK_TASK)
+                        .bind(task)
+                        .fetch_optional(&mut **tx)
+                        .await
+                        .map_err(map_err)?;
+                    let Some(t) = row.as_ref().map(decode::task).transpose()? else {
+                        return Ok(Steered::Missing);
+                    };
+                    let (kind, detail) = match steer {
+                        Steer::Retry => {
+                            if !matches!(t.state, TaskState::Dead | TaskState::NeedsAttention) {
+                                return Ok(Steered::NotApplicable(t));
+                            }
+                            ("retried", None)
+                        }
+                        Steer::Resolve { action, key, sent } => {
+                            if t.state != TaskState::NeedsAttention {
+                                return Ok(Steered::NotApplicable(t));
+                            }
+                            let mark = if sent {
+                                sql::MARK_SENT
+                            } else {
+                                sql::MARK_NOT_SENT
+                            };
+                            let marked = sqlx::query(mark)
+                                .bind(key)
+                                .bind(now_ms)
+                                .execute(&mut **tx)
+                                .await
+                                .map_err(map_err)?;
+                            if marked.rows_affected() == 0 {
+                                return Ok(Steered::NotApplicable(t));
+                            }
+                            let how = if sent { "sent" } else { "not sent" };
+                            ("resolved", Some(format!("{action}: {how}")))
+                        }
+                    };
+                    let row = sqlx::query(&sql::REVIVE)
+                        .bind(task)
+                        .bind(now_ms)
+                        .fetch_one(&mut **tx)
+                        .await
+                        .map_err(map_err)?;
+                    let revived = decode::task(&row)?;
+                    event(
+                        tx,
+                        task,
+                        kind,
+                        Some(actor),
+                        Some(revived.fence),
+                        now_ms,
+                        detail.as_deref(),
+                    )
+                    .await?;
+                    Ok(Steered::Done(revived))
                 }
 
                 async fn load_task(&self, id: &str) -> Result<Option<TaskRecord>, StoreError> {

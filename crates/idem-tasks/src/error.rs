@@ -37,6 +37,16 @@ pub enum TasksError {
     /// A result for an action that was never attempted: `409 no-attempt`.
     #[error("the action was never attempted under this task")]
     NoAttempt,
+    /// An operator's action does not apply to the task in its state (retry:
+    /// dead or needs attention; resolve: needs attention with an unknown
+    /// action): `409 not-applicable`.
+    #[error("the task is {state}: {what}")]
+    NotApplicable {
+        /// The task's state.
+        state: &'static str,
+        /// What the action needs.
+        what: &'static str,
+    },
     /// No such task (for this tenant): `404`.
     #[error("no such task")]
     NotFound,

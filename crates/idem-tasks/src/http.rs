@@ -26,8 +26,8 @@ use axum::routing::{get, post};
 use axum::{Extension, body::Bytes};
 use idem_core::steps::RunStore;
 use idem_core::tasks::{
-    ActionDecision, ActionMode, ActionName, ActionOutcome, PollerName, QueueName, TaskId,
-    TaskRecord, TaskStore, WorkerName,
+    ActionDecision, ActionMode, ActionName, ActionOutcome, PollerName, QueueName, TaskEvent,
+    TaskId, TaskRecord, TaskStore, WorkerName,
 };
 use idem_core::{IdempotencyKey, Operation, Policy, StoreError, Tenant};
 use idem_http::{IdemTx, IdempotencyLayer, RouteConfig, TenantSource, problem, problem_with};
@@ -172,6 +172,13 @@ fn refused(e: TasksError) -> Response {
             Some("ask POST /v1/tasks/{id}/actions/{name} before reporting its result"),
             None,
         ),
+        TasksError::NotApplicable { state, what } => problem(
+            StatusCode::CONFLICT,
+            "not-applicable",
+            "The action does not apply to the task",
+            Some(&format!("the task is {state}; {what}")),
+            None,
+        ),
         TasksError::NotFound => not_found(),
         TasksError::Store(e) => store_error(e),
     }
@@ -209,12 +216,14 @@ fn duration(what: &str, text: &str) -> Result<Duration, Response> {
     })
 }
 
-fn rfc3339(ms: i64) -> String {
+/// Unix milliseconds as RFC 3339 (UTC, milliseconds).
+pub fn rfc3339(ms: i64) -> String {
     let at = UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0));
     humantime::format_rfc3339_millis(at).to_string()
 }
 
-fn task_json(t: &TaskRecord) -> Value {
+/// A task as the API, the admin API and `idem tasks` show it.
+pub fn task_json(t: &TaskRecord) -> Value {
     json!({
         "id": t.id,
         "queue": t.queue,
@@ -232,6 +241,18 @@ fn task_json(t: &TaskRecord) -> Value {
         "last_error": t.last_error,
         "created_at": rfc3339(t.created_at_ms),
         "finished_at": t.finished_at_ms.map(rfc3339),
+    })
+}
+
+/// An entry of a task's timeline as it is shown.
+pub fn event_json(e: &TaskEvent) -> Value {
+    json!({
+        "seq": e.seq,
+        "kind": e.kind,
+        "actor": e.actor,
+        "fence": e.fence,
+        "at": rfc3339(e.at_ms),
+        "detail": e.detail,
     })
 }
 

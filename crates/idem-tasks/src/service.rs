@@ -6,8 +6,8 @@ use std::time::Duration;
 use idem_core::steps::{Namespace, RunStore};
 use idem_core::tasks::{
     ActionAttempt, ActionClaim, ActionDecision, ActionKey, ActionMode, ActionName, ActionOutcome,
-    ClaimRequest, CursorMove, Fenced, NewTask, PollerName, PollerRecord, QueueName, Settle, TaskId,
-    TaskRecord, TaskStore, WorkerName,
+    ClaimRequest, CursorMove, Fenced, NewTask, PollerName, PollerRecord, QueueName, Settle, Steer,
+    Steered, TaskId, TaskRecord, TaskStore, WorkerName,
 };
 use idem_core::{Clock, FingerprintSpec, IdempotencyKey, Tenant};
 use serde_json::Value;
@@ -550,6 +550,63 @@ impl<S: TaskStore + RunStore> Tasks<S> {
         let out = S::record_action(&mut tx, &attempt, outcome).await;
         let (decision, record) = self.decided(fence, tx, out).await?;
         Ok((key, decision, record))
+    }
+
+    /// In `tx`: an operator (`actor`, kept in the timeline) makes a dead
+    /// task, or one that needs attention, ready again now with one more
+    /// attempt.
+    pub async fn retry_in(
+        &self,
+        tx: &mut S::Tx,
+        id: &TaskId,
+        actor: &str,
+    ) -> Result<TaskRecord, TasksError> {
+        let out = S::steer(tx, id.as_str(), Steer::Retry, actor, self.now_ms()).await?;
+        Self::steered(out, "retry needs a dead task or one that needs attention")
+    }
+
+    /// In `tx`: an operator who checked the other system records what
+    /// became of `action` of a task that needs attention — `sent` (never
+    /// performed again) or not (performed again) — and the task is ready
+    /// again.
+    pub async fn resolve_in(
+        &self,
+        tx: &mut S::Tx,
+        id: &TaskId,
+        action: &ActionName,
+        sent: bool,
+        actor: &str,
+    ) -> Result<TaskRecord, TasksError> {
+        let key = self.action_key(id, action);
+        let how = Steer::Resolve {
+            action: action.as_str(),
+            key: key.as_str(),
+            sent,
+        };
+        let out = S::steer(tx, id.as_str(), how, actor, self.now_ms()).await?;
+        Self::steered(
+            out,
+            "resolve needs a task that needs attention, with an attempt of this action whose outcome is unknown",
+        )
+    }
+
+    fn steered(out: Steered, what: &'static str) -> Result<TaskRecord, TasksError> {
+        match out {
+            Steered::Done(t) => Ok(t),
+            Steered::NotApplicable(t) => Err(TasksError::NotApplicable {
+                state: t.state.as_str(),
+                what,
+            }),
+            Steered::Missing => Err(TasksError::NotFound),
+        }
+    }
+
+    /// A task of any tenant, for operators.
+    pub async fn task_any(&self, id: &TaskId) -> Result<TaskRecord, TasksError> {
+        self.store
+            .load_task(id.as_str())
+            .await?
+            .ok_or(TasksError::NotFound)
     }
 
     /// A task of `tenant`.

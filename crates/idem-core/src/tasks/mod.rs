@@ -50,6 +50,6 @@ pub use decide::{Refusal, SettlePlan, SettleWrite, holds, plan_settle};
 pub use names::{ActionKey, ActionName, PollerName, QueueName, TaskId, TaskNameError, WorkerName};
 pub use records::{
     ActionDecision, ActionMode, ActionOutcome, ClaimRequest, CursorMove, Fenced, NewTask,
-    PollerRecord, Settle, TaskColumns, TaskEvent, TaskRecord, TaskState,
+    PollerRecord, Settle, Steer, Steered, TaskColumns, TaskEvent, TaskRecord, TaskState,
 };
 pub use store::{ActionAttempt, ActionClaim, TaskFilter, TaskStore};

@@ -359,3 +359,36 @@ pub struct TaskEvent {
     /// More: an action's name and decision, an error.
     pub detail: Option<String>,
 }
+
+/// What an operator does to a task that workers cannot move on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Steer<'a> {
+    /// A dead task, or one that needs attention, is ready again now, with
+    /// one more attempt allowed.
+    Retry,
+    /// The operator checked the other system for an action whose outcome
+    /// was unknown: `sent` (it happened: never performed again) or not (it
+    /// may be performed again). The task is ready again.
+    Resolve {
+        /// The action's name.
+        action: &'a str,
+        /// The action's key: its ledger entry.
+        key: &'a str,
+        /// Whether it happened.
+        sent: bool,
+    },
+}
+
+/// The outcome of an operator's [`Steer`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Steered {
+    /// Done: the task as it now stands (its fence grown, so a worker still
+    /// writing under the old one is refused).
+    Done(TaskRecord),
+    /// The task is not in a state this applies to (retry: dead or needs
+    /// attention; resolve: needs attention), or the action has no unknown
+    /// attempt: nothing written.
+    NotApplicable(TaskRecord),
+    /// No such task.
+    Missing,
+}

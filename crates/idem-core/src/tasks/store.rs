@@ -6,7 +6,7 @@ use crate::keys::KeyStore;
 
 use super::records::{
     ActionDecision, ActionMode, ActionOutcome, ClaimRequest, CursorMove, Fenced, NewTask,
-    PollerRecord, Settle, TaskEvent, TaskRecord, TaskState,
+    PollerRecord, Settle, Steer, Steered, TaskEvent, TaskRecord, TaskState,
 };
 
 /// An action attempt to record in the send-once ledger.
@@ -126,6 +126,16 @@ pub trait TaskStore: KeyStore {
         attempt: &'a ActionAttempt<'a>,
         outcome: ActionOutcome,
     ) -> impl Future<Output = Result<ActionClaim, StoreError>> + Send + 'a;
+
+    /// In `tx`: an operator (`actor`, kept in the timeline) steers task
+    /// `task` ([`Steer`]).
+    fn steer<'a>(
+        tx: &'a mut Self::Tx,
+        task: &'a str,
+        steer: Steer<'a>,
+        actor: &'a str,
+        now_ms: i64,
+    ) -> impl Future<Output = Result<Steered, StoreError>> + Send + 'a;
 
     /// A task.
     fn load_task(

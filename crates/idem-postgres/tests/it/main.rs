@@ -115,6 +115,7 @@ conformance! {
     claims_are_fenced_and_taken_over_after_the_lease;
     only_the_live_holder_settles;
     actions_happen_once;
+    operators_steer_what_workers_cannot;
     concurrent_claims_never_share_a_task, 8;
     runs_are_listed_by_state;
     runs_are_counted_by_state;
