@@ -12,7 +12,26 @@ use idem_testkit::{PgDatabase, TempDir};
 use serde_json::{Value, json};
 
 use crate::process::Server;
-use crate::{Reply, call, idem_cli};
+use crate::{Reply, call, exchange, idem_cli};
+
+const TOKEN: &str = "7a4c1e9b2d5f8a0c3e6b9d2f5a8c1e4b";
+
+/// An admin request with the bearer token.
+async fn admin(addr: SocketAddr, method: &str, path: &str, key: Option<&str>, body: &str) -> Reply {
+    let key = key
+        .map(|k| format!("Idempotency-Key: {k}\r\n"))
+        .unwrap_or_default();
+    exchange(
+        addr,
+        &format!(
+            "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
+             Authorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\n{key}\
+             Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        ),
+    )
+    .await
+}
 
 async fn post(addr: SocketAddr, path: &str, key: Option<&str>, body: Value) -> Reply {
     call(addr, "POST", path, key, &body.to_string()).await
@@ -39,7 +58,7 @@ fn cli(args: &[&str]) -> (bool, String, String) {
 }
 
 async fn tasks_survive_a_stopped_worker(url: &str) {
-    let server = Server::start(url, &[]).await;
+    let server = Server::start(url, &["--admin-token", TOKEN]).await;
     let a = server.addr;
     let made = post(
         a,
@@ -89,7 +108,51 @@ async fn tasks_survive_a_stopped_worker(url: &str) {
     assert_eq!(late.status, 409);
     assert_eq!(late.problem_type(), "https://idem.dev/problems/lease-lost");
 
-    // The operator sees it, checks the mail relay, resolves it as sent.
+    // The operator sees it (the admin API and the CLI), checks the mail
+    // relay, resolves it as sent.
+    let parked = admin(a, "GET", "/admin/v1/tasks?state=needs_attention", None, "").await;
+    assert_eq!(parked.status, 200);
+    assert_eq!(parked.json()["items"][0]["id"], id.as_str());
+    let detail = admin(a, "GET", &format!("/admin/v1/tasks/{id}"), None, "").await;
+    assert_eq!(detail.json()["timeline"].as_array().unwrap().len(), 6);
+    let early = admin(
+        a,
+        "POST",
+        &format!("/admin/v1/tasks/{id}/resolve"),
+        Some("r-0"),
+        r#"{"action":"notify","as":"maybe"}"#,
+    )
+    .await;
+    assert_eq!(early.status, 400, "a bad resolution changes nothing");
+    let not_dead = admin(
+        a,
+        "POST",
+        &format!("/admin/v1/tasks/{id}/retry"),
+        Some("r-1"),
+        "{}",
+    )
+    .await;
+    assert_eq!(
+        not_dead.status, 200,
+        "a task that needs attention may be retried too"
+    );
+    assert_eq!(not_dead.json()["state"], "ready");
+    let again = admin(
+        a,
+        "POST",
+        &format!("/admin/v1/tasks/{id}/retry"),
+        Some("r-1"),
+        "{}",
+    )
+    .await;
+    assert!(
+        again.replayed(),
+        "an admin action's retry is replayed, not done twice"
+    );
+    // Parked again by the next claim's unknown action.
+    let c = claim("c-2b", "agent-2").await;
+    let fb = c.json()["tasks"][0]["fence"].as_i64().unwrap();
+    assert_eq!(act(a, &id, fb).await.json()["do"], "unknown");
     let (ok, listed, _) = cli(&[
         "tasks",
         "list",
@@ -115,6 +178,10 @@ async fn tasks_survive_a_stopped_worker(url: &str) {
             "claimed",
             "action",
             "taken_over",
+            "action",
+            "needs_attention",
+            "retried",
+            "claimed",
             "action",
             "needs_attention"
         ]
