@@ -5,10 +5,12 @@ use idem_core::admin::AdminStore;
 use idem_core::inbox::InboxStore;
 use idem_core::outbox::OutboxStore;
 use idem_core::steps::RunStore;
+use idem_core::tasks::TaskStore;
 use idem_core::webhooks::WebhookStore;
 
 /// Every store capability the admin routes use: keys (list, show, release),
-/// the outbox and inbox, webhook receipts, workflow runs and the audit log.
+/// the outbox and inbox, webhook receipts, workflow runs, polling agents'
+/// tasks and the audit log.
 ///
 /// Implemented for every store that has them all — `idem_sqlite::SqliteStore`
 /// and `idem_postgres::PgStore` — by the blanket impl below; nothing else is
@@ -20,6 +22,7 @@ pub trait AdminBackend:
     + InboxStore
     + WebhookStore
     + RunStore
+    + TaskStore
     + Clone
     + Send
     + Sync
@@ -34,6 +37,7 @@ impl<S> AdminBackend for S where
         + InboxStore
         + WebhookStore
         + RunStore
+        + TaskStore
         + Clone
         + Send
         + Sync

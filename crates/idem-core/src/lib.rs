@@ -62,6 +62,7 @@ pub mod keys;
 pub mod leased;
 pub mod outbox;
 pub mod steps;
+pub mod tasks;
 pub mod webhooks;
 
 mod backoff;

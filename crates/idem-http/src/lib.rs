@@ -101,7 +101,7 @@ pub use admission::{Admitted, Keyed, admit};
 pub use config::{Disposition, NEVER_REPLAYED, RouteConfig, RouteConfigError, TenantSource};
 pub use execution::{execute, replay, stored_response};
 pub use outcome::{REQUEST_DURATION, REQUESTS_TOTAL, RequestOutcome};
-pub use problem::{Rejection, TYPE_BASE, problem, store_problem};
+pub use problem::{Rejection, TYPE_BASE, problem, problem_with, store_problem};
 pub use service::{
     Idempotency, IdempotencyLayer, ResponseFuture, record_admitted, record_answered, request_span,
 };

@@ -224,24 +224,40 @@ pub fn problem<B: From<Bytes>>(
     detail: Option<&str>,
     retry_after_secs: Option<u64>,
 ) -> Response<B> {
-    let mut body = serde_json::json!({
-        "type": format!("{TYPE_BASE}{slug}"),
-        "title": title,
-        "status": status.as_u16(),
-    });
-    if let Some(detail) = detail {
-        body["detail"] = detail.into();
+    let mut res = problem_with(status, slug, title, detail, serde_json::Map::new());
+    if let Some(secs) = retry_after_secs {
+        res.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(secs));
     }
-    let mut res = Response::new(B::from(Bytes::from(body.to_string())));
+    res
+}
+
+/// Builds an `application/problem+json` response with members of its own
+/// (RFC 9457 extensions: where a cursor is, a task's fence); they never
+/// replace `type`, `title`, `status` or `detail`.
+pub fn problem_with<B: From<Bytes>>(
+    status: StatusCode,
+    slug: &str,
+    title: &str,
+    detail: Option<&str>,
+    extensions: serde_json::Map<String, serde_json::Value>,
+) -> Response<B> {
+    let mut body = extensions;
+    body.insert("type".into(), format!("{TYPE_BASE}{slug}").into());
+    body.insert("title".into(), title.into());
+    body.insert("status".into(), status.as_u16().into());
+    match detail {
+        Some(detail) => body.insert("detail".into(), detail.into()),
+        None => body.remove("detail"),
+    };
+    let mut res = Response::new(B::from(Bytes::from(
+        serde_json::Value::Object(body).to_string(),
+    )));
     *res.status_mut() = status;
     res.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/problem+json"),
     );
-    if let Some(secs) = retry_after_secs {
-        res.headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from(secs));
-    }
     res
 }
 

@@ -62,6 +62,7 @@ pub mod patterns;
 mod pool;
 mod readers;
 mod runs;
+mod tasks;
 mod tx;
 mod webhooks;
 

@@ -13,6 +13,7 @@ use idem_core::inbox::InboxStore;
 use idem_core::leased::LeasedKeyStore;
 use idem_core::outbox::{OutboxStore, OutboxWriter, Wake};
 use idem_core::steps::RunStore;
+use idem_core::tasks::TaskStore;
 use idem_core::webhooks::WebhookStore;
 use idem_postgres::{PgConfig, PgStore};
 use idem_sql::patterns::PatternExec;
@@ -30,6 +31,7 @@ pub trait Backend:
     + OutboxWriter
     + WebhookStore
     + RunStore
+    + TaskStore
     + LeasedKeyStore
     + KeyStore<Tx: PatternExec>
 {

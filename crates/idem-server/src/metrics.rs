@@ -18,6 +18,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use idem_core::outbox::OutboxStore;
 use idem_core::steps::{RunState, RunStore};
+use idem_core::tasks::{TaskState, TaskStore};
 use idem_core::webhooks::WebhookStore;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
@@ -107,6 +108,16 @@ fn describe() {
         "Age of the oldest pending outbox message (0 when none)"
     );
     describe_gauge!(OUTBOX_DEAD, "Outbox messages that exhausted their attempts");
+    describe_counter!(idem_tasks::CLAIMED_TOTAL, "Tasks claimed, by queue");
+    describe_counter!(
+        idem_tasks::RECLAIMED_TOTAL,
+        "Tasks claimed again after a lease ended or a failure, by queue"
+    );
+    describe_counter!(
+        idem_tasks::FENCED_OUT_TOTAL,
+        "Task writes refused because the writer no longer held the task"
+    );
+    describe_gauge!(TASKS, "Tasks, by queue and state");
     describe_gauge!(RUNS, "Multi-step runs, by state");
     describe_gauge!(RECEIPTS, "Stored webhook receipts, by endpoint and state");
 }
@@ -115,6 +126,7 @@ const OUTBOX_PENDING: &str = "idem_outbox_pending";
 const OUTBOX_OLDEST_AGE: &str = "idem_outbox_oldest_pending_age_seconds";
 const OUTBOX_DEAD: &str = "idem_outbox_dead";
 const RUNS: &str = "idem_runs";
+const TASKS: &str = "idem_tasks";
 const RECEIPTS: &str = "idem_webhook_receipts";
 
 /// Who may scrape.
@@ -135,18 +147,22 @@ struct Scrape<S> {
     /// that has none any more is set to 0 rather than left at its last
     /// value.
     receipt_labels: Mutex<BTreeSet<(String, &'static str)>>,
+    /// The queues whose task counts were set before: each keeps a value for
+    /// every state, 0 once it has none.
+    task_queues: Mutex<BTreeSet<String>>,
 }
 
 /// `GET /metrics` over `store`.
 pub fn router<S>(store: S, access: Access, handle: PrometheusHandle) -> Router
 where
-    S: OutboxStore + RunStore + WebhookStore,
+    S: OutboxStore + RunStore + WebhookStore + TaskStore,
 {
     let scrape = Arc::new(Scrape {
         store,
         access,
         handle,
         receipt_labels: Mutex::new(BTreeSet::new()),
+        task_queues: Mutex::new(BTreeSet::new()),
     });
     Router::new()
         .route(PATH, get(metrics_text::<S>))
@@ -155,7 +171,7 @@ where
 
 async fn metrics_text<S>(State(scrape): State<Arc<Scrape<S>>>, req: Request) -> Response
 where
-    S: OutboxStore + RunStore + WebhookStore,
+    S: OutboxStore + RunStore + WebhookStore + TaskStore,
 {
     if let Access::Token(auth) = &scrape.access
         && let Some(refusal) = crate::admin::auth::refusal(auth, &req)
@@ -175,8 +191,8 @@ where
     res
 }
 
-impl<S: OutboxStore + RunStore + WebhookStore> Scrape<S> {
-    /// Sets the gauges from the store: three grouped queries.
+impl<S: OutboxStore + RunStore + WebhookStore + TaskStore> Scrape<S> {
+    /// Sets the gauges from the store: four grouped queries.
     async fn gauges(&self) -> Result<(), idem_core::StoreError> {
         let outbox = self.store.stats().await?;
         // By the store's clock, which stamped the messages.
@@ -195,22 +211,47 @@ impl<S: OutboxStore + RunStore + WebhookStore> Scrape<S> {
         }
 
         let receipts = self.store.count_receipts().await?;
-        let mut seen = self
-            .receipt_labels
+        {
+            let mut seen = self
+                .receipt_labels
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let now_set: BTreeSet<(String, &'static str)> = receipts
+                .iter()
+                .map(|(e, s, _)| (e.clone(), s.as_str()))
+                .collect();
+            for (endpoint, state) in seen.difference(&now_set) {
+                metrics::gauge!(RECEIPTS, "endpoint" => endpoint.clone(), "state" => *state)
+                    .set(0.0);
+            }
+            for (endpoint, state, n) in receipts {
+                metrics::gauge!(RECEIPTS, "endpoint" => endpoint, "state" => state.as_str())
+                    .set(n as f64);
+            }
+            seen.extend(now_set);
+        }
+
+        let tasks = self.store.count_tasks().await?;
+        self.set_task_gauges(&tasks);
+        Ok(())
+    }
+
+    /// `idem_tasks{queue, state}` for every queue seen so far.
+    fn set_task_gauges(&self, tasks: &[(String, TaskState, u64)]) {
+        let mut queues = self
+            .task_queues
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let now_set: BTreeSet<(String, &'static str)> = receipts
-            .iter()
-            .map(|(e, s, _)| (e.clone(), s.as_str()))
-            .collect();
-        for (endpoint, state) in seen.difference(&now_set) {
-            metrics::gauge!(RECEIPTS, "endpoint" => endpoint.clone(), "state" => *state).set(0.0);
+        queues.extend(tasks.iter().map(|(q, _, _)| q.clone()));
+        for queue in queues.iter() {
+            for state in TaskState::ALL {
+                let n = tasks
+                    .iter()
+                    .find(|(q, s, _)| q == queue && *s == state)
+                    .map_or(0, |(_, _, n)| *n);
+                metrics::gauge!(TASKS, "queue" => queue.clone(), "state" => state.as_str())
+                    .set(n as f64);
+            }
         }
-        for (endpoint, state, n) in receipts {
-            metrics::gauge!(RECEIPTS, "endpoint" => endpoint, "state" => state.as_str())
-                .set(n as f64);
-        }
-        seen.extend(now_set);
-        Ok(())
     }
 }

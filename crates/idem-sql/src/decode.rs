@@ -11,6 +11,7 @@ use idem_core::outbox::{OutboxColumns, OutboxRecord};
 use idem_core::steps::{
     MessageColumns, RunColumns, RunRecord, SentMessage, StepColumns, StepRecord,
 };
+use idem_core::tasks::{PollerRecord, TaskColumns, TaskEvent, TaskRecord, TaskState};
 use idem_core::webhooks::{Receipt, ReceiptColumns};
 use idem_core::{StoreError, StoredRecord};
 
@@ -192,4 +193,67 @@ pub fn receipt<R: Columns>(row: &R) -> Result<Receipt, StoreError> {
         finished_at_ms: get(row, "finished_at_ms")?,
     }
     .decode()
+}
+
+/// A task ([`crate::tasks::TASK_COLUMNS`]).
+pub fn task<R: Columns>(row: &R) -> Result<TaskRecord, StoreError> {
+    TaskColumns {
+        id: get(row, "id")?,
+        tenant: get(row, "tenant_id")?,
+        queue: get(row, "queue")?,
+        key: get(row, "task_key")?,
+        payload: get(row, "payload")?,
+        payload_hash: get(row, "payload_hash")?,
+        state: get(row, "state")?,
+        priority: get(row, "priority")?,
+        run_at_ms: get(row, "run_at_ms")?,
+        attempt: get(row, "attempt")?,
+        max_attempts: get(row, "max_attempts")?,
+        fence: get(row, "fence")?,
+        holder: get(row, "holder")?,
+        lease_expires_at_ms: get(row, "lease_expires_at_ms")?,
+        result: get(row, "result")?,
+        result_hash: get(row, "result_hash")?,
+        last_error: get(row, "last_error")?,
+        created_at_ms: get(row, "created_at_ms")?,
+        updated_at_ms: get(row, "updated_at_ms")?,
+        finished_at_ms: get(row, "finished_at_ms")?,
+    }
+    .decode()
+}
+
+/// One entry of a task's timeline ([`crate::tasks::EVENTS`]).
+pub fn task_event<R: Columns>(row: &R) -> Result<TaskEvent, StoreError> {
+    Ok(TaskEvent {
+        seq: get(row, "seq")?,
+        kind: get(row, "kind")?,
+        actor: get(row, "actor")?,
+        fence: get(row, "fence")?,
+        at_ms: get(row, "at_ms")?,
+        detail: get(row, "detail")?,
+    })
+}
+
+/// A poller's cursor ([`crate::tasks::CURSOR`]).
+pub fn poller<R: Columns>(row: &R) -> Result<PollerRecord, StoreError> {
+    Ok(PollerRecord {
+        tenant: get(row, "tenant_id")?,
+        poller: get(row, "poller")?,
+        cursor: get(row, "cursor")?,
+        version: get(row, "version")?,
+        updated_at_ms: get(row, "updated_at_ms")?,
+    })
+}
+
+/// One queue's count of one state ([`crate::tasks::COUNT`]).
+pub fn task_count<R: Columns>(row: &R) -> Result<(String, TaskState, u64), StoreError> {
+    let state: String = get(row, "state")?;
+    let n: i64 = get(row, "n")?;
+    Ok((
+        get(row, "queue")?,
+        TaskState::parse(&state).ok_or_else(|| StoreError::Corrupt {
+            detail: format!("task state {state:?}"),
+        })?,
+        u64::try_from(n).unwrap_or(0),
+    ))
 }

@@ -56,4 +56,5 @@ pub mod purge;
 pub mod row;
 pub mod runs;
 pub mod store;
+pub mod tasks;
 pub mod webhooks;

@@ -77,6 +77,11 @@ macro_rules! migrations {
                     "/0009_idem_keys_on_unknown.sql"
                 )),
             },
+            idem_core::Migration {
+                version: 10,
+                name: "idem_tasks",
+                sql: include_str!(concat!("../migrations/", $dir, "/0010_idem_tasks.sql")),
+            },
         ]
     };
 }

@@ -31,6 +31,9 @@ batches! {
     KEYS: "idem_keys" where "expires_at_ms <= $1";
     /// Final runs past their expiry (their steps go by cascade).
     RUNS: "idem_runs" where "expires_at_ms <= $1 AND state IN ('completed', 'failed')";
+    /// Done and dead tasks finished at or before `$1` (their timelines go
+    /// by cascade).
+    TASKS: "idem_tasks" where "finished_at_ms <= $1 AND state IN ('done', 'dead')";
     /// Send-once ledger entries past their expiry.
     MESSAGES: "idem_send_once" where "expires_at_ms <= $1";
     /// Inbox records past their expiry.

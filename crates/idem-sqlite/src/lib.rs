@@ -47,6 +47,7 @@ pub mod outbox;
 pub mod patterns;
 mod pool;
 mod runs;
+mod tasks;
 mod tx;
 mod webhooks;
 

@@ -1,7 +1,7 @@
 //! [`Collector`]: deletes what has served its purpose — expired key records,
 //! inbox records and webhook receipts, sent outbox messages past their
-//! retention, final runs (with their steps) and send-once ledger entries past
-//! theirs — in bounded batches.
+//! retention, final runs (with their steps), send-once ledger entries past
+//! theirs, and finished tasks past theirs — in bounded batches.
 
 use std::future::Future;
 use std::time::Duration;
@@ -9,6 +9,7 @@ use std::time::Duration;
 use idem_core::inbox::InboxStore;
 use idem_core::outbox::OutboxStore;
 use idem_core::steps::RunStore;
+use idem_core::tasks::TaskStore;
 use idem_core::webhooks::WebhookStore;
 use idem_core::{Clock, ConfigError, KeyStore, Pause, RoundLoop, Rounds, SharedClock, StoreError};
 
@@ -24,6 +25,10 @@ pub struct CollectorConfig {
     /// How long sent outbox messages are kept (a record of what was
     /// published). Default 24 h, at most 400 days.
     pub sent_retention: Duration,
+    /// How long done and dead tasks are kept after they finished, with
+    /// their timelines (for operators; a repeated observation after that
+    /// creates the task again). Default 7 days, at most 400 days.
+    pub task_retention: Duration,
 }
 
 impl Default for CollectorConfig {
@@ -32,6 +37,7 @@ impl Default for CollectorConfig {
             batch_size: 1000,
             max_batches: 100,
             sent_retention: Duration::from_secs(24 * 3600),
+            task_retention: Duration::from_secs(7 * 24 * 3600),
         }
     }
 }
@@ -46,6 +52,13 @@ impl CollectorConfig {
             C,
             "sent_retention",
             self.sent_retention,
+            Duration::ZERO,
+            Duration::from_secs(400 * 24 * 3600),
+        )?;
+        ConfigError::check_duration(
+            C,
+            "task_retention",
+            self.task_retention,
             Duration::ZERO,
             Duration::from_secs(400 * 24 * 3600),
         )
@@ -67,12 +80,14 @@ pub struct Collected {
     pub runs: u64,
     /// Send-once ledger entries past their retention.
     pub messages: u64,
+    /// Done and dead tasks past their retention.
+    pub tasks: u64,
 }
 
 impl Collected {
     /// All kinds together.
     pub fn total(&self) -> u64 {
-        self.keys + self.inbox + self.receipts + self.sent + self.runs + self.messages
+        self.keys + self.inbox + self.receipts + self.sent + self.runs + self.messages + self.tasks
     }
 }
 
@@ -80,7 +95,7 @@ impl Collected {
 pub const KEYS_PURGED_TOTAL: &str = "idem_keys_purged_total";
 
 /// Purges expired keys, inbox records, webhook receipts, sent outbox
-/// messages, final runs and send-once ledger entries of one database, in bounded batches. Several instances may run
+/// messages, final runs, send-once ledger entries and finished tasks of one database, in bounded batches. Several instances may run
 /// against one PostgreSQL database (deletes skip locked rows).
 ///
 /// Run [`Collector::run`] in a task for the life of the service, or
@@ -122,7 +137,7 @@ pub struct Collector<S, C = SharedClock> {
 
 impl<S> Collector<S>
 where
-    S: KeyStore + InboxStore + OutboxStore + WebhookStore + RunStore,
+    S: KeyStore + InboxStore + OutboxStore + WebhookStore + RunStore + TaskStore,
 {
     /// A collector on the store's clock ([`KeyStore::clock`]: the host's
     /// for SQLite, the database server's for PostgreSQL), which every
@@ -135,7 +150,7 @@ where
 
 impl<S, C> Collector<S, C>
 where
-    S: KeyStore + InboxStore + OutboxStore + WebhookStore + RunStore,
+    S: KeyStore + InboxStore + OutboxStore + WebhookStore + RunStore + TaskStore,
     C: Clock,
 {
     /// A collector on its own clock (tests use a
@@ -169,7 +184,8 @@ where
     /// [`Collector::collect_once`], calling `report(kind, rows)` after each
     /// batch with the rows it deleted; `kind` is one of `key records`,
     /// `inbox records`, `webhook receipts`, `sent outbox messages`,
-    /// `finished runs` and `send-once entries` (for a progress display).
+    /// `finished runs`, `send-once entries` and `finished tasks` (for a
+    /// progress display).
     pub async fn collect_once_reporting(
         &self,
         mut report: impl FnMut(&'static str, u64),
@@ -198,6 +214,11 @@ where
         let messages = self
             .batches("send-once entries", r, |n| s.purge_messages(now, n))
             .await?;
+        let kept = i64::try_from(self.config.task_retention.as_millis()).unwrap_or(i64::MAX);
+        let finished = now.saturating_sub(kept);
+        let tasks = self
+            .batches("finished tasks", r, |n| s.purge_tasks(finished, n))
+            .await?;
         Ok(Collected {
             keys,
             inbox,
@@ -205,6 +226,7 @@ where
             sent,
             runs,
             messages,
+            tasks,
         })
     }
 
@@ -256,7 +278,7 @@ struct CollectRounds<'a, S, C> {
 
 impl<S, C> Rounds for CollectRounds<'_, S, C>
 where
-    S: KeyStore + InboxStore + OutboxStore + WebhookStore + RunStore,
+    S: KeyStore + InboxStore + OutboxStore + WebhookStore + RunStore + TaskStore,
     C: Clock,
 {
     async fn round(&mut self) -> Pause {

@@ -14,6 +14,8 @@
 //! - [`outbox`]: outbox figures and messages, requeue; inbox lookups.
 //! - [`webhooks`]: receipts — list, show, replay.
 //! - [`runs`]: runs — list, show with steps, resolve, resume.
+//! - [`tasks`]: polling agents' tasks — list, show with the timeline,
+//!   retry, resolve.
 //! - [`audit`]: the audit log; [`overview`]: the dashboard's figures.
 //! - [`outcomes`]: the per-minute ring of request outcomes.
 
@@ -23,6 +25,7 @@ pub mod outbox;
 pub mod outcomes;
 pub mod overview;
 pub mod runs;
+pub mod tasks;
 pub mod webhooks;
 
 use std::time::Duration;
@@ -78,6 +81,7 @@ pub fn router<B: AdminBackend>(store: B, relay: RelaySlot<B>) -> Router {
         .merge(outbox::routes::<B>(&store))
         .merge(webhooks::routes::<B>(&store))
         .merge(runs::routes::<B>(&store))
+        .merge(tasks::routes::<B>(&store))
         .merge(audit::routes::<B>())
         .with_state(st)
 }

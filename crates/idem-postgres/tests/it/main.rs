@@ -110,6 +110,13 @@ conformance! {
     claims_of_due_runs_are_never_shared, 40;
     final_runs_expire_with_their_key;
     send_once_ledger_holds_one_sender;
+    tasks_are_created_once_per_key;
+    cursors_move_only_from_where_they_are;
+    claims_are_fenced_and_taken_over_after_the_lease;
+    only_the_live_holder_settles;
+    actions_happen_once;
+    operators_steer_what_workers_cannot;
+    concurrent_claims_never_share_a_task, 8;
     runs_are_listed_by_state;
     runs_are_counted_by_state;
     webhook_receipts_are_counted_by_endpoint_and_state;

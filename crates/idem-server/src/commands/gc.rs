@@ -52,8 +52,8 @@ impl Job for Gc {
 pub async fn run(db: DbArgs) -> anyhow::Result<()> {
     let c = Db::open_existing(&db.database_url).await?.run(Gc).await?;
     println!(
-        "deleted {} expired key records, {} inbox records, {} webhook receipts, {} sent outbox messages, {} finished runs, {} send-once entries",
-        c.keys, c.inbox, c.receipts, c.sent, c.runs, c.messages
+        "deleted {} expired key records, {} inbox records, {} webhook receipts, {} sent outbox messages, {} finished runs, {} send-once entries, {} finished tasks",
+        c.keys, c.inbox, c.receipts, c.sent, c.runs, c.messages, c.tasks
     );
     Ok(())
 }

@@ -20,6 +20,7 @@ pub mod relay;
 pub mod serve;
 pub mod stats;
 pub mod steps;
+pub mod tasks;
 pub mod upstream;
 pub mod webhooks;
 
@@ -134,6 +135,12 @@ pub enum Command {
         #[command(subcommand)]
         action: steps::StepsAction,
     },
+    /// Inspect polling agents' tasks; retry dead ones, resolve actions
+    /// whose outcome was unknown.
+    Tasks {
+        #[command(subcommand)]
+        action: tasks::TasksAction,
+    },
     /// Run the demo mail relay (no deduplication) for the checkout tour.
     MailSink(mail_sink::MailSinkArgs),
     /// Show a key's record, and resolve a gateway forward whose outcome is
@@ -175,6 +182,7 @@ impl Command {
             Command::Gc(db) => gc::run(db).await,
             Command::Stats(db) => stats::run(db).await,
             Command::Steps { action } => action.run().await,
+            Command::Tasks { action } => action.run().await,
             Command::MailSink(args) => args.run().await,
             Command::Keys { action } => action.run().await,
             Command::Drill(args) => args.run().await,

@@ -46,6 +46,7 @@ mod operate;
 mod process;
 mod provider_libraries;
 mod real_clients;
+mod tasks;
 mod webhooks;
 
 use std::net::SocketAddr;

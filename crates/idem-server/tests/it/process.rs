@@ -370,12 +370,12 @@ async fn gc_as_a_process(url: &str) {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(
         text(&out.stdout).trim(),
-        "deleted 3 expired key records, 0 inbox records, 0 webhook receipts, 0 sent outbox messages, 0 finished runs, 0 send-once entries"
+        "deleted 3 expired key records, 0 inbox records, 0 webhook receipts, 0 sent outbox messages, 0 finished runs, 0 send-once entries, 0 finished tasks"
     );
     let out = run(&["gc", "--database-url", url]);
     assert_eq!(
         text(&out.stdout).trim(),
-        "deleted 0 expired key records, 0 inbox records, 0 webhook receipts, 0 sent outbox messages, 0 finished runs, 0 send-once entries"
+        "deleted 0 expired key records, 0 inbox records, 0 webhook receipts, 0 sent outbox messages, 0 finished runs, 0 send-once entries, 0 finished tasks"
     );
     // The live key still replays; the payments themselves are untouched.
     assert!(create(live.addr, "live", b).await.replayed());

@@ -9,6 +9,7 @@ use idem_core::outbox::{OutboxMessage, OutboxStore, OutboxWriter, Topic};
 use idem_core::steps::{
     Lease, MessageClaim, MessageState, NewRun, RunChange, RunId, RunState, RunStore,
 };
+use idem_core::tasks::{ClaimRequest, Fenced, NewTask, Settle, TaskStore};
 use idem_core::webhooks::{NewReceipt, WebhookStore};
 use idemkit::{
     Collected, Collector, CollectorConfig, Completion, Engine, FingerprintSpec, IdempotencyKey,
@@ -17,12 +18,52 @@ use idemkit::{
 
 const HOUR: Duration = Duration::from_secs(3600);
 
+/// A task created, claimed and completed now.
+async fn finished_task<S: TaskStore>(store: &S, now: i64, tag: &str) {
+    let id = format!("tsk_{tag}");
+    let task = NewTask {
+        id: &id,
+        tenant: "acme",
+        queue: "gc",
+        key: tag,
+        payload: "{}",
+        payload_hash: "h",
+        priority: 0,
+        run_at_ms: now,
+        max_attempts: 1,
+        now_ms: now,
+    };
+    let mut tx = store.begin().await.unwrap();
+    S::create_task(&mut tx, &task).await.unwrap();
+    let claim = ClaimRequest {
+        tenant: "acme",
+        queue: "gc",
+        worker: "w",
+        lease_ms: 60_000,
+        max: 10,
+        now_ms: now,
+    };
+    let claimed = S::claim_tasks(&mut tx, &claim).await.unwrap();
+    let done = Settle::Complete {
+        result: "{}",
+        result_hash: "r",
+    };
+    for t in claimed {
+        let out = S::settle(&mut tx, "acme", &t.id, t.fence, &done, now)
+            .await
+            .unwrap();
+        assert!(matches!(out, Fenced::Written(_)), "{out:?}");
+    }
+    store.commit(tx).await.unwrap();
+}
+
 /// One expired row of each kind, one live row of each kind.
 async fn seed<S>(store: &S, clock: &ManualClock, tag: &str)
 where
-    S: InboxStore + OutboxStore + OutboxWriter + WebhookStore + RunStore,
+    S: InboxStore + OutboxStore + OutboxWriter + WebhookStore + RunStore + TaskStore,
 {
     let now = idemkit::Clock::now_ms(clock);
+    finished_task(store, now, tag).await;
     let hour_ms = 3_600_000;
     // A key record with a one-hour TTL.
     let engine = Engine::with_clock(store.clone(), clock.clone());
@@ -95,7 +136,7 @@ where
 
 async fn purges_each_kind_in_bounded_batches<S>(store: S)
 where
-    S: InboxStore + OutboxStore + OutboxWriter + WebhookStore + RunStore,
+    S: InboxStore + OutboxStore + OutboxWriter + WebhookStore + RunStore + TaskStore,
 {
     let clock = ManualClock::new(1_000_000_000_000);
     seed(&store, &clock, "a").await;
@@ -108,6 +149,7 @@ where
         batch_size: 1,
         max_batches: 1,
         sent_retention: HOUR / 2,
+        task_retention: HOUR / 2,
     };
     let collector = Collector::with_clock(store.clone(), config, clock.clone()).unwrap();
     assert_eq!(
@@ -119,6 +161,7 @@ where
             sent: 1,
             runs: 0,
             messages: 0,
+            tasks: 1,
         },
         "one batch of one row per kind; the receipts are not expired yet"
     );
@@ -131,6 +174,7 @@ where
             sent: 1,
             runs: 0,
             messages: 0,
+            tasks: 1,
         },
         "the rest comes at the next run"
     );
@@ -143,11 +187,12 @@ where
     clock.advance(2 * HOUR + Duration::from_millis(1));
     let wide = CollectorConfig {
         sent_retention: HOUR / 2,
+        task_retention: HOUR / 2,
         ..CollectorConfig::default()
     };
     let wide = Collector::with_clock(store.clone(), wide, clock.clone()).unwrap();
     let collected = wide.collect_once().await.unwrap();
-    assert_eq!((collected.keys, collected.sent), (1, 1));
+    assert_eq!((collected.keys, collected.sent, collected.tasks), (1, 1, 1));
     assert_eq!(collected.receipts, 3, "both old receipts and the live one");
     // The inbox records: the live message's, and the old receipts' records
     // (which expired with them) when the inbox pass reached them first.
@@ -255,7 +300,7 @@ async fn run_of<S: RunStore>(store: &S, clock: &ManualClock, key: &str, live: bo
 /// their retention.
 async fn purges_final_runs_and_the_ledger<S>(store: S)
 where
-    S: InboxStore + OutboxStore + OutboxWriter + WebhookStore + RunStore,
+    S: InboxStore + OutboxStore + OutboxWriter + WebhookStore + RunStore + TaskStore,
 {
     let clock = ManualClock::new(1_000_000_000_000);
     let done = run_of(&store, &clock, "r-done", false).await;
@@ -286,7 +331,7 @@ where
 /// `run` collects at once and stops promptly at shutdown.
 async fn runs_until_shutdown<S>(store: S)
 where
-    S: InboxStore + OutboxStore + OutboxWriter + WebhookStore + RunStore,
+    S: InboxStore + OutboxStore + OutboxWriter + WebhookStore + RunStore + TaskStore,
 {
     let clock = ManualClock::new(1_000_000_000_000);
     seed(&store, &clock, "a").await;

@@ -68,7 +68,12 @@ impl Job for Own<'_> {
         let metrics = crate::metrics::router(store.clone(), access, crate::metrics::install());
         crate::commands::gc::spawn(store.clone(), config.gc_interval, shutdown)?;
         let (relay, broker) = start_messaging(&store, config.nats_url.as_deref(), shutdown);
+        let tasks =
+            idem_tasks::Tasks::new(store.clone(), idem_tasks::TasksConfig::default()).await?;
+        let tasks =
+            idem_tasks::http::router(tasks, idem_tasks::http::HttpConfig::new(trusted_tenant()))?;
         let own = crate::admin::v1::router(store.clone(), relay)
+            .merge(tasks)
             .merge(start_webhooks(
                 &store,
                 config.webhooks.as_ref(),
@@ -77,6 +82,15 @@ impl Job for Own<'_> {
             ))
             .merge(metrics);
         Ok((own, broker))
+    }
+}
+
+/// The tenant of a request to Idem's own APIs: the `X-Tenant-Id` header
+/// (set by a trusted proxy), `default` without one.
+fn trusted_tenant() -> idem_http::TenantSource {
+    idem_http::TenantSource::TrustedHeader {
+        name: axum::http::HeaderName::from_static("x-tenant-id"),
+        default: idem_core::Tenant::new("default").ok(),
     }
 }
 

@@ -1,0 +1,184 @@
+//! `idem tasks list|show|retry|resolve`: tasks of polling agents, for
+//! operators.
+
+use anyhow::{Context, bail};
+use clap::Subcommand;
+use idem_core::tasks::{ActionName, TaskFilter, TaskId, TaskState};
+use idem_tasks::http::{event_json, task_json};
+use idem_tasks::{Tasks, TasksConfig, TasksError};
+
+use super::DbArgs;
+use crate::backend::{Backend, Db, Job};
+
+/// `--as` of `idem tasks resolve`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ResolveAs {
+    /// It happened: the action is never performed again.
+    Sent,
+    /// It did not happen: the next worker performs it.
+    NotSent,
+}
+
+/// `idem tasks`'s subcommands.
+#[derive(Subcommand)]
+pub enum TasksAction {
+    /// List tasks, newest first, as JSON lines.
+    List {
+        #[command(flatten)]
+        db: DbArgs,
+        /// Only this queue.
+        #[arg(long)]
+        queue: Option<String>,
+        /// Only this state: ready, claimed, done, dead or needs_attention.
+        #[arg(long)]
+        state: Option<String>,
+        /// At most this many (1 to 1000).
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+    },
+    /// Show one task and its timeline (claims, takeovers, actions).
+    Show {
+        #[command(flatten)]
+        db: DbArgs,
+        /// The task's id (`tsk_…`).
+        task: String,
+    },
+    /// Make a dead task (or one that needs attention) ready again, with one
+    /// more attempt.
+    Retry {
+        #[command(flatten)]
+        db: DbArgs,
+        /// The task's id (`tsk_…`).
+        task: String,
+    },
+    /// After checking the other system by the action's key, record what
+    /// became of the action whose outcome was unknown — `--as sent` (never
+    /// performed again) or `--as not-sent` (performed by the next worker) —
+    /// and make the task ready again.
+    Resolve {
+        #[command(flatten)]
+        db: DbArgs,
+        /// The task's id (`tsk_…`).
+        task: String,
+        /// The action's name.
+        #[arg(long)]
+        action: String,
+        /// What the operator found.
+        #[arg(long = "as", value_enum)]
+        resolution: ResolveAs,
+    },
+}
+
+impl TasksAction {
+    /// Runs the subcommand.
+    pub async fn run(self) -> anyhow::Result<()> {
+        let (TasksAction::List { db, .. }
+        | TasksAction::Show { db, .. }
+        | TasksAction::Retry { db, .. }
+        | TasksAction::Resolve { db, .. }) = &self;
+        let url = db.database_url.clone();
+        Db::open_existing(&url).await?.run(self).await
+    }
+}
+
+fn task_id(text: &str) -> anyhow::Result<TaskId> {
+    TaskId::parse(text).map_err(anyhow::Error::msg)
+}
+
+fn refused(e: TasksError) -> anyhow::Error {
+    match e {
+        TasksError::Store(e) => anyhow::Error::new(e).context("the database failed"),
+        other => anyhow::anyhow!("{other}"),
+    }
+}
+
+/// The operator named in the timeline.
+const ACTOR: &str = "idem tasks";
+
+impl Job for TasksAction {
+    type Output = anyhow::Result<()>;
+    async fn run<B: Backend>(self, store: B) -> anyhow::Result<()> {
+        let tasks = Tasks::new(store.clone(), TasksConfig::default())
+            .await
+            .map_err(refused)?;
+        match self {
+            TasksAction::List {
+                queue,
+                state,
+                limit,
+                ..
+            } => {
+                let state = match state.as_deref() {
+                    None => None,
+                    Some(s) => Some(TaskState::parse(s).with_context(|| {
+                        format!(
+                            "--state {s}: expected ready, claimed, done, dead or needs_attention"
+                        )
+                    })?),
+                };
+                if let Some(q) = &queue {
+                    idem_core::tasks::QueueName::new(q.clone())
+                        .map_err(|e| anyhow::anyhow!("--queue: {e}"))?;
+                }
+                if !(1..=1000).contains(&limit) {
+                    bail!("--limit must be between 1 and 1000");
+                }
+                let filter = TaskFilter {
+                    queue,
+                    state,
+                    before: None,
+                    limit,
+                };
+                for t in store.list_tasks(&filter).await? {
+                    println!("{}", task_json(&t));
+                }
+            }
+            TasksAction::Show { task, .. } => {
+                let id = task_id(&task)?;
+                let t = tasks.task_any(&id).await.map_err(refused)?;
+                let mut shown = task_json(&t);
+                shown["tenant"] = t.tenant.clone().into();
+                let events = store.task_events(id.as_str()).await?;
+                shown["timeline"] = events.iter().map(event_json).collect();
+                println!("{}", serde_json::to_string_pretty(&shown)?);
+            }
+            TasksAction::Retry { task, .. } => {
+                let id = task_id(&task)?;
+                let mut tx = store.begin().await?;
+                match tasks.retry_in(&mut tx, &id, ACTOR).await {
+                    Ok(t) => {
+                        store.commit(tx).await?;
+                        println!("{}", task_json(&t));
+                    }
+                    Err(e) => {
+                        let _ = store.rollback(tx).await;
+                        return Err(refused(e));
+                    }
+                }
+            }
+            TasksAction::Resolve {
+                task,
+                action,
+                resolution,
+                ..
+            } => {
+                let id = task_id(&task)?;
+                let action =
+                    ActionName::new(action).map_err(|e| anyhow::anyhow!("--action: {e}"))?;
+                let sent = resolution == ResolveAs::Sent;
+                let mut tx = store.begin().await?;
+                match tasks.resolve_in(&mut tx, &id, &action, sent, ACTOR).await {
+                    Ok(t) => {
+                        store.commit(tx).await?;
+                        println!("{}", task_json(&t));
+                    }
+                    Err(e) => {
+                        let _ = store.rollback(tx).await;
+                        return Err(refused(e));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,662 @@
+//! The task API over HTTP, as an axum [`Router`] ([`router`]): JSON in and
+//! out, every refusal `application/problem+json`, nothing changed by a
+//! refused request.
+//!
+//! | route | does |
+//! |---|---|
+//! | `POST /v1/queues/{queue}/tasks` | creates the task keyed by `Idempotency-Key` (`201`; the same key again: the same task, `Idempotent-Replayed: true`; another payload: `422`) |
+//! | `POST /v1/pollers/{poller}/observations` | moves the cursor from `expected` to `value` and creates the tasks, in one transaction (`409 cursor-moved` with `current` otherwise) |
+//! | `GET /v1/pollers/{poller}` | the cursor |
+//! | `POST /v1/queues/{queue}/claims` | claims up to `max` tasks for `worker` for `lease` (`Idempotency-Key` required: a retried claim is answered as the first) |
+//! | `GET /v1/tasks/{id}` | the task |
+//! | `POST /v1/tasks/{id}/heartbeat`, `…/complete`, `…/fail` | the holder of `fence` renews, completes, fails (`409 lease-lost` for anyone else) |
+//! | `POST /v1/tasks/{id}/actions/{name}` | the action's key and `go`, `done` or `unknown` |
+//! | `POST /v1/tasks/{id}/actions/{name}/result` | `done` or `not-sent` |
+
+// A refusal is the answer itself: handlers return it as they get it.
+#![allow(clippy::result_large_err)]
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, body::Bytes};
+use idem_core::steps::RunStore;
+use idem_core::tasks::{
+    ActionDecision, ActionMode, ActionName, ActionOutcome, PollerName, QueueName, TaskEvent,
+    TaskId, TaskRecord, TaskStore, WorkerName,
+};
+use idem_core::{IdempotencyKey, Operation, Policy, StoreError, Tenant};
+use idem_http::{IdemTx, IdempotencyLayer, RouteConfig, TenantSource, problem, problem_with};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::{Observation, TaskSpec, Tasks, TasksError};
+
+/// How the routes find the tenant and bound a request.
+#[derive(Clone, Debug)]
+pub struct HttpConfig {
+    /// Where a request's tenant comes from.
+    pub tenant: TenantSource,
+    /// The largest request body read (default 1 MiB).
+    pub max_body_bytes: usize,
+    /// How long a claim's key is kept, for retries of a lost answer
+    /// (default 1 h).
+    pub claim_key_ttl: Duration,
+}
+
+impl HttpConfig {
+    /// Tenants from `tenant`, 1 MiB bodies, claim keys kept an hour.
+    pub fn new(tenant: TenantSource) -> Self {
+        Self {
+            tenant,
+            max_body_bytes: 1 << 20,
+            claim_key_ttl: Duration::from_secs(3600),
+        }
+    }
+}
+
+struct App<S> {
+    tasks: Tasks<S>,
+    tenant: TenantSource,
+}
+
+impl<S: Clone> Clone for App<S> {
+    fn clone(&self) -> Self {
+        Self {
+            tasks: self.tasks.clone(),
+            tenant: self.tenant.clone(),
+        }
+    }
+}
+
+/// The routes over `tasks`.
+pub fn router<S: TaskStore + RunStore>(
+    tasks: Tasks<S>,
+    config: HttpConfig,
+) -> Result<Router, TasksError> {
+    let operation = Operation::new("tasks.claim").map_err(TasksError::invalid)?;
+    let mut claims = RouteConfig::required(operation, config.tenant.clone());
+    claims.max_request_bytes = config.max_body_bytes;
+    claims.policy = Policy::with_ttl(config.claim_key_ttl);
+    let layer = IdempotencyLayer::new(tasks.store().clone(), claims);
+    let app = App {
+        tasks,
+        tenant: config.tenant,
+    };
+    Ok(Router::new()
+        .route("/v1/queues/{queue}/tasks", post(create::<S>))
+        .route("/v1/queues/{queue}/claims", post(claim::<S>).layer(layer))
+        .route("/v1/pollers/{poller}/observations", post(observe::<S>))
+        .route("/v1/pollers/{poller}", get(poller::<S>))
+        .route("/v1/tasks/{id}", get(show::<S>))
+        .route("/v1/tasks/{id}/heartbeat", post(heartbeat::<S>))
+        .route("/v1/tasks/{id}/complete", post(complete::<S>))
+        .route("/v1/tasks/{id}/fail", post(fail::<S>))
+        .route("/v1/tasks/{id}/actions/{name}", post(action::<S>))
+        .route(
+            "/v1/tasks/{id}/actions/{name}/result",
+            post(action_result::<S>),
+        )
+        .layer(DefaultBodyLimit::max(config.max_body_bytes))
+        .with_state(app))
+}
+
+fn invalid(detail: &str) -> Response {
+    problem(
+        StatusCode::BAD_REQUEST,
+        "invalid-request",
+        "The request is invalid",
+        Some(detail),
+        None,
+    )
+}
+
+/// The answer to a refused operation.
+fn refused(e: TasksError) -> Response {
+    match e {
+        TasksError::Invalid(detail) => invalid(&detail),
+        TasksError::KeyReused => problem(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "idempotency-key-reused",
+            "The task key was used with another payload",
+            Some("a task's key names one payload; use another key for another task"),
+            None,
+        ),
+        TasksError::CursorMoved { current } => {
+            let current = current
+                .and_then(|c| serde_json::from_str::<Value>(&c).ok())
+                .unwrap_or(Value::Null);
+            let mut extra = serde_json::Map::new();
+            extra.insert("current".into(), current);
+            problem_with(
+                StatusCode::CONFLICT,
+                "cursor-moved",
+                "The cursor is not where the observation expected",
+                Some("read the cursor again (current) and observe from there; nothing was written"),
+                extra,
+            )
+        }
+        TasksError::LeaseLost {
+            fence,
+            current,
+            state,
+        } => {
+            let mut extra = serde_json::Map::new();
+            extra.insert("fence".into(), current.into());
+            extra.insert("state".into(), state.into());
+            problem_with(
+                StatusCode::CONFLICT,
+                "lease-lost",
+                "This worker no longer holds the task",
+                Some(&format!(
+                    "fence {fence} is not the task's live claim (the task is {state} at fence {current}); nothing was written"
+                )),
+                extra,
+            )
+        }
+        TasksError::ResultMismatch => problem(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "result-mismatch",
+            "The task was completed with another result",
+            Some("this fence completed the task already, with another result"),
+            None,
+        ),
+        TasksError::NoAttempt => problem(
+            StatusCode::CONFLICT,
+            "no-attempt",
+            "The action was never attempted",
+            Some("ask POST /v1/tasks/{id}/actions/{name} before reporting its result"),
+            None,
+        ),
+        TasksError::NotApplicable { state, what } => problem(
+            StatusCode::CONFLICT,
+            "not-applicable",
+            "The action does not apply to the task",
+            Some(&format!("the task is {state}; {what}")),
+            None,
+        ),
+        TasksError::NotFound => not_found(),
+        TasksError::Store(e) => store_error(e),
+    }
+}
+
+fn store_error(e: StoreError) -> Response {
+    idem_http::store_problem(e)
+}
+
+fn not_found() -> Response {
+    problem(
+        StatusCode::NOT_FOUND,
+        "not-found",
+        "No such task",
+        None,
+        None,
+    )
+}
+
+fn tenant_of<S>(app: &App<S>, headers: &HeaderMap) -> Result<Tenant, Response> {
+    let mut parts = axum::http::Request::new(()).into_parts().0;
+    parts.headers = headers.clone();
+    app.tenant.resolve(&parts).map_err(|r| r.into_response())
+}
+
+fn body<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, Response> {
+    serde_json::from_slice(bytes).map_err(|e| invalid(&format!("body: {e}")))
+}
+
+fn duration(what: &str, text: &str) -> Result<Duration, Response> {
+    humantime::parse_duration(text).map_err(|e| {
+        invalid(&format!(
+            "{what}: {text:?} is not a duration such as 30s ({e})"
+        ))
+    })
+}
+
+/// Unix milliseconds as RFC 3339 (UTC, milliseconds).
+pub fn rfc3339(ms: i64) -> String {
+    let at = UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0));
+    humantime::format_rfc3339_millis(at).to_string()
+}
+
+/// A task as the API, the admin API and `idem tasks` show it.
+pub fn task_json(t: &TaskRecord) -> Value {
+    json!({
+        "id": t.id,
+        "queue": t.queue,
+        "key": t.key,
+        "state": t.state.as_str(),
+        "payload": serde_json::from_str::<Value>(&t.payload).unwrap_or(Value::Null),
+        "priority": t.priority,
+        "run_at": rfc3339(t.run_at_ms),
+        "attempt": t.attempt,
+        "max_attempts": t.max_attempts,
+        "fence": t.fence,
+        "holder": t.holder,
+        "lease_expires_at": t.lease_expires_at_ms.map(rfc3339),
+        "result": t.result.as_deref().and_then(|r| serde_json::from_str::<Value>(r).ok()),
+        "last_error": t.last_error,
+        "created_at": rfc3339(t.created_at_ms),
+        "finished_at": t.finished_at_ms.map(rfc3339),
+    })
+}
+
+/// An entry of a task's timeline as it is shown.
+pub fn event_json(e: &TaskEvent) -> Value {
+    json!({
+        "seq": e.seq,
+        "kind": e.kind,
+        "actor": e.actor,
+        "fence": e.fence,
+        "at": rfc3339(e.at_ms),
+        "detail": e.detail,
+    })
+}
+
+fn answer(status: StatusCode, body: &Value) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+fn replayed(mut res: Response) -> Response {
+    res.headers_mut()
+        .insert("idempotent-replayed", HeaderValue::from_static("true"));
+    res
+}
+
+macro_rules! tri {
+    ($e:expr) => {
+        match $e {
+            Ok(v) => v,
+            Err(r) => return r,
+        }
+    };
+}
+
+fn name<T, E: std::fmt::Display>(made: Result<T, E>) -> Result<T, Response> {
+    made.map_err(|e| invalid(&e.to_string()))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewTaskBody {
+    payload: Value,
+    run_at: Option<String>,
+    priority: Option<i64>,
+    max_attempts: Option<u32>,
+}
+
+impl NewTaskBody {
+    fn spec(self) -> Result<TaskSpec, Response> {
+        let run_at_ms = match self.run_at {
+            None => None,
+            Some(text) => {
+                let at = humantime::parse_rfc3339_weak(&text).map_err(|e| {
+                    invalid(&format!("run_at: {text:?} is not an RFC 3339 time ({e})"))
+                })?;
+                let ms = at
+                    .duration_since(UNIX_EPOCH)
+                    .map_err(|_| invalid("run_at: before 1970"))?
+                    .as_millis();
+                Some(i64::try_from(ms).map_err(|_| invalid("run_at: too far ahead"))?)
+            }
+        };
+        Ok(TaskSpec {
+            payload: self.payload,
+            run_at_ms,
+            priority: self.priority.unwrap_or(0),
+            max_attempts: self.max_attempts,
+        })
+    }
+}
+
+async fn create<S: TaskStore + RunStore>(
+    State(app): State<App<S>>,
+    Path(queue): Path<String>,
+    headers: HeaderMap,
+    bytes: Bytes,
+) -> Response {
+    let tenant = tri!(tenant_of(&app, &headers));
+    let queue = tri!(name(QueueName::new(queue)));
+    let key = match headers.get("idempotency-key") {
+        None => return invalid("Idempotency-Key: required (the observation's natural key)"),
+        Some(v) => tri!(name(IdempotencyKey::from_header(v.as_bytes()))),
+    };
+    let spec = tri!(tri!(body::<NewTaskBody>(&bytes)).spec());
+    match app.tasks.create(&tenant, &queue, &key, &spec).await {
+        Ok((t, true)) => answer(StatusCode::CREATED, &task_json(&t)),
+        Ok((t, false)) => replayed(answer(StatusCode::CREATED, &task_json(&t))),
+        Err(e) => refused(e),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CursorBody {
+    expected: Option<Value>,
+    value: Value,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ObservedTask {
+    queue: String,
+    key: String,
+    #[serde(flatten)]
+    task: ObservedSpec,
+}
+
+#[derive(Deserialize)]
+struct ObservedSpec {
+    payload: Value,
+    run_at: Option<String>,
+    priority: Option<i64>,
+    max_attempts: Option<u32>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ObservationBody {
+    cursor: CursorBody,
+    #[serde(default)]
+    tasks: Vec<ObservedTask>,
+}
+
+async fn observe<S: TaskStore + RunStore>(
+    State(app): State<App<S>>,
+    Path(poller): Path<String>,
+    headers: HeaderMap,
+    bytes: Bytes,
+) -> Response {
+    let tenant = tri!(tenant_of(&app, &headers));
+    let poller = tri!(name(PollerName::new(poller)));
+    let b: ObservationBody = tri!(body(&bytes));
+    let limit = app.tasks.config().max_tasks_per_observation;
+    if b.tasks.len() > limit {
+        return invalid(&format!("tasks: at most {limit} per observation"));
+    }
+    let mut tasks = Vec::with_capacity(b.tasks.len());
+    for (i, t) in b.tasks.into_iter().enumerate() {
+        let at = |e: String| invalid(&format!("tasks[{i}].{e}"));
+        let queue = tri!(QueueName::new(t.queue).map_err(|e| at(e.to_string())));
+        let key = tri!(IdempotencyKey::new(t.key).map_err(|e| at(format!("key: {e}"))));
+        let spec = NewTaskBody {
+            payload: t.task.payload,
+            run_at: t.task.run_at,
+            priority: t.task.priority,
+            max_attempts: t.task.max_attempts,
+        };
+        tasks.push((queue, key, tri!(spec.spec())));
+    }
+    let observation = Observation {
+        expected: b.cursor.expected.filter(|v| !v.is_null()),
+        value: b.cursor.value.clone(),
+        tasks,
+    };
+    match app.tasks.observe(&tenant, &poller, &observation).await {
+        Ok(observed) => answer(
+            StatusCode::OK,
+            &json!({
+                "poller": poller.as_str(),
+                "cursor": b.cursor.value,
+                "repeated": observed.repeated,
+                "tasks": observed.tasks.iter().map(|(t, created)| json!({
+                    "id": t.id, "queue": t.queue, "key": t.key,
+                    "state": t.state.as_str(), "created": created,
+                })).collect::<Vec<_>>(),
+            }),
+        ),
+        Err(e) => refused(e),
+    }
+}
+
+async fn poller<S: TaskStore + RunStore>(
+    State(app): State<App<S>>,
+    Path(poller): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let tenant = tri!(tenant_of(&app, &headers));
+    let poller = tri!(name(PollerName::new(poller)));
+    match app.tasks.poller(&tenant, &poller).await {
+        Ok(Some(p)) => answer(
+            StatusCode::OK,
+            &json!({
+                "poller": p.poller,
+                "cursor": serde_json::from_str::<Value>(&p.cursor).unwrap_or(Value::Null),
+                "version": p.version,
+                "updated_at": rfc3339(p.updated_at_ms),
+            }),
+        ),
+        Ok(None) => problem(
+            StatusCode::NOT_FOUND,
+            "not-found",
+            "No such poller",
+            Some("a poller exists from its first observation on"),
+            None,
+        ),
+        Err(e) => refused(e),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ClaimBody {
+    worker: String,
+    lease: String,
+    #[serde(default = "one")]
+    max: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+async fn claim<S: TaskStore + RunStore>(
+    State(app): State<App<S>>,
+    Path(queue): Path<String>,
+    Extension(tx): Extension<IdemTx<S::Tx>>,
+    Extension(tenant): Extension<Tenant>,
+    bytes: Bytes,
+) -> Response {
+    let queue = tri!(name(QueueName::new(queue)));
+    let b: ClaimBody = tri!(body(&bytes));
+    let worker = tri!(name(WorkerName::new(b.worker)));
+    let lease = tri!(duration("lease", &b.lease));
+    let Ok(mut tx) = tx.lock().await else {
+        return store_error(StoreError::Corrupt {
+            detail: "the key's transaction is finished".into(),
+        });
+    };
+    match app
+        .tasks
+        .claim_in(&mut tx, &tenant, &queue, &worker, lease, b.max)
+        .await
+    {
+        Ok(claimed) => answer(
+            StatusCode::OK,
+            &json!({"tasks": claimed.iter().map(|t| json!({
+                "id": t.id,
+                "key": t.key,
+                "payload": serde_json::from_str::<Value>(&t.payload).unwrap_or(Value::Null),
+                "attempt": t.attempt,
+                "fence": t.fence,
+                "lease_expires_at": t.lease_expires_at_ms.map(rfc3339),
+            })).collect::<Vec<_>>()}),
+        ),
+        Err(e) => refused(e),
+    }
+}
+
+fn task_id(id: &str) -> Result<TaskId, Response> {
+    TaskId::parse(id).map_err(|_| not_found())
+}
+
+async fn show<S: TaskStore + RunStore>(
+    State(app): State<App<S>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let tenant = tri!(tenant_of(&app, &headers));
+    let id = tri!(task_id(&id));
+    match app.tasks.task(&tenant, &id).await {
+        Ok(t) => answer(StatusCode::OK, &task_json(&t)),
+        Err(e) => refused(e),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HeartbeatBody {
+    fence: i64,
+    lease: String,
+}
+
+async fn heartbeat<S: TaskStore + RunStore>(
+    State(app): State<App<S>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    bytes: Bytes,
+) -> Response {
+    let tenant = tri!(tenant_of(&app, &headers));
+    let id = tri!(task_id(&id));
+    let b: HeartbeatBody = tri!(body(&bytes));
+    let lease = tri!(duration("lease", &b.lease));
+    match app.tasks.heartbeat(&tenant, &id, b.fence, lease).await {
+        Ok(t) => answer(StatusCode::OK, &task_json(&t)),
+        Err(e) => refused(e),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CompleteBody {
+    fence: i64,
+    #[serde(default)]
+    result: Value,
+}
+
+async fn complete<S: TaskStore + RunStore>(
+    State(app): State<App<S>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    bytes: Bytes,
+) -> Response {
+    let tenant = tri!(tenant_of(&app, &headers));
+    let id = tri!(task_id(&id));
+    let b: CompleteBody = tri!(body(&bytes));
+    match app.tasks.complete(&tenant, &id, b.fence, &b.result).await {
+        Ok((t, false)) => answer(StatusCode::OK, &task_json(&t)),
+        Ok((t, true)) => replayed(answer(StatusCode::OK, &task_json(&t))),
+        Err(e) => refused(e),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FailBody {
+    fence: i64,
+    error: String,
+    retry_in: Option<String>,
+}
+
+async fn fail<S: TaskStore + RunStore>(
+    State(app): State<App<S>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    bytes: Bytes,
+) -> Response {
+    let tenant = tri!(tenant_of(&app, &headers));
+    let id = tri!(task_id(&id));
+    let b: FailBody = tri!(body(&bytes));
+    let retry_in = match b.retry_in.as_deref() {
+        None => None,
+        Some(text) => Some(tri!(duration("retry_in", text))),
+    };
+    match app
+        .tasks
+        .fail(&tenant, &id, b.fence, &b.error, retry_in)
+        .await
+    {
+        Ok(t) => answer(StatusCode::OK, &task_json(&t)),
+        Err(e) => refused(e),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ActionBody {
+    fence: i64,
+    mode: String,
+}
+
+fn action_answer(key: &str, decision: ActionDecision, t: &TaskRecord) -> Response {
+    answer(
+        StatusCode::OK,
+        &json!({
+            "key": key,
+            "do": decision.as_str(),
+            "task": {"id": t.id, "state": t.state.as_str(), "fence": t.fence},
+        }),
+    )
+}
+
+async fn action<S: TaskStore + RunStore>(
+    State(app): State<App<S>>,
+    Path((id, action)): Path<(String, String)>,
+    headers: HeaderMap,
+    bytes: Bytes,
+) -> Response {
+    let tenant = tri!(tenant_of(&app, &headers));
+    let id = tri!(task_id(&id));
+    let action = tri!(name(ActionName::new(action)));
+    let b: ActionBody = tri!(body(&bytes));
+    let Some(mode) = ActionMode::parse(&b.mode) else {
+        return invalid("mode: at-most-once or verify");
+    };
+    match app.tasks.action(&tenant, &id, b.fence, &action, mode).await {
+        Ok((key, decision, t)) => action_answer(key.as_str(), decision, &t),
+        Err(e) => refused(e),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResultBody {
+    fence: i64,
+    outcome: String,
+    #[serde(default)]
+    detail: Option<String>,
+}
+
+async fn action_result<S: TaskStore + RunStore>(
+    State(app): State<App<S>>,
+    Path((id, action)): Path<(String, String)>,
+    headers: HeaderMap,
+    bytes: Bytes,
+) -> Response {
+    let tenant = tri!(tenant_of(&app, &headers));
+    let id = tri!(task_id(&id));
+    let action = tri!(name(ActionName::new(action)));
+    let b: ResultBody = tri!(body(&bytes));
+    let Some(outcome) = ActionOutcome::parse(&b.outcome) else {
+        return invalid("outcome: done or not-sent");
+    };
+    if b.detail.as_ref().is_some_and(|d| d.len() > 4096) {
+        return invalid("detail: at most 4096 bytes");
+    }
+    match app
+        .tasks
+        .action_result(&tenant, &id, b.fence, &action, outcome, b.detail.as_deref())
+        .await
+    {
+        Ok((key, decision, t)) => action_answer(key.as_str(), decision, &t),
+        Err(e) => refused(e),
+    }
+}

@@ -1,0 +1,619 @@
+//! [`Tasks`]: the operations, each checked, on the store's clock.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_core::steps::{Namespace, RunStore};
+use idem_core::tasks::{
+    ActionAttempt, ActionClaim, ActionDecision, ActionKey, ActionMode, ActionName, ActionOutcome,
+    ClaimRequest, CursorMove, Fenced, NewTask, PollerName, PollerRecord, QueueName, Settle, Steer,
+    Steered, TaskId, TaskRecord, TaskStore, WorkerName,
+};
+use idem_core::{Clock, FingerprintSpec, IdempotencyKey, Tenant};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::{TaskSpec, TasksConfig, TasksError};
+
+/// An observation: the cursor it moves and the tasks it creates.
+#[derive(Clone, Debug)]
+pub struct Observation {
+    /// The cursor the poller read (`None`: it had none).
+    pub expected: Option<Value>,
+    /// The cursor after this observation.
+    pub value: Value,
+    /// The tasks it creates: queue, key, spec.
+    pub tasks: Vec<(QueueName, IdempotencyKey, TaskSpec)>,
+}
+
+/// What an observation did.
+#[derive(Clone, Debug)]
+pub struct Observed {
+    /// The tasks, each with whether this observation created it.
+    pub tasks: Vec<(TaskRecord, bool)>,
+    /// The cursor was at the value already: a repeat of the observation.
+    pub repeated: bool,
+}
+
+/// The task operations over one store: create, observe, claim, settle and
+/// act. Cheap to clone.
+pub struct Tasks<S> {
+    store: S,
+    namespace: Namespace,
+    config: Arc<TasksConfig>,
+}
+
+impl<S: Clone> Clone for Tasks<S> {
+    fn clone(&self) -> Self {
+        Self {
+            store: self.store.clone(),
+            namespace: self.namespace.clone(),
+            config: self.config.clone(),
+        }
+    }
+}
+
+impl<S> std::fmt::Debug for Tasks<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tasks")
+            .field("namespace", &self.namespace.as_str())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Canonical JSON of `value` (keys sorted, numbers normalised): one text per
+/// meaning, so a repeat spelled otherwise is the same payload.
+fn canonical(value: &Value, limit: usize, what: &str) -> Result<String, TasksError> {
+    let raw = serde_json::to_vec(value).map_err(TasksError::invalid)?;
+    if raw.len() > limit {
+        return Err(TasksError::invalid(format!(
+            "{what} is {} bytes of JSON; at most {limit}",
+            raw.len()
+        )));
+    }
+    let canonical = FingerprintSpec::default()
+        .canonical_body(&raw)
+        .ok_or_else(|| TasksError::invalid(format!("{what} is not JSON")))?;
+    String::from_utf8(canonical).map_err(TasksError::invalid)
+}
+
+fn hash(text: &str) -> String {
+    use std::fmt::Write;
+    Sha256::digest(text.as_bytes())
+        .iter()
+        .fold(String::new(), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+impl<S: TaskStore + RunStore> Tasks<S> {
+    /// The operations over `store`, whose namespace every derived id and
+    /// key includes.
+    pub async fn new(store: S, config: TasksConfig) -> Result<Self, TasksError> {
+        config
+            .validate()
+            .map_err(|e| TasksError::invalid(e.to_string()))?;
+        let namespace = store.namespace().await?;
+        Ok(Self {
+            store,
+            namespace,
+            config: Arc::new(config),
+        })
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// The limits in force.
+    pub fn config(&self) -> &TasksConfig {
+        &self.config
+    }
+
+    /// The id of the task keyed `key` in `queue` of `tenant`.
+    pub fn task_id(&self, tenant: &Tenant, queue: &QueueName, key: &IdempotencyKey) -> TaskId {
+        TaskId::of(&self.namespace, tenant, queue, key)
+    }
+
+    /// The key of `action` of `task`, to pass downstream.
+    pub fn action_key(&self, task: &TaskId, action: &ActionName) -> ActionKey {
+        ActionKey::derive(&self.namespace, task, action)
+    }
+
+    fn now_ms(&self) -> i64 {
+        self.store.clock().now_ms()
+    }
+
+    /// In `tx`: creates the task keyed `key` in `queue`, or finds it (then
+    /// `false`); [`TasksError::KeyReused`] when it was created with another
+    /// payload.
+    pub async fn create_in(
+        &self,
+        tx: &mut S::Tx,
+        tenant: &Tenant,
+        queue: &QueueName,
+        key: &IdempotencyKey,
+        spec: &TaskSpec,
+    ) -> Result<(TaskRecord, bool), TasksError> {
+        let payload = canonical(&spec.payload, self.config.max_payload_bytes, "payload")?;
+        let max_attempts = spec
+            .max_attempts
+            .unwrap_or(self.config.default_max_attempts);
+        if !(1..=self.config.max_attempts_limit).contains(&max_attempts) {
+            return Err(TasksError::invalid(format!(
+                "max_attempts must be 1 to {}",
+                self.config.max_attempts_limit
+            )));
+        }
+        let payload_hash = hash(&payload);
+        let id = self.task_id(tenant, queue, key);
+        let now_ms = self.now_ms();
+        let task = NewTask {
+            id: id.as_str(),
+            tenant: tenant.as_str(),
+            queue: queue.as_str(),
+            key: key.as_str(),
+            payload: &payload,
+            payload_hash: &payload_hash,
+            priority: spec.priority,
+            run_at_ms: spec.run_at_ms.unwrap_or(now_ms),
+            max_attempts,
+            now_ms,
+        };
+        let (record, created) = S::create_task(tx, &task).await?;
+        if !created && record.payload_hash != payload_hash {
+            return Err(TasksError::KeyReused);
+        }
+        Ok((record, created))
+    }
+
+    /// Creates the task keyed `key` in `queue`, or finds it (then `false`).
+    pub async fn create(
+        &self,
+        tenant: &Tenant,
+        queue: &QueueName,
+        key: &IdempotencyKey,
+        spec: &TaskSpec,
+    ) -> Result<(TaskRecord, bool), TasksError> {
+        let mut tx = self.store.begin().await?;
+        match self.create_in(&mut tx, tenant, queue, key, spec).await {
+            Ok(made) => {
+                self.store.commit(tx).await?;
+                Ok(made)
+            }
+            Err(e) => {
+                let _ = self.store.rollback(tx).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Moves `poller`'s cursor from `observation.expected` to its value
+    /// and creates its tasks, in one transaction; nothing is written when
+    /// the cursor is elsewhere ([`TasksError::CursorMoved`]). A repeat (the
+    /// cursor at the value already) creates nothing new and says so.
+    pub async fn observe(
+        &self,
+        tenant: &Tenant,
+        poller: &PollerName,
+        observation: &Observation,
+    ) -> Result<Observed, TasksError> {
+        let limit = self.config.max_cursor_bytes;
+        let expected = observation
+            .expected
+            .as_ref()
+            .map(|v| canonical(v, limit, "cursor.expected"))
+            .transpose()?;
+        let value = canonical(&observation.value, limit, "cursor.value")?;
+        if observation.tasks.len() > self.config.max_tasks_per_observation {
+            return Err(TasksError::invalid(format!(
+                "an observation creates at most {} tasks",
+                self.config.max_tasks_per_observation
+            )));
+        }
+        let mut tx = self.store.begin().await?;
+        let result = async {
+            let now_ms = self.now_ms();
+            let moved = S::move_cursor(
+                &mut tx,
+                tenant.as_str(),
+                poller.as_str(),
+                expected.as_deref(),
+                &value,
+                now_ms,
+            )
+            .await?;
+            let repeated = match moved {
+                CursorMove::Moved => false,
+                CursorMove::AlreadyThere => true,
+                CursorMove::Conflict(current) => return Err(TasksError::CursorMoved { current }),
+            };
+            let mut tasks = Vec::with_capacity(observation.tasks.len());
+            for (queue, key, spec) in &observation.tasks {
+                tasks.push(self.create_in(&mut tx, tenant, queue, key, spec).await?);
+            }
+            Ok(Observed { tasks, repeated })
+        }
+        .await;
+        match result {
+            Ok(observed) => {
+                self.store.commit(tx).await?;
+                Ok(observed)
+            }
+            Err(e) => {
+                let _ = self.store.rollback(tx).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// A poller's cursor.
+    pub async fn poller(
+        &self,
+        tenant: &Tenant,
+        poller: &PollerName,
+    ) -> Result<Option<PollerRecord>, TasksError> {
+        Ok(self.store.cursor(tenant.as_str(), poller.as_str()).await?)
+    }
+
+    fn lease_ms(&self, lease: Duration) -> Result<i64, TasksError> {
+        if lease < self.config.min_lease || lease > self.config.max_lease {
+            return Err(TasksError::invalid(format!(
+                "lease must be between {} and {}",
+                idem_core::duration_text(self.config.min_lease),
+                idem_core::duration_text(self.config.max_lease)
+            )));
+        }
+        Ok(millis(lease))
+    }
+
+    /// In `tx`: claims up to `max` due tasks of `queue` for `worker`, each
+    /// held for `lease` (the database's clock), each one's fence grown.
+    pub async fn claim_in(
+        &self,
+        tx: &mut S::Tx,
+        tenant: &Tenant,
+        queue: &QueueName,
+        worker: &WorkerName,
+        lease: Duration,
+        max: u32,
+    ) -> Result<Vec<TaskRecord>, TasksError> {
+        let lease_ms = self.lease_ms(lease)?;
+        if !(1..=self.config.max_claim).contains(&max) {
+            return Err(TasksError::invalid(format!(
+                "max must be 1 to {}",
+                self.config.max_claim
+            )));
+        }
+        let request = ClaimRequest {
+            tenant: tenant.as_str(),
+            queue: queue.as_str(),
+            worker: worker.as_str(),
+            lease_ms,
+            max,
+            now_ms: self.now_ms(),
+        };
+        let claimed = S::claim_tasks(tx, &request).await?;
+        metrics::counter!(crate::CLAIMED_TOTAL, "queue" => queue.as_str().to_owned())
+            .increment(claimed.len() as u64);
+        let taken_over = claimed.iter().filter(|t| t.attempt > 1).count();
+        if taken_over > 0 {
+            metrics::counter!(crate::RECLAIMED_TOTAL, "queue" => queue.as_str().to_owned())
+                .increment(taken_over as u64);
+        }
+        Ok(claimed)
+    }
+
+    /// Claims up to `max` due tasks of `queue` for `worker`.
+    pub async fn claim(
+        &self,
+        tenant: &Tenant,
+        queue: &QueueName,
+        worker: &WorkerName,
+        lease: Duration,
+        max: u32,
+    ) -> Result<Vec<TaskRecord>, TasksError> {
+        let mut tx = self.store.begin().await?;
+        match self
+            .claim_in(&mut tx, tenant, queue, worker, lease, max)
+            .await
+        {
+            Ok(claimed) => {
+                self.store.commit(tx).await?;
+                Ok(claimed)
+            }
+            Err(e) => {
+                let _ = self.store.rollback(tx).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// One fenced settle in a transaction of its own.
+    async fn settle(
+        &self,
+        tenant: &Tenant,
+        task: &TaskId,
+        fence: i64,
+        how: &Settle<'_>,
+    ) -> Result<Fenced, TasksError> {
+        let mut tx = self.store.begin().await?;
+        let now_ms = self.now_ms();
+        match S::settle(&mut tx, tenant.as_str(), task.as_str(), fence, how, now_ms).await {
+            Ok(out @ Fenced::Written(_)) => {
+                self.store.commit(tx).await?;
+                Ok(out)
+            }
+            Ok(out) => {
+                let _ = self.store.rollback(tx).await;
+                if matches!(out, Fenced::LeaseLost(_)) {
+                    metrics::counter!(crate::FENCED_OUT_TOTAL).increment(1);
+                }
+                Ok(out)
+            }
+            Err(e) => {
+                let _ = self.store.rollback(tx).await;
+                Err(e.into())
+            }
+        }
+    }
+
+    fn written(fence: i64, out: Fenced) -> Result<TaskRecord, TasksError> {
+        match out {
+            Fenced::Written(t) | Fenced::Repeated(t) => Ok(t),
+            Fenced::Mismatch(_) => Err(TasksError::ResultMismatch),
+            Fenced::LeaseLost(t) => Err(TasksError::lease_lost(fence, t.fence, t.state)),
+            Fenced::Missing => Err(TasksError::NotFound),
+        }
+    }
+
+    /// The holder of `fence` renews its lease for `lease` from now.
+    pub async fn heartbeat(
+        &self,
+        tenant: &Tenant,
+        task: &TaskId,
+        fence: i64,
+        lease: Duration,
+    ) -> Result<TaskRecord, TasksError> {
+        let lease_ms = self.lease_ms(lease)?;
+        let out = self
+            .settle(tenant, task, fence, &Settle::Heartbeat { lease_ms })
+            .await?;
+        Self::written(fence, out)
+    }
+
+    /// The holder of `fence` completes the task with `result`. Repeated with
+    /// the same fence and result it answers the same (then `true`).
+    pub async fn complete(
+        &self,
+        tenant: &Tenant,
+        task: &TaskId,
+        fence: i64,
+        result: &Value,
+    ) -> Result<(TaskRecord, bool), TasksError> {
+        let text = canonical(result, self.config.max_payload_bytes, "result")?;
+        let result_hash = hash(&text);
+        let how = Settle::Complete {
+            result: &text,
+            result_hash: &result_hash,
+        };
+        let out = self.settle(tenant, task, fence, &how).await?;
+        let repeated = matches!(out, Fenced::Repeated(_));
+        Ok((Self::written(fence, out)?, repeated))
+    }
+
+    /// The holder of `fence` reports a failure: retried after `retry_in`
+    /// (or the configured backoff) while attempts remain, else dead.
+    pub async fn fail(
+        &self,
+        tenant: &Tenant,
+        task: &TaskId,
+        fence: i64,
+        error: &str,
+        retry_in: Option<Duration>,
+    ) -> Result<TaskRecord, TasksError> {
+        if error.len() > self.config.max_error_bytes {
+            return Err(TasksError::invalid(format!(
+                "error is {} bytes; at most {}",
+                error.len(),
+                self.config.max_error_bytes
+            )));
+        }
+        let wait = match retry_in {
+            Some(d) if d > Duration::from_secs(7 * 86_400) => {
+                return Err(TasksError::invalid("retry_in must be at most 7d"));
+            }
+            Some(d) => millis(d),
+            None => {
+                // Doubled per attempt so far, at most five minutes.
+                let attempt = self
+                    .store
+                    .load_task(task.as_str())
+                    .await?
+                    .map_or(1, |t| t.attempt.max(1));
+                let doubled = self
+                    .config
+                    .retry_base
+                    .saturating_mul(1 << (attempt - 1).min(16));
+                millis(doubled.min(Duration::from_secs(300)))
+            }
+        };
+        let how = Settle::Fail {
+            error,
+            retry_at_ms: self.now_ms().saturating_add(wait),
+        };
+        let out = self.settle(tenant, task, fence, &how).await?;
+        Self::written(fence, out)
+    }
+
+    fn attempt<'a>(
+        &self,
+        tenant: &'a Tenant,
+        task: &'a TaskId,
+        fence: i64,
+        action: &'a ActionName,
+        key: &'a ActionKey,
+        mode: ActionMode,
+    ) -> ActionAttempt<'a> {
+        let now_ms = self.now_ms();
+        ActionAttempt {
+            tenant: tenant.as_str(),
+            task: task.as_str(),
+            fence,
+            action: action.as_str(),
+            key: key.as_str(),
+            mode,
+            now_ms,
+            expires_at_ms: now_ms.saturating_add(millis(self.config.action_retention)),
+            detail: None,
+        }
+    }
+
+    async fn decided(
+        &self,
+        fence: i64,
+        tx: S::Tx,
+        out: Result<ActionClaim, idem_core::StoreError>,
+    ) -> Result<(ActionDecision, TaskRecord), TasksError> {
+        match out {
+            Ok(ActionClaim::Decided(d, t)) => {
+                self.store.commit(tx).await?;
+                Ok((d, t))
+            }
+            Ok(other) => {
+                let _ = self.store.rollback(tx).await;
+                Err(match other {
+                    ActionClaim::LeaseLost(t) => {
+                        metrics::counter!(crate::FENCED_OUT_TOTAL).increment(1);
+                        TasksError::lease_lost(fence, t.fence, t.state)
+                    }
+                    ActionClaim::NoAttempt(_) => TasksError::NoAttempt,
+                    _ => TasksError::NotFound,
+                })
+            }
+            Err(e) => {
+                let _ = self.store.rollback(tx).await;
+                Err(e.into())
+            }
+        }
+    }
+
+    /// The holder of `fence` asks about `action`: its key, and whether to
+    /// perform it now ([`ActionDecision::Go`], recorded before this
+    /// answer), skip it (`Done`) or handle an earlier attempt's unknown
+    /// outcome (`Unknown`: in [`ActionMode::Verify`] check the other system
+    /// by the key and report; in [`ActionMode::AtMostOnce`] the task now
+    /// needs an operator).
+    pub async fn action(
+        &self,
+        tenant: &Tenant,
+        task: &TaskId,
+        fence: i64,
+        action: &ActionName,
+        mode: ActionMode,
+    ) -> Result<(ActionKey, ActionDecision, TaskRecord), TasksError> {
+        let key = self.action_key(task, action);
+        let attempt = self.attempt(tenant, task, fence, action, &key, mode);
+        let mut tx = self.store.begin().await?;
+        let out = S::claim_action(&mut tx, &attempt).await;
+        let (decision, record) = self.decided(fence, tx, out).await?;
+        Ok((key, decision, record))
+    }
+
+    /// The holder of `fence` reports what became of `action`: `Done` marks
+    /// it done for good; `NotSent` (the other system says it never
+    /// happened) lets it be attempted again.
+    /// `detail` (what the worker learnt, at most 4 KiB) is kept in the
+    /// task's timeline.
+    pub async fn action_result(
+        &self,
+        tenant: &Tenant,
+        task: &TaskId,
+        fence: i64,
+        action: &ActionName,
+        outcome: ActionOutcome,
+        detail: Option<&str>,
+    ) -> Result<(ActionKey, ActionDecision, TaskRecord), TasksError> {
+        if detail.is_some_and(|d| d.len() > 4096) {
+            return Err(TasksError::invalid("detail: at most 4096 bytes"));
+        }
+        let key = self.action_key(task, action);
+        let mut attempt = self.attempt(tenant, task, fence, action, &key, ActionMode::Verify);
+        attempt.detail = detail;
+        let mut tx = self.store.begin().await?;
+        let out = S::record_action(&mut tx, &attempt, outcome).await;
+        let (decision, record) = self.decided(fence, tx, out).await?;
+        Ok((key, decision, record))
+    }
+
+    /// In `tx`: an operator (`actor`, kept in the timeline) makes a dead
+    /// task, or one that needs attention, ready again now with one more
+    /// attempt.
+    pub async fn retry_in(
+        &self,
+        tx: &mut S::Tx,
+        id: &TaskId,
+        actor: &str,
+    ) -> Result<TaskRecord, TasksError> {
+        let out = S::steer(tx, id.as_str(), Steer::Retry, actor, self.now_ms()).await?;
+        Self::steered(out, "retry needs a dead task or one that needs attention")
+    }
+
+    /// In `tx`: an operator who checked the other system records what
+    /// became of `action` of a task that needs attention — `sent` (never
+    /// performed again) or not (performed again) — and the task is ready
+    /// again.
+    pub async fn resolve_in(
+        &self,
+        tx: &mut S::Tx,
+        id: &TaskId,
+        action: &ActionName,
+        sent: bool,
+        actor: &str,
+    ) -> Result<TaskRecord, TasksError> {
+        let key = self.action_key(id, action);
+        let how = Steer::Resolve {
+            action: action.as_str(),
+            key: key.as_str(),
+            sent,
+        };
+        let out = S::steer(tx, id.as_str(), how, actor, self.now_ms()).await?;
+        Self::steered(
+            out,
+            "resolve needs a task that needs attention, with an attempt of this action whose outcome is unknown",
+        )
+    }
+
+    fn steered(out: Steered, what: &'static str) -> Result<TaskRecord, TasksError> {
+        match out {
+            Steered::Done(t) => Ok(t),
+            Steered::NotApplicable(t) => Err(TasksError::NotApplicable {
+                state: t.state.as_str(),
+                what,
+            }),
+            Steered::Missing => Err(TasksError::NotFound),
+        }
+    }
+
+    /// A task of any tenant, for operators.
+    pub async fn task_any(&self, id: &TaskId) -> Result<TaskRecord, TasksError> {
+        self.store
+            .load_task(id.as_str())
+            .await?
+            .ok_or(TasksError::NotFound)
+    }
+
+    /// A task of `tenant`.
+    pub async fn task(&self, tenant: &Tenant, id: &TaskId) -> Result<TaskRecord, TasksError> {
+        match self.store.load_task(id.as_str()).await? {
+            Some(t) if t.tenant == tenant.as_str() => Ok(t),
+            _ => Err(TasksError::NotFound),
+        }
+    }
+}

@@ -1,0 +1,403 @@
+//! The task API's contract through its router, on a real SQLite file and a
+//! real PostgreSQL: tasks once per key, cursors moved only from where they
+//! are, claims replayed by their key, settles and actions fenced, bad input
+//! refused with problem+json and nothing changed.
+#![cfg(feature = "http")]
+#![allow(clippy::unwrap_used)]
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use idem_core::Tenant;
+use idem_core::steps::RunStore;
+use idem_core::tasks::TaskStore;
+use idem_http::TenantSource;
+use idem_tasks::http::{HttpConfig, router};
+use idem_tasks::{Tasks, TasksConfig};
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+struct Answer {
+    status: StatusCode,
+    replayed: bool,
+    problem: bool,
+    body: Value,
+}
+
+async fn call(app: &Router, method: &str, path: &str, key: Option<&str>, body: Value) -> Answer {
+    let mut req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("content-type", "application/json")
+        .header("x-tenant-id", "acme");
+    if let Some(k) = key {
+        req = req.header("idempotency-key", k);
+    }
+    let body = if body.is_null() {
+        Body::empty()
+    } else {
+        Body::from(body.to_string())
+    };
+    let res = app.clone().oneshot(req.body(body).unwrap()).await.unwrap();
+    let status = res.status();
+    let replayed = res.headers().get("idempotent-replayed").is_some();
+    let problem = res
+        .headers()
+        .get("content-type")
+        .is_some_and(|v| v == "application/problem+json");
+    let bytes = res.into_body().collect().await.unwrap().to_bytes();
+    let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    Answer {
+        status,
+        replayed,
+        problem,
+        body,
+    }
+}
+
+async fn app<S: TaskStore + RunStore>(store: S) -> Router {
+    let tasks = Tasks::new(store, TasksConfig::default()).await.unwrap();
+    let tenant = TenantSource::TrustedHeader {
+        name: axum::http::HeaderName::from_static("x-tenant-id"),
+        default: Tenant::new("default").ok(),
+    };
+    router(tasks, HttpConfig::new(tenant)).unwrap()
+}
+
+async fn contract(app: Router) {
+    // Observations become tasks once.
+    let new = json!({"payload": {"issue": 1842}});
+    let first = call(
+        &app,
+        "POST",
+        "/v1/queues/triage/tasks",
+        Some("gh:1842:t1"),
+        new.clone(),
+    )
+    .await;
+    assert_eq!(first.status, StatusCode::CREATED, "{}", first.body);
+    assert!(!first.replayed);
+    assert_eq!(first.body["state"], "ready");
+    let id = first.body["id"].as_str().unwrap().to_owned();
+    let again = call(
+        &app,
+        "POST",
+        "/v1/queues/triage/tasks",
+        Some("gh:1842:t1"),
+        json!({"payload": {"issue": 1842}}),
+    )
+    .await;
+    assert_eq!((again.status, again.replayed), (StatusCode::CREATED, true));
+    assert_eq!(again.body["id"], id.as_str());
+    let other = call(
+        &app,
+        "POST",
+        "/v1/queues/triage/tasks",
+        Some("gh:1842:t1"),
+        json!({"payload": {"issue": 9}}),
+    )
+    .await;
+    assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(other.problem);
+    let keyless = call(&app, "POST", "/v1/queues/triage/tasks", None, new.clone()).await;
+    assert_eq!(keyless.status, StatusCode::BAD_REQUEST);
+
+    // The cursor moves with the observation, only from where it is.
+    let obs = |expected: Value, value: Value, key: &str| {
+        json!({"cursor": {"expected": expected, "value": value},
+               "tasks": [{"queue": "triage", "key": key, "payload": {"k": key}}]})
+    };
+    let o1 = call(
+        &app,
+        "POST",
+        "/v1/pollers/gh/observations",
+        None,
+        obs(Value::Null, json!({"since": 1}), "o-1"),
+    )
+    .await;
+    assert_eq!(o1.status, StatusCode::OK, "{}", o1.body);
+    assert_eq!(o1.body["tasks"][0]["created"], true);
+    let stale = call(
+        &app,
+        "POST",
+        "/v1/pollers/gh/observations",
+        None,
+        obs(Value::Null, json!({"since": 2}), "o-2"),
+    )
+    .await;
+    assert_eq!(stale.status, StatusCode::CONFLICT);
+    assert_eq!(stale.body["type"], "https://idem.dev/problems/cursor-moved");
+    assert_eq!(stale.body["current"], json!({"since": 1}));
+    let nothing = call(
+        &app,
+        "GET",
+        &format!("/v1/tasks/{}", "tsk_0123456789abcdef0123456789abcdef"),
+        None,
+        Value::Null,
+    )
+    .await;
+    assert_eq!(nothing.status, StatusCode::NOT_FOUND);
+    let o2 = call(
+        &app,
+        "POST",
+        "/v1/pollers/gh/observations",
+        None,
+        obs(json!({"since": 1}), json!({"since": 2}), "o-2"),
+    )
+    .await;
+    assert_eq!(o2.status, StatusCode::OK);
+    let repeat = call(
+        &app,
+        "POST",
+        "/v1/pollers/gh/observations",
+        None,
+        obs(json!({"since": 1}), json!({"since": 2}), "o-2"),
+    )
+    .await;
+    assert_eq!(
+        (repeat.status, repeat.body["repeated"].clone()),
+        (StatusCode::OK, json!(true))
+    );
+    assert_eq!(
+        repeat.body["tasks"][0]["created"], false,
+        "a repeat creates nothing"
+    );
+    let cursor = call(&app, "GET", "/v1/pollers/gh", None, Value::Null).await;
+    assert_eq!(
+        (
+            cursor.body["cursor"].clone(),
+            cursor.body["version"].clone()
+        ),
+        (json!({"since": 2}), json!(2))
+    );
+
+    // Claims: a retried claim (its answer lost) is answered as the first.
+    let body = json!({"worker": "agent-3", "lease": "30s", "max": 5});
+    let c1 = call(
+        &app,
+        "POST",
+        "/v1/queues/triage/claims",
+        Some("claim-1"),
+        body.clone(),
+    )
+    .await;
+    assert_eq!(c1.status, StatusCode::OK, "{}", c1.body);
+    let claimed = c1.body["tasks"].as_array().unwrap().clone();
+    assert_eq!(claimed.len(), 3, "the three tasks of the queue");
+    let c1again = call(
+        &app,
+        "POST",
+        "/v1/queues/triage/claims",
+        Some("claim-1"),
+        body.clone(),
+    )
+    .await;
+    assert!(c1again.replayed);
+    assert_eq!(c1again.body, c1.body, "the same tasks, not three more");
+    let c2 = call(
+        &app,
+        "POST",
+        "/v1/queues/triage/claims",
+        Some("claim-2"),
+        body.clone(),
+    )
+    .await;
+    assert_eq!(c2.body["tasks"], json!([]), "live leases are not shared");
+    let unkeyed = call(&app, "POST", "/v1/queues/triage/claims", None, body).await;
+    assert_eq!(unkeyed.status, StatusCode::BAD_REQUEST);
+
+    // Actions and completion, fenced.
+    let t = claimed.iter().find(|t| t["id"] == id.as_str()).unwrap();
+    let fence = t["fence"].as_i64().unwrap();
+    let act = call(
+        &app,
+        "POST",
+        &format!("/v1/tasks/{id}/actions/notify"),
+        None,
+        json!({"fence": fence, "mode": "verify"}),
+    )
+    .await;
+    assert_eq!(
+        (act.status, act.body["do"].clone()),
+        (StatusCode::OK, json!("go")),
+        "{}",
+        act.body
+    );
+    let key = act.body["key"].as_str().unwrap().to_owned();
+    assert!(key.starts_with("idem:notify:"));
+    let done = call(
+        &app,
+        "POST",
+        &format!("/v1/tasks/{id}/actions/notify/result"),
+        None,
+        json!({"fence": fence, "outcome": "done"}),
+    )
+    .await;
+    assert_eq!(done.body["do"], "done");
+    let zombie = call(
+        &app,
+        "POST",
+        &format!("/v1/tasks/{id}/complete"),
+        None,
+        json!({"fence": fence - 1, "result": {}}),
+    )
+    .await;
+    assert_eq!(zombie.status, StatusCode::CONFLICT);
+    assert_eq!(zombie.body["type"], "https://idem.dev/problems/lease-lost");
+    let ok = call(
+        &app,
+        "POST",
+        &format!("/v1/tasks/{id}/complete"),
+        None,
+        json!({"fence": fence, "result": {"sent": true}}),
+    )
+    .await;
+    assert_eq!(
+        (ok.status, ok.body["state"].clone()),
+        (StatusCode::OK, json!("done"))
+    );
+    let twice = call(
+        &app,
+        "POST",
+        &format!("/v1/tasks/{id}/complete"),
+        None,
+        json!({"fence": fence, "result": {"sent": true}}),
+    )
+    .await;
+    assert_eq!((twice.status, twice.replayed), (StatusCode::OK, true));
+    let mismatch = call(
+        &app,
+        "POST",
+        &format!("/v1/tasks/{id}/complete"),
+        None,
+        json!({"fence": fence, "result": {"sent": false}}),
+    )
+    .await;
+    assert_eq!(mismatch.status, StatusCode::UNPROCESSABLE_ENTITY);
+    let shown = call(&app, "GET", &format!("/v1/tasks/{id}"), None, Value::Null).await;
+    assert_eq!(shown.body["result"], json!({"sent": true}));
+
+    // Bad input: a clear problem, nothing changed.
+    let bad = [
+        (
+            "POST",
+            "/v1/queues/bad%20queue/tasks",
+            Some("k"),
+            json!({"payload": 1}),
+        ),
+        (
+            "POST",
+            "/v1/queues/q/tasks",
+            Some("k"),
+            json!({"payload": 1, "extra": 2}),
+        ),
+        (
+            "POST",
+            "/v1/queues/q/tasks",
+            Some("k"),
+            json!({"payload": "x".repeat(70_000)}),
+        ),
+        (
+            "POST",
+            "/v1/queues/q/tasks",
+            Some("k"),
+            json!({"payload": 1, "max_attempts": 0}),
+        ),
+        (
+            "POST",
+            "/v1/queues/q/tasks",
+            Some("k"),
+            json!({"payload": 1, "run_at": "tomorrow"}),
+        ),
+        (
+            "POST",
+            "/v1/queues/triage/claims",
+            Some("c-x"),
+            json!({"worker": "w", "lease": "forever"}),
+        ),
+        (
+            "POST",
+            "/v1/queues/triage/claims",
+            Some("c-y"),
+            json!({"worker": "w", "lease": "2h"}),
+        ),
+        (
+            "POST",
+            "/v1/queues/triage/claims",
+            Some("c-z"),
+            json!({"worker": "w w", "lease": "30s"}),
+        ),
+        (
+            "POST",
+            &format!("/v1/tasks/{id}/actions/notify"),
+            None,
+            json!({"fence": fence, "mode": "twice"}),
+        ),
+        (
+            "POST",
+            &format!("/v1/tasks/{id}/fail"),
+            None,
+            json!({"fence": fence, "error": "x", "retry_in": "soon"}),
+        ),
+        (
+            "POST",
+            "/v1/pollers/gh/observations",
+            None,
+            json!({"cursor": {"value": "x".repeat(5000)}}),
+        ),
+    ];
+    for (method, path, key, body) in bad {
+        let a = call(&app, method, path, key, body.clone()).await;
+        assert_eq!(
+            a.status,
+            StatusCode::BAD_REQUEST,
+            "{path} {body}: {}",
+            a.body
+        );
+        assert!(a.problem, "{path}");
+    }
+    let forged = call(
+        &app,
+        "POST",
+        "/v1/tasks/not-a-task/complete",
+        None,
+        json!({"fence": 1}),
+    )
+    .await;
+    assert_eq!(forged.status, StatusCode::NOT_FOUND);
+    let c3 = call(
+        &app,
+        "POST",
+        "/v1/queues/q/claims",
+        Some("claim-q"),
+        json!({"worker": "w", "lease": "30s"}),
+    )
+    .await;
+    assert_eq!(
+        c3.body["tasks"],
+        json!([]),
+        "no refused request created a task"
+    );
+}
+
+#[tokio::test]
+async fn the_contract_holds_on_sqlite() {
+    let dir = idem_testkit::TempDir::new("tasks-http");
+    let store =
+        idem_sqlite::SqliteStore::connect(&dir.sqlite_url(), idem_sqlite::SqliteConfig::default())
+            .await
+            .unwrap();
+    store.migrate().await.unwrap();
+    contract(app(store).await).await;
+}
+
+#[tokio::test]
+async fn the_contract_holds_on_postgres() {
+    let db = idem_testkit::PgDatabase::create("idem_tasks_http").await;
+    let store = idem_postgres::PgStore::connect(&db.url, idem_postgres::PgConfig::default())
+        .await
+        .unwrap();
+    store.migrate().await.unwrap();
+    contract(app(store).await).await;
+}
