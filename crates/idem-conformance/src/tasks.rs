@@ -320,12 +320,15 @@ pub async fn only_the_live_holder_settles<S: TaskStore>(store: S) {
     assert_eq!(page.len(), 1);
 }
 
-async fn action<S: TaskStore>(
+/// Asks about action `notify` of `task` as the holder of `fence` (`report`:
+/// reports its outcome instead).
+async fn ask<S: TaskStore>(
     store: &S,
     task: &TaskRecord,
     fence: i64,
     mode: ActionMode,
     now_ms: i64,
+    report: Option<ActionOutcome>,
 ) -> ActionClaim {
     let key = ActionKey::derive(
         &Namespace::new("conformance").unwrap(),
@@ -344,9 +347,22 @@ async fn action<S: TaskStore>(
         detail: None,
     };
     let mut tx = store.begin().await.unwrap();
-    let out = S::claim_action(&mut tx, &attempt).await.unwrap();
+    let out = match report {
+        None => S::claim_action(&mut tx, &attempt).await,
+        Some(outcome) => S::record_action(&mut tx, &attempt, outcome).await,
+    };
     store.commit(tx).await.unwrap();
-    out
+    out.unwrap()
+}
+
+async fn action<S: TaskStore>(
+    store: &S,
+    task: &TaskRecord,
+    fence: i64,
+    mode: ActionMode,
+    now_ms: i64,
+) -> ActionClaim {
+    ask(store, task, fence, mode, now_ms, None).await
 }
 
 async fn report<S: TaskStore>(
@@ -356,26 +372,15 @@ async fn report<S: TaskStore>(
     outcome: ActionOutcome,
     now_ms: i64,
 ) -> ActionClaim {
-    let key = ActionKey::derive(
-        &Namespace::new("conformance").unwrap(),
-        &TaskId::parse(&task.id).unwrap(),
-        &ActionName::new("notify").unwrap(),
-    );
-    let attempt = ActionAttempt {
-        tenant: "t1",
-        task: &task.id,
+    ask(
+        store,
+        task,
         fence,
-        action: "notify",
-        key: key.as_str(),
-        mode: ActionMode::Verify,
+        ActionMode::Verify,
         now_ms,
-        expires_at_ms: now_ms + 86_400_000,
-        detail: None,
-    };
-    let mut tx = store.begin().await.unwrap();
-    let out = S::record_action(&mut tx, &attempt, outcome).await.unwrap();
-    store.commit(tx).await.unwrap();
-    out
+        Some(outcome),
+    )
+    .await
 }
 
 fn decision(claim: &ActionClaim) -> ActionDecision {

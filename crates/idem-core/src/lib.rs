@@ -67,6 +67,7 @@ pub mod webhooks;
 
 mod backoff;
 mod config;
+mod derive;
 mod engine;
 mod error;
 mod fingerprint;

@@ -498,6 +498,17 @@ fn task_id(id: &str) -> Result<TaskId, Response> {
     TaskId::parse(id).map_err(|_| not_found())
 }
 
+/// What every write of a worker reads first: the tenant, the task's id
+/// (an id that is none is a task that is none: `404`) and the body.
+fn fenced<S, B: for<'de> Deserialize<'de>>(
+    app: &App<S>,
+    headers: &HeaderMap,
+    id: &str,
+    bytes: &[u8],
+) -> Result<(Tenant, TaskId, B), Response> {
+    Ok((tenant_of(app, headers)?, task_id(id)?, body(bytes)?))
+}
+
 async fn show<S: TaskStore + RunStore>(
     State(app): State<App<S>>,
     Path(id): Path<String>,
@@ -524,9 +535,7 @@ async fn heartbeat<S: TaskStore + RunStore>(
     headers: HeaderMap,
     bytes: Bytes,
 ) -> Response {
-    let tenant = tri!(tenant_of(&app, &headers));
-    let id = tri!(task_id(&id));
-    let b: HeartbeatBody = tri!(body(&bytes));
+    let (tenant, id, b): (_, _, HeartbeatBody) = tri!(fenced(&app, &headers, &id, &bytes));
     let lease = tri!(duration("lease", &b.lease));
     match app.tasks.heartbeat(&tenant, &id, b.fence, lease).await {
         Ok(t) => answer(StatusCode::OK, &task_json(&t)),
@@ -548,9 +557,7 @@ async fn complete<S: TaskStore + RunStore>(
     headers: HeaderMap,
     bytes: Bytes,
 ) -> Response {
-    let tenant = tri!(tenant_of(&app, &headers));
-    let id = tri!(task_id(&id));
-    let b: CompleteBody = tri!(body(&bytes));
+    let (tenant, id, b): (_, _, CompleteBody) = tri!(fenced(&app, &headers, &id, &bytes));
     match app.tasks.complete(&tenant, &id, b.fence, &b.result).await {
         Ok((t, false)) => answer(StatusCode::OK, &task_json(&t)),
         Ok((t, true)) => replayed(answer(StatusCode::OK, &task_json(&t))),
@@ -572,9 +579,7 @@ async fn fail<S: TaskStore + RunStore>(
     headers: HeaderMap,
     bytes: Bytes,
 ) -> Response {
-    let tenant = tri!(tenant_of(&app, &headers));
-    let id = tri!(task_id(&id));
-    let b: FailBody = tri!(body(&bytes));
+    let (tenant, id, b): (_, _, FailBody) = tri!(fenced(&app, &headers, &id, &bytes));
     let retry_in = match b.retry_in.as_deref() {
         None => None,
         Some(text) => Some(tri!(duration("retry_in", text))),
@@ -613,10 +618,8 @@ async fn action<S: TaskStore + RunStore>(
     headers: HeaderMap,
     bytes: Bytes,
 ) -> Response {
-    let tenant = tri!(tenant_of(&app, &headers));
-    let id = tri!(task_id(&id));
+    let (tenant, id, b): (_, _, ActionBody) = tri!(fenced(&app, &headers, &id, &bytes));
     let action = tri!(name(ActionName::new(action)));
-    let b: ActionBody = tri!(body(&bytes));
     let Some(mode) = ActionMode::parse(&b.mode) else {
         return invalid("mode: at-most-once or verify");
     };
@@ -641,10 +644,8 @@ async fn action_result<S: TaskStore + RunStore>(
     headers: HeaderMap,
     bytes: Bytes,
 ) -> Response {
-    let tenant = tri!(tenant_of(&app, &headers));
-    let id = tri!(task_id(&id));
+    let (tenant, id, b): (_, _, ResultBody) = tri!(fenced(&app, &headers, &id, &bytes));
     let action = tri!(name(ActionName::new(action)));
-    let b: ResultBody = tri!(body(&bytes));
     let Some(outcome) = ActionOutcome::parse(&b.outcome) else {
         return invalid("outcome: done or not-sent");
     };

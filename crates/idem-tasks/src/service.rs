@@ -182,10 +182,16 @@ impl<S: TaskStore + RunStore> Tasks<S> {
         spec: &TaskSpec,
     ) -> Result<(TaskRecord, bool), TasksError> {
         let mut tx = self.store.begin().await?;
-        match self.create_in(&mut tx, tenant, queue, key, spec).await {
-            Ok(made) => {
+        let made = self.create_in(&mut tx, tenant, queue, key, spec).await;
+        self.finish(tx, made).await
+    }
+
+    /// Commits `tx` when `out` is a success, else rolls it back; `out`.
+    pub async fn finish<T>(&self, tx: S::Tx, out: Result<T, TasksError>) -> Result<T, TasksError> {
+        match out {
+            Ok(v) => {
                 self.store.commit(tx).await?;
-                Ok(made)
+                Ok(v)
             }
             Err(e) => {
                 let _ = self.store.rollback(tx).await;
@@ -241,16 +247,7 @@ impl<S: TaskStore + RunStore> Tasks<S> {
             Ok(Observed { tasks, repeated })
         }
         .await;
-        match result {
-            Ok(observed) => {
-                self.store.commit(tx).await?;
-                Ok(observed)
-            }
-            Err(e) => {
-                let _ = self.store.rollback(tx).await;
-                Err(e)
-            }
-        }
+        self.finish(tx, result).await
     }
 
     /// A poller's cursor.
@@ -320,19 +317,10 @@ impl<S: TaskStore + RunStore> Tasks<S> {
         max: u32,
     ) -> Result<Vec<TaskRecord>, TasksError> {
         let mut tx = self.store.begin().await?;
-        match self
+        let claimed = self
             .claim_in(&mut tx, tenant, queue, worker, lease, max)
-            .await
-        {
-            Ok(claimed) => {
-                self.store.commit(tx).await?;
-                Ok(claimed)
-            }
-            Err(e) => {
-                let _ = self.store.rollback(tx).await;
-                Err(e)
-            }
-        }
+            .await;
+        self.finish(tx, claimed).await
     }
 
     /// One fenced settle in a transaction of its own.

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use sha2::{Digest, Sha256};
+use crate::derive::{digest, hex};
 
 use crate::scope::Scope;
 
@@ -23,26 +23,6 @@ pub enum NameError {
     /// A namespace must be 1 to 64 characters of `[A-Za-z0-9._-]`.
     #[error("namespace must be 1 to 64 characters of [A-Za-z0-9._-], got {0:?}")]
     Namespace(String),
-}
-
-/// SHA-256 over length-prefixed parts, after a domain tag: no two different
-/// tuples hash alike, and run ids never collide with step keys.
-fn digest(domain: &str, parts: &[&str]) -> [u8; 32] {
-    let mut h = Sha256::new();
-    h.update(domain.as_bytes());
-    for p in parts {
-        h.update((p.len() as u64).to_be_bytes());
-        h.update(p.as_bytes());
-    }
-    h.finalize().into()
-}
-
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    bytes.iter().fold(String::new(), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
 }
 
 /// The installation a run belongs to: part of every id it derives, so two

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use sha2::{Digest, Sha256};
+use crate::derive::{digest, hex};
 
 use crate::IdempotencyKey;
 use crate::scope::Tenant;
@@ -115,26 +115,6 @@ impl WorkerName {
     pub fn as_str(&self) -> &str {
         &self.0
     }
-}
-
-/// SHA-256 over length-prefixed parts after a domain tag, as the steps'
-/// ids are derived.
-fn digest(domain: &str, parts: &[&str]) -> [u8; 32] {
-    let mut h = Sha256::new();
-    h.update(domain.as_bytes());
-    for p in parts {
-        h.update((p.len() as u64).to_be_bytes());
-        h.update(p.as_bytes());
-    }
-    h.finalize().into()
-}
-
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    bytes.iter().fold(String::new(), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
 }
 
 /// A task's id: `tsk_` and 32 hex digits derived from the installation's

@@ -145,16 +145,9 @@ impl Job for TasksAction {
             TasksAction::Retry { task, .. } => {
                 let id = task_id(&task)?;
                 let mut tx = store.begin().await?;
-                match tasks.retry_in(&mut tx, &id, ACTOR).await {
-                    Ok(t) => {
-                        store.commit(tx).await?;
-                        println!("{}", task_json(&t));
-                    }
-                    Err(e) => {
-                        let _ = store.rollback(tx).await;
-                        return Err(refused(e));
-                    }
-                }
+                let retried = tasks.retry_in(&mut tx, &id, ACTOR).await;
+                let t = tasks.finish(tx, retried).await.map_err(refused)?;
+                println!("{}", task_json(&t));
             }
             TasksAction::Resolve {
                 task,
@@ -167,16 +160,9 @@ impl Job for TasksAction {
                     ActionName::new(action).map_err(|e| anyhow::anyhow!("--action: {e}"))?;
                 let sent = resolution == ResolveAs::Sent;
                 let mut tx = store.begin().await?;
-                match tasks.resolve_in(&mut tx, &id, &action, sent, ACTOR).await {
-                    Ok(t) => {
-                        store.commit(tx).await?;
-                        println!("{}", task_json(&t));
-                    }
-                    Err(e) => {
-                        let _ = store.rollback(tx).await;
-                        return Err(refused(e));
-                    }
-                }
+                let resolved = tasks.resolve_in(&mut tx, &id, &action, sent, ACTOR).await;
+                let t = tasks.finish(tx, resolved).await.map_err(refused)?;
+                println!("{}", task_json(&t));
             }
         }
         Ok(())
