@@ -539,6 +539,73 @@
     }));
   }
 
+  const TASK_STATES = ["ready", "claimed", "done", "dead", "needs_attention"];
+
+  views.tasks = async (params) => {
+    const page = await get("/tasks", listParams(params, ["queue", "state"]));
+    return [
+      el("h1", { text: "Tasks" }),
+      filters("tasks", params, [["queue", "Queue"], ["state", "State", TASK_STATES]]),
+      table([
+        ["Task", (t) => link(t.id, hashFor("task", { id: t.id }))],
+        ["Queue", (t) => t.queue],
+        ["Tenant", (t) => t.tenant],
+        ["Key", (t) => t.key],
+        ["State", (t) => stateBadge(t.state)],
+        ["Attempt", (t) => show(t.attempt) + " of " + show(t.max_attempts)],
+        ["Holder", (t) => t.holder],
+        ["Fence", (t) => t.fence],
+        ["Lease until", (t) => t.lease_expires_at],
+        ["Created", (t) => t.created_at],
+      ], page.items, "No tasks match."),
+      pager("tasks", params, page.next_cursor),
+    ];
+  };
+
+  views.task = async (params) => {
+    const id = params.get("id") || "";
+    const t = await get("/tasks/" + encodeURIComponent(id));
+    const path = "/tasks/" + encodeURIComponent(t.id);
+    const actions = el("div", { class: "actions", id: "task-actions" });
+    if (t.state === "needs_attention") {
+      // The action whose outcome is unknown: the last one the timeline names.
+      const asked = (t.timeline || []).filter((e) => e.kind === "action" && e.detail);
+      const last = asked.length ? asked[asked.length - 1].detail : "";
+      const name = (last.match(/ ([A-Za-z0-9._-]+): /) || [])[1] || "";
+      actions.append(
+        el("span", { text: "The outcome of " + (name || "an action") + " is unknown. Check the other system by its key, then:" }),
+        el("button", { type: "button", id: "task-resolve-sent", class: "primary", text: "It was sent",
+          onclick: () => act("Resolve as sent", path + "/resolve", { action: name, as: "sent" }, () => render()) }),
+        el("button", { type: "button", id: "task-resolve-not-sent", text: "It was not sent",
+          onclick: () => act("Resolve as not sent", path + "/resolve", { action: name, as: "not_sent" }, () => render()) }));
+    }
+    if (t.state === "dead" || t.state === "needs_attention") {
+      actions.append(el("button", { type: "button", id: "task-retry", text: "Retry (one more attempt)",
+        onclick: () => act("Retry", path + "/retry", {}, () => render()) }));
+    }
+    return [
+      el("h1", {}, "Task ", el("code", { text: t.id })),
+      el("p", {}, link("← Tasks", "#/tasks")),
+      el("div", { class: "card" }, kv([
+        ["State", el("span", { id: "task-state" }, stateBadge(t.state))],
+        ["Queue", t.queue], ["Tenant", t.tenant], ["Key", t.key],
+        ["Attempt", show(t.attempt) + " of " + show(t.max_attempts)],
+        ["Holder", t.holder], ["Fence", t.fence], ["Lease until", t.lease_expires_at],
+        ["Last error", t.last_error], ["Payload", pre(JSON.stringify(t.payload, null, 2))],
+        ["Result", t.result === null || t.result === undefined ? null : pre(JSON.stringify(t.result, null, 2))],
+        ["Created", t.created_at], ["Finished", t.finished_at],
+      ])),
+      actions,
+      el("h2", { text: "Timeline" }),
+      el("ol", { class: "timeline", id: "task-timeline" }, (t.timeline || []).map((e) =>
+        el("li", { class: String(e.kind || "").replace(/[^a-z_]/g, "") },
+          el("div", { class: "step-head" },
+            el("strong", { text: e.kind }),
+            el("span", { class: "muted", text: (e.actor ? e.actor + ", " : "") + (e.fence !== null && e.fence !== undefined ? "fence " + e.fence + ", " : "") + show(e.at) }),
+            e.detail ? el("span", { text: e.detail }) : null)))),
+    ];
+  };
+
   views.audit = async (params) => {
     const page = await get("/audit", listParams(params, ["action"]));
     return [
@@ -558,7 +625,7 @@
 
   // ---- routing ----------------------------------------------------------------
 
-  const NAV = { key: "keys", receipt: "webhooks", run: "runs" };
+  const NAV = { key: "keys", receipt: "webhooks", run: "runs", task: "tasks" };
   let rendering = 0;
 
   async function render() {

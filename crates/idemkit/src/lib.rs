@@ -77,6 +77,7 @@
 //! | (always) | the crate root | [`Collector`]: expired keys, inbox records, receipts and sent outbox rows purged in bounded batches |
 //! | (always) | [`outbox`], [`inbox`], [`webhooks`] | each capability's types and store trait (`OutboxMessage`, `Subscriber`, `Receipt`, …) |
 //! | (always) | [`steps`], [`patterns`] | runs and steps (`RunStore`, `StepKey`, `Fence`, …); the idempotent database patterns |
+//! | (always) | [`tasks`] | polling agents' tasks: names, derived task ids and action keys, `TaskStore` |
 //! | `sqlite` (default) | `sqlite` | `SqliteStore`, the embedded backend (one file) |
 //! | `postgres` | `postgres` | `PgStore`, the production backend |
 //! | `http` (default) | `http` | `IdempotencyLayer`, the tower layer for axum and hyper |
@@ -87,6 +88,8 @@
 //! | `webhooks-axum` | [`webhooks`] as well | the receive route for axum (`webhooks::route`) |
 //! | `steps` | [`steps`] as well | `Runs`, `Workflow`, `Run` (phases, calls, sends, compensations), `Recovery`, `resolve` |
 //! | `steps-http` | [`steps`] as well | `WorkflowService`: a multi-step operation behind the `Idempotency-Key` contract |
+//! | `tasks` | [`tasks`] as well | `Tasks`: observations that become tasks once, cursors, fenced claims, actions once |
+//! | `tasks-http` | [`tasks`] as well | the task API over HTTP as an axum router (`tasks::http::router`) |
 //! | `gateway` | `gateway` | `Gateway`: the `Idempotency-Key` contract in front of an HTTP API that has none, as an axum router (needs a store with leases: `SqliteStore`, `PgStore`) |
 //!
 //! The admin API and console (`idem-admin`) and the conformance drill
@@ -200,6 +203,14 @@ pub mod webhooks {
     pub use idem_core::webhooks::*;
     #[cfg(feature = "webhooks")]
     pub use idem_webhooks::*;
+}
+
+/// Tasks for polling agents: the types and the store ([`idem_core::tasks`])
+/// and, with the `tasks` feature, the service (`idem_tasks`).
+pub mod tasks {
+    pub use idem_core::tasks::*;
+    #[cfg(feature = "tasks")]
+    pub use idem_tasks::*;
 }
 
 /// Runs and steps of operations that call other systems: the types and the
