@@ -117,6 +117,11 @@ fn describe() {
         idem_tasks::FENCED_OUT_TOTAL,
         "Task writes refused because the writer no longer held the task"
     );
+    describe_histogram!(
+        idem_tasks::CLAIM_LATENCY,
+        metrics::Unit::Seconds,
+        "How long claimed tasks had been due when claimed, by queue"
+    );
     describe_gauge!(TASKS, "Tasks, by queue and state");
     describe_gauge!(RUNS, "Multi-step runs, by state");
     describe_gauge!(RECEIPTS, "Stored webhook receipts, by endpoint and state");

@@ -126,6 +126,12 @@ pub const MARK_SENT: &str = "UPDATE idem_send_once \
 pub const MARK_NOT_SENT: &str = "UPDATE idem_send_once \
     SET state = 'not_sent', updated_at_ms = $2 WHERE message_id = $1 AND state = 'sending'";
 
+/// Whether queue `$2` of tenant `$1` has a task a claim at `$3` would take.
+pub const HAS_DUE: &str = "SELECT EXISTS (SELECT 1 FROM idem_tasks \
+    WHERE tenant_id = $1 AND queue = $2 \
+      AND ((state = 'ready' AND run_at_ms <= $3) \
+           OR (state = 'claimed' AND lease_expires_at_ms <= $3)))";
+
 /// How many tasks each queue holds in each state.
 pub const COUNT: &str = "SELECT queue, state, count(*) AS n FROM idem_tasks GROUP BY queue, state";
 
@@ -662,6 +668,24 @@ macro_rules! task_store {
                     )
                     .await?;
                     Ok(Steered::Done(revived))
+                }
+
+                async fn has_due(
+                    &self,
+                    tenant: &str,
+                    queue: &str,
+                    now_ms: i64,
+                ) -> Result<bool, StoreError> {
+                    self.bounded(async {
+                        sqlx::query_scalar(sql::HAS_DUE)
+                            .bind(tenant)
+                            .bind(queue)
+                            .bind(now_ms)
+                            .fetch_one(self.pool())
+                            .await
+                            .map_err(|e| self.map(e))
+                    })
+                    .await
                 }
 
                 async fn load_task(&self, id: &str) -> Result<Option<TaskRecord>, StoreError> {

@@ -32,6 +32,9 @@ pub struct TasksConfig {
     pub retry_base: Duration,
     /// How long an action's ledger entry is kept (default 30 days).
     pub action_retention: Duration,
+    /// The longest a claim may wait for a task to become due (`wait`,
+    /// default 30 s).
+    pub max_wait: Duration,
 }
 
 impl Default for TasksConfig {
@@ -48,6 +51,7 @@ impl Default for TasksConfig {
             max_error_bytes: 4096,
             retry_base: Duration::from_secs(1),
             action_retention: Duration::from_secs(30 * 86_400),
+            max_wait: Duration::from_secs(30),
         }
     }
 }
@@ -94,6 +98,13 @@ impl TasksConfig {
             "retry_base",
             self.retry_base,
             Duration::from_millis(10),
+            Duration::from_secs(300),
+        )?;
+        ConfigError::check_duration(
+            c,
+            "max_wait",
+            self.max_wait,
+            Duration::ZERO,
             Duration::from_secs(300),
         )?;
         ConfigError::check_duration(

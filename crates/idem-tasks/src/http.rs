@@ -7,7 +7,7 @@
 //! | `POST /v1/queues/{queue}/tasks` | creates the task keyed by `Idempotency-Key` (`201`; the same key again: the same task, `Idempotent-Replayed: true`; another payload: `422`) |
 //! | `POST /v1/pollers/{poller}/observations` | moves the cursor from `expected` to `value` and creates the tasks, in one transaction (`409 cursor-moved` with `current` otherwise) |
 //! | `GET /v1/pollers/{poller}` | the cursor |
-//! | `POST /v1/queues/{queue}/claims` | claims up to `max` tasks for `worker` for `lease` (`Idempotency-Key` required: a retried claim is answered as the first) |
+//! | `POST /v1/queues/{queue}/claims` | claims up to `max` tasks for `worker` for `lease` (`Idempotency-Key` required: a retried claim is answered as the first); with `wait`, a long poll |
 //! | `GET /v1/tasks/{id}` | the task |
 //! | `POST /v1/tasks/{id}/heartbeat`, `…/complete`, `…/fail` | the holder of `fence` renews, completes, fails (`409 lease-lost` for anyone else) |
 //! | `POST /v1/tasks/{id}/actions/{name}` | the action's key and `go`, `done` or `unknown` |
@@ -29,7 +29,7 @@ use idem_core::tasks::{
     ActionDecision, ActionMode, ActionName, ActionOutcome, PollerName, QueueName, TaskEvent,
     TaskId, TaskRecord, TaskStore, WorkerName,
 };
-use idem_core::{IdempotencyKey, Operation, Policy, StoreError, Tenant};
+use idem_core::{IdempotencyKey, Operation, Policy, Scope, StoreError, Tenant};
 use idem_http::{IdemTx, IdempotencyLayer, RouteConfig, TenantSource, problem, problem_with};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -62,6 +62,9 @@ impl HttpConfig {
 struct App<S> {
     tasks: Tasks<S>,
     tenant: TenantSource,
+    /// The claims' operation, for a long poll's look at the key's record.
+    claims: Operation,
+    max_body_bytes: usize,
 }
 
 impl<S: Clone> Clone for App<S> {
@@ -69,6 +72,8 @@ impl<S: Clone> Clone for App<S> {
         Self {
             tasks: self.tasks.clone(),
             tenant: self.tenant.clone(),
+            claims: self.claims.clone(),
+            max_body_bytes: self.max_body_bytes,
         }
     }
 }
@@ -79,17 +84,23 @@ pub fn router<S: TaskStore + RunStore>(
     config: HttpConfig,
 ) -> Result<Router, TasksError> {
     let operation = Operation::new("tasks.claim").map_err(TasksError::invalid)?;
-    let mut claims = RouteConfig::required(operation, config.tenant.clone());
+    let mut claims = RouteConfig::required(operation.clone(), config.tenant.clone());
     claims.max_request_bytes = config.max_body_bytes;
     claims.policy = Policy::with_ttl(config.claim_key_ttl);
     let layer = IdempotencyLayer::new(tasks.store().clone(), claims);
     let app = App {
         tasks,
         tenant: config.tenant,
+        claims: operation,
+        max_body_bytes: config.max_body_bytes,
     };
+    let long_poll = axum::middleware::from_fn_with_state(app.clone(), long_poll::<S>);
     Ok(Router::new()
         .route("/v1/queues/{queue}/tasks", post(create::<S>))
-        .route("/v1/queues/{queue}/claims", post(claim::<S>).layer(layer))
+        .route(
+            "/v1/queues/{queue}/claims",
+            post(claim::<S>).layer(layer).layer(long_poll),
+        )
         .route("/v1/pollers/{poller}/observations", post(observe::<S>))
         .route("/v1/pollers/{poller}", get(poller::<S>))
         .route("/v1/tasks/{id}", get(show::<S>))
@@ -452,6 +463,63 @@ struct ClaimBody {
     lease: String,
     #[serde(default = "one")]
     max: u32,
+    /// Read by [`long_poll`], before the key is claimed.
+    #[serde(default, rename = "wait")]
+    _wait: Option<serde::de::IgnoredAny>,
+}
+
+/// A claim with `"wait": "10s"` waits here — before its key is claimed, in
+/// no transaction — until a task of the queue is due or the wait ends,
+/// reading every 100 ms. A retry of a claim whose key is recorded does not
+/// wait: the layer answers it at once, as the first was answered.
+async fn long_poll<S: TaskStore + RunStore>(
+    State(app): State<App<S>>,
+    Path(queue): Path<String>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let (parts, body) = req.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, app.max_body_bytes).await else {
+        return problem(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload-too-large",
+            "The request body is too large",
+            Some(&format!("at most {} bytes", app.max_body_bytes)),
+            None,
+        );
+    };
+    let wait = serde_json::from_slice::<Value>(&bytes)
+        .ok()
+        .and_then(|v| v.get("wait").cloned());
+    if let Some(wait) = wait {
+        let Some(text) = wait.as_str() else {
+            return invalid("wait: a duration such as 10s");
+        };
+        let wait = tri!(duration("wait", text));
+        let tenant = tri!(app.tenant.resolve(&parts).map_err(|r| r.into_response()));
+        let queue = tri!(name(QueueName::new(queue)));
+        let key = parts
+            .headers
+            .get("idempotency-key")
+            .and_then(|v| IdempotencyKey::from_header(v.as_bytes()).ok());
+        let recorded = match key {
+            Some(key) => {
+                let scope = Scope::new(tenant.clone(), app.claims.clone(), key);
+                // A failed read waits: the claim itself answers the truth.
+                matches!(app.tasks.store().fetch(&scope).await, Ok(Some(_)))
+            }
+            // Refused at once by the layer.
+            None => true,
+        };
+        if !recorded && let Err(e) = app.tasks.wait_for_due(&tenant, &queue, wait).await {
+            return refused(e);
+        }
+    }
+    next.run(axum::extract::Request::from_parts(
+        parts,
+        axum::body::Body::from(bytes),
+    ))
+    .await
 }
 
 fn one() -> u32 {

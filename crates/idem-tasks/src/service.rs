@@ -270,6 +270,38 @@ impl<S: TaskStore + RunStore> Tasks<S> {
         Ok(millis(lease))
     }
 
+    /// Waits until a claim of `queue` would find a task, or `wait` passed
+    /// (at most [`TasksConfig::max_wait`]): `true` when one is due. It
+    /// reads without a lock or a transaction, every 100 ms, so a long poll
+    /// holds nothing while it waits.
+    pub async fn wait_for_due(
+        &self,
+        tenant: &Tenant,
+        queue: &QueueName,
+        wait: Duration,
+    ) -> Result<bool, TasksError> {
+        if wait > self.config.max_wait {
+            return Err(TasksError::invalid(format!(
+                "wait must be at most {}",
+                idem_core::duration_text(self.config.max_wait)
+            )));
+        }
+        let until = tokio::time::Instant::now() + wait;
+        loop {
+            let due = self
+                .store
+                .has_due(tenant.as_str(), queue.as_str(), self.now_ms())
+                .await?;
+            if due || tokio::time::Instant::now() >= until {
+                return Ok(due);
+            }
+            tokio::time::sleep_until(
+                until.min(tokio::time::Instant::now() + Duration::from_millis(100)),
+            )
+            .await;
+        }
+    }
+
     /// In `tx`: claims up to `max` due tasks of `queue` for `worker`, each
     /// held for `lease` (the database's clock), each one's fence grown.
     pub async fn claim_in(
@@ -297,6 +329,11 @@ impl<S: TaskStore + RunStore> Tasks<S> {
             now_ms: self.now_ms(),
         };
         let claimed = S::claim_tasks(tx, &request).await?;
+        for t in &claimed {
+            let due_ms = (request.now_ms - t.run_at_ms).max(0);
+            metrics::histogram!(crate::CLAIM_LATENCY, "queue" => queue.as_str().to_owned())
+                .record(due_ms as f64 / 1000.0);
+        }
         metrics::counter!(crate::CLAIMED_TOTAL, "queue" => queue.as_str().to_owned())
             .increment(claimed.len() as u64);
         let taken_over = claimed.iter().filter(|t| t.attempt > 1).count();

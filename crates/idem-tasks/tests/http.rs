@@ -207,6 +207,60 @@ async fn contract(app: Router) {
     let unkeyed = call(&app, "POST", "/v1/queues/triage/claims", None, body).await;
     assert_eq!(unkeyed.status, StatusCode::BAD_REQUEST);
 
+    // A long poll: nothing due, it waits and answers empty; a task created
+    // meanwhile is claimed as soon as it is due.
+    let waited = std::time::Instant::now();
+    let empty = call(
+        &app,
+        "POST",
+        "/v1/queues/later/claims",
+        Some("w-1"),
+        json!({"worker": "w", "lease": "30s", "wait": "300ms"}),
+    )
+    .await;
+    assert_eq!(
+        (empty.status, empty.body["tasks"].clone()),
+        (StatusCode::OK, json!([]))
+    );
+    assert!(
+        waited.elapsed() >= std::time::Duration::from_millis(300),
+        "it waited"
+    );
+    let creator = app.clone();
+    let made = tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        call(
+            &creator,
+            "POST",
+            "/v1/queues/later/tasks",
+            Some("late-1"),
+            json!({"payload": 1}),
+        )
+        .await
+    });
+    let polled = call(
+        &app,
+        "POST",
+        "/v1/queues/later/claims",
+        Some("w-2"),
+        json!({"worker": "w", "lease": "30s", "wait": "20s"}),
+    )
+    .await;
+    assert_eq!(made.await.unwrap().status, StatusCode::CREATED);
+    assert_eq!(polled.body["tasks"][0]["key"], "late-1", "{}", polled.body);
+    let replay = call(
+        &app,
+        "POST",
+        "/v1/queues/later/claims",
+        Some("w-2"),
+        json!({"worker": "w", "lease": "30s", "wait": "20s"}),
+    )
+    .await;
+    assert!(
+        replay.replayed,
+        "a recorded claim is answered at once, not after a wait"
+    );
+
     // Actions and completion, fenced.
     let t = claimed.iter().find(|t| t["id"] == id.as_str()).unwrap();
     let fence = t["fence"].as_i64().unwrap();

@@ -137,6 +137,16 @@ pub trait TaskStore: KeyStore {
         now_ms: i64,
     ) -> impl Future<Output = Result<Steered, StoreError>> + Send + 'a;
 
+    /// Whether a claim of `queue` of `tenant` at `now_ms` would find a
+    /// task: one ready by then, or claimed with its lease ended. A read
+    /// that takes no lock (a long-polling claim waits on it).
+    fn has_due(
+        &self,
+        tenant: &str,
+        queue: &str,
+        now_ms: i64,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
     /// A task.
     fn load_task(
         &self,
