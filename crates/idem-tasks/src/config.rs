@@ -35,6 +35,12 @@ pub struct TasksConfig {
     /// The longest a claim may wait for a task to become due (`wait`,
     /// default 30 s).
     pub max_wait: Duration,
+    /// The longest one operation of [`Tasks`](crate::Tasks) (its own
+    /// transaction) may take before it gives up with
+    /// [`StoreError::OutcomeUnknown`](idem_core::StoreError::OutcomeUnknown)
+    /// — a stalled database must not hold a caller forever; every task
+    /// write is safe to repeat, so the caller retries (default 10 s).
+    pub deadline: Duration,
 }
 
 impl Default for TasksConfig {
@@ -52,6 +58,7 @@ impl Default for TasksConfig {
             retry_base: Duration::from_secs(1),
             action_retention: Duration::from_secs(30 * 86_400),
             max_wait: Duration::from_secs(30),
+            deadline: Duration::from_secs(10),
         }
     }
 }
@@ -99,6 +106,13 @@ impl TasksConfig {
             self.retry_base,
             Duration::from_millis(10),
             Duration::from_secs(300),
+        )?;
+        ConfigError::check_duration(
+            c,
+            "deadline",
+            self.deadline,
+            Duration::from_millis(100),
+            Duration::from_secs(600),
         )?;
         ConfigError::check_duration(
             c,

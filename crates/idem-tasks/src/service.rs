@@ -130,6 +130,26 @@ impl<S: TaskStore + RunStore> Tasks<S> {
         self.store.clock().now_ms()
     }
 
+    /// `op` within [`TasksConfig::deadline`]; past it, its transaction is
+    /// dropped (rolled back unless its commit was under way) and the
+    /// outcome is unknown to the caller, who repeats the request.
+    async fn bounded<T>(
+        &self,
+        op: impl Future<Output = Result<T, TasksError>>,
+    ) -> Result<T, TasksError> {
+        let deadline = self.config.deadline;
+        match tokio::time::timeout(deadline, op).await {
+            Ok(out) => out,
+            Err(_) => Err(TasksError::Store(idem_core::StoreError::OutcomeUnknown {
+                source: format!(
+                    "the database did not answer within {}",
+                    idem_core::duration_text(deadline)
+                )
+                .into(),
+            })),
+        }
+    }
+
     /// In `tx`: creates the task keyed `key` in `queue`, or finds it (then
     /// `false`); [`TasksError::KeyReused`] when it was created with another
     /// payload.
@@ -181,9 +201,12 @@ impl<S: TaskStore + RunStore> Tasks<S> {
         key: &IdempotencyKey,
         spec: &TaskSpec,
     ) -> Result<(TaskRecord, bool), TasksError> {
-        let mut tx = self.store.begin().await?;
-        let made = self.create_in(&mut tx, tenant, queue, key, spec).await;
-        self.finish(tx, made).await
+        self.bounded(async {
+            let mut tx = self.store.begin().await?;
+            let made = self.create_in(&mut tx, tenant, queue, key, spec).await;
+            self.finish(tx, made).await
+        })
+        .await
     }
 
     /// Commits `tx` when `out` is a success, else rolls it back; `out`.
@@ -223,31 +246,36 @@ impl<S: TaskStore + RunStore> Tasks<S> {
                 self.config.max_tasks_per_observation
             )));
         }
-        let mut tx = self.store.begin().await?;
-        let result = async {
-            let now_ms = self.now_ms();
-            let moved = S::move_cursor(
-                &mut tx,
-                tenant.as_str(),
-                poller.as_str(),
-                expected.as_deref(),
-                &value,
-                now_ms,
-            )
-            .await?;
-            let repeated = match moved {
-                CursorMove::Moved => false,
-                CursorMove::AlreadyThere => true,
-                CursorMove::Conflict(current) => return Err(TasksError::CursorMoved { current }),
-            };
-            let mut tasks = Vec::with_capacity(observation.tasks.len());
-            for (queue, key, spec) in &observation.tasks {
-                tasks.push(self.create_in(&mut tx, tenant, queue, key, spec).await?);
+        self.bounded(async {
+            let mut tx = self.store.begin().await?;
+            let result = async {
+                let now_ms = self.now_ms();
+                let moved = S::move_cursor(
+                    &mut tx,
+                    tenant.as_str(),
+                    poller.as_str(),
+                    expected.as_deref(),
+                    &value,
+                    now_ms,
+                )
+                .await?;
+                let repeated = match moved {
+                    CursorMove::Moved => false,
+                    CursorMove::AlreadyThere => true,
+                    CursorMove::Conflict(current) => {
+                        return Err(TasksError::CursorMoved { current });
+                    }
+                };
+                let mut tasks = Vec::with_capacity(observation.tasks.len());
+                for (queue, key, spec) in &observation.tasks {
+                    tasks.push(self.create_in(&mut tx, tenant, queue, key, spec).await?);
+                }
+                Ok(Observed { tasks, repeated })
             }
-            Ok(Observed { tasks, repeated })
-        }
-        .await;
-        self.finish(tx, result).await
+            .await;
+            self.finish(tx, result).await
+        })
+        .await
     }
 
     /// A poller's cursor.
@@ -368,25 +396,28 @@ impl<S: TaskStore + RunStore> Tasks<S> {
         fence: i64,
         how: &Settle<'_>,
     ) -> Result<Fenced, TasksError> {
-        let mut tx = self.store.begin().await?;
-        let now_ms = self.now_ms();
-        match S::settle(&mut tx, tenant.as_str(), task.as_str(), fence, how, now_ms).await {
-            Ok(out @ Fenced::Written(_)) => {
-                self.store.commit(tx).await?;
-                Ok(out)
-            }
-            Ok(out) => {
-                let _ = self.store.rollback(tx).await;
-                if matches!(out, Fenced::LeaseLost(_)) {
-                    metrics::counter!(crate::FENCED_OUT_TOTAL).increment(1);
+        self.bounded(async {
+            let mut tx = self.store.begin().await?;
+            let now_ms = self.now_ms();
+            match S::settle(&mut tx, tenant.as_str(), task.as_str(), fence, how, now_ms).await {
+                Ok(out @ Fenced::Written(_)) => {
+                    self.store.commit(tx).await?;
+                    Ok(out)
                 }
-                Ok(out)
+                Ok(out) => {
+                    let _ = self.store.rollback(tx).await;
+                    if matches!(out, Fenced::LeaseLost(_)) {
+                        metrics::counter!(crate::FENCED_OUT_TOTAL).increment(1);
+                    }
+                    Ok(out)
+                }
+                Err(e) => {
+                    let _ = self.store.rollback(tx).await;
+                    Err(e.into())
+                }
             }
-            Err(e) => {
-                let _ = self.store.rollback(tx).await;
-                Err(e.into())
-            }
-        }
+        })
+        .await
     }
 
     fn written(fence: i64, out: Fenced) -> Result<TaskRecord, TasksError> {
@@ -545,10 +576,13 @@ impl<S: TaskStore + RunStore> Tasks<S> {
     ) -> Result<(ActionKey, ActionDecision, TaskRecord), TasksError> {
         let key = self.action_key(task, action);
         let attempt = self.attempt(tenant, task, fence, action, &key, mode);
-        let mut tx = self.store.begin().await?;
-        let out = S::claim_action(&mut tx, &attempt).await;
-        let (decision, record) = self.decided(fence, tx, out).await?;
-        Ok((key, decision, record))
+        self.bounded(async {
+            let mut tx = self.store.begin().await?;
+            let out = S::claim_action(&mut tx, &attempt).await;
+            self.decided(fence, tx, out).await
+        })
+        .await
+        .map(|(decision, record)| (key.clone(), decision, record))
     }
 
     /// The holder of `fence` reports what became of `action`: `Done` marks
@@ -571,10 +605,13 @@ impl<S: TaskStore + RunStore> Tasks<S> {
         let key = self.action_key(task, action);
         let mut attempt = self.attempt(tenant, task, fence, action, &key, ActionMode::Verify);
         attempt.detail = detail;
-        let mut tx = self.store.begin().await?;
-        let out = S::record_action(&mut tx, &attempt, outcome).await;
-        let (decision, record) = self.decided(fence, tx, out).await?;
-        Ok((key, decision, record))
+        self.bounded(async {
+            let mut tx = self.store.begin().await?;
+            let out = S::record_action(&mut tx, &attempt, outcome).await;
+            self.decided(fence, tx, out).await
+        })
+        .await
+        .map(|(decision, record)| (key.clone(), decision, record))
     }
 
     /// In `tx`: an operator (`actor`, kept in the timeline) makes a dead

@@ -455,3 +455,126 @@ async fn the_contract_holds_on_postgres() {
     store.migrate().await.unwrap();
     contract(app(store).await).await;
 }
+
+/// PostgreSQL goes silent: task writes answer 503 within the deadline
+/// (nothing hangs), and once it answers again the same requests repeated
+/// finish the work once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_database_gives_bounded_answers_and_repeats_are_safe() {
+    let db = idem_testkit::PgDatabase::create("idem_tasks_stall").await;
+    let proxy = idem_testkit::Proxy::start(idem_testkit::url_addr(&db.url)).await;
+    let url = idem_testkit::url_via(&db.url, proxy.addr);
+    let config = idem_postgres::PgConfig {
+        acquire_timeout: std::time::Duration::from_secs(1),
+        ..idem_postgres::PgConfig::default()
+    };
+    let store = idem_postgres::PgStore::connect(&url, config).await.unwrap();
+    store.migrate().await.unwrap();
+    let tasks = Tasks::new(
+        store,
+        TasksConfig {
+            deadline: std::time::Duration::from_secs(1),
+            ..TasksConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let tenant = TenantSource::TrustedHeader {
+        name: axum::http::HeaderName::from_static("x-tenant-id"),
+        default: Tenant::new("default").ok(),
+    };
+    let app = router(tasks, HttpConfig::new(tenant)).unwrap();
+    let made = call(
+        &app,
+        "POST",
+        "/v1/queues/q/tasks",
+        Some("s-1"),
+        json!({"payload": 1}),
+    )
+    .await;
+    assert_eq!(made.status, StatusCode::CREATED);
+    let claimed = call(
+        &app,
+        "POST",
+        "/v1/queues/q/claims",
+        Some("s-c"),
+        json!({"worker": "w", "lease": "1m"}),
+    )
+    .await;
+    let t = claimed.body["tasks"][0].clone();
+    let (id, fence) = (
+        t["id"].as_str().unwrap().to_owned(),
+        t["fence"].as_i64().unwrap(),
+    );
+
+    proxy.freeze();
+    let started = std::time::Instant::now();
+    let create = call(
+        &app,
+        "POST",
+        "/v1/queues/q/tasks",
+        Some("s-2"),
+        json!({"payload": 2}),
+    )
+    .await;
+    let complete = call(
+        &app,
+        "POST",
+        &format!("/v1/tasks/{id}/complete"),
+        None,
+        json!({"fence": fence, "result": {"ok": 1}}),
+    )
+    .await;
+    for a in [&create, &complete] {
+        assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{}", a.body);
+        assert!(a.problem);
+    }
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(10),
+        "bounded: {:?}",
+        started.elapsed()
+    );
+    proxy.thaw();
+
+    // The same requests again: each done once.
+    let mut created = None;
+    for _ in 0..50 {
+        let a = call(
+            &app,
+            "POST",
+            "/v1/queues/q/tasks",
+            Some("s-2"),
+            json!({"payload": 2}),
+        )
+        .await;
+        if a.status == StatusCode::CREATED {
+            created = Some(a);
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    assert!(created.is_some(), "the store answers again");
+    let done = call(
+        &app,
+        "POST",
+        &format!("/v1/tasks/{id}/complete"),
+        None,
+        json!({"fence": fence, "result": {"ok": 1}}),
+    )
+    .await;
+    assert_eq!(
+        (done.status, done.body["state"].clone()),
+        (StatusCode::OK, json!("done")),
+        "{}",
+        done.body
+    );
+    let again = call(
+        &app,
+        "POST",
+        "/v1/queues/q/tasks",
+        Some("s-2"),
+        json!({"payload": 2}),
+    )
+    .await;
+    assert!(again.replayed, "one task for the key");
+}
