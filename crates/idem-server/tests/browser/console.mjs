@@ -187,6 +187,24 @@ try {
   }, "the resolved run leaves needs_attention");
   check(true, "the resolved run's new state is shown: " + state);
 
+  // Tasks: the task that needs attention, its timeline, resolved as sent.
+  await page.goto(base + "/console/#/tasks?state=needs_attention");
+  await viewTitled(page, "Tasks");
+  const taskLink = page.locator("#view table a").first();
+  await taskLink.waitFor();
+  await taskLink.click();
+  await page.waitForSelector("#task-timeline");
+  const steps = await page.locator("#task-timeline li").count();
+  check(steps >= 6, "the task's timeline of claims and actions is shown (" + steps + " entries)");
+  check((await page.textContent("#task-state")).includes("needs_attention"), "the task needs attention");
+  await snap(page, "task");
+  await page.click("#task-resolve-sent");
+  await page.waitForFunction(() => document.getElementById("notice")?.textContent.includes("done"));
+  const taskHash = await page.evaluate(() => location.hash);
+  await until(page, taskHash, async () => (await page.textContent("#task-state")).trim() === "ready",
+    "the resolved task leaves needs_attention");
+  check(true, "the resolved task is ready again");
+
   // A state-changing request without the CSRF token is refused.
   const noCsrf = await page.evaluate(async () => {
     const r = await fetch("/admin/v1/webhooks/replay", {

@@ -448,6 +448,53 @@ async fn console_in_chromium(db: ShopDb) {
         "https://idem.dev/problems/needs-attention"
     );
 
+    // A task that needs attention: its notification's outcome is unknown
+    // (the first claim's lease ended after it was told to go).
+    let made = crate::call(
+        a,
+        "POST",
+        "/v1/queues/mail/tasks",
+        Some("console-task"),
+        r#"{"payload":{"issue":7}}"#,
+    )
+    .await;
+    let task = made.json()["id"].as_str().unwrap().to_owned();
+    let claim = |key: &'static str| {
+        crate::call(
+            a,
+            "POST",
+            "/v1/queues/mail/claims",
+            Some(key),
+            r#"{"worker":"w","lease":"1s"}"#,
+        )
+    };
+    let first = claim("console-c1").await.json()["tasks"][0]["fence"]
+        .as_i64()
+        .unwrap();
+    let notify = format!("/v1/tasks/{task}/actions/notify");
+    let go = crate::call(
+        a,
+        "POST",
+        &notify,
+        None,
+        &format!(r#"{{"fence":{first},"mode":"at-most-once"}}"#),
+    )
+    .await;
+    assert_eq!(go.json()["do"], "go");
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let second = claim("console-c2").await.json()["tasks"][0]["fence"]
+        .as_i64()
+        .unwrap();
+    let parked = crate::call(
+        a,
+        "POST",
+        &notify,
+        None,
+        &format!(r#"{{"fence":{second},"mode":"at-most-once"}}"#),
+    )
+    .await;
+    assert_eq!(parked.json()["task"]["state"], "needs_attention");
+
     // A forward stuck on a reject route: pending, leased for 10 min.
     idem_server::backend::Db::open(&w.db.url())
         .await
@@ -482,6 +529,8 @@ async fn console_in_chromium(db: ShopDb) {
         "window.__pwned is undefined",
         "the replayed receipt is shown as processed",
         "the resolved run's new state is shown",
+        "the task's timeline of claims and actions is shown",
+        "the resolved task is ready again",
         "a POST without the CSRF token gets 403 csrf",
         "a release says a running forward may still land upstream",
         "release waits for the operator's upstream check",
@@ -505,6 +554,12 @@ async fn console_in_chromium(db: ShopDb) {
         r.json()["items"].as_array().unwrap().len(),
         0,
         "no run needs attention"
+    );
+    let r = admin_get(a, "/admin/v1/tasks?state=needs_attention").await;
+    assert_eq!(
+        r.json()["items"],
+        serde_json::json!([]),
+        "no task needs attention"
     );
     let audit = admin_get(a, "/admin/v1/audit").await.json();
     let actors: Vec<&str> = audit["items"]
