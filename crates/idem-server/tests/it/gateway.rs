@@ -468,6 +468,27 @@ pub async fn contract(db: ShopDb) {
     assert_eq!(put.key(), Some("mine"), "untouched");
     // Idem's own routes keep their paths.
     assert_eq!(call(gw.addr, "GET", "/healthz", None, "").await.status, 200);
+    // The task API is not mounted in front of an upstream: its /v1 paths
+    // are the upstream's.
+    let tasks = call(
+        gw.addr,
+        "POST",
+        "/v1/queues/q/tasks",
+        Some("t-1"),
+        r#"{"payload":1}"#,
+    )
+    .await;
+    assert_eq!(
+        tasks.status,
+        404,
+        "{}",
+        String::from_utf8_lossy(&tasks.body)
+    );
+    assert_eq!(
+        tasks.json()["error"],
+        "no such route",
+        "the upstream's own answer"
+    );
     // A gateway ships no demo: its database has Idem's tables, none of the
     // demo's.
     let (idem, demo) = tables(&db).await;

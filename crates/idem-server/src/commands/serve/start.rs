@@ -68,10 +68,17 @@ impl Job for Own<'_> {
         let metrics = crate::metrics::router(store.clone(), access, crate::metrics::install());
         crate::commands::gc::spawn(store.clone(), config.gc_interval, shutdown)?;
         let (relay, broker) = start_messaging(&store, config.nats_url.as_deref(), shutdown);
-        let tasks =
-            idem_tasks::Tasks::new(store.clone(), idem_tasks::TasksConfig::default()).await?;
-        let tasks =
-            idem_tasks::http::router(tasks, idem_tasks::http::HttpConfig::new(trusted_tenant()))?;
+        // The task API's paths are /v1/…: a gateway's /v1 is its upstream's.
+        let tasks = match config.app {
+            App::Gateway(_) => axum::Router::new(),
+            App::Demo(_) => {
+                let tasks =
+                    idem_tasks::Tasks::new(store.clone(), idem_tasks::TasksConfig::default())
+                        .await?;
+                let http = idem_tasks::http::HttpConfig::new(trusted_tenant());
+                idem_tasks::http::router(tasks, http)?
+            }
+        };
         let own = crate::admin::v1::router(store.clone(), relay)
             .merge(tasks)
             .merge(start_webhooks(
