@@ -176,6 +176,10 @@ pub async fn claims_are_fenced_and_taken_over_after_the_lease<S: TaskStore>(stor
         (c[0].id.as_str(), c[0].fence, c[0].attempt),
         (high.id.as_str(), 2, 2)
     );
+    assert_eq!(
+        (a[0].claim_kind.as_deref(), c[0].claim_kind.as_deref()),
+        (Some("claimed"), Some("taken_over"))
+    );
     // The zombie's writes are refused.
     let late = settle(&store, &high.id, 1, complete("{}"), T0 + LEASE + 1).await;
     assert!(matches!(late, Fenced::LeaseLost(_)), "{late:?}");

@@ -117,6 +117,10 @@ fn describe() {
         idem_tasks::FENCED_OUT_TOTAL,
         "Task writes refused because the writer no longer held the task"
     );
+    describe_counter!(
+        idem_tasks::TAKEOVERS_TOTAL,
+        "Tasks taken over because their holder's lease ended, by queue"
+    );
     describe_histogram!(
         idem_tasks::CLAIM_LATENCY,
         metrics::Unit::Seconds,

@@ -218,6 +218,7 @@ pub fn task<R: Columns>(row: &R) -> Result<TaskRecord, StoreError> {
         created_at_ms: get(row, "created_at_ms")?,
         updated_at_ms: get(row, "updated_at_ms")?,
         finished_at_ms: get(row, "finished_at_ms")?,
+        claim_kind: get(row, "claim_kind")?,
     }
     .decode()
 }

@@ -16,7 +16,7 @@ use std::sync::LazyLock;
 /// The columns of `idem_tasks`, in the order the decoder reads them.
 pub const TASK_COLUMNS: &str = "id, tenant_id, queue, task_key, payload, payload_hash, state, \
     priority, run_at_ms, attempt, max_attempts, fence, holder, lease_expires_at_ms, result, \
-    result_hash, last_error, created_at_ms, updated_at_ms, finished_at_ms";
+    result_hash, last_error, created_at_ms, updated_at_ms, finished_at_ms, claim_kind";
 
 /// A new task, unless its key (or id) was seen: `$1` id, `$2` tenant, `$3`
 /// queue, `$4` key, `$5` payload, `$6` its hash, `$7` priority, `$8` run at,
@@ -165,7 +165,7 @@ WHERE id IN (
            OR (state = 'claimed' AND lease_expires_at_ms <= $4))
     ORDER BY priority DESC, run_at_ms, id
     LIMIT $6 {})
-RETURNING {TASK_COLUMNS}, claim_kind",
+RETURNING {TASK_COLUMNS}",
                 $lock
             )
         })
@@ -463,7 +463,7 @@ macro_rules! task_store {
                     let mut claimed = Vec::with_capacity(rows.len());
                     for row in &rows {
                         let t = decode::task(row)?;
-                        let kind: String = $crate::row::get(row, "claim_kind")?;
+                        let kind = t.claim_kind.clone().unwrap_or_default();
                         let actor = (t.state == TaskState::Claimed).then_some(claim.worker);
                         event(tx, &t.id, &kind, actor, Some(t.fence), claim.now_ms, None).await?;
                         if t.state == TaskState::Claimed {

@@ -65,6 +65,9 @@ pub const CLAIMED_TOTAL: &str = "idem_tasks_claimed_total";
 /// Tasks claimed again after a lease ended or a failure, by queue (a
 /// counter): attempts beyond the first.
 pub const RECLAIMED_TOTAL: &str = "idem_tasks_reclaimed_total";
+/// Tasks taken over because their holder's lease ended, by queue (a
+/// counter).
+pub const TAKEOVERS_TOTAL: &str = "idem_tasks_takeovers_total";
 /// How long claimed tasks had been due when they were claimed, by queue (a
 /// histogram: seconds since its `run_at`).
 pub const CLAIM_LATENCY: &str = "idem_tasks_claim_latency_seconds";

@@ -364,9 +364,17 @@ impl<S: TaskStore + RunStore> Tasks<S> {
         }
         metrics::counter!(crate::CLAIMED_TOTAL, "queue" => queue.as_str().to_owned())
             .increment(claimed.len() as u64);
-        let taken_over = claimed.iter().filter(|t| t.attempt > 1).count();
-        if taken_over > 0 {
+        let again = claimed.iter().filter(|t| t.attempt > 1).count();
+        if again > 0 {
             metrics::counter!(crate::RECLAIMED_TOTAL, "queue" => queue.as_str().to_owned())
+                .increment(again as u64);
+        }
+        let taken_over = claimed
+            .iter()
+            .filter(|t| t.claim_kind.as_deref() == Some("taken_over"))
+            .count();
+        if taken_over > 0 {
+            metrics::counter!(crate::TAKEOVERS_TOTAL, "queue" => queue.as_str().to_owned())
                 .increment(taken_over as u64);
         }
         Ok(claimed)

@@ -174,6 +174,10 @@ pub struct TaskRecord {
     pub updated_at_ms: i64,
     /// Done or dead at (unix ms).
     pub finished_at_ms: Option<i64>,
+    /// How its latest claim took it: `claimed` (it was ready), `taken_over`
+    /// (another holder's lease had ended) or `dead` (a lease ended on the
+    /// last attempt); `None` before any claim.
+    pub claim_kind: Option<String>,
 }
 
 /// A task row's columns, before validation.
@@ -200,6 +204,7 @@ pub struct TaskColumns {
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
     pub finished_at_ms: Option<i64>,
+    pub claim_kind: Option<String>,
 }
 
 impl TaskColumns {
@@ -229,6 +234,7 @@ impl TaskColumns {
             created_at_ms: self.created_at_ms,
             updated_at_ms: self.updated_at_ms,
             finished_at_ms: self.finished_at_ms,
+            claim_kind: self.claim_kind,
         })
     }
 }

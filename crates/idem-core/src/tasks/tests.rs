@@ -111,6 +111,7 @@ fn claimed(fence: i64, attempt: u32, until: i64) -> TaskRecord {
         created_at_ms: 0,
         updated_at_ms: 0,
         finished_at_ms: None,
+        claim_kind: Some("claimed".into()),
     }
 }
 
