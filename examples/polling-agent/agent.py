@@ -30,6 +30,7 @@ event goes to stdout.
 """
 
 import argparse
+import http.client
 import http.server
 import json
 import os
@@ -210,12 +211,8 @@ class Worker:
                 return
             decision, key = answer["do"], answer["key"]
             if decision == "go":
-                # Past the lease another worker may hold the task and send:
-                # a paused worker that wakes up late sends nothing.
-                if time.monotonic() > deadline - 0.5:
-                    log("lease too short to send", task["id"], "fence", fence)
+                if not self.send(task, key, deadline):
                     return
-                self.send(task, key)
                 outcome = "done"
             elif decision == "done":
                 log("already done", task["id"], key)
@@ -250,17 +247,41 @@ class Worker:
         else:
             log("complete refused", task["id"], status, answer)
 
-    def send(self, task, key):
-        message = {
-            "id": key,
-            "to": "ops@example.com",
-            "subject": task["key"],
-            "body": f"{task['key']} changed: {json.dumps(task['payload'])}",
-        }
-        status, answer = self.sink.call("POST", "/messages", message)
+    def send(self, task, key, deadline):
+        """Posts the message; False (nothing sent) when the lease may have
+        ended: past it another worker may hold the task and send, so a
+        worker paused past its lease sends nothing when it wakes up. The
+        lease is checked with the connection open, right before the one
+        write that carries the request: a pause can still fall between the
+        two, a window of microseconds that no client of a sink without
+        deduplication can close."""
+        message = json.dumps(
+            {
+                "id": key,
+                "to": "ops@example.com",
+                "subject": task["key"],
+                "body": f"{task['key']} changed: {json.dumps(task['payload'])}",
+            }
+        ).encode()
+        url = urllib.parse.urlsplit(self.args.sink)
+        conn = http.client.HTTPConnection(url.hostname, url.port or 80, timeout=5)
+        try:
+            conn.connect()
+            headers = {"Content-Type": "application/json"}
+            if time.monotonic() > deadline - 0.5:
+                log("lease too short to send", task["id"], "fence", task["fence"])
+                return False
+            conn.request("POST", "/messages", body=message, headers=headers)
+            res = conn.getresponse()
+            status, answer = res.status, parse(res.read())
+        except http.client.HTTPException as e:
+            raise OSError(f"sink: {e}") from e
+        finally:
+            conn.close()
         if status != 202:
             raise OSError(f"sink answered {status}: {answer}")
         log("sent", task["id"], key, "copies", answer.get("copies"))
+        return True
 
     def verify(self, key):
         status, _ = self.sink.call("GET", f"/messages/{urllib.parse.quote(key)}")
