@@ -265,6 +265,8 @@ struct Fleet {
     /// Agents the faults may kill (index from here on).
     killable_from: usize,
     stops_left: u32,
+    /// Faults injected: (kill -9 and restart, SIGSTOP past the lease).
+    injected: (u32, u32),
     /// A fault every this many ms (a random pick in the range).
     faults: (u64, u64),
     /// The scenario fails when it is not finished by then.
@@ -278,20 +280,29 @@ impl Fleet {
             .push((name.into(), Agent::spawn(&self.dir, name, args)));
     }
 
-    /// One fault: SIGSTOP a worker past its lease (while stops are left, one
-    /// time in six), else `kill -9` an agent and start it again.
+    /// One fault: every fourth one (while stops are left) SIGSTOPs a random
+    /// worker past its lease; the others `kill -9` a random agent (not a
+    /// paused one) and start it again.
     fn fault(&mut self, rng: &mut Rng) {
-        let i = rng.range(self.killable_from as u64, self.agents.len() as u64) as usize;
-        let (name, agent) = &mut self.agents[i];
-        if agent.stopped_until.is_some() {
+        let stop = self.stops_left > 0 && (self.injected.0 + self.injected.1) % 4 == 3;
+        let candidates: Vec<usize> = (self.killable_from..self.agents.len())
+            .filter(|&i| {
+                let agent = &self.agents[i].1;
+                agent.stopped_until.is_none() && (!stop || agent.args[0] == "work")
+            })
+            .collect();
+        if candidates.is_empty() {
             return;
         }
-        let is_worker = agent.args[0] == "work";
-        if is_worker && self.stops_left > 0 && rng.range(0, 6) == 0 {
+        let i = candidates[rng.range(0, candidates.len() as u64) as usize];
+        let (name, agent) = &mut self.agents[i];
+        if stop {
             self.stops_left -= 1;
+            self.injected.1 += 1;
             agent.signal("-STOP");
             agent.stopped_until = Some(Instant::now() + LEASE + Duration::from_secs(1));
         } else {
+            self.injected.0 += 1;
             agent.restart(&self.dir, name);
         }
     }
@@ -321,7 +332,7 @@ async fn run(
     plan: &[Value],
     finished: impl Fn(&BTreeMap<String, (String, i64)>) -> bool,
     check: (&str, &str),
-) {
+) -> (u32, u32) {
     let (faults, bound) = (fleet.faults, fleet.bound);
     let started = Instant::now();
     let (mut next_burst, mut next_fault, mut next_check) = (started, started, started);
@@ -363,6 +374,7 @@ async fn run(
     }
     fleet.resume(true);
     tokio::time::sleep(LEASE + Duration::from_secs(1)).await;
+    fleet.injected
 }
 
 async fn fleet_history(url: &str) {
@@ -405,6 +417,7 @@ async fn fleet_history(url: &str) {
         agents: Vec::new(),
         killable_from: 0,
         stops_left: 3,
+        injected: (0, 0),
         faults: (300, 700),
         bound: Duration::from_secs(90),
     };
@@ -424,7 +437,7 @@ async fn fleet_history(url: &str) {
     let stop = Arc::new(AtomicBool::new(false));
     let watcher = watch_cursor(server.addr, "feed", stop.clone());
     let all_done = |t: &BTreeMap<String, (String, i64)>| t.values().all(|(s, _)| s == "done");
-    run(
+    let (kills, stops) = run(
         fleet,
         &mut rng,
         &source,
@@ -462,12 +475,14 @@ async fn fleet_history(url: &str) {
     let stray = messages.keys().filter(|k| !planned.contains(*k)).count();
     println!(
         "seed={seed} changes={} tasks={} completed={completed} sink_messages={sent} \
-         duplicated={duplicated} lost={lost} backward={backward} (cursor reads={reads})",
+         duplicated={duplicated} lost={lost} backward={backward} \
+         (cursor reads={reads}, kill -9={kills}, SIGSTOP={stops})",
         changes.len(),
         tasks.len()
     );
     assert_eq!((duplicated, lost, stray, backward), (0, 0, 0, 0));
     assert!(reads > 20, "the cursor was watched ({reads} reads)");
+    assert!(kills > 3 && stops > 0, "faults were injected");
     for (key, ids) in &messages {
         assert_eq!(ids.len(), 1, "{key}: one message");
         assert!(
@@ -486,6 +501,7 @@ async fn fleet_history(url: &str) {
         agents: Vec::new(),
         killable_from: 2,
         stops_left: 1,
+        injected: (0, 0),
         faults: (150, 400),
         bound: Duration::from_secs(45),
     };
@@ -523,7 +539,7 @@ async fn fleet_history(url: &str) {
         t.values()
             .all(|(s, _)| s == "done" || s == "needs_attention")
     };
-    run(
+    let (amo_kills, _) = run(
         fleet,
         &mut rng,
         &source,
@@ -554,7 +570,7 @@ async fn fleet_history(url: &str) {
     }
     println!(
         "at-most-once: changes={} tasks={} done={done} needs_attention={parked} \
-         sink_messages={sent} duplicated=0 ({:.1} s in all)",
+         sink_messages={sent} duplicated=0 kill -9={amo_kills} ({:.1} s in all)",
         changes.len(),
         tasks.len(),
         started.elapsed().as_secs_f64()
