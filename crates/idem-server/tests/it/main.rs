@@ -47,6 +47,7 @@ mod process;
 mod provider_libraries;
 mod real_clients;
 mod tasks;
+mod tasks_history;
 mod webhooks;
 
 use std::net::SocketAddr;

@@ -1,0 +1,375 @@
+#!/usr/bin/env python3
+"""The reference polling agent, in Python 3 on Idem's HTTP task API.
+
+Standard library only (no SDK): every request below is plain HTTP + JSON,
+as docs/tasks.md describes it. Three modes:
+
+  agent.py poll --idem URL --source URL --poller NAME --queue Q [--interval 0.1]
+      Reads the poller's cursor (GET /v1/pollers/NAME), asks the source for
+      the changes after it (GET SOURCE/changes?after=N), and reports them as
+      one observation: the tasks (key item:{item}:v{version}) and the new
+      cursor, in one transaction, only if the cursor is still where it was
+      read. Any number of copies may poll one source: a copy that lost the
+      race (409 cursor-moved) reads again; each change becomes one task.
+
+  agent.py work --idem URL --queue Q --sink URL --mode verify|at-most-once [--lease 2s]
+      Claims one task at a time (fenced, for a lease), asks before notifying
+      (POST /v1/tasks/ID/actions/notify), posts the message to a mail sink
+      that does NOT deduplicate, with the action's key as the message id,
+      reports it, completes. An attempt whose outcome is unknown (a worker
+      died between sending and reporting) is checked at the sink by its key
+      in verify mode; in at-most-once mode the task is parked for an operator.
+
+  agent.py source --file changes.jsonl [--listen 127.0.0.1:8090]
+      A tiny source for the README tour: serves GET /changes?after=N from a
+      JSON-lines file (one {"seq", "item", "version"} a line, re-read on
+      every request, so appending a line is a new change).
+
+Every request carries X-Tenant-Id (--tenant, default "agents"). One line per
+event goes to stdout.
+"""
+
+import argparse
+import http.client
+import http.server
+import json
+import os
+import random
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+
+MAX_TASKS = 100  # at most this many tasks per observation (the API's bound)
+
+
+def log(*parts):
+    print(" ".join(str(p) for p in parts), flush=True)
+
+
+class Api:
+    def __init__(self, base, tenant):
+        self.base = base.rstrip("/")
+        self.tenant = tenant
+
+    def call(self, method, path, body=None, key=None, timeout=5.0):
+        """(status, JSON body or None); raises OSError when no answer came."""
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.base + path, data=data, method=method)
+        req.add_header("Content-Type", "application/json")
+        if self.tenant:
+            req.add_header("X-Tenant-Id", self.tenant)
+        if key is not None:
+            req.add_header("Idempotency-Key", key)
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as res:
+                return res.status, parse(res.read())
+        except urllib.error.HTTPError as e:
+            return e.code, parse(e.read())
+        except urllib.error.URLError as e:
+            raise OSError(str(e.reason)) from e
+
+
+def parse(raw):
+    try:
+        return json.loads(raw) if raw else None
+    except ValueError:
+        return None
+
+
+def seconds(duration):
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+    for unit in ("ms", "s", "m", "h"):
+        if duration.endswith(unit) and duration[: -len(unit)].isdigit():
+            return int(duration[: -len(unit)]) * units[unit]
+    sys.exit(f"bad duration {duration!r}: write 2s, 500ms, 5m")
+
+
+# ---------------------------------------------------------------- poll
+
+
+def poll(args):
+    idem = Api(args.idem, args.tenant)
+    source = Api(args.source, None)
+    while True:
+        try:
+            poll_once(idem, source, args)
+        except OSError as e:
+            log("poll error", e)
+        time.sleep(args.interval)
+
+
+def poll_once(idem, source, args):
+    status, body = idem.call("GET", f"/v1/pollers/{args.poller}")
+    if status == 404:
+        cursor = None
+    elif status == 200:
+        cursor = body["cursor"]
+    else:
+        log("cursor read failed", status, body)
+        return
+    after = cursor["after"] if cursor else 0
+    status, body = source.call("GET", f"/changes?after={after}")
+    if status != 200:
+        log("source failed", status)
+        return
+    changes = sorted(body["changes"], key=lambda c: c["seq"])[:MAX_TASKS]
+    if not changes:
+        return
+    tasks = [
+        {
+            "queue": args.queue,
+            "key": f"item:{c['item']}:v{c['version']}",
+            "payload": {"item": c["item"], "version": c["version"]},
+        }
+        for c in changes
+    ]
+    value = {"after": changes[-1]["seq"]}
+    status, body = idem.call(
+        "POST",
+        f"/v1/pollers/{args.poller}/observations",
+        {"cursor": {"expected": cursor, "value": value}, "tasks": tasks},
+    )
+    if status == 200:
+        log("observed", len(tasks), "after", after, "->", value["after"])
+    elif status == 409:
+        log("cursor moved", after, "->", (body or {}).get("current"))
+    else:
+        log("observation refused", status, body)
+
+
+# ---------------------------------------------------------------- work
+
+
+class Worker:
+    def __init__(self, args):
+        self.idem = Api(args.idem, args.tenant)
+        self.sink = Api(args.sink, None)
+        self.args = args
+        self.lease = seconds(args.lease)
+        self.name = args.worker or f"py-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.claims = 0
+
+    def claim(self):
+        """Claims under one Idempotency-Key, retried (the same key) until an
+        answer comes: a claim whose answer was lost is answered again, it
+        never claims a second task."""
+        self.claims += 1
+        key = f"{self.name}:claim:{self.claims}"
+        body = {"worker": self.name, "lease": self.args.lease, "max": 1}
+        while True:
+            started = time.monotonic()
+            try:
+                status, answer = self.idem.call(
+                    "POST", f"/v1/queues/{self.args.queue}/claims", body, key
+                )
+            except OSError as e:
+                log("claim retried", key, e)
+                time.sleep(0.2 + random.random() * 0.3)
+                continue
+            if status == 200:
+                return started, answer["tasks"]
+            if status >= 500:
+                log("claim retried", key, status)
+                time.sleep(0.2)
+                continue
+            log("claim refused", key, status, answer)
+            return started, []
+
+    def run(self):
+        log("worker", self.name, "mode", self.args.mode)
+        while True:
+            started, tasks = self.claim()
+            if not tasks:
+                time.sleep(self.args.interval)
+                continue
+            for task in tasks:
+                # The lease ends by the database's clock after the claim
+                # started; this process's clock gives a conservative bound.
+                deadline = started + self.lease
+                try:
+                    self.handle(task, deadline)
+                except OSError as e:
+                    log("task dropped", task["id"], e)
+
+    def task_call(self, task, path, body):
+        return self.idem.call("POST", f"/v1/tasks/{task['id']}/{path}", body)
+
+    def handle(self, task, deadline):
+        fence = task["fence"]
+        log("claimed", task["id"], task["key"], "fence", fence)
+        ask = {"fence": fence, "mode": self.args.mode}
+        for _ in range(3):
+            status, answer = self.task_call(task, "actions/notify", ask)
+            if status == 409:
+                log("lease lost", task["id"], "fence", fence)
+                return
+            if status != 200:
+                log("action refused", task["id"], status, answer)
+                return
+            decision, key = answer["do"], answer["key"]
+            if decision == "go":
+                if not self.send(task, key, deadline):
+                    return
+                outcome = "done"
+            elif decision == "done":
+                log("already done", task["id"], key)
+                break
+            elif self.args.mode == "at-most-once":
+                log("parked", task["id"], key, "state", answer["task"]["state"])
+                return
+            else:
+                outcome = self.verify(key)
+            status, answer = self.task_call(
+                task, "actions/notify/result", {"fence": fence, "outcome": outcome}
+            )
+            if status == 409:
+                log("lease lost", task["id"], "fence", fence)
+                return
+            if status != 200:
+                log("result refused", task["id"], status, answer)
+                return
+            log("reported", task["id"], key, outcome)
+            if outcome == "done":
+                break
+        else:
+            log("gave up", task["id"])
+            return
+        status, answer = self.task_call(
+            task, "complete", {"fence": fence, "result": {"notified": key}}
+        )
+        if status == 200:
+            log("completed", task["id"], task["key"], "fence", fence)
+        elif status == 409:
+            log("lease lost", task["id"], "fence", fence)
+        else:
+            log("complete refused", task["id"], status, answer)
+
+    def send(self, task, key, deadline):
+        """Posts the message; False (nothing sent) when the lease may have
+        ended: past it another worker may hold the task and send, so a
+        worker paused past its lease sends nothing when it wakes up. The
+        lease is checked with the connection open, right before the one
+        write that carries the request: a pause can still fall between the
+        two, a window of microseconds that no client of a sink without
+        deduplication can close."""
+        message = json.dumps(
+            {
+                "id": key,
+                "to": "ops@example.com",
+                "subject": task["key"],
+                "body": f"{task['key']} changed: {json.dumps(task['payload'])}",
+            }
+        ).encode()
+        url = urllib.parse.urlsplit(self.args.sink)
+        conn = http.client.HTTPConnection(url.hostname, url.port or 80, timeout=5)
+        try:
+            conn.connect()
+            headers = {"Content-Type": "application/json"}
+            if time.monotonic() > deadline - 0.5:
+                log("lease too short to send", task["id"], "fence", task["fence"])
+                return False
+            conn.request("POST", "/messages", body=message, headers=headers)
+            res = conn.getresponse()
+            status, answer = res.status, parse(res.read())
+        except http.client.HTTPException as e:
+            raise OSError(f"sink: {e}") from e
+        finally:
+            conn.close()
+        if status != 202:
+            raise OSError(f"sink answered {status}: {answer}")
+        log("sent", task["id"], key, "copies", answer.get("copies"))
+        return True
+
+    def verify(self, key):
+        status, _ = self.sink.call("GET", f"/messages/{urllib.parse.quote(key)}")
+        if status == 200:
+            log("verified sent", key)
+            return "done"
+        if status == 404:
+            log("verified not sent", key)
+            return "not-sent"
+        raise OSError(f"sink lookup answered {status}")
+
+
+# ---------------------------------------------------------------- source
+
+
+def serve_source(args):
+    path = args.file
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            url = urllib.parse.urlsplit(self.path)
+            query = urllib.parse.parse_qs(url.query)
+            try:
+                after = int(query.get("after", ["0"])[0])
+            except ValueError:
+                return self.answer(400, {"error": "after must be an integer"})
+            if url.path != "/changes":
+                return self.answer(404, {"error": "GET /changes?after=N"})
+            changes = []
+            with open(path) as f:
+                for line in f:
+                    if line.strip():
+                        change = json.loads(line)
+                        if change["seq"] > after:
+                            changes.append(change)
+            changes.sort(key=lambda c: c["seq"])
+            self.answer(200, {"changes": changes[:MAX_TASKS]})
+
+        def answer(self, status, body):
+            raw = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+
+        def log_message(self, *_):
+            pass
+
+    host, port = args.listen.rsplit(":", 1)
+    server = http.server.ThreadingHTTPServer((host, int(port)), Handler)
+    log("source", path, "on", args.listen)
+    server.serve_forever()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="mode_", required=True)
+    po = sub.add_parser("poll")
+    po.add_argument("--idem", required=True)
+    po.add_argument("--source", required=True)
+    po.add_argument("--poller", required=True)
+    po.add_argument("--queue", required=True)
+    po.add_argument("--interval", type=float, default=0.1)
+    po.add_argument("--tenant", default="agents")
+    wo = sub.add_parser("work")
+    wo.add_argument("--idem", required=True)
+    wo.add_argument("--queue", required=True)
+    wo.add_argument("--sink", required=True)
+    wo.add_argument("--mode", choices=["verify", "at-most-once"], required=True)
+    wo.add_argument("--lease", default="2s")
+    wo.add_argument("--worker")
+    wo.add_argument("--interval", type=float, default=0.1)
+    wo.add_argument("--tenant", default="agents")
+    so = sub.add_parser("source")
+    so.add_argument("--file", required=True)
+    so.add_argument("--listen", default="127.0.0.1:8090")
+    args = p.parse_args()
+    try:
+        if args.mode_ == "poll":
+            poll(args)
+        elif args.mode_ == "work":
+            Worker(args).run()
+        else:
+            serve_source(args)
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()
