@@ -578,3 +578,82 @@ async fn a_stalled_database_gives_bounded_answers_and_repeats_are_safe() {
     .await;
     assert!(again.replayed, "one task for the key");
 }
+
+/// Found by attacking the API: a null cursor is refused (an observation
+/// expecting `null` means "no cursor yet", so a poller whose cursor were
+/// `null` could never move it again), and a long-poll claim with bad input
+/// is refused at once, not after its wait.
+async fn bad_input_is_refused_at_once(app: Router) {
+    let null = call(
+        &app,
+        "POST",
+        "/v1/pollers/nullish/observations",
+        None,
+        json!({"cursor": {"expected": null, "value": null},
+               "tasks": [{"queue": "triage", "key": "n:1", "payload": 1}]}),
+    )
+    .await;
+    assert_eq!(null.status, StatusCode::BAD_REQUEST, "{}", null.body);
+    assert!(null.problem);
+    let read = call(&app, "GET", "/v1/pollers/nullish", None, Value::Null).await;
+    assert_eq!(read.status, StatusCode::NOT_FOUND, "nothing written");
+    let moved = call(
+        &app,
+        "POST",
+        "/v1/pollers/nullish/observations",
+        None,
+        json!({"cursor": {"expected": null, "value": 1}}),
+    )
+    .await;
+    assert_eq!(moved.status, StatusCode::OK, "{}", moved.body);
+
+    for bad in [
+        json!({"worker": "w", "lease": "zz", "wait": "3s"}),
+        json!({"worker": "w", "lease": "0s", "wait": "3s"}),
+        json!({"worker": "w", "lease": "30s", "max": 0, "wait": "3s"}),
+        json!({"worker": "w é", "lease": "30s", "wait": "3s"}),
+    ] {
+        let started = std::time::Instant::now();
+        let refused = call(
+            &app,
+            "POST",
+            "/v1/queues/idle/claims",
+            Some("idle:claim:1"),
+            bad.clone(),
+        )
+        .await;
+        assert_eq!(
+            refused.status,
+            StatusCode::BAD_REQUEST,
+            "{bad}: {}",
+            refused.body
+        );
+        assert!(refused.problem);
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(2),
+            "{bad} refused after {:?}, not at once",
+            started.elapsed()
+        );
+    }
+}
+
+#[tokio::test]
+async fn bad_input_is_refused_at_once_on_sqlite() {
+    let dir = idem_testkit::TempDir::new("tasks-http-bad");
+    let store =
+        idem_sqlite::SqliteStore::connect(&dir.sqlite_url(), idem_sqlite::SqliteConfig::default())
+            .await
+            .unwrap();
+    store.migrate().await.unwrap();
+    bad_input_is_refused_at_once(app(store).await).await;
+}
+
+#[tokio::test]
+async fn bad_input_is_refused_at_once_on_postgres() {
+    let db = idem_testkit::PgDatabase::create("idem_tasks_http_bad").await;
+    let store = idem_postgres::PgStore::connect(&db.url, idem_postgres::PgConfig::default())
+        .await
+        .unwrap();
+    store.migrate().await.unwrap();
+    bad_input_is_refused_at_once(app(store).await).await;
+}
