@@ -657,3 +657,74 @@ async fn bad_input_is_refused_at_once_on_postgres() {
     store.migrate().await.unwrap();
     bad_input_is_refused_at_once(app(store).await).await;
 }
+
+/// Found by attacking the API: tasks whose lease ended on their last
+/// attempt turn dead when a claim meets them, and they used to count
+/// against its `max` — a claim answered `[]` (at once, even as a long poll)
+/// while a ready task waited behind them.
+async fn a_claim_looks_past_tasks_that_died(app: Router) {
+    for i in 0..3 {
+        let key = format!("last:{i}");
+        let body = json!({"payload": i, "max_attempts": 1, "priority": 10});
+        let made = call(&app, "POST", "/v1/queues/deaths/tasks", Some(&key), body).await;
+        assert_eq!(made.status, StatusCode::CREATED, "{}", made.body);
+        let key = format!("deaths:claim:{i}");
+        let body = json!({"worker": "w1", "lease": "1s"});
+        let held = call(&app, "POST", "/v1/queues/deaths/claims", Some(&key), body).await;
+        assert_eq!(held.body["tasks"].as_array().map(Vec::len), Some(1));
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
+    let ready = json!({"payload": "ready"});
+    let made = call(
+        &app,
+        "POST",
+        "/v1/queues/deaths/tasks",
+        Some("ready"),
+        ready,
+    )
+    .await;
+    assert_eq!(made.status, StatusCode::CREATED, "{}", made.body);
+    let body = json!({"worker": "w2", "lease": "30s", "wait": "2s"});
+    let claim = call(
+        &app,
+        "POST",
+        "/v1/queues/deaths/claims",
+        Some("deaths:w2"),
+        body,
+    )
+    .await;
+    assert_eq!(claim.status, StatusCode::OK, "{}", claim.body);
+    assert_eq!(
+        claim.body["tasks"][0]["key"], "ready",
+        "the ready task is claimed: {}",
+        claim.body
+    );
+    for i in 0..3 {
+        // The same key again answers the task as it stands.
+        let key = format!("last:{i}");
+        let body = json!({"payload": i, "max_attempts": 1, "priority": 10});
+        let again = call(&app, "POST", "/v1/queues/deaths/tasks", Some(&key), body).await;
+        assert_eq!(again.body["state"], "dead", "{}", again.body);
+    }
+}
+
+#[tokio::test]
+async fn a_claim_looks_past_tasks_that_died_on_sqlite() {
+    let dir = idem_testkit::TempDir::new("tasks-http-deaths");
+    let store =
+        idem_sqlite::SqliteStore::connect(&dir.sqlite_url(), idem_sqlite::SqliteConfig::default())
+            .await
+            .unwrap();
+    store.migrate().await.unwrap();
+    a_claim_looks_past_tasks_that_died(app(store).await).await;
+}
+
+#[tokio::test]
+async fn a_claim_looks_past_tasks_that_died_on_postgres() {
+    let db = idem_testkit::PgDatabase::create("idem_tasks_http_deaths").await;
+    let store = idem_postgres::PgStore::connect(&db.url, idem_postgres::PgConfig::default())
+        .await
+        .unwrap();
+    store.migrate().await.unwrap();
+    a_claim_looks_past_tasks_that_died(app(store).await).await;
+}
