@@ -613,6 +613,19 @@ macro_rules! task_store {
                         Some(&detail),
                     )
                     .await?;
+                    if outcome == ActionOutcome::NotSent {
+                        // The answer is go: this claim's attempt is
+                        // recorded before it, as an asked go is.
+                        sqlx::query($crate::runs::$d::CLAIM_MESSAGE)
+                            .bind(a.key)
+                            .bind(format!("{}@{}", a.task, a.fence))
+                            .bind(a.action)
+                            .bind(a.now_ms)
+                            .bind(a.expires_at_ms)
+                            .fetch_one(&mut **tx)
+                            .await
+                            .map_err(map_err)?;
+                    }
                     Ok(ActionClaim::Decided(answer, t))
                 }
 
