@@ -450,27 +450,37 @@ macro_rules! task_store {
                     tx: &mut $tx,
                     claim: &ClaimRequest<'_>,
                 ) -> Result<Vec<TaskRecord>, StoreError> {
-                    let rows = sqlx::query(&sql::$d::CLAIM)
-                        .bind(claim.tenant)
-                        .bind(claim.queue)
-                        .bind(claim.worker)
-                        .bind(claim.now_ms)
-                        .bind(claim.lease_ms)
-                        .bind(i64::from(claim.max))
-                        .fetch_all(&mut **tx)
-                        .await
-                        .map_err(map_err)?;
-                    let mut claimed = Vec::with_capacity(rows.len());
-                    for row in &rows {
-                        let t = decode::task(row)?;
-                        let kind = t.claim_kind.clone().unwrap_or_default();
-                        let actor = (t.state == TaskState::Claimed).then_some(claim.worker);
-                        event(tx, &t.id, &kind, actor, Some(t.fence), claim.now_ms, None).await?;
-                        if t.state == TaskState::Claimed {
-                            claimed.push(t);
+                    // Tasks that died (their last lease ended) are not
+                    // claimed: look again for as many, until none died.
+                    let mut claimed = Vec::new();
+                    loop {
+                        let want = i64::from(claim.max) - claimed.len() as i64;
+                        let rows = sqlx::query(&sql::$d::CLAIM)
+                            .bind(claim.tenant)
+                            .bind(claim.queue)
+                            .bind(claim.worker)
+                            .bind(claim.now_ms)
+                            .bind(claim.lease_ms)
+                            .bind(want)
+                            .fetch_all(&mut **tx)
+                            .await
+                            .map_err(map_err)?;
+                        let before = claimed.len();
+                        for row in &rows {
+                            let t = decode::task(row)?;
+                            let kind = t.claim_kind.clone().unwrap_or_default();
+                            let actor = (t.state == TaskState::Claimed).then_some(claim.worker);
+                            event(tx, &t.id, &kind, actor, Some(t.fence), claim.now_ms, None)
+                                .await?;
+                            if t.state == TaskState::Claimed {
+                                claimed.push(t);
+                            }
+                        }
+                        let died = rows.len() - (claimed.len() - before);
+                        if died == 0 || (rows.len() as i64) < want {
+                            return Ok(claimed);
                         }
                     }
-                    Ok(claimed)
                 }
 
                 async fn settle(
@@ -603,6 +613,19 @@ macro_rules! task_store {
                         Some(&detail),
                     )
                     .await?;
+                    if outcome == ActionOutcome::NotSent {
+                        // The answer is go: this claim's attempt is
+                        // recorded before it, as an asked go is.
+                        sqlx::query($crate::runs::$d::CLAIM_MESSAGE)
+                            .bind(a.key)
+                            .bind(format!("{}@{}", a.task, a.fence))
+                            .bind(a.action)
+                            .bind(a.now_ms)
+                            .bind(a.expires_at_ms)
+                            .fetch_one(&mut **tx)
+                            .await
+                            .map_err(map_err)?;
+                    }
                     Ok(ActionClaim::Decided(answer, t))
                 }
 

@@ -496,6 +496,8 @@ async fn long_poll<S: TaskStore + RunStore>(
             return invalid("wait: a duration such as 10s");
         };
         let wait = tri!(duration("wait", text));
+        // Bad input is refused at once, not after the wait.
+        tri!(claim_args(&app, &bytes));
         let tenant = tri!(app.tenant.resolve(&parts).map_err(|r| r.into_response()));
         let queue = tri!(name(QueueName::new(queue)));
         let key = parts
@@ -526,6 +528,18 @@ fn one() -> u32 {
     1
 }
 
+/// A claim's worker, lease and `max`, checked.
+fn claim_args<S: TaskStore + RunStore>(
+    app: &App<S>,
+    bytes: &[u8],
+) -> Result<(WorkerName, Duration, u32), Response> {
+    let b: ClaimBody = body(bytes)?;
+    let worker = name(WorkerName::new(b.worker))?;
+    let lease = duration("lease", &b.lease)?;
+    app.tasks.check_claim(lease, b.max).map_err(refused)?;
+    Ok((worker, lease, b.max))
+}
+
 async fn claim<S: TaskStore + RunStore>(
     State(app): State<App<S>>,
     Path(queue): Path<String>,
@@ -534,9 +548,7 @@ async fn claim<S: TaskStore + RunStore>(
     bytes: Bytes,
 ) -> Response {
     let queue = tri!(name(QueueName::new(queue)));
-    let b: ClaimBody = tri!(body(&bytes));
-    let worker = tri!(name(WorkerName::new(b.worker)));
-    let lease = tri!(duration("lease", &b.lease));
+    let (worker, lease, max) = tri!(claim_args(&app, &bytes));
     let Ok(mut tx) = tx.lock().await else {
         return store_error(StoreError::Corrupt {
             detail: "the key's transaction is finished".into(),
@@ -544,7 +556,7 @@ async fn claim<S: TaskStore + RunStore>(
     };
     match app
         .tasks
-        .claim_in(&mut tx, &tenant, &queue, &worker, lease, b.max)
+        .claim_in(&mut tx, &tenant, &queue, &worker, lease, max)
         .await
     {
         Ok(claimed) => answer(

@@ -239,6 +239,10 @@ impl<S: TaskStore + RunStore> Tasks<S> {
             .as_ref()
             .map(|v| canonical(v, limit, "cursor.expected"))
             .transpose()?;
+        if observation.value.is_null() {
+            // `expected: null` means "no cursor yet": a null cursor could never move on.
+            return Err(TasksError::invalid("cursor.value must not be null"));
+        }
         let value = canonical(&observation.value, limit, "cursor.value")?;
         if observation.tasks.len() > self.config.max_tasks_per_observation {
             return Err(TasksError::invalid(format!(
@@ -298,6 +302,16 @@ impl<S: TaskStore + RunStore> Tasks<S> {
         Ok(millis(lease))
     }
 
+    /// Checks a claim's `lease` and `max` (also before a long poll waits):
+    /// the lease in milliseconds.
+    pub fn check_claim(&self, lease: Duration, max: u32) -> Result<i64, TasksError> {
+        if !(1..=self.config.max_claim).contains(&max) {
+            let most = self.config.max_claim;
+            return Err(TasksError::invalid(format!("max must be 1 to {most}")));
+        }
+        self.lease_ms(lease)
+    }
+
     /// Waits until a claim of `queue` would find a task, or `wait` passed
     /// (at most [`TasksConfig::max_wait`]): `true` when one is due. It
     /// reads without a lock or a transaction, every 100 ms, so a long poll
@@ -341,13 +355,7 @@ impl<S: TaskStore + RunStore> Tasks<S> {
         lease: Duration,
         max: u32,
     ) -> Result<Vec<TaskRecord>, TasksError> {
-        let lease_ms = self.lease_ms(lease)?;
-        if !(1..=self.config.max_claim).contains(&max) {
-            return Err(TasksError::invalid(format!(
-                "max must be 1 to {}",
-                self.config.max_claim
-            )));
-        }
+        let lease_ms = self.check_claim(lease, max)?;
         let request = ClaimRequest {
             tenant: tenant.as_str(),
             queue: queue.as_str(),

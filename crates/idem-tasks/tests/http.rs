@@ -578,3 +578,294 @@ async fn a_stalled_database_gives_bounded_answers_and_repeats_are_safe() {
     .await;
     assert!(again.replayed, "one task for the key");
 }
+
+/// Found by attacking the API: a null cursor is refused (an observation
+/// expecting `null` means "no cursor yet", so a poller whose cursor were
+/// `null` could never move it again), and a long-poll claim with bad input
+/// is refused at once, not after its wait.
+async fn bad_input_is_refused_at_once(app: Router) {
+    let null = call(
+        &app,
+        "POST",
+        "/v1/pollers/nullish/observations",
+        None,
+        json!({"cursor": {"expected": null, "value": null},
+               "tasks": [{"queue": "triage", "key": "n:1", "payload": 1}]}),
+    )
+    .await;
+    assert_eq!(null.status, StatusCode::BAD_REQUEST, "{}", null.body);
+    assert!(null.problem);
+    let read = call(&app, "GET", "/v1/pollers/nullish", None, Value::Null).await;
+    assert_eq!(read.status, StatusCode::NOT_FOUND, "nothing written");
+    let moved = call(
+        &app,
+        "POST",
+        "/v1/pollers/nullish/observations",
+        None,
+        json!({"cursor": {"expected": null, "value": 1}}),
+    )
+    .await;
+    assert_eq!(moved.status, StatusCode::OK, "{}", moved.body);
+
+    for bad in [
+        json!({"worker": "w", "lease": "zz", "wait": "3s"}),
+        json!({"worker": "w", "lease": "0s", "wait": "3s"}),
+        json!({"worker": "w", "lease": "30s", "max": 0, "wait": "3s"}),
+        json!({"worker": "w é", "lease": "30s", "wait": "3s"}),
+    ] {
+        let started = std::time::Instant::now();
+        let refused = call(
+            &app,
+            "POST",
+            "/v1/queues/idle/claims",
+            Some("idle:claim:1"),
+            bad.clone(),
+        )
+        .await;
+        assert_eq!(
+            refused.status,
+            StatusCode::BAD_REQUEST,
+            "{bad}: {}",
+            refused.body
+        );
+        assert!(refused.problem);
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(2),
+            "{bad} refused after {:?}, not at once",
+            started.elapsed()
+        );
+    }
+}
+
+#[tokio::test]
+async fn bad_input_is_refused_at_once_on_sqlite() {
+    let dir = idem_testkit::TempDir::new("tasks-http-bad");
+    let store =
+        idem_sqlite::SqliteStore::connect(&dir.sqlite_url(), idem_sqlite::SqliteConfig::default())
+            .await
+            .unwrap();
+    store.migrate().await.unwrap();
+    bad_input_is_refused_at_once(app(store).await).await;
+}
+
+#[tokio::test]
+async fn bad_input_is_refused_at_once_on_postgres() {
+    let db = idem_testkit::PgDatabase::create("idem_tasks_http_bad").await;
+    let store = idem_postgres::PgStore::connect(&db.url, idem_postgres::PgConfig::default())
+        .await
+        .unwrap();
+    store.migrate().await.unwrap();
+    bad_input_is_refused_at_once(app(store).await).await;
+}
+
+/// Found by attacking the API: tasks whose lease ended on their last
+/// attempt turn dead when a claim meets them, and they used to count
+/// against its `max` — a claim answered `[]` (at once, even as a long poll)
+/// while a ready task waited behind them.
+async fn a_claim_looks_past_tasks_that_died(app: Router) {
+    for i in 0..3 {
+        let key = format!("last:{i}");
+        let body = json!({"payload": i, "max_attempts": 1, "priority": 10});
+        let made = call(&app, "POST", "/v1/queues/deaths/tasks", Some(&key), body).await;
+        assert_eq!(made.status, StatusCode::CREATED, "{}", made.body);
+        let key = format!("deaths:claim:{i}");
+        let body = json!({"worker": "w1", "lease": "1s"});
+        let held = call(&app, "POST", "/v1/queues/deaths/claims", Some(&key), body).await;
+        assert_eq!(held.body["tasks"].as_array().map(Vec::len), Some(1));
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
+    let ready = json!({"payload": "ready"});
+    let made = call(
+        &app,
+        "POST",
+        "/v1/queues/deaths/tasks",
+        Some("ready"),
+        ready,
+    )
+    .await;
+    assert_eq!(made.status, StatusCode::CREATED, "{}", made.body);
+    let body = json!({"worker": "w2", "lease": "30s", "wait": "2s"});
+    let claim = call(
+        &app,
+        "POST",
+        "/v1/queues/deaths/claims",
+        Some("deaths:w2"),
+        body,
+    )
+    .await;
+    assert_eq!(claim.status, StatusCode::OK, "{}", claim.body);
+    assert_eq!(
+        claim.body["tasks"][0]["key"], "ready",
+        "the ready task is claimed: {}",
+        claim.body
+    );
+    for i in 0..3 {
+        // The same key again answers the task as it stands.
+        let key = format!("last:{i}");
+        let body = json!({"payload": i, "max_attempts": 1, "priority": 10});
+        let again = call(&app, "POST", "/v1/queues/deaths/tasks", Some(&key), body).await;
+        assert_eq!(again.body["state"], "dead", "{}", again.body);
+    }
+}
+
+#[tokio::test]
+async fn a_claim_looks_past_tasks_that_died_on_sqlite() {
+    let dir = idem_testkit::TempDir::new("tasks-http-deaths");
+    let store =
+        idem_sqlite::SqliteStore::connect(&dir.sqlite_url(), idem_sqlite::SqliteConfig::default())
+            .await
+            .unwrap();
+    store.migrate().await.unwrap();
+    a_claim_looks_past_tasks_that_died(app(store).await).await;
+}
+
+#[tokio::test]
+async fn a_claim_looks_past_tasks_that_died_on_postgres() {
+    let db = idem_testkit::PgDatabase::create("idem_tasks_http_deaths").await;
+    let store = idem_postgres::PgStore::connect(&db.url, idem_postgres::PgConfig::default())
+        .await
+        .unwrap();
+    store.migrate().await.unwrap();
+    a_claim_looks_past_tasks_that_died(app(store).await).await;
+}
+
+/// Found by attacking the API: a `not-sent` result answered `go` without
+/// recording the attempt, and a `done` after it was dropped — so a worker
+/// that sent as told and died before completing left the action to be
+/// sent again by the next claim (`go`, not `done` or `unknown`).
+async fn a_go_after_not_sent_is_recorded(app: Router) {
+    let made = call(
+        &app,
+        "POST",
+        "/v1/queues/ns/tasks",
+        Some("ns:1"),
+        json!({"payload": 1}),
+    )
+    .await;
+    let id = made.body["id"].as_str().unwrap().to_owned();
+    let ask = |fence: i64| {
+        let app = app.clone();
+        let path = format!("/v1/tasks/{id}/actions/notify");
+        async move {
+            call(
+                &app,
+                "POST",
+                &path,
+                None,
+                json!({"fence": fence, "mode": "verify"}),
+            )
+            .await
+            .body["do"]
+                .clone()
+        }
+    };
+    let report = |fence: i64, outcome: &'static str| {
+        let app = app.clone();
+        let path = format!("/v1/tasks/{id}/actions/notify/result");
+        async move {
+            call(
+                &app,
+                "POST",
+                &path,
+                None,
+                json!({"fence": fence, "outcome": outcome}),
+            )
+            .await
+            .body["do"]
+                .clone()
+        }
+    };
+    let claim = |n: u32| {
+        let app = app.clone();
+        async move {
+            let body = json!({"worker": format!("w{n}"), "lease": "1s"});
+            let key = format!("ns:claim:{n}");
+            let got = call(&app, "POST", "/v1/queues/ns/claims", Some(&key), body).await;
+            got.body["tasks"][0]["fence"].as_i64().unwrap()
+        }
+    };
+    let f1 = claim(1).await;
+    assert_eq!(ask(f1).await, "go", "the first attempt; its worker dies");
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let f2 = claim(2).await;
+    assert_eq!(ask(f2).await, "unknown");
+    assert_eq!(report(f2, "not-sent").await, "go", "checked: never sent");
+    assert_eq!(report(f2, "done").await, "done", "sent as told");
+    // The worker dies before completing; the next claim skips the action.
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let f3 = claim(3).await;
+    assert_eq!(ask(f3).await, "done", "a done report is kept");
+
+    // Told go by a not-sent result, sent, died before reporting: unknown.
+    let made = call(
+        &app,
+        "POST",
+        "/v1/queues/ns2/tasks",
+        Some("ns:2"),
+        json!({"payload": 2}),
+    )
+    .await;
+    assert_eq!(made.status, StatusCode::CREATED);
+    let id2 = made.body["id"].as_str().unwrap().to_owned();
+    let path = format!("/v1/tasks/{id2}/actions/notify");
+    let result = format!("/v1/tasks/{id2}/actions/notify/result");
+    let mut fences = Vec::new();
+    for n in 4..7 {
+        let body = json!({"worker": format!("w{n}"), "lease": "1s"});
+        let got = call(
+            &app,
+            "POST",
+            "/v1/queues/ns2/claims",
+            Some(&format!("ns:claim:{n}")),
+            body,
+        )
+        .await;
+        let fence = got.body["tasks"][0]["fence"].as_i64().unwrap();
+        let asked = call(
+            &app,
+            "POST",
+            &path,
+            None,
+            json!({"fence": fence, "mode": "verify"}),
+        )
+        .await;
+        fences.push(asked.body["do"].clone());
+        if n == 5 {
+            let r = call(
+                &app,
+                "POST",
+                &result,
+                None,
+                json!({"fence": fence, "outcome": "not-sent"}),
+            )
+            .await;
+            assert_eq!(r.body["do"], "go");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    }
+    assert_eq!(
+        fences,
+        vec![json!("go"), json!("unknown"), json!("unknown")]
+    );
+}
+
+#[tokio::test]
+async fn a_go_after_not_sent_is_recorded_on_sqlite() {
+    let dir = idem_testkit::TempDir::new("tasks-http-notsent");
+    let store =
+        idem_sqlite::SqliteStore::connect(&dir.sqlite_url(), idem_sqlite::SqliteConfig::default())
+            .await
+            .unwrap();
+    store.migrate().await.unwrap();
+    a_go_after_not_sent_is_recorded(app(store).await).await;
+}
+
+#[tokio::test]
+async fn a_go_after_not_sent_is_recorded_on_postgres() {
+    let db = idem_testkit::PgDatabase::create("idem_tasks_http_notsent").await;
+    let store = idem_postgres::PgStore::connect(&db.url, idem_postgres::PgConfig::default())
+        .await
+        .unwrap();
+    store.migrate().await.unwrap();
+    a_go_after_not_sent_is_recorded(app(store).await).await;
+}
