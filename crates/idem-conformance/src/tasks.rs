@@ -414,6 +414,11 @@ pub async fn actions_happen_once<S: TaskStore>(store: S) {
     // w1 dies; w2 takes over and finds the outcome unknown.
     let h2 = claim(&store, "w2", 1, T0 + LEASE).await.remove(0);
     assert_eq!(h2.fence, h1.fence + 1);
+    let unasked = report(&store, &task, h2.fence, ActionOutcome::NotSent, T0 + LEASE).await;
+    assert!(
+        matches!(unasked, ActionClaim::NoAttempt(_)),
+        "another claim's attempt is not this claim's to report without asking: {unasked:?}"
+    );
     let stale = action(&store, &task, h1.fence, ActionMode::Verify, T0 + LEASE + 1).await;
     assert!(matches!(stale, ActionClaim::LeaseLost(_)), "{stale:?}");
     assert_eq!(

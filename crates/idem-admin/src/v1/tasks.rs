@@ -216,7 +216,8 @@ async fn resolve<B: AdminBackend>(
     };
     let sent = match b.resolution.as_str() {
         "sent" => true,
-        "not_sent" => false,
+        // As the CLI and the task API spell it, and as runs' resolve does.
+        "not_sent" | "not-sent" => false,
         _ => return invalid("as: sent or not_sent"),
     };
     let action = match ActionName::new(b.action) {

@@ -20,21 +20,26 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, Path, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
-use axum::response::{IntoResponse, Response};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
 use axum::routing::{get, post};
 use axum::{Extension, body::Bytes};
 use idem_core::steps::RunStore;
 use idem_core::tasks::{
-    ActionDecision, ActionMode, ActionName, ActionOutcome, PollerName, QueueName, TaskEvent,
-    TaskId, TaskRecord, TaskStore, WorkerName,
+    ActionDecision, ActionMode, ActionName, ActionOutcome, PollerName, QueueName, TaskId,
+    TaskRecord, TaskStore, WorkerName,
 };
 use idem_core::{IdempotencyKey, Operation, Policy, Scope, StoreError, Tenant};
-use idem_http::{IdemTx, IdempotencyLayer, RouteConfig, TenantSource, problem, problem_with};
+use idem_http::{IdemTx, IdempotencyLayer, RouteConfig, TenantSource, problem};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::{Observation, TaskSpec, Tasks, TasksError};
+
+mod answers;
+
+use answers::{answer, body, duration, invalid, name, not_found, refused, replayed, store_error};
+pub use answers::{event_json, rfc3339, task_json};
 
 /// How the routes find the tenant and bound a request.
 #[derive(Clone, Debug)]
@@ -116,172 +121,11 @@ pub fn router<S: TaskStore + RunStore>(
         .with_state(app))
 }
 
-fn invalid(detail: &str) -> Response {
-    problem(
-        StatusCode::BAD_REQUEST,
-        "invalid-request",
-        "The request is invalid",
-        Some(detail),
-        None,
-    )
-}
-
-/// The answer to a refused operation.
-fn refused(e: TasksError) -> Response {
-    match e {
-        TasksError::Invalid(detail) => invalid(&detail),
-        TasksError::KeyReused => problem(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "idempotency-key-reused",
-            "The task key was used with another payload",
-            Some("a task's key names one payload; use another key for another task"),
-            None,
-        ),
-        TasksError::CursorMoved { current } => {
-            let current = current
-                .and_then(|c| serde_json::from_str::<Value>(&c).ok())
-                .unwrap_or(Value::Null);
-            let mut extra = serde_json::Map::new();
-            extra.insert("current".into(), current);
-            problem_with(
-                StatusCode::CONFLICT,
-                "cursor-moved",
-                "The cursor is not where the observation expected",
-                Some("read the cursor again (current) and observe from there; nothing was written"),
-                extra,
-            )
-        }
-        TasksError::LeaseLost {
-            fence,
-            current,
-            state,
-        } => {
-            let mut extra = serde_json::Map::new();
-            extra.insert("fence".into(), current.into());
-            extra.insert("state".into(), state.into());
-            problem_with(
-                StatusCode::CONFLICT,
-                "lease-lost",
-                "This worker no longer holds the task",
-                Some(&format!(
-                    "fence {fence} is not the task's live claim (the task is {state} at fence {current}); nothing was written"
-                )),
-                extra,
-            )
-        }
-        TasksError::ResultMismatch => problem(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "result-mismatch",
-            "The task was completed with another result",
-            Some("this fence completed the task already, with another result"),
-            None,
-        ),
-        TasksError::NoAttempt => problem(
-            StatusCode::CONFLICT,
-            "no-attempt",
-            "The action was never attempted",
-            Some("ask POST /v1/tasks/{id}/actions/{name} before reporting its result"),
-            None,
-        ),
-        TasksError::NotApplicable { state, what } => problem(
-            StatusCode::CONFLICT,
-            "not-applicable",
-            "The action does not apply to the task",
-            Some(&format!("the task is {state}; {what}")),
-            None,
-        ),
-        TasksError::NotFound => not_found(),
-        TasksError::Store(e) => store_error(e),
-    }
-}
-
-fn store_error(e: StoreError) -> Response {
-    idem_http::store_problem(e)
-}
-
-fn not_found() -> Response {
-    problem(
-        StatusCode::NOT_FOUND,
-        "not-found",
-        "No such task",
-        None,
-        None,
-    )
-}
-
 fn tenant_of<S>(app: &App<S>, headers: &HeaderMap) -> Result<Tenant, Response> {
     let mut parts = axum::http::Request::new(()).into_parts().0;
     parts.headers = headers.clone();
     app.tenant.resolve(&parts).map_err(|r| r.into_response())
 }
-
-fn body<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, Response> {
-    serde_json::from_slice(bytes).map_err(|e| invalid(&format!("body: {e}")))
-}
-
-fn duration(what: &str, text: &str) -> Result<Duration, Response> {
-    humantime::parse_duration(text).map_err(|e| {
-        invalid(&format!(
-            "{what}: {text:?} is not a duration such as 30s ({e})"
-        ))
-    })
-}
-
-/// Unix milliseconds as RFC 3339 (UTC, milliseconds).
-pub fn rfc3339(ms: i64) -> String {
-    let at = UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0));
-    humantime::format_rfc3339_millis(at).to_string()
-}
-
-/// A task as the API, the admin API and `idem tasks` show it.
-pub fn task_json(t: &TaskRecord) -> Value {
-    json!({
-        "id": t.id,
-        "queue": t.queue,
-        "key": t.key,
-        "state": t.state.as_str(),
-        "payload": serde_json::from_str::<Value>(&t.payload).unwrap_or(Value::Null),
-        "priority": t.priority,
-        "run_at": rfc3339(t.run_at_ms),
-        "attempt": t.attempt,
-        "max_attempts": t.max_attempts,
-        "fence": t.fence,
-        "holder": t.holder,
-        "lease_expires_at": t.lease_expires_at_ms.map(rfc3339),
-        "result": t.result.as_deref().and_then(|r| serde_json::from_str::<Value>(r).ok()),
-        "last_error": t.last_error,
-        "created_at": rfc3339(t.created_at_ms),
-        "finished_at": t.finished_at_ms.map(rfc3339),
-    })
-}
-
-/// An entry of a task's timeline as it is shown.
-pub fn event_json(e: &TaskEvent) -> Value {
-    json!({
-        "seq": e.seq,
-        "kind": e.kind,
-        "actor": e.actor,
-        "fence": e.fence,
-        "at": rfc3339(e.at_ms),
-        "detail": e.detail,
-    })
-}
-
-fn answer(status: StatusCode, body: &Value) -> Response {
-    (
-        status,
-        [(header::CONTENT_TYPE, "application/json")],
-        body.to_string(),
-    )
-        .into_response()
-}
-
-fn replayed(mut res: Response) -> Response {
-    res.headers_mut()
-        .insert("idempotent-replayed", HeaderValue::from_static("true"));
-    res
-}
-
 macro_rules! tri {
     ($e:expr) => {
         match $e {
@@ -289,10 +133,6 @@ macro_rules! tri {
             Err(r) => return r,
         }
     };
-}
-
-fn name<T, E: std::fmt::Display>(made: Result<T, E>) -> Result<T, Response> {
-    made.map_err(|e| invalid(&e.to_string()))
 }
 
 #[derive(Deserialize)]

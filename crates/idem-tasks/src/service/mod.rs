@@ -6,14 +6,16 @@ use std::time::Duration;
 use idem_core::steps::{Namespace, RunStore};
 use idem_core::tasks::{
     ActionAttempt, ActionClaim, ActionDecision, ActionKey, ActionMode, ActionName, ActionOutcome,
-    ClaimRequest, CursorMove, Fenced, NewTask, PollerName, PollerRecord, QueueName, Settle, Steer,
-    Steered, TaskId, TaskRecord, TaskStore, WorkerName,
+    ClaimRequest, CursorMove, Fenced, NewTask, PollerName, PollerRecord, QueueName, Settle, TaskId,
+    TaskRecord, TaskStore, WorkerName,
 };
 use idem_core::{Clock, FingerprintSpec, IdempotencyKey, Tenant};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::{TaskSpec, TasksConfig, TasksError};
+
+mod operators;
 
 /// An observation: the cursor it moves and the tasks it creates.
 #[derive(Clone, Debug)]
@@ -270,10 +272,20 @@ impl<S: TaskStore + RunStore> Tasks<S> {
                         return Err(TasksError::CursorMoved { current });
                     }
                 };
-                let mut tasks = Vec::with_capacity(observation.tasks.len());
-                for (queue, key, spec) in &observation.tasks {
-                    tasks.push(self.create_in(&mut tx, tenant, queue, key, spec).await?);
+                // Rows locked in one order by every poller: two observations
+                // sharing keys never wait on each other in a circle.
+                let mut order: Vec<usize> = (0..observation.tasks.len()).collect();
+                order.sort_by(|&a, &b| {
+                    let (qa, ka, _) = &observation.tasks[a];
+                    let (qb, kb, _) = &observation.tasks[b];
+                    (qa.as_str(), ka.as_str()).cmp(&(qb.as_str(), kb.as_str()))
+                });
+                let mut made = vec![None; observation.tasks.len()];
+                for i in order {
+                    let (queue, key, spec) = &observation.tasks[i];
+                    made[i] = Some(self.create_in(&mut tx, tenant, queue, key, spec).await?);
                 }
+                let tasks = made.into_iter().flatten().collect();
                 Ok(Observed { tasks, repeated })
             }
             .await;
@@ -628,63 +640,6 @@ impl<S: TaskStore + RunStore> Tasks<S> {
         })
         .await
         .map(|(decision, record)| (key.clone(), decision, record))
-    }
-
-    /// In `tx`: an operator (`actor`, kept in the timeline) makes a dead
-    /// task, or one that needs attention, ready again now with one more
-    /// attempt.
-    pub async fn retry_in(
-        &self,
-        tx: &mut S::Tx,
-        id: &TaskId,
-        actor: &str,
-    ) -> Result<TaskRecord, TasksError> {
-        let out = S::steer(tx, id.as_str(), Steer::Retry, actor, self.now_ms()).await?;
-        Self::steered(out, "retry needs a dead task or one that needs attention")
-    }
-
-    /// In `tx`: an operator who checked the other system records what
-    /// became of `action` of a task that needs attention — `sent` (never
-    /// performed again) or not (performed again) — and the task is ready
-    /// again.
-    pub async fn resolve_in(
-        &self,
-        tx: &mut S::Tx,
-        id: &TaskId,
-        action: &ActionName,
-        sent: bool,
-        actor: &str,
-    ) -> Result<TaskRecord, TasksError> {
-        let key = self.action_key(id, action);
-        let how = Steer::Resolve {
-            action: action.as_str(),
-            key: key.as_str(),
-            sent,
-        };
-        let out = S::steer(tx, id.as_str(), how, actor, self.now_ms()).await?;
-        Self::steered(
-            out,
-            "resolve needs a task that needs attention, with an attempt of this action whose outcome is unknown",
-        )
-    }
-
-    fn steered(out: Steered, what: &'static str) -> Result<TaskRecord, TasksError> {
-        match out {
-            Steered::Done(t) => Ok(t),
-            Steered::NotApplicable(t) => Err(TasksError::NotApplicable {
-                state: t.state.as_str(),
-                what,
-            }),
-            Steered::Missing => Err(TasksError::NotFound),
-        }
-    }
-
-    /// A task of any tenant, for operators.
-    pub async fn task_any(&self, id: &TaskId) -> Result<TaskRecord, TasksError> {
-        self.store
-            .load_task(id.as_str())
-            .await?
-            .ok_or(TasksError::NotFound)
     }
 
     /// A task of `tenant`.
