@@ -65,6 +65,27 @@ async fn app<S: TaskStore + RunStore>(store: S) -> Router {
     router(tasks, HttpConfig::new(tenant)).unwrap()
 }
 
+/// The routes over a store on a fresh SQLite file (kept while the guard lives).
+async fn on_sqlite(tag: &str) -> (Router, idem_testkit::TempDir) {
+    let dir = idem_testkit::TempDir::new(tag);
+    let store =
+        idem_sqlite::SqliteStore::connect(&dir.sqlite_url(), idem_sqlite::SqliteConfig::default())
+            .await
+            .unwrap();
+    store.migrate().await.unwrap();
+    (app(store).await, dir)
+}
+
+/// The routes over a store on a fresh PostgreSQL database.
+async fn on_postgres(tag: &str) -> (Router, idem_testkit::PgDatabase) {
+    let db = idem_testkit::PgDatabase::create(tag).await;
+    let store = idem_postgres::PgStore::connect(&db.url, idem_postgres::PgConfig::default())
+        .await
+        .unwrap();
+    store.migrate().await.unwrap();
+    (app(store).await, db)
+}
+
 async fn contract(app: Router) {
     // Observations become tasks once.
     let new = json!({"payload": {"issue": 1842}});
@@ -437,23 +458,14 @@ async fn contract(app: Router) {
 
 #[tokio::test]
 async fn the_contract_holds_on_sqlite() {
-    let dir = idem_testkit::TempDir::new("tasks-http");
-    let store =
-        idem_sqlite::SqliteStore::connect(&dir.sqlite_url(), idem_sqlite::SqliteConfig::default())
-            .await
-            .unwrap();
-    store.migrate().await.unwrap();
-    contract(app(store).await).await;
+    let (app, _dir) = on_sqlite("tasks-http").await;
+    contract(app).await;
 }
 
 #[tokio::test]
 async fn the_contract_holds_on_postgres() {
-    let db = idem_testkit::PgDatabase::create("idem_tasks_http").await;
-    let store = idem_postgres::PgStore::connect(&db.url, idem_postgres::PgConfig::default())
-        .await
-        .unwrap();
-    store.migrate().await.unwrap();
-    contract(app(store).await).await;
+    let (app, _db) = on_postgres("idem_tasks_http").await;
+    contract(app).await;
 }
 
 /// PostgreSQL goes silent: task writes answer 503 within the deadline
@@ -639,23 +651,14 @@ async fn bad_input_is_refused_at_once(app: Router) {
 
 #[tokio::test]
 async fn bad_input_is_refused_at_once_on_sqlite() {
-    let dir = idem_testkit::TempDir::new("tasks-http-bad");
-    let store =
-        idem_sqlite::SqliteStore::connect(&dir.sqlite_url(), idem_sqlite::SqliteConfig::default())
-            .await
-            .unwrap();
-    store.migrate().await.unwrap();
-    bad_input_is_refused_at_once(app(store).await).await;
+    let (app, _dir) = on_sqlite("tasks-http-bad").await;
+    bad_input_is_refused_at_once(app).await;
 }
 
 #[tokio::test]
 async fn bad_input_is_refused_at_once_on_postgres() {
-    let db = idem_testkit::PgDatabase::create("idem_tasks_http_bad").await;
-    let store = idem_postgres::PgStore::connect(&db.url, idem_postgres::PgConfig::default())
-        .await
-        .unwrap();
-    store.migrate().await.unwrap();
-    bad_input_is_refused_at_once(app(store).await).await;
+    let (app, _db) = on_postgres("idem_tasks_http_bad").await;
+    bad_input_is_refused_at_once(app).await;
 }
 
 /// Found by attacking the API: tasks whose lease ended on their last
@@ -710,23 +713,14 @@ async fn a_claim_looks_past_tasks_that_died(app: Router) {
 
 #[tokio::test]
 async fn a_claim_looks_past_tasks_that_died_on_sqlite() {
-    let dir = idem_testkit::TempDir::new("tasks-http-deaths");
-    let store =
-        idem_sqlite::SqliteStore::connect(&dir.sqlite_url(), idem_sqlite::SqliteConfig::default())
-            .await
-            .unwrap();
-    store.migrate().await.unwrap();
-    a_claim_looks_past_tasks_that_died(app(store).await).await;
+    let (app, _dir) = on_sqlite("tasks-http-deaths").await;
+    a_claim_looks_past_tasks_that_died(app).await;
 }
 
 #[tokio::test]
 async fn a_claim_looks_past_tasks_that_died_on_postgres() {
-    let db = idem_testkit::PgDatabase::create("idem_tasks_http_deaths").await;
-    let store = idem_postgres::PgStore::connect(&db.url, idem_postgres::PgConfig::default())
-        .await
-        .unwrap();
-    store.migrate().await.unwrap();
-    a_claim_looks_past_tasks_that_died(app(store).await).await;
+    let (app, _db) = on_postgres("idem_tasks_http_deaths").await;
+    a_claim_looks_past_tasks_that_died(app).await;
 }
 
 /// Found by attacking the API: a `not-sent` result answered `go` without
@@ -851,21 +845,12 @@ async fn a_go_after_not_sent_is_recorded(app: Router) {
 
 #[tokio::test]
 async fn a_go_after_not_sent_is_recorded_on_sqlite() {
-    let dir = idem_testkit::TempDir::new("tasks-http-notsent");
-    let store =
-        idem_sqlite::SqliteStore::connect(&dir.sqlite_url(), idem_sqlite::SqliteConfig::default())
-            .await
-            .unwrap();
-    store.migrate().await.unwrap();
-    a_go_after_not_sent_is_recorded(app(store).await).await;
+    let (app, _dir) = on_sqlite("tasks-http-notsent").await;
+    a_go_after_not_sent_is_recorded(app).await;
 }
 
 #[tokio::test]
 async fn a_go_after_not_sent_is_recorded_on_postgres() {
-    let db = idem_testkit::PgDatabase::create("idem_tasks_http_notsent").await;
-    let store = idem_postgres::PgStore::connect(&db.url, idem_postgres::PgConfig::default())
-        .await
-        .unwrap();
-    store.migrate().await.unwrap();
-    a_go_after_not_sent_is_recorded(app(store).await).await;
+    let (app, _db) = on_postgres("idem_tasks_http_notsent").await;
+    a_go_after_not_sent_is_recorded(app).await;
 }
