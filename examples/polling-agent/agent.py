@@ -338,27 +338,33 @@ def serve_source(args):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    fmt = argparse.RawDescriptionHelpFormatter
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=fmt)
     sub = p.add_subparsers(dest="mode_", required=True)
-    po = sub.add_parser("poll")
-    po.add_argument("--idem", required=True)
-    po.add_argument("--source", required=True)
-    po.add_argument("--poller", required=True)
-    po.add_argument("--queue", required=True)
-    po.add_argument("--interval", type=float, default=0.1)
-    po.add_argument("--tenant", default="agents")
-    wo = sub.add_parser("work")
-    wo.add_argument("--idem", required=True)
-    wo.add_argument("--queue", required=True)
-    wo.add_argument("--sink", required=True)
-    wo.add_argument("--mode", choices=["verify", "at-most-once"], required=True)
-    wo.add_argument("--lease", default="2s")
-    wo.add_argument("--worker")
-    wo.add_argument("--interval", type=float, default=0.1)
-    wo.add_argument("--tenant", default="agents")
-    so = sub.add_parser("source")
-    so.add_argument("--file", required=True)
-    so.add_argument("--listen", default="127.0.0.1:8090")
+    idem = "Idem's base URL, e.g. http://127.0.0.1:8080"
+    tenant = "the X-Tenant-Id the agent sends (default: agents)"
+    every = "seconds between rounds when there is nothing to do (default: 0.1)"
+    po = sub.add_parser("poll", help="report the source's changes as tasks, with the cursor")
+    po.add_argument("--idem", required=True, help=idem)
+    po.add_argument("--source", required=True, help="the source's base URL (GET /changes?after=N)")
+    po.add_argument("--poller", required=True, help="the poller's name: replicas share one")
+    po.add_argument("--queue", required=True, help="the queue the tasks go to")
+    po.add_argument("--interval", type=float, default=0.1, help=every)
+    po.add_argument("--tenant", default="agents", help=tenant)
+    wo = sub.add_parser("work", help="claim tasks, notify once through the sink, complete")
+    wo.add_argument("--idem", required=True, help=idem)
+    wo.add_argument("--queue", required=True, help="the queue to claim from")
+    wo.add_argument("--sink", required=True, help="the mail relay's base URL (idem mail-sink)")
+    wo.add_argument("--mode", choices=["verify", "at-most-once"], required=True,
+                    help="an unknown earlier attempt: look the key up at the sink (verify) "
+                         "or leave the task to an operator (at-most-once)")
+    wo.add_argument("--lease", default="2s", help="how long a claim holds a task (default: 2s)")
+    wo.add_argument("--worker", help="the worker's name (default: worker-<pid>)")
+    wo.add_argument("--interval", type=float, default=0.1, help=every)
+    wo.add_argument("--tenant", default="agents", help=tenant)
+    so = sub.add_parser("source", help="serve a JSON-lines file of changes (for the tour)")
+    so.add_argument("--file", required=True, help="one change a line: {\"seq\", \"item\", \"version\"}")
+    so.add_argument("--listen", default="127.0.0.1:8090", help="host:port (default: 127.0.0.1:8090)")
     args = p.parse_args()
     try:
         if args.mode_ == "poll":

@@ -32,6 +32,11 @@ const DURATION_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
+/// Buckets of how long tasks waited to be claimed: up to an hour.
+const CLAIM_LATENCY_BUCKETS: &[f64] = &[
+    0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
+];
+
 /// The process's Prometheus recorder, installed on first use. When another
 /// recorder was installed first (an embedding application's), `/metrics`
 /// renders an empty recorder of its own rather than failing.
@@ -44,6 +49,12 @@ pub fn install() -> PrometheusHandle {
                     Matcher::Suffix("_duration_seconds".into()),
                     DURATION_BUCKETS,
                 )
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        Matcher::Full(idem_tasks::CLAIM_LATENCY.into()),
+                        CLAIM_LATENCY_BUCKETS,
+                    )
+                })
                 .unwrap_or_else(|_| PrometheusBuilder::new());
             let recorder = builder.build_recorder();
             let handle = recorder.handle();

@@ -16,16 +16,17 @@
 //!
 //! ```sh
 //! printf '{"seq":1,"item":"issue-7","version":1}\n{"seq":2,"item":"issue-8","version":1}\n' > changes.jsonl
-//! cargo run -p example-polling-agent &   # run two or three copies
-//! cargo run -p example-polling-agent
-//! cat notifications.log                  # one line per change
+//! cargo build -p example-polling-agent
+//! export IDEM_EXIT_WHEN_IDLE=1 IDEM_LEASE=2000   # stop after a lease without work
+//! target/debug/example-polling-agent & target/debug/example-polling-agent   # two copies
+//! wait; cat notifications.log            # one line per change
 //! ```
 //!
 //! `IDEM_DB` (default `agent.db`), `IDEM_FEED` (`changes.jsonl`),
 //! `IDEM_NOTIFY_LOG` (`notifications.log`), `IDEM_WORKER` (`agent-<pid>`),
-//! `IDEM_LEASE` in ms (`30000`). With `IDEM_EXIT_WHEN_IDLE=1` it stops once
-//! the feed has nothing new and no task is due; otherwise it polls until
-//! Ctrl-C. `IDEM_CRASH_AFTER=N` aborts the process right after its N-th
+//! `IDEM_LEASE` in ms (`30000`). With `IDEM_EXIT_WHEN_IDLE=1` it stops
+//! once it found nothing to do for longer than a lease (so a dead copy's
+//! task is taken over first); otherwise it polls until Ctrl-C. `IDEM_CRASH_AFTER=N` aborts the process right after its N-th
 //! notification, before reporting it (what a `kill -9` at the worst moment
 //! does; its test uses it).
 

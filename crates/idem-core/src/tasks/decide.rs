@@ -63,8 +63,10 @@ pub enum SettlePlan {
 
 /// Decides what `settle` by the holder of `fence` does to `task` at `now_ms`.
 /// A completion repeated by the fence that completed it answers as the first
-/// did (or [`Fenced::Mismatch`] with another result); anything else not by
-/// the live holder is [`Fenced::LeaseLost`].
+/// did (or [`Fenced::Mismatch`] with another result), and so does a failure
+/// repeated by the fence that reported it (the task ready or dead, no claim
+/// since, the same error); anything else not by the live holder is
+/// [`Fenced::LeaseLost`].
 pub fn plan_settle(task: &TaskRecord, fence: i64, settle: &Settle<'_>, now_ms: i64) -> SettlePlan {
     if let Settle::Complete { result_hash, .. } = settle
         && task.state == TaskState::Done
@@ -75,6 +77,13 @@ pub fn plan_settle(task: &TaskRecord, fence: i64, settle: &Settle<'_>, now_ms: i
         } else {
             Refusal::Mismatch
         });
+    }
+    if let Settle::Fail { error, .. } = settle
+        && matches!(task.state, TaskState::Ready | TaskState::Dead)
+        && task.fence == fence
+        && task.last_error.as_deref() == Some(error)
+    {
+        return SettlePlan::Refuse(Refusal::Repeated);
     }
     if !holds(task, fence, now_ms) {
         return SettlePlan::Refuse(Refusal::LeaseLost);

@@ -183,4 +183,25 @@ fn failures_retry_until_the_attempts_run_out() {
         plan_settle(&claimed(1, 3, 100), 1, &fail, 10),
         SettlePlan::Write(SettleWrite::Dead)
     );
+    // The same failure again (its answer lost): answered as it was.
+    let mut failed = claimed(1, 2, 100);
+    failed.state = TaskState::Ready;
+    failed.holder = None;
+    failed.last_error = Some("boom".into());
+    assert_eq!(
+        plan_settle(&failed, 1, &fail, 50),
+        SettlePlan::Refuse(Refusal::Repeated)
+    );
+    let other = Settle::Fail {
+        error: "else",
+        retry_at_ms: 5,
+    };
+    assert_eq!(
+        plan_settle(&failed, 1, &other, 50),
+        SettlePlan::Refuse(Refusal::LeaseLost)
+    );
+    assert_eq!(
+        plan_settle(&failed, 2, &fail, 50),
+        SettlePlan::Refuse(Refusal::LeaseLost)
+    );
 }

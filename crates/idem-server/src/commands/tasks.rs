@@ -50,6 +50,9 @@ pub enum TasksAction {
         db: DbArgs,
         /// The task's id (`tsk_…`).
         task: String,
+        /// Who retries it, for the task's timeline (default: $USER).
+        #[arg(long)]
+        actor: Option<String>,
     },
     /// After checking the other system by the action's key, record what
     /// became of the action whose outcome was unknown — `--as sent` (never
@@ -66,6 +69,9 @@ pub enum TasksAction {
         /// What the operator found.
         #[arg(long = "as", value_enum)]
         resolution: ResolveAs,
+        /// Who resolves it, for the task's timeline (default: $USER).
+        #[arg(long)]
+        actor: Option<String>,
     },
 }
 
@@ -92,8 +98,17 @@ fn refused(e: TasksError) -> anyhow::Error {
     }
 }
 
-/// The operator named in the timeline.
-const ACTOR: &str = "idem tasks";
+/// The operator named in the timeline: `--actor`, else `$USER`, else
+/// `idem tasks`; 1 to 64 characters.
+fn actor(given: Option<String>) -> anyhow::Result<String> {
+    let name = given
+        .or_else(|| std::env::var("USER").ok())
+        .unwrap_or_else(|| "idem tasks".into());
+    if name.is_empty() || name.len() > 64 || name.chars().any(char::is_control) {
+        bail!("--actor must be 1 to 64 characters without control characters");
+    }
+    Ok(name)
+}
 
 impl Job for TasksAction {
     type Output = anyhow::Result<()>;
@@ -142,10 +157,13 @@ impl Job for TasksAction {
                 shown["timeline"] = events.iter().map(event_json).collect();
                 println!("{}", serde_json::to_string_pretty(&shown)?);
             }
-            TasksAction::Retry { task, .. } => {
+            TasksAction::Retry {
+                task, actor: who, ..
+            } => {
                 let id = task_id(&task)?;
+                let who = actor(who)?;
                 let mut tx = store.begin().await?;
-                let retried = tasks.retry_in(&mut tx, &id, ACTOR).await;
+                let retried = tasks.retry_in(&mut tx, &id, &who).await;
                 let t = tasks.finish(tx, retried).await.map_err(refused)?;
                 println!("{}", task_json(&t));
             }
@@ -153,14 +171,16 @@ impl Job for TasksAction {
                 task,
                 action,
                 resolution,
+                actor: who,
                 ..
             } => {
                 let id = task_id(&task)?;
+                let who = actor(who)?;
                 let action =
                     ActionName::new(action).map_err(|e| anyhow::anyhow!("--action: {e}"))?;
                 let sent = resolution == ResolveAs::Sent;
                 let mut tx = store.begin().await?;
-                let resolved = tasks.resolve_in(&mut tx, &id, &action, sent, ACTOR).await;
+                let resolved = tasks.resolve_in(&mut tx, &id, &action, sent, &who).await;
                 let t = tasks.finish(tx, resolved).await.map_err(refused)?;
                 println!("{}", task_json(&t));
             }

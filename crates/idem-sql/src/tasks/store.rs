@@ -334,7 +334,10 @@ macro_rules! task_store {
                             .fetch_one(&mut **tx)
                             .await
                             .map_err(map_err)?;
-                        let why = format!("the outcome of {} is unknown", a.action);
+                        let why = format!(
+                            "the outcome of {} is unknown: check the other system by its key {}",
+                            a.action, a.key
+                        );
                         event(
                             tx,
                             a.task,

@@ -177,7 +177,17 @@ async fn create<S: TaskStore + RunStore>(
     let tenant = tri!(tenant_of(&app, &headers));
     let queue = tri!(name(QueueName::new(queue)));
     let key = match headers.get("idempotency-key") {
-        None => return invalid("Idempotency-Key: required (the observation's natural key)"),
+        None => {
+            return problem(
+                StatusCode::BAD_REQUEST,
+                "missing-idempotency-key",
+                "Idempotency-Key is required",
+                Some(
+                    "a task is created under its observation's natural key, sent as Idempotency-Key",
+                ),
+                None,
+            );
+        }
         Some(v) => tri!(name(IdempotencyKey::from_header(v.as_bytes()))),
     };
     let spec = tri!(tri!(body::<NewTaskBody>(&bytes)).spec());

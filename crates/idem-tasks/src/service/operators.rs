@@ -1,7 +1,7 @@
 //! What operators do to tasks workers cannot move on: retry, resolve.
 
 use idem_core::steps::RunStore;
-use idem_core::tasks::{ActionName, Steer, Steered, TaskId, TaskRecord, TaskStore};
+use idem_core::tasks::{ActionName, Steer, Steered, TaskId, TaskRecord, TaskState, TaskStore};
 
 use super::Tasks;
 use crate::TasksError;
@@ -39,10 +39,14 @@ impl<S: TaskStore + RunStore> Tasks<S> {
             sent,
         };
         let out = S::steer(tx, id.as_str(), how, actor, self.now_ms()).await?;
-        Self::steered(
-            out,
-            "resolve needs a task that needs attention, with an attempt of this action whose outcome is unknown",
-        )
+        let what = match &out {
+            Steered::NotApplicable(t) if t.state == TaskState::NeedsAttention => {
+                "this action has no attempt of unknown outcome; the task's timeline names the \
+                 action that has (its needs_attention entry)"
+            }
+            _ => "resolve needs a task that needs attention",
+        };
+        Self::steered(out, what)
     }
 
     fn steered(out: Steered, what: &'static str) -> Result<TaskRecord, TasksError> {
