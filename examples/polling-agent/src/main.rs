@@ -39,7 +39,7 @@ use idemkit::tasks::{
     ActionDecision, ActionMode, ActionName, ActionOutcome, Observation, PollerName, QueueName,
     TaskId, TaskSpec, Tasks, TasksConfig, TasksError, WorkerName,
 };
-use idemkit::{IdempotencyKey, Tenant};
+use idemkit::{IdempotencyKey, StoreError, Tenant};
 use serde_json::{Value, json};
 
 type Error = Box<dyn std::error::Error>;
@@ -220,6 +220,23 @@ impl Agent {
     }
 }
 
+/// A failure the next round may not meet: the store busy, unreachable, or
+/// an outcome unknown (the round's writes are all safe to repeat).
+fn transient(e: &(dyn std::error::Error + 'static)) -> bool {
+    let store = match e.downcast_ref::<TasksError>() {
+        Some(TasksError::Store(s)) => Some(s),
+        _ => e.downcast_ref::<StoreError>(),
+    };
+    matches!(
+        store,
+        Some(
+            StoreError::Busy { .. }
+                | StoreError::Unavailable { .. }
+                | StoreError::OutcomeUnknown { .. }
+        )
+    )
+}
+
 async fn open(db: &Path) -> Result<SqliteStore, Error> {
     let url = format!("sqlite://{}?mode=rwc", db.display());
     let store = SqliteStore::connect(&url, SqliteConfig::default()).await?;
@@ -229,7 +246,24 @@ async fn open(db: &Path) -> Result<SqliteStore, Error> {
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    let store = open(Path::new(&env("IDEM_DB", "agent.db"))).await?;
+    // Copies started together on a new SQLite file may find it locked while
+    // another creates its tables: try again for a few seconds.
+    let db = env("IDEM_DB", "agent.db");
+    let mut tries = 0;
+    let tasks = loop {
+        let opened = async {
+            let store = open(Path::new(&db)).await?;
+            Ok::<_, Error>(Tasks::new(store, TasksConfig::default()).await?)
+        };
+        match opened.await {
+            Ok(tasks) => break tasks,
+            Err(e) if transient(e.as_ref()) && tries < 50 => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    };
     let lease_ms: u64 = env("IDEM_LEASE", "30000")
         .parse()
         .map_err(|_| "IDEM_LEASE: milliseconds")?;
@@ -238,7 +272,7 @@ async fn main() -> Result<(), Error> {
         Err(_) => None,
     };
     let mut agent = Agent {
-        tasks: Tasks::new(store, TasksConfig::default()).await?,
+        tasks,
         tenant: Tenant::new("default")?,
         queue: QueueName::new("notify")?,
         poller: PollerName::new("feed")?,
@@ -253,8 +287,18 @@ async fn main() -> Result<(), Error> {
     let exit_when_idle = std::env::var("IDEM_EXIT_WHEN_IDLE").is_ok_and(|v| v == "1");
     let mut idle: u64 = 0;
     loop {
-        let saw = agent.observe().await?;
-        let worked = agent.work().await?;
+        let round = async { Ok::<_, Error>((agent.observe().await?, agent.work().await?)) };
+        let (saw, worked) = match round.await {
+            Ok(done) => done,
+            // The database busy or unreachable a moment (another copy holds
+            // SQLite's write lock): every step is safe to repeat.
+            Err(e) if transient(e.as_ref()) => {
+                eprintln!("retrying after: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                (false, true)
+            }
+            Err(e) => return Err(e),
+        };
         if saw || worked {
             idle = 0;
             continue;
