@@ -96,11 +96,22 @@ impl Source {
 
 /// `n` changes over `items` items named `{prefix}{i}`: each change is the
 /// next version of a random item (item i gets versions 1..k).
+/// `n` changes over `items` items: every item changes at least once (when
+/// `n >= items`), the rest fall on items drawn at random, in a shuffled order.
 fn plan(rng: &mut Rng, prefix: &str, items: u64, n: usize) -> Vec<Value> {
     let mut versions = vec![0u64; items as usize];
-    (0..n)
-        .map(|_| {
-            let i = rng.range(0, items) as usize;
+    let mut order: Vec<usize> = (0..n)
+        .map(|k| match k < items as usize {
+            true => k,
+            false => rng.range(0, items) as usize,
+        })
+        .collect();
+    for k in (1..order.len()).rev() {
+        order.swap(k, rng.range(0, k as u64 + 1) as usize);
+    }
+    order
+        .into_iter()
+        .map(|i| {
             versions[i] += 1;
             json!({"item": format!("{prefix}{i}"), "version": versions[i]})
         })
@@ -408,10 +419,11 @@ async fn fleet_history(url: &str) {
     let idem = format!("http://{}", server.addr);
     let sink = format!("http://{sink_addr}");
 
-    // Verify mode: 3 pollers, 4 workers, 520 changes over 200 items.
+    // Verify mode: 3 pollers, 4 workers, 700 changes over 500 items (each
+    // item changes at least once).
     let source = Source::default();
     let src = format!("http://{}", source.start().await);
-    let changes = plan(&mut rng, "a", 200, 520);
+    let changes = plan(&mut rng, "a", 500, 700);
     let mut fleet = Fleet {
         dir: TempDir::new("agents"),
         agents: Vec::new(),
