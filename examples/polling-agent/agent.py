@@ -35,6 +35,7 @@ import http.server
 import json
 import os
 import random
+import socket
 import sys
 import time
 import urllib.error
@@ -149,6 +150,9 @@ class Worker:
         self.sink = Api(args.sink, None)
         self.args = args
         self.lease = seconds(args.lease)
+        self.margin = seconds(args.send_margin)
+        if self.margin >= self.lease:
+            sys.exit("--send-margin must be shorter than --lease")
         self.name = args.worker or f"py-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.claims = 0
 
@@ -249,12 +253,15 @@ class Worker:
 
     def send(self, task, key, deadline):
         """Posts the message; False (nothing sent) when the lease may have
-        ended: past it another worker may hold the task and send, so a
-        worker paused past its lease sends nothing when it wakes up. The
-        lease is checked with the connection open, right before the one
-        write that carries the request: a pause can still fall between the
-        two, a window of microseconds that no client of a sink without
-        deduplication can close."""
+        ended: past it another worker may hold the task and send.
+
+        The request goes out whole but for its last byte; the lease is
+        checked; then the last byte. A worker paused between the check and
+        that byte cannot send late: the relay drops a request whose body
+        takes longer than its body read timeout (run it with one shorter
+        than --send-margin), and until the margin is over no other worker
+        can hold the task — so the message is accepted before any other
+        worker could look for it, or never."""
         message = json.dumps(
             {
                 "id": key,
@@ -264,23 +271,32 @@ class Worker:
             }
         ).encode()
         url = urllib.parse.urlsplit(self.args.sink)
-        conn = http.client.HTTPConnection(url.hostname, url.port or 80, timeout=5)
-        try:
-            conn.connect()
-            headers = {"Content-Type": "application/json"}
-            if time.monotonic() > deadline - 0.5:
+        host, port = url.hostname, url.port or 80
+        head = (
+            f"POST /messages HTTP/1.1\r\nHost: {host}:{port}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(message)}\r\n"
+            "Connection: close\r\n\r\n"
+        ).encode()
+        request = head + message
+        with socket.create_connection((host, port), timeout=5) as sock:
+            sock.sendall(request[:-1])
+            if time.monotonic() > deadline - self.margin:
                 log("lease too short to send", task["id"], "fence", task["fence"])
                 return False
-            conn.request("POST", "/messages", body=message, headers=headers)
-            res = conn.getresponse()
-            status, answer = res.status, parse(res.read())
-        except http.client.HTTPException as e:
-            raise OSError(f"sink: {e}") from e
-        finally:
-            conn.close()
+            sock.sendall(request[-1:])
+            answer = b""
+            while True:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                answer += chunk
+        status_line, _, rest = answer.partition(b"\r\n")
+        parts = status_line.split(b" ")
+        status = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
+        body = rest.partition(b"\r\n\r\n")[2]
         if status != 202:
-            raise OSError(f"sink answered {status}: {answer}")
-        log("sent", task["id"], key, "copies", answer.get("copies"))
+            raise OSError(f"sink answered {status}: {body[:200]!r}")
+        log("sent", task["id"], key, "copies", (parse(body) or {}).get("copies"))
         return True
 
     def verify(self, key):
@@ -360,6 +376,9 @@ def main():
                          "or leave the task to an operator (at-most-once)")
     wo.add_argument("--lease", default="2s", help="how long a claim holds a task (default: 2s)")
     wo.add_argument("--worker", help="the worker's name (default: worker-<pid>)")
+    wo.add_argument("--send-margin", default="500ms",
+                    help="the lease left that a send needs; longer than the relay's body read "
+                         "timeout makes a paused worker unable to send late (default: 500ms)")
     wo.add_argument("--interval", type=float, default=0.1, help=every)
     wo.add_argument("--tenant", default="agents", help=tenant)
     so = sub.add_parser("source", help="serve a JSON-lines file of changes (for the tour)")

@@ -29,7 +29,7 @@ use crate::fixture::serve;
 use crate::process::{Proc, Server, free_port};
 use crate::{call, try_exchange};
 
-const LEASE: Duration = Duration::from_secs(2);
+const LEASE: Duration = Duration::from_secs(3);
 const TENANT: &str = "agents";
 
 /// splitmix64: the fault schedule and the source's changes, from one seed.
@@ -404,7 +404,15 @@ async fn fleet_history(url: &str) {
     let server = Server::start(url, &[]).await;
     let sink_addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
     let _sink = Proc::spawn(
-        &["mail-sink".into(), "--listen".into(), sink_addr.to_string()],
+        // Its body read timeout shorter than the workers' send margin: a
+        // worker paused mid-send cannot have its message accepted late.
+        &[
+            "mail-sink".into(),
+            "--listen".into(),
+            sink_addr.to_string(),
+            "--body-read-timeout".into(),
+            "1s".into(),
+        ],
         None,
     );
     for _ in 0..200 {
@@ -441,8 +449,19 @@ async fn fleet_history(url: &str) {
     }
     for n in 1..=4 {
         let args = [
-            "work", "--idem", &idem, "--queue", "notify", "--sink", &sink, "--mode", "verify",
-            "--lease", "2s",
+            "work",
+            "--idem",
+            &idem,
+            "--queue",
+            "notify",
+            "--sink",
+            &sink,
+            "--mode",
+            "verify",
+            "--lease",
+            "3s",
+            "--send-margin",
+            "1500ms",
         ];
         fleet.add(&format!("worker-{n}"), &args);
     }
@@ -543,7 +562,9 @@ async fn fleet_history(url: &str) {
             "--mode",
             "at-most-once",
             "--lease",
-            "2s",
+            "3s",
+            "--send-margin",
+            "1500ms",
         ];
         fleet.add(&format!("amo-worker-{n}"), &args);
     }
