@@ -1,7 +1,14 @@
 //! [`KeyStore`](idem_core::KeyStore) for [`PgStore`], from
 //! [`idem_sql::keys`]: the claim reads first on a reader connection, then
-//! inserts in the caller's transaction, waiting (bounded by
-//! `lock_timeout`) for a concurrent claim of the same key.
+//! opens the transaction and inserts the claim in one message on a writer
+//! (see [`inline`](crate::inline)), waiting (bounded by `lock_timeout`) for
+//! a concurrent claim of the same key; the record is stored and the
+//! transaction committed in one message too.
+//!
+//! Round trips of a fresh key: the read, `BEGIN` + the claim, the business
+//! statements, the record + `COMMIT` (pessimistic); the read, `BEGIN`, the
+//! business statements, the record + `COMMIT` (optimistic). A replay: the
+//! read. No ping.
 
 use std::time::Duration;
 
@@ -9,10 +16,11 @@ use idem_core::keys::{Claim, Settled, answered_by_read};
 use idem_core::{ClaimMode, Completion, Scope, SharedClock, StoreError, StoredRecord};
 use idem_sql::decode::record;
 use idem_sql::keys::postgres as sql;
-use idem_sql::keys::{ClaimRequest, INSERT_COMPLETED, SELECT_RECORD};
+use idem_sql::keys::{ClaimRequest, INSERT_COMPLETED, SELECT_RECORD, UPDATE_COMPLETE};
 use sqlx::Postgres;
 
 use crate::errors::map_err_waited;
+use crate::inline::{Lit, guarded, inline, is_guard};
 use crate::{PgStore, PgTx, map_err};
 
 idem_sql::binders!(Postgres, i32);
@@ -23,6 +31,28 @@ idem_sql::key_store!(PgStore, PgTx, postgres;
         self.shared_clock.clone()
     }
 );
+
+/// The scope's three values, first in every key statement.
+fn scope_lits(scope: &Scope) -> [Lit<'_>; 3] {
+    [
+        Lit::Text(scope.tenant.as_str()),
+        Lit::Text(scope.operation.as_str()),
+        Lit::Text(scope.key.as_str()),
+    ]
+}
+
+/// The outcome's six columns, as [`idem_sql::binders!`]'s `outcome` binds them.
+fn outcome_lits<'a>(c: &'a Completion, headers: &'a str) -> [Lit<'a>; 6] {
+    let (kind, id) = c.resource_columns();
+    [
+        Lit::Text(c.state.as_str()),
+        Lit::Int(i64::from(c.response.status)),
+        Lit::Text(headers),
+        Lit::Bytes(&c.response.body),
+        Lit::OptText(kind),
+        Lit::OptText(id),
+    ]
+}
 
 impl PgStore {
     /// The claim, under the deadline (its policy's wait, if longer).
@@ -36,58 +66,122 @@ impl PgStore {
     }
 
     /// The optimistic claim's completed record, inserted at the end of the
-    /// operation's transaction; it waits for an uncommitted duplicate as a
-    /// claim does.
+    /// operation's transaction in one message with `COMMIT`; it waits for an
+    /// uncommitted duplicate as a claim does. A live record of the key makes
+    /// the insert fail (the message's `COMMIT` never runs): the transaction
+    /// is rolled back and the record read.
     async fn insert_completed_here(
         &self,
-        mut tx: PgTx,
+        tx: PgTx,
         scope: &Scope,
         r: ClaimRequest<'_>,
         completion: &Completion,
     ) -> Result<Settled, StoreError> {
-        let insert = scoped(INSERT_COMPLETED, scope).bind(&r.fingerprint.as_bytes()[..]);
-        let insert = outcome(insert, completion)
-            .bind(r.now_ms)
-            .bind(r.policy.expires_at_ms(r.now_ms));
-        let existing = self
-            .within(self.deadline_waiting(r.policy.wait), async {
-                if insert
-                    .fetch_optional(&mut *tx.tx)
-                    .await
-                    .map_err(map_err)?
-                    .is_some()
-                {
-                    return Ok(None);
-                }
-                // The conflicting row is locked by the INSERT and committed:
-                // READ COMMITTED shows it to the next statement.
-                let row = scoped(SELECT_RECORD, scope)
-                    .fetch_optional(&mut *tx.tx)
-                    .await
-                    .map_err(map_err)?;
-                match row {
-                    Some(row) => record(&row).map(Some),
+        let headers = completion.response.headers_json();
+        let mut values = Vec::with_capacity(12);
+        values.extend(scope_lits(scope));
+        values.push(Lit::Bytes(&r.fingerprint.as_bytes()[..]));
+        values.extend(outcome_lits(completion, &headers));
+        values.push(Lit::Int(r.now_ms));
+        values.push(Lit::Int(r.policy.expires_at_ms(r.now_ms)));
+        let message = format!(
+            "{}; COMMIT",
+            guarded(
+                &inline(INSERT_COMPLETED, &values)?,
+                "the key already has a live record"
+            )
+        );
+        let deadline = self.deadline_waiting(r.policy.wait);
+        match self.commit_with(tx, message, deadline).await {
+            Ok(()) => Ok(Settled::Committed),
+            Err(Refused::Guard) => {
+                match self.bounded(self.read_first(scope)).await? {
+                    Some(record) => Ok(Settled::Existing(record)),
+                    // Collected between the two: the caller's retry claims it.
                     None => Err(StoreError::Busy {
                         waited: Duration::ZERO,
                     }),
                 }
-            })
-            .await?;
-        match existing {
-            None => self.commit_tx(tx.tx).await.map(|()| Settled::Committed),
-            // Dropping the transaction queues its ROLLBACK on the connection.
-            Some(record) => Ok(Settled::Existing(record)),
+            }
+            Err(Refused::Store(e)) => Err(match e {
+                StoreError::Busy { .. } => StoreError::Busy {
+                    waited: r.policy.wait,
+                },
+                other => other,
+            }),
         }
+    }
+
+    /// The claimed record completed and the transaction committed, in one
+    /// message; a record no longer pending fails the message before its
+    /// `COMMIT`.
+    async fn complete_here(
+        &self,
+        tx: PgTx,
+        scope: &Scope,
+        completion: &Completion,
+        now_ms: i64,
+    ) -> Result<(), StoreError> {
+        let headers = completion.response.headers_json();
+        let mut values = Vec::with_capacity(10);
+        values.extend(scope_lits(scope));
+        values.extend(outcome_lits(completion, &headers));
+        values.push(Lit::Int(now_ms));
+        let update = inline(&format!("{UPDATE_COMPLETE} RETURNING 1"), &values)?;
+        let message = format!(
+            "{}; COMMIT",
+            guarded(&update, "the claimed record is no longer pending")
+        );
+        match self.commit_with(tx, message, self.deadline()).await {
+            Ok(()) => Ok(()),
+            Err(Refused::Guard) => Err(StoreError::Corrupt {
+                detail: "the claimed record is no longer pending".into(),
+            }),
+            Err(Refused::Store(e)) => Err(e),
+        }
+    }
+
+    async fn commit_here(&self, tx: PgTx) -> Result<(), StoreError> {
+        match self.commit_with(tx, "COMMIT".into(), self.deadline()).await {
+            Ok(()) => Ok(()),
+            Err(Refused::Guard) => Err(StoreError::Corrupt {
+                detail: "COMMIT refused as a guarded statement".into(),
+            }),
+            Err(Refused::Store(e)) => Err(e),
+        }
+    }
+
+    async fn rollback_here(&self, tx: PgTx) -> Result<(), StoreError> {
+        let writers = tx.writers().clone();
+        let mut lease = tx.into_lease();
+        let done = self
+            .bounded(async {
+                sqlx::Executor::execute(&mut lease.conn, sqlx::raw_sql("ROLLBACK"))
+                    .await
+                    .map_err(map_err)
+            })
+            .await;
+        if done.is_ok() {
+            writers.release(lease);
+        }
+        done.map(|_| ())
     }
 
     /// A transaction for business writes, waiting the pool's `lock_timeout`.
     async fn begin_here(&self) -> Result<PgTx, StoreError> {
-        let tx = self.bounded(self.begin_waiting(self.lock_timeout)).await?;
-        Ok(PgTx { tx })
+        self.bounded(async {
+            let (tx, _) = self.begin_writer("BEGIN".into(), self.lock_timeout).await?;
+            Ok(tx)
+        })
+        .await
     }
+
     /// The claim's first step: one indexed read of the committed record,
-    /// on a reader connection (no ping when it goes back; see `readers`).
-    async fn read_first(&self, scope: &Scope) -> Result<Option<StoredRecord>, StoreError> {
+    /// on a reader connection (no ping when it goes back; see `conns`).
+    pub(crate) async fn read_first(
+        &self,
+        scope: &Scope,
+    ) -> Result<Option<StoredRecord>, StoreError> {
         let binds = [
             scope.tenant.as_str().to_owned(),
             scope.operation.as_str().to_owned(),
@@ -116,9 +210,20 @@ impl PgStore {
         {
             return Ok(Claim::Existing(record));
         }
-        let mut tx = self.begin_waiting(policy.wait).await?;
+        let begin = self.begin_statement(policy.wait);
         if policy.mode == ClaimMode::Optimistic {
-            return Ok(Claim::Claimed(PgTx { tx }));
+            let (tx, _) = self.begin_writer(begin, policy.wait).await?;
+            return Ok(Claim::Claimed(tx));
+        }
+        let mut values = Vec::with_capacity(6);
+        values.extend(scope_lits(scope));
+        values.push(Lit::Bytes(&fingerprint.as_bytes()[..]));
+        values.push(Lit::Int(now_ms));
+        values.push(Lit::Int(policy.expires_at_ms(now_ms)));
+        let message = format!("{begin}; {}", inline(sql::INSERT_CLAIM, &values)?);
+        let (mut tx, inserted) = self.begin_writer(message, policy.wait).await?;
+        if inserted {
+            return Ok(Claim::Claimed(tx));
         }
         let claim = |sql: &'static str| {
             scoped(sql, scope)
@@ -129,13 +234,15 @@ impl PgStore {
         // Between two statements a record can be collected or taken over by
         // another claim; each turn then sees a newer committed state, so a few
         // turns settle it. Usually the first statement decides.
-        for _ in 0..3 {
-            let inserted = claim(sql::INSERT_CLAIM)
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(|e| map_err_waited(e, policy.wait))?;
-            if inserted.is_some() {
-                return Ok(Claim::Claimed(PgTx { tx }));
+        for turn in 0..3 {
+            if turn > 0 {
+                let inserted = claim(sql::INSERT_CLAIM)
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(|e| map_err_waited(e, policy.wait))?;
+                if inserted.is_some() {
+                    return Ok(Claim::Claimed(tx));
+                }
             }
             // READ COMMITTED: this statement sees the row the conflicting
             // transaction committed while our INSERT waited for it.
@@ -146,7 +253,7 @@ impl PgStore {
             let Some(row) = row else { continue };
             let record = record(&row)?;
             if record.expires_at_ms > now_ms {
-                tx.rollback().await.map_err(map_err)?;
+                self.rollback_here(tx).await?;
                 return Ok(Claim::Existing(record));
             }
             let taken = claim(sql::TAKE_OVER_EXPIRED)
@@ -154,12 +261,66 @@ impl PgStore {
                 .await
                 .map_err(|e| map_err_waited(e, policy.wait))?;
             if taken.is_some() {
-                return Ok(Claim::Claimed(PgTx { tx }));
+                return Ok(Claim::Claimed(tx));
             }
         }
-        tx.rollback().await.map_err(map_err)?;
+        self.rollback_here(tx).await?;
         Err(StoreError::Busy {
             waited: policy.wait,
         })
+    }
+}
+
+/// Why a message ending in `COMMIT` did not commit.
+pub(crate) enum Refused {
+    /// Its guarded statement wrote no row (see [`guarded`]); rolled back.
+    Guard,
+    /// Anything else, as the store reports it.
+    Store(StoreError),
+}
+
+impl PgStore {
+    /// Sends `message` — statements ending in `COMMIT` — on `tx`'s
+    /// connection under `deadline`. Once it may have been sent, a broken
+    /// connection or a missing answer leaves the outcome unknown; an error
+    /// the server answered with means it rolled back.
+    pub(crate) async fn commit_with(
+        &self,
+        tx: PgTx,
+        message: String,
+        deadline: Duration,
+    ) -> Result<(), Refused> {
+        use crate::errors::connection_lost;
+        let writers = tx.writers().clone();
+        let mut lease = tx.into_lease();
+        let sent = tokio::time::timeout(
+            deadline,
+            sqlx::Executor::execute(&mut lease.conn, sqlx::raw_sql(&message)),
+        )
+        .await;
+        match sent {
+            Ok(Ok(_)) => {
+                writers.release(lease);
+                Ok(())
+            }
+            Ok(Err(e)) if connection_lost(&e) || matches!(e, sqlx::Error::Protocol(_)) => {
+                Err(Refused::Store(StoreError::OutcomeUnknown {
+                    source: e.into(),
+                }))
+            }
+            Ok(Err(e)) => {
+                // The transaction failed before its COMMIT: end it, keep the
+                // connection.
+                crate::tx::roll_back(lease, writers, self.deadline()).await;
+                if is_guard(&e) {
+                    Err(Refused::Guard)
+                } else {
+                    Err(Refused::Store(map_err(e)))
+                }
+            }
+            Err(_) => Err(Refused::Store(StoreError::OutcomeUnknown {
+                source: format!("PostgreSQL did not answer COMMIT within {deadline:?}").into(),
+            })),
+        }
     }
 }

@@ -52,15 +52,16 @@
 mod admin;
 pub mod clock;
 mod config;
+mod conns;
 mod errors;
 mod inbox;
+mod inline;
 mod keys;
 mod leased;
 mod migrate;
 pub mod outbox;
 pub mod patterns;
 mod pool;
-mod readers;
 mod runs;
 mod tasks;
 mod tx;

@@ -9,16 +9,20 @@ use std::time::Duration;
 
 use idem_core::{SharedClock, StoreError};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{PgPool, Postgres, Transaction};
+use sqlx::PgPool;
 
+use crate::conns::{Conns, Lease};
 use crate::errors::{connection_lost, map_err_waited};
-use crate::{PgClock, PgConfig, map_err, migrate_component, readers};
+use crate::{PgClock, PgConfig, PgTx, map_err, migrate_component};
 
 /// The PostgreSQL key store. Cheap to clone; clones share the pool.
 #[derive(Debug, Clone)]
 pub struct PgStore {
     pool: PgPool,
-    pub(crate) readers: std::sync::Arc<readers::Readers>,
+    /// The claims' read-first connections.
+    pub(crate) readers: std::sync::Arc<Conns>,
+    /// The key transactions' connections ([`PgTx`]).
+    pub(crate) writers: std::sync::Arc<Conns>,
     clock: PgClock,
     /// `clock`, as [`KeyStore::clock`](idem_core::KeyStore::clock) hands it out.
     pub(crate) shared_clock: SharedClock,
@@ -48,6 +52,8 @@ impl PgStore {
                     "idle_in_transaction_session_timeout",
                     millis(config.idle_in_transaction_timeout),
                 ),
+                // Literals on the fresh path rely on it (see `inline`).
+                ("standard_conforming_strings", "on".into()),
             ]);
         let pool = PgPoolOptions::new()
             .max_connections(config.max_connections)
@@ -86,7 +92,12 @@ impl PgStore {
         .await?;
         Ok(Self {
             pool,
-            readers: std::sync::Arc::new(readers::Readers::new(
+            readers: std::sync::Arc::new(Conns::readers(
+                options.clone(),
+                config.max_connections,
+                config.acquire_timeout,
+            )),
+            writers: std::sync::Arc::new(Conns::writers(
                 options,
                 config.max_connections,
                 config.acquire_timeout,
@@ -159,26 +170,6 @@ impl PgStore {
         }
     }
 
-    /// Commits under the deadline. Once `COMMIT` may have been sent, a broken
-    /// connection or a missing answer means the outcome is unknown; an error
-    /// the server answered with means it rolled back.
-    pub(crate) async fn commit_tx(
-        &self,
-        tx: Transaction<'static, Postgres>,
-    ) -> Result<(), StoreError> {
-        let deadline = self.deadline();
-        match tokio::time::timeout(deadline, tx.commit()).await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) if connection_lost(&e) || matches!(e, sqlx::Error::Protocol(_)) => {
-                Err(StoreError::OutcomeUnknown { source: e.into() })
-            }
-            Ok(Err(e)) => Err(map_err(e)),
-            Err(_) => Err(StoreError::OutcomeUnknown {
-                source: format!("PostgreSQL did not answer COMMIT within {deadline:?}").into(),
-            }),
-        }
-    }
-
     /// The database server's clock, which every lease, takeover and expiry
     /// on this store is judged by ([`KeyStore::clock`](idem_core::KeyStore::clock) hands it out as
     /// a [`SharedClock`]); see [`clock`](crate::clock) for what it assumes.
@@ -188,41 +179,45 @@ impl PgStore {
 
     idem_sql::store_common!(PgPool, crate::MIGRATIONS);
 
-    /// Opens a transaction whose statements wait up to `wait` for row locks.
-    pub(crate) async fn begin_waiting(
+    /// `BEGIN`, with the `SET LOCAL`s a lock wait other than the pool's
+    /// needs, as one simple-query message (no extra round trip).
+    pub(crate) fn begin_statement(&self, wait: Duration) -> String {
+        if wait == self.lock_timeout {
+            "BEGIN".into()
+        } else if wait < self.statement_timeout {
+            format!("BEGIN; SET LOCAL lock_timeout = '{}'", millis(wait))
+        } else {
+            // A wait as long as the statement timeout would be cut short
+            // by it (as "unavailable" instead of "in flight").
+            format!(
+                "BEGIN; SET LOCAL lock_timeout = '{}'; SET LOCAL statement_timeout = '{}'",
+                millis(wait),
+                millis(wait + self.statement_timeout)
+            )
+        }
+    }
+
+    /// Opens a key transaction on a writer with `message` (`BEGIN` and
+    /// whatever goes with it), and says whether the message returned a row.
+    ///
+    /// The message is sent from a task of its own, which keeps the
+    /// connection and its slot until the server answered, even when the
+    /// caller gave up meanwhile (the connection is then closed, which ends
+    /// the transaction). An idle connection found dead is replaced once: a
+    /// message on a broken connection ran nothing that could commit.
+    pub(crate) async fn begin_writer(
         &self,
+        message: String,
         wait: Duration,
-    ) -> Result<Transaction<'static, Postgres>, StoreError> {
-        // A pooled connection the server or network closed while it was idle
-        // fails here with an I/O error; nothing was sent that could have taken
-        // effect, so another try on another connection is safe. A restart or a
-        // failover ends every idle connection at once: try until the pool has
-        // had the chance to replace each of them.
-        let mut lost = 0;
-        let tries = self.pool.options().get_max_connections() + 1;
-        loop {
-            let statement = if wait == self.lock_timeout {
-                None
-            } else if wait < self.statement_timeout {
-                // One simple-query message: no extra round trip.
-                Some(format!(
-                    "BEGIN; SET LOCAL lock_timeout = '{}'",
-                    millis(wait)
-                ))
-            } else {
-                // A wait as long as the statement timeout would be cut short
-                // by it (as "unavailable" instead of "in flight").
-                Some(format!(
-                    "BEGIN; SET LOCAL lock_timeout = '{}'; SET LOCAL statement_timeout = '{}'",
-                    millis(wait),
-                    millis(wait + self.statement_timeout)
-                ))
-            };
-            match begin_detached(&self.pool, statement).await {
-                Ok(tx) => return Ok(tx),
-                Err(e) if lost + 1 < tries && connection_lost(&e) => lost += 1,
-                Err(e) => return Err(map_err_waited(e, wait)),
-            }
+    ) -> Result<(PgTx, bool), StoreError> {
+        let (writers, deadline) = (self.writers.clone(), self.deadline());
+        let task = tokio::spawn(async move { send_begin(&writers, &message, deadline).await });
+        match task.await {
+            Ok(Ok((lease, row))) => Ok((PgTx::new(lease, self.writers.clone(), deadline), row)),
+            Ok(Err(e)) => Err(map_err_waited(e, wait)),
+            Err(e) => Err(StoreError::Unavailable {
+                source: format!("the BEGIN task failed: {e}").into(),
+            }),
         }
     }
 
@@ -242,26 +237,28 @@ pub(crate) fn text_list(items: Vec<String>) -> Vec<String> {
     items
 }
 
-/// Opens a transaction in a task of its own.
-///
-/// sqlx 0.8's `begin` is not cancel safe: a caller dropped while `BEGIN` is
-/// in flight — a client hanging up, a deadline — leaves the pooled connection
-/// inside a transaction sqlx does not know about, and that transaction then
-/// swallows the next user's autocommit writes (acknowledged, never
-/// committed). Run in a task, the begin always completes; when nobody awaits
-/// it any more, its `Transaction` is dropped there and rolled back the way
-/// sqlx expects.
-async fn begin_detached(
-    pool: &PgPool,
-    statement: Option<String>,
-) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
-    let pool = pool.clone();
-    let task = tokio::spawn(async move {
-        match statement {
-            None => pool.begin().await,
-            Some(statement) => pool.begin_with(statement).await,
+/// `message` on a writer: the lease and whether a row came back. A server
+/// error ends the transaction it may have opened before the writer goes back.
+async fn send_begin(
+    writers: &std::sync::Arc<Conns>,
+    message: &str,
+    deadline: Duration,
+) -> Result<(Lease, bool), sqlx::Error> {
+    let mut fresh_only = false;
+    loop {
+        let mut lease = writers.acquire(fresh_only).await?;
+        match sqlx::Executor::fetch_optional(&mut lease.conn, sqlx::raw_sql(message)).await {
+            Ok(row) => return Ok((lease, row.is_some())),
+            Err(e) if lease.reused && !fresh_only && connection_lost(&e) => {
+                writers.forget_idle();
+                fresh_only = true;
+            }
+            Err(e) => {
+                if !connection_lost(&e) {
+                    crate::tx::roll_back(lease, writers.clone(), deadline).await;
+                }
+                return Err(e);
+            }
         }
-    });
-    task.await
-        .unwrap_or_else(|e| Err(sqlx::Error::Protocol(format!("the BEGIN task failed: {e}"))))
+    }
 }

@@ -140,13 +140,15 @@ RETURNING 1";
 }
 
 /// Implements [`KeyStore`](idem_core::KeyStore) for a backend's store:
-/// `key_store!(Store, Tx, dialect; extra trait items)`. The completion,
-/// commit, rollback, read and purge are written here; the claim, the
-/// optimistic insert and `BEGIN`, which lock differently, are the store's
-/// own `claim_here(scope, ClaimRequest)`, `insert_completed_here(tx,
-/// scope, ClaimRequest, completion)` and `begin_here()`; its `read_first`
-/// reads a record. The transaction type holds its sqlx transaction as
-/// `tx`; the crate's `scoped` and `outcome` binders ([`binders!`](crate::binders)).
+/// `key_store!(Store, Tx, dialect; extra trait items)`. The read and purge
+/// are written here; the claim, the optimistic insert, `BEGIN`, the
+/// completion, `COMMIT` and `ROLLBACK`, which each backend sends its own
+/// way, are the store's own `claim_here(scope, ClaimRequest)`,
+/// `insert_completed_here(tx, scope, ClaimRequest, completion)`,
+/// `begin_here()`, `complete_here(tx, scope, completion, now_ms)`,
+/// `commit_here(tx)` and `rollback_here(tx)` (a store whose transaction
+/// holds a sqlx transaction as `tx` gets the last three from
+/// [`key_tx_ends!`](crate::key_tx_ends)); its `read_first` reads a record.
 #[macro_export]
 macro_rules! key_store {
     ($store:ty, $tx:ty, $d:ident $(; $($extra:tt)*)?) => {
@@ -177,22 +179,12 @@ macro_rules! key_store {
 
                 async fn complete(
                     &self,
-                    mut tx: $tx,
+                    tx: $tx,
                     scope: &Scope,
                     completion: &Completion,
                     now_ms: i64,
                 ) -> Result<(), StoreError> {
-                    let update = outcome(scoped($crate::keys::UPDATE_COMPLETE, scope), completion)
-                        .bind(now_ms);
-                    let done = self
-                        .bounded(async { update.execute(&mut *tx).await.map_err(|e| self.map(e)) })
-                        .await?;
-                    if done.rows_affected() != 1 {
-                        return Err(StoreError::Corrupt {
-                            detail: "the claimed record is no longer pending".into(),
-                        });
-                    }
-                    self.commit_tx(tx.tx).await
+                    self.complete_here(tx, scope, completion, now_ms).await
                 }
 
                 async fn insert_completed(
@@ -218,12 +210,11 @@ macro_rules! key_store {
                 }
 
                 async fn commit(&self, tx: $tx) -> Result<(), StoreError> {
-                    self.commit_tx(tx.tx).await
+                    self.commit_here(tx).await
                 }
 
                 async fn rollback(&self, tx: $tx) -> Result<(), StoreError> {
-                    self.bounded(async { tx.tx.rollback().await.map_err(|e| self.map(e)) })
-                        .await
+                    self.rollback_here(tx).await
                 }
 
                 async fn fetch(&self, scope: &Scope) -> Result<Option<StoredRecord>, StoreError> {
@@ -237,5 +228,43 @@ macro_rules! key_store {
                 $($($extra)*)?
             }
         };
+    };
+}
+
+/// Inside `impl Store`, for a store whose key transaction holds a sqlx
+/// transaction as `tx`: `complete_here` (the record's `UPDATE`, then
+/// `COMMIT`), `commit_here` and `rollback_here`, one statement each; the
+/// crate's `scoped` and `outcome` binders ([`binders!`](crate::binders)).
+#[macro_export]
+macro_rules! key_tx_ends {
+    ($tx:ty) => {
+        async fn complete_here(
+            &self,
+            mut tx: $tx,
+            scope: &idem_core::Scope,
+            completion: &idem_core::Completion,
+            now_ms: i64,
+        ) -> Result<(), idem_core::StoreError> {
+            let update =
+                outcome(scoped($crate::keys::UPDATE_COMPLETE, scope), completion).bind(now_ms);
+            let done = self
+                .bounded(async { update.execute(&mut *tx).await.map_err(|e| self.map(e)) })
+                .await?;
+            if done.rows_affected() != 1 {
+                return Err(idem_core::StoreError::Corrupt {
+                    detail: "the claimed record is no longer pending".into(),
+                });
+            }
+            self.commit_tx(tx.tx).await
+        }
+
+        async fn commit_here(&self, tx: $tx) -> Result<(), idem_core::StoreError> {
+            self.commit_tx(tx.tx).await
+        }
+
+        async fn rollback_here(&self, tx: $tx) -> Result<(), idem_core::StoreError> {
+            self.bounded(async { tx.tx.rollback().await.map_err(|e| self.map(e)) })
+                .await
+        }
     };
 }

@@ -91,6 +91,8 @@ impl SqliteStore {
         }
     }
 
+    idem_sql::key_tx_ends!(SqliteTx);
+
     /// A transaction for business writes: `BEGIN IMMEDIATE`, no gate.
     async fn begin_here(&self) -> Result<SqliteTx, StoreError> {
         let tx = self.begin_immediate().await?;

@@ -1,0 +1,198 @@
+//! Connections kept beside the sqlx pool for the key engine's hot path:
+//! the claim's read-first step (`readers`) and the transactions handed to
+//! business code (`writers`, see [`PgTx`](crate::PgTx)).
+//!
+//! sqlx's pool pings every connection when it comes back — one more round
+//! trip per request, which would cost a replay (one indexed read) a second
+//! send and a fresh key an eighth. These connections go back without one;
+//! what a ping would find out (a connection the server or network ended) is
+//! found out by the next statement instead, which is retried on a new
+//! connection when nothing it sent could have taken effect.
+//!
+//! Each read runs in a task of its own that holds its slot and its
+//! connection until the server answered: a caller that gives up (a client
+//! hanging up, a deadline) does not free the slot while the server still
+//! works on the read, so cancelled reads never pile up server sessions
+//! beyond `max`. A transaction dropped while open is rolled back the same
+//! way, in a task that holds its slot (see `PgTx`'s `Drop`). A read that
+//! failed drops its connection; one that lost it finds the idle ones
+//! suspect too (a restart, a failover, a proxy's idle limit ends them all at
+//! once): they are all dropped and the read is sent once more on a new
+//! connection. Connections idle longer than `IDLE_TIMEOUT` or older than
+//! `MAX_LIFETIME` are closed, not reused.
+//!
+//! A writer connection is opened with sqlx's transaction depth at 1 (one
+//! `BEGIN` through sqlx's transaction manager, then a `COMMIT` it does not
+//! see): Idem opens and ends its transactions itself, in the same message as
+//! its own statements, and business code that calls `begin()` on the
+//! connection inside one gets a `SAVEPOINT`, as it would inside a sqlx
+//! `Transaction`.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use sqlx::postgres::{PgConnectOptions, PgRow, PgTransactionManager};
+use sqlx::{ConnectOptions, PgConnection, TransactionManager};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// A connection is closed instead of kept once it is this old (as sqlx's
+/// pool does by default), so server-side state does not live forever.
+const MAX_LIFETIME: Duration = Duration::from_secs(30 * 60);
+
+/// A connection idle this long is closed instead of used (sqlx's pool
+/// default), before a server or proxy idle limit ends it silently.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(10 * 60);
+
+struct Idle {
+    conn: PgConnection,
+    born: Instant,
+    since: Instant,
+}
+
+/// A connection out of [`Conns`], with its slot. Dropped, it is closed;
+/// [`Conns::release`] keeps it for the next caller.
+pub(crate) struct Lease {
+    pub(crate) conn: PgConnection,
+    born: Instant,
+    /// It sat idle before this use, so it may have died meanwhile.
+    pub(crate) reused: bool,
+    _slot: OwnedSemaphorePermit,
+}
+
+pub(crate) struct Conns {
+    options: PgConnectOptions,
+    idle: Mutex<Vec<Idle>>,
+    slots: Arc<Semaphore>,
+    acquire_timeout: Duration,
+    /// Writers: sqlx's transaction depth pinned at 1 (see the module docs).
+    writer: bool,
+}
+
+// Not derived: the connect options hold the password.
+impl std::fmt::Debug for Conns {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conns")
+            .field("writer", &self.writer)
+            .field("idle", &self.lock().len())
+            .field("free_slots", &self.slots.available_permits())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Conns {
+    /// Readers: at most `max` connections at once, opened on first use.
+    pub(crate) fn readers(options: PgConnectOptions, max: u32, acquire_timeout: Duration) -> Self {
+        Self::new(options, max, acquire_timeout, false)
+    }
+
+    /// Writers: at most `max` connections at once, opened on first use.
+    pub(crate) fn writers(options: PgConnectOptions, max: u32, acquire_timeout: Duration) -> Self {
+        Self::new(options, max, acquire_timeout, true)
+    }
+
+    fn new(options: PgConnectOptions, max: u32, acquire_timeout: Duration, writer: bool) -> Self {
+        Self {
+            options,
+            idle: Mutex::new(Vec::new()),
+            slots: Arc::new(Semaphore::new(max as usize)),
+            acquire_timeout,
+            writer,
+        }
+    }
+
+    /// A slot (waiting at most the acquire timeout) and a connection: the
+    /// most recently used idle one still fit for use, or a new one.
+    pub(crate) async fn acquire(&self, fresh_only: bool) -> Result<Lease, sqlx::Error> {
+        let slot = tokio::time::timeout(self.acquire_timeout, self.slots.clone().acquire_owned())
+            .await
+            .map_err(|_| sqlx::Error::PoolTimedOut)?
+            .map_err(|_| sqlx::Error::PoolClosed)?;
+        let idle = if fresh_only { None } else { self.take_idle() };
+        if let Some(idle) = idle {
+            return Ok(Lease {
+                conn: idle.conn,
+                born: idle.born,
+                reused: true,
+                _slot: slot,
+            });
+        }
+        let mut conn = self.options.connect().await?;
+        if self.writer {
+            PgTransactionManager::begin(&mut conn, None).await?;
+            sqlx::Executor::execute(&mut conn, sqlx::raw_sql("COMMIT")).await?;
+        }
+        Ok(Lease {
+            conn,
+            born: Instant::now(),
+            reused: false,
+            _slot: slot,
+        })
+    }
+
+    /// Keeps a connection that answered its last statement and is outside
+    /// any transaction for the next caller (unless it is too old).
+    pub(crate) fn release(&self, lease: Lease) {
+        if lease.born.elapsed() < MAX_LIFETIME {
+            self.lock().push(Idle {
+                conn: lease.conn,
+                born: lease.born,
+                since: Instant::now(),
+            });
+        }
+    }
+
+    /// Drops every idle connection: one of them was found dead, and whatever
+    /// ended it likely ended its neighbours.
+    pub(crate) fn forget_idle(&self) {
+        self.lock().clear();
+    }
+
+    /// Runs `sql` with the text parameters `binds` and returns its row, if any.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the read goes on in its own task, which keeps the slot
+    /// and returns the connection when the server answers.
+    pub(crate) async fn fetch_optional(
+        self: &Arc<Self>,
+        sql: &'static str,
+        binds: [String; 3],
+    ) -> Result<Option<PgRow>, sqlx::Error> {
+        let this = self.clone();
+        let task = tokio::spawn(async move { this.read(sql, &binds).await });
+        task.await
+            .unwrap_or_else(|e| Err(sqlx::Error::Protocol(format!("the read task failed: {e}"))))
+    }
+
+    async fn read(&self, sql: &str, binds: &[String; 3]) -> Result<Option<PgRow>, sqlx::Error> {
+        let mut fresh_only = false;
+        loop {
+            let mut lease = self.acquire(fresh_only).await?;
+            let query = binds
+                .iter()
+                .fold(sqlx::query(sql), |q, bind| q.bind(bind.as_str()));
+            match query.fetch_optional(&mut lease.conn).await {
+                Ok(row) => {
+                    self.release(lease);
+                    return Ok(row);
+                }
+                Err(e) if lease.reused && crate::errors::connection_lost(&e) => {
+                    self.forget_idle();
+                    fresh_only = true;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// The most recently used idle connection still fit for use.
+    fn take_idle(&self) -> Option<Idle> {
+        let mut idle = self.lock();
+        // The oldest sit at the bottom of the stack.
+        idle.retain(|c| c.since.elapsed() < IDLE_TIMEOUT && c.born.elapsed() < MAX_LIFETIME);
+        idle.pop()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Idle>> {
+        self.idle.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
