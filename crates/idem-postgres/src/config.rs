@@ -8,9 +8,12 @@ use idem_core::{ConfigError, Policy};
 /// Connection settings for [`PgStore::connect`](crate::PgStore::connect).
 #[derive(Debug, Clone)]
 pub struct PgConfig {
-    /// Connections in the pool. Default 16. The claims' read-first step
-    /// keeps up to as many again beside it (opened on first use, returned
-    /// without a ping), so the store opens at most twice this many.
+    /// Connections in the pool. Default 16. Beside it the store keeps up
+    /// to as many again for the claims' read-first step and as many for the
+    /// key transactions handed to business code (both opened on first use,
+    /// kept without a ping), so it opens at most three times this many;
+    /// the pool itself serves the autocommit statements (the admin API,
+    /// relays, collectors, migrations).
     pub max_connections: u32,
     /// How long to wait for a free connection before `Unavailable`. Default 5 s.
     pub acquire_timeout: Duration,

@@ -18,6 +18,20 @@
 //! - `fsync = on` and `synchronous_commit = on` (the defaults): a commit is
 //!   durable when `COMMIT` returns.
 //!
+//! ## Round trips
+//! A fresh key costs four messages to the server and a replay one (the
+//! suite pins the counts on the wire): the read-first `SELECT` on a reader
+//! connection; `BEGIN` and the claim's `INSERT` in one simple-query message
+//! on a writer; the business statements; the record's `UPDATE` and
+//! `COMMIT` in one message (optimistic claims: `BEGIN` alone, then the
+//! completed record's `INSERT` with `COMMIT`). Idem's values are written
+//! into those two messages as literals, encoded, never pasted (see
+//! `inline`); the `UPDATE`/`INSERT` is guarded so that a record it cannot
+//! write fails the message before its `COMMIT`. Readers and writers go back
+//! without the ping sqlx's pool sends on every release. Business code gets
+//! the writer's connection ([`PgTx`]); a `begin()` on it opens a savepoint,
+//! as inside a sqlx `Transaction`.
+//!
 //! ## Timeouts
 //! - Every store call is bounded on the client side by
 //!   [`PgConfig::statement_timeout`] plus one second (a claim by its policy's

@@ -8,8 +8,8 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use idem_core::{SharedClock, StoreError};
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 use crate::conns::{Conns, Lease};
 use crate::errors::{connection_lost, map_err_waited};
