@@ -22,7 +22,7 @@
 //! `MAX_LIFETIME` are closed, not reused.
 //!
 //! A writer connection is opened with sqlx's transaction depth at 1 (one
-//! `BEGIN` through sqlx's transaction manager, then a `COMMIT` it does not
+//! `BEGIN` through sqlx's transaction manager, then an `END` it does not
 //! see): Idem opens and ends its transactions itself, in the same message as
 //! its own statements, and business code that calls `begin()` on the
 //! connection inside one gets a `SAVEPOINT`, as it would inside a sqlx
@@ -119,7 +119,8 @@ impl Conns {
         let mut conn = self.options.connect().await?;
         if self.writer {
             PgTransactionManager::begin(&mut conn, None).await?;
-            sqlx::Executor::execute(&mut conn, sqlx::raw_sql("COMMIT")).await?;
+            // `END`: an empty transaction ended, not a commit of anything.
+            sqlx::Executor::execute(&mut conn, sqlx::raw_sql("END")).await?;
         }
         Ok(Lease {
             conn,

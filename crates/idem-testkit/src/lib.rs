@@ -223,8 +223,10 @@ mod proxy {
     use tokio::sync::{Mutex, watch};
     use tokio::task::JoinSet;
 
-    /// A PostgreSQL simple-query `COMMIT` message, as sqlx sends it.
-    const COMMIT: &[u8] = b"Q\0\0\0\x0bCOMMIT\0";
+    /// The end of a PostgreSQL simple-query message that commits: `COMMIT`
+    /// alone, as sqlx sends it, or after the statements sent with it (Idem
+    /// sends the key record and `COMMIT` in one message).
+    const COMMIT: &[u8] = b"COMMIT\0";
 
     /// What happens once an armed pattern passes.
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -63,8 +63,12 @@ pub(super) fn scripts() -> Vec<(&'static str, &'static str, String)> {
         (
             PG_FRESH,
             "fresh.sql",
+            // The library's four messages: the read; BEGIN with the claim;
+            // the business insert; the record with COMMIT (a pipeline is
+            // one round trip, as the library's simple-query message is).
             format!(
-                "{NEXT_ID}{}BEGIN;\n{CLAIM}{BUSINESS_INSERT}{COMPLETE}END;\n",
+                "{NEXT_ID}{}\\startpipeline\nBEGIN;\n{CLAIM}\\endpipeline\n{BUSINESS_INSERT}\
+                 \\startpipeline\n{COMPLETE}END;\n\\endpipeline\n",
                 select_record(":id::text")
             ),
         ),
@@ -79,8 +83,9 @@ pub(super) fn scripts() -> Vec<(&'static str, &'static str, String)> {
         (
             PG_OPTIMISTIC,
             "optimistic.sql",
+            // The read; BEGIN; the business insert; the record with COMMIT.
             format!(
-                "{NEXT_ID}{}BEGIN;\n{BUSINESS_INSERT}{OPTIMISTIC_RECORD}COMMIT;\n",
+                "{NEXT_ID}{}BEGIN;\n{BUSINESS_INSERT}\\startpipeline\n{OPTIMISTIC_RECORD}COMMIT;\n\\endpipeline\n",
                 select_record(":id::text")
             ),
         ),
