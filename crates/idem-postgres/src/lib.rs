@@ -46,8 +46,10 @@
 //!   row locks (the key it claimed) for the retry.
 //! - A `COMMIT` whose answer does not arrive — the connection broke after it
 //!   was sent, or the deadline passed — is [`StoreError::OutcomeUnknown`](idem_core::StoreError::OutcomeUnknown):
-//!   it may have committed. Any failure before `COMMIT` was sent rolls back
-//!   and is `Unavailable`.
+//!   it may have committed. The key record travels in the same message as
+//!   its `COMMIT`, so a connection that breaks while that message goes out
+//!   is `OutcomeUnknown` too. Any failure before it rolls back and is
+//!   `Unavailable`.
 //!
 //! ## Clock
 //! Processes on several hosts share the database and its leases, so every
