@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 
 use crate::respond::{invalid, rfc3339};
 
+mod baseline;
 pub mod checkout;
 pub mod handlers;
 mod ledger;
@@ -18,6 +19,7 @@ pub mod mail_sink;
 pub mod sql;
 pub mod upstream;
 
+pub use baseline::PATH as BASELINE_PATH;
 pub use handlers::{router, router_with_clock};
 pub use ledger::Ledger;
 pub use sql::{DemoSql, PaymentRow, RefundRow};
@@ -172,6 +174,10 @@ pub struct DemoConfig {
     /// How long a read route waits for the database before 503 (default
     /// 11 s, the PostgreSQL store's deadline).
     pub read_timeout: std::time::Duration,
+    /// Mount the benchmark's baseline route, `POST
+    /// /v1/payments-baseline`: the payment route's work without the
+    /// idempotency layer (default off; `idem serve --bench-routes`).
+    pub bench_routes: bool,
 }
 
 impl Default for DemoConfig {
@@ -183,6 +189,7 @@ impl Default for DemoConfig {
             events: false,
             handler_timeout: std::time::Duration::from_secs(30),
             read_timeout: std::time::Duration::from_secs(11),
+            bench_routes: false,
         }
     }
 }
