@@ -4,6 +4,7 @@
 //! (`--otlp-endpoint`).
 
 use std::io::IsTerminal;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use axum::extract::{MatchedPath, Request};
@@ -166,17 +167,25 @@ fn default_filter() -> Targets {
         .with_target("async_nats", LevelFilter::WARN)
 }
 
+/// Where the route a request matched is noted for [`request_line`], which
+/// runs outside the router: a request extension [`NoteRoute`] fills.
+#[derive(Clone, Default)]
+struct RouteSlot(Arc<OnceLock<MatchedPath>>);
+
 /// Logs each request once it is answered: method, route (the matched
 /// pattern, not the raw path), status, what the idempotency layer did, and
-/// the time taken.
-pub async fn request_line(req: Request, next: Next) -> Response {
+/// the time taken. It costs nothing more when `idem::request` lines are
+/// filtered out (`RUST_LOG=warn`).
+pub async fn request_line(mut req: Request, next: Next) -> Response {
+    if !tracing::enabled!(target: "idem::request", tracing::Level::INFO) {
+        return next.run(req).await;
+    }
     let started = Instant::now();
     let method = req.method().clone();
-    let route = req
-        .extensions()
-        .get::<MatchedPath>()
-        .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
+    let slot = RouteSlot::default();
+    req.extensions_mut().insert(slot.clone());
     let res = next.run(req).await;
+    let route = slot.0.get().map_or("unmatched", MatchedPath::as_str);
     let outcome = res
         .extensions()
         .get::<RequestOutcome>()
@@ -191,6 +200,47 @@ pub async fn request_line(req: Request, next: Next) -> Response {
         "request"
     );
     res
+}
+
+/// A layer for each route of a router ([`axum::Router::layer`]): notes the
+/// route a request matched for [`request_line`] outside the router. It
+/// wraps nothing else.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoteRoute;
+
+impl<S> tower::Layer<S> for NoteRoute {
+    type Service = Noted<S>;
+    fn layer(&self, inner: S) -> Noted<S> {
+        Noted(inner)
+    }
+}
+
+/// The service of [`NoteRoute`].
+#[derive(Debug, Clone)]
+pub struct Noted<S>(S);
+
+impl<S, B> tower::Service<axum::http::Request<B>> for Noted<S>
+where
+    S: tower::Service<axum::http::Request<B>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), S::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: axum::http::Request<B>) -> S::Future {
+        let ext = req.extensions();
+        if let (Some(slot), Some(route)) = (ext.get::<RouteSlot>(), ext.get::<MatchedPath>()) {
+            let _ = slot.0.set(route.clone());
+        }
+        self.0.call(req)
+    }
 }
 
 #[cfg(test)]

@@ -19,6 +19,12 @@ use crate::admin::{self, Auth};
 /// guard of `auth` (shared with a guarded `/metrics`), and every error
 /// as problem+json (404, 405, axum's rejections, panics). Paths `api` does
 /// not serve go to `fallback` (the gateway) if given, else 404.
+///
+/// The middleware runs once around the whole router (the router is the
+/// returned one's fallback), not on each route: [`Router::layer`] wraps
+/// every route apart, and each wrapper clones the ones inside it per
+/// request. Each route only notes itself for the request log
+/// ([`crate::logging::NoteRoute`]).
 pub fn service(api: Router, auth: std::sync::Arc<Auth>, fallback: Option<Router>) -> Router {
     let app = Router::new()
         .route("/healthz", get(|| async { "ok" }))
@@ -29,15 +35,22 @@ pub fn service(api: Router, auth: std::sync::Arc<Auth>, fallback: Option<Router>
             .fallback(not_found)
             .method_not_allowed_fallback(method_not_allowed),
     };
-    admin::guarded(app, auth)
-        .layer(axum::middleware::from_fn(problem_errors))
+    let app = admin::with_console(app, auth.clone()).layer(crate::logging::NoteRoute);
+    let around = tower::ServiceBuilder::new()
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(
+            |_: Box<dyn std::any::Any + Send>| panicked(),
+        ))
         .layer(axum::middleware::from_fn_with_state(
             std::sync::Arc::new(admin::v1::outcomes::OutcomeRing::default()),
             admin::v1::outcomes::track,
         ))
-        .layer(tower_http::catch_panic::CatchPanicLayer::custom(
-            |_: Box<dyn std::any::Any + Send>| panicked(),
+        .layer(axum::middleware::from_fn(problem_errors))
+        .layer(axum::middleware::from_fn_with_state(
+            auth,
+            admin::auth::guard,
         ))
+        .service(app);
+    Router::new().fallback_service(around)
 }
 
 async fn not_found() -> Response {

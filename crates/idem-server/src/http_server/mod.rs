@@ -169,7 +169,9 @@ pub async fn serve(
     let budget = Arc::new(Semaphore::new(limits.max_buffered_bytes));
     // The log outside the body guard, so it records the 408 or 503 the
     // guard answered.
-    let app = app
+    // Around the router, not on each of its routes (see `routes::service`).
+    let app = tower::ServiceBuilder::new()
+        .layer(axum::middleware::from_fn(crate::logging::request_line))
         .layer(axum::middleware::from_fn_with_state(
             BodyGuard {
                 budget,
@@ -178,7 +180,7 @@ pub async fn serve(
             },
             guard_body,
         ))
-        .layer(axum::middleware::from_fn(crate::logging::request_line));
+        .service(app);
     let connections = Arc::new(Semaphore::new(limits.max_connections));
     // Answering a refused connection takes a moment; these are bounded too.
     let refusals = Arc::new(Semaphore::new(64));
