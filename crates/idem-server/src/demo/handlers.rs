@@ -4,8 +4,9 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::Response;
+use axum::http::header::{CONTENT_TYPE, LOCATION};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Router};
 use bytes::Bytes;
@@ -16,8 +17,8 @@ use serde_json::json;
 
 use super::sql::{DemoSql, PaymentKey, PaymentRow, RefundRow};
 use super::{
-    DemoConfig, Event, event_message, new_id, now_ms, parse_payment, parse_refund, payment_json,
-    refund_json, refund_location, valid_id, valid_text,
+    DemoConfig, Event, PaymentOut, event_message, new_id, now_ms, parse_payment, parse_refund,
+    payment_json, refund_json, refund_location, valid_id, valid_text,
 };
 use crate::respond::{db_error, internal, invalid, json_response, ok, within};
 
@@ -86,16 +87,19 @@ fn read_request<S>(app: &App<S>, headers: &HeaderMap, ids: &[&str]) -> Result<Te
 }
 
 fn payment_answer(status: StatusCode, row: &PaymentRow) -> Response {
-    let id = row.0.clone();
-    json_response(
-        status,
-        &payment_json(row),
-        Some(format!("/v1/payments/{id}")),
-        Some(ResourceRef {
-            kind: "payment".into(),
-            id,
-        }),
-    )
+    let body = match serde_json::to_vec(&PaymentOut::of(row)) {
+        Ok(body) => body,
+        Err(e) => return internal(e),
+    };
+    let mut res = (status, [(CONTENT_TYPE, "application/json")], body).into_response();
+    if let Ok(location) = HeaderValue::try_from(format!("/v1/payments/{}", row.0)) {
+        res.headers_mut().insert(LOCATION, location);
+    }
+    res.extensions_mut().insert(ResourceRef {
+        kind: "payment".into(),
+        id: row.0.clone(),
+    });
+    res
 }
 
 async fn create<S: DemoSql>(
