@@ -8,7 +8,6 @@ use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use axum::extract::{MatchedPath, Request};
-use axum::middleware::Next;
 use axum::response::Response;
 use idem_http::RequestOutcome;
 use tracing_subscriber::filter::{LevelFilter, Targets};
@@ -167,43 +166,57 @@ fn default_filter() -> Targets {
         .with_target("async_nats", LevelFilter::WARN)
 }
 
-/// Where the route a request matched is noted for [`request_line`], which
-/// runs outside the router: a request extension [`NoteRoute`] fills.
+/// Where the route a request matched is noted for its [`RequestLine`],
+/// written outside the router: a request extension [`NoteRoute`] fills.
 #[derive(Clone, Default)]
 struct RouteSlot(Arc<OnceLock<MatchedPath>>);
 
-/// Logs each request once it is answered: method, route (the matched
-/// pattern, not the raw path), status, what the idempotency layer did, and
-/// the time taken. It costs nothing more when `idem::request` lines are
-/// filtered out (`RUST_LOG=warn`).
-pub async fn request_line(mut req: Request, next: Next) -> Response {
-    if !tracing::enabled!(target: "idem::request", tracing::Level::INFO) {
-        return next.run(req).await;
+/// The request log's line for one request, begun as it arrives and
+/// written once it is answered: method, route (the matched pattern, not the
+/// raw path), status, what the idempotency layer did, and the time taken.
+pub struct RequestLine {
+    started: Instant,
+    method: axum::http::Method,
+    route: RouteSlot,
+}
+
+impl RequestLine {
+    /// Begins the line of `req`; `None` (and nothing done) when
+    /// `idem::request` lines are filtered out (`RUST_LOG=warn`).
+    pub fn begin(req: &mut Request) -> Option<Self> {
+        if !tracing::enabled!(target: "idem::request", tracing::Level::INFO) {
+            return None;
+        }
+        let route = RouteSlot::default();
+        req.extensions_mut().insert(route.clone());
+        Some(Self {
+            started: Instant::now(),
+            method: req.method().clone(),
+            route,
+        })
     }
-    let started = Instant::now();
-    let method = req.method().clone();
-    let slot = RouteSlot::default();
-    req.extensions_mut().insert(slot.clone());
-    let res = next.run(req).await;
-    let route = slot.0.get().map_or("unmatched", MatchedPath::as_str);
-    let outcome = res
-        .extensions()
-        .get::<RequestOutcome>()
-        .map_or("-", |o| o.as_str());
-    tracing::info!(
-        target: "idem::request",
-        %method,
-        %route,
-        status = res.status().as_u16(),
-        %outcome,
-        duration_ms = %format_args!("{:.1}", started.elapsed().as_secs_f64() * 1000.0),
-        "request"
-    );
-    res
+
+    /// Writes the line for the answer `res`.
+    pub fn end(self, res: &Response) {
+        let route = self.route.0.get().map_or("unmatched", MatchedPath::as_str);
+        let outcome = res
+            .extensions()
+            .get::<RequestOutcome>()
+            .map_or("-", |o| o.as_str());
+        tracing::info!(
+            target: "idem::request",
+            method = %self.method,
+            %route,
+            status = res.status().as_u16(),
+            %outcome,
+            duration_ms = %format_args!("{:.1}", self.started.elapsed().as_secs_f64() * 1000.0),
+            "request"
+        );
+    }
 }
 
 /// A layer for each route of a router ([`axum::Router::layer`]): notes the
-/// route a request matched for [`request_line`] outside the router. It
+/// route a request matched for its [`RequestLine`] outside the router. It
 /// wraps nothing else.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct NoteRoute;
