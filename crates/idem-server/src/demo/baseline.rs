@@ -9,8 +9,10 @@
 //! header, the body limit (413), the handler timeout (503, rolled back). It
 //! commits a 2xx answer and rolls back anything else.
 
+use axum::Router;
 use axum::extract::{Request, State};
 use axum::response::Response;
+use axum::routing::post;
 use http_body_util::{BodyExt, Limited};
 use idem_http::Rejection;
 
@@ -21,7 +23,16 @@ use crate::respond::db_error;
 /// The route's path.
 pub const PATH: &str = "/v1/payments-baseline";
 
-pub(super) async fn create<S: DemoSql>(State(app): State<App<S>>, req: Request) -> Response {
+/// `router` with the route if `on` (`idem serve --bench-routes`) — only
+/// on request: it pays without a key.
+pub(super) fn mount<S: DemoSql>(router: Router<App<S>>, on: bool) -> Router<App<S>> {
+    match on {
+        true => router.route(PATH, post(create::<S>)),
+        false => router,
+    }
+}
+
+async fn create<S: DemoSql>(State(app): State<App<S>>, req: Request) -> Response {
     let (parts, body) = req.into_parts();
     let tenant = match app.tenant.resolve(&parts) {
         Ok(t) => t,

@@ -367,13 +367,7 @@ pub fn router_with_clock<S: DemoSql, C: Clock + Clone>(
         cfg.handler_timeout = config.handler_timeout;
         IdempotencyLayer::new(store.clone(), cfg).with_clock(clock.clone())
     };
-    let router = Router::new();
-    // Only on request (`idem serve --bench-routes`): it pays without a key.
-    let router = match config.bench_routes {
-        true => router.route(super::baseline::PATH, post(super::baseline::create::<S>)),
-        false => router,
-    };
-    router
+    super::baseline::mount(Router::new(), config.bench_routes)
         .route(
             "/v1/payments",
             post(create::<S>)
