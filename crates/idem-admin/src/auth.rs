@@ -265,7 +265,9 @@ pub fn peer(req: &Request) -> Option<SocketAddr> {
 }
 
 /// The guard's middleware over `router`, without mounting the console
-/// ([`crate::guarded`] mounts both).
+/// ([`crate::guarded`] mounts both). [`Router::layer`] wraps each route:
+/// to run the guard once around a whole service instead, use [`guard`]
+/// (`axum::middleware::from_fn_with_state(auth, guard)`).
 pub fn layer(router: Router, auth: Arc<Auth>) -> Router {
     router.layer(axum::middleware::from_fn_with_state(auth, guard))
 }
@@ -314,7 +316,11 @@ fn html_navigation(req: &Request) -> bool {
             .is_some_and(|a| a.contains("text/html"))
 }
 
-async fn guard(State(auth): State<Arc<Auth>>, mut req: Request, next: Next) -> Response {
+/// The guard itself, as an axum middleware function for
+/// `axum::middleware::from_fn_with_state(auth, guard)`: what [`layer`] puts
+/// on each route, for a server that wraps its whole router once (every
+/// path, routed or not, then passes through it).
+pub async fn guard(State(auth): State<Arc<Auth>>, mut req: Request, next: Next) -> Response {
     let area = area(req.uri().path());
     if area == Area::Open {
         return next.run(req).await;

@@ -108,8 +108,13 @@ pub fn router<S: AdminBackend>(store: S, config: AdminConfig) -> Router {
 /// out (`429`). The console's login page and its stylesheet need no
 /// credentials.
 pub fn guarded(router: Router, auth: Arc<Auth>) -> Router {
-    let router = router
-        .merge(console::router(auth.clone()))
-        .merge(retired::router());
+    let router = with_console(router, auth.clone());
     auth::layer(router, auth)
+}
+
+/// `router` with the console and the [`retired`] routes mounted, and no
+/// guard: for a server that puts [`auth::guard`] around the whole of it
+/// itself (what [`guarded`] does route by route).
+pub fn with_console(router: Router, auth: Arc<Auth>) -> Router {
+    router.merge(console::router(auth)).merge(retired::router())
 }

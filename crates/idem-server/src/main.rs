@@ -14,6 +14,13 @@ use std::process::ExitCode;
 
 use idem_server::commands::Cli;
 
+/// mimalloc instead of the system's allocator: a request allocates some
+/// hundred small blocks, and glibc's malloc and free took a fifth of the
+/// server's instructions per request (callgrind, `idem serve` on
+/// PostgreSQL); mimalloc's thread-local free lists take a fraction of it.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = match Cli::load() {
         Ok(cli) => cli,

@@ -3,9 +3,11 @@
 //! axum's own rejections and for panics. (The request log and the body limits
 //! are the server's: `http_server`.)
 
+use std::sync::Arc;
+
 use axum::Router;
 use axum::body::Body;
-use axum::extract::Request;
+use axum::extract::{Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -13,13 +15,20 @@ use axum::routing::get;
 use http_body_util::BodyExt;
 use idem_http::RequestOutcome;
 
+use crate::admin::v1::outcomes::OutcomeRing;
 use crate::admin::{self, Auth};
 
 /// `api` with `/healthz`, `/admin/…` and `/console/…` behind the admin
 /// guard of `auth` (shared with a guarded `/metrics`), and every error
 /// as problem+json (404, 405, axum's rejections, panics). Paths `api` does
 /// not serve go to `fallback` (the gateway) if given, else 404.
-pub fn service(api: Router, auth: std::sync::Arc<Auth>, fallback: Option<Router>) -> Router {
+///
+/// The middleware runs once around the whole router (the router is the
+/// returned one's fallback), not on each route: [`Router::layer`] wraps
+/// every route apart, and each wrapper clones the ones inside it per
+/// request. Each route only notes itself for the request log
+/// ([`crate::logging::NoteRoute`]).
+pub fn service(api: Router, auth: Arc<Auth>, fallback: Option<Router>) -> Router {
     let app = Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .merge(api);
@@ -29,15 +38,21 @@ pub fn service(api: Router, auth: std::sync::Arc<Auth>, fallback: Option<Router>
             .fallback(not_found)
             .method_not_allowed_fallback(method_not_allowed),
     };
-    admin::guarded(app, auth)
-        .layer(axum::middleware::from_fn(problem_errors))
-        .layer(axum::middleware::from_fn_with_state(
-            std::sync::Arc::new(admin::v1::outcomes::OutcomeRing::default()),
-            admin::v1::outcomes::track,
-        ))
+    let app = admin::with_console(app, auth.clone()).layer(crate::logging::NoteRoute);
+    let around = tower::ServiceBuilder::new()
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(
             |_: Box<dyn std::any::Any + Send>| panicked(),
         ))
+        .layer(axum::middleware::from_fn_with_state(
+            std::sync::Arc::new(OutcomeRing::default()),
+            answers,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            auth,
+            admin::auth::guard,
+        ))
+        .service(app);
+    Router::new().fallback_service(around)
 }
 
 async fn not_found() -> Response {
@@ -74,12 +89,26 @@ fn panicked() -> Response {
 /// The longest plain-text error body rewritten as a problem's detail.
 const PLAIN_ERROR_MAX: usize = 4096;
 
+/// What each answer goes through once the router made it: the admin's
+/// outcome ring counts what the idempotency layer did (what
+/// [`admin::v1::outcomes::track`] does; the ring rides in the request for
+/// the admin routes that read it), and the answer becomes problem+json if
+/// it is an error that is not ([`problem_errors`]). One middleware for both:
+/// each costs its own boxed futures per request.
+async fn answers(State(ring): State<Arc<OutcomeRing>>, mut req: Request, next: Next) -> Response {
+    req.extensions_mut().insert(ring.clone());
+    let res = next.run(req).await;
+    if let Some(outcome) = res.extensions().get::<RequestOutcome>() {
+        ring.record(*outcome, admin::v1::host_now_ms());
+    }
+    problem_errors(res).await
+}
+
 /// Every error is problem+json: an error answer that is not one — axum's own
 /// rejections of a query string or a path segment it cannot parse are plain
 /// text — is rewritten as a problem of the same status, the text becoming its
 /// detail (these texts describe the request, never the server).
-async fn problem_errors(req: Request, next: Next) -> Response {
-    let res = next.run(req).await;
+async fn problem_errors(res: Response) -> Response {
     let status = res.status();
     let is_problem = res
         .headers()

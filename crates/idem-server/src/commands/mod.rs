@@ -50,8 +50,9 @@ pub struct Cli {
 }
 
 /// Settings of `idem serve` the `[server]` table of `--config` may not hold:
-/// the file itself, and help.
-const NOT_IN_FILE: &[&str] = &["config", "help"];
+/// the file itself, help, and the benchmark's route (a flag to type each
+/// time, never a setting left behind).
+const NOT_IN_FILE: &[&str] = &["config", "help", "bench_routes"];
 
 impl Cli {
     /// Parses the command line (exiting on `--help` and on bad flags). For

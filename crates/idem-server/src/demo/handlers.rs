@@ -4,8 +4,9 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::Response;
+use axum::http::header::{CONTENT_TYPE, LOCATION};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Router};
 use bytes::Bytes;
@@ -16,21 +17,25 @@ use serde_json::json;
 
 use super::sql::{DemoSql, PaymentKey, PaymentRow, RefundRow};
 use super::{
-    DemoConfig, Event, event_message, new_id, now_ms, parse_payment, parse_refund, payment_json,
-    refund_json, refund_location, valid_id, valid_text,
+    DemoConfig, Event, PaymentOut, event_message, new_id, now_ms, parse_payment, parse_refund,
+    payment_json, refund_json, refund_location, valid_id, valid_text,
 };
 use crate::respond::{db_error, internal, invalid, json_response, ok, within};
 
 /// Customers whose id starts with this get `402 card-declined`.
 pub const DECLINED_CUSTOMERS: &str = "cus_decline";
 
-struct App<S> {
-    store: S,
+pub(super) struct App<S> {
+    pub(super) store: S,
     // Shared: axum clones the state for every request.
-    tenant: std::sync::Arc<TenantSource>,
+    pub(super) tenant: std::sync::Arc<TenantSource>,
     /// Where events go, when they are on.
     outbox: Option<Outbox<S>>,
     read_timeout: Duration,
+    /// The routes without the layer (the baseline) bound their body and
+    /// their time as the layer does.
+    pub(super) max_body_bytes: usize,
+    pub(super) handler_timeout: Duration,
 }
 
 // Not derived: a derive would ask `S: Clone` of the state twice over.
@@ -41,6 +46,8 @@ impl<S: Clone> Clone for App<S> {
             tenant: self.tenant.clone(),
             outbox: self.outbox.clone(),
             read_timeout: self.read_timeout,
+            max_body_bytes: self.max_body_bytes,
+            handler_timeout: self.handler_timeout,
         }
     }
 }
@@ -49,12 +56,17 @@ fn no_payment() -> Response {
     crate::respond::not_found("No such payment")
 }
 
-/// Writes `event` to the outbox in the request's transaction.
-async fn emit<S: DemoSql>(app: &App<S>, tx: &mut S::Tx, event: Event) -> Result<(), Response> {
+/// Writes the event to the outbox in the request's transaction, when
+/// events are on (else it is not even made).
+async fn emit<S: DemoSql>(
+    app: &App<S>,
+    tx: &mut S::Tx,
+    event: impl FnOnce() -> Event,
+) -> Result<(), Response> {
     let Some(outbox) = &app.outbox else {
         return Ok(());
     };
-    let message = event_message(&event).map_err(internal)?;
+    let message = event_message(&event()).map_err(internal)?;
     outbox
         .enqueue(tx, &message)
         .await
@@ -75,16 +87,19 @@ fn read_request<S>(app: &App<S>, headers: &HeaderMap, ids: &[&str]) -> Result<Te
 }
 
 fn payment_answer(status: StatusCode, row: &PaymentRow) -> Response {
-    let id = row.0.clone();
-    json_response(
-        status,
-        &payment_json(row),
-        Some(format!("/v1/payments/{id}")),
-        Some(ResourceRef {
-            kind: "payment".into(),
-            id,
-        }),
-    )
+    let body = match serde_json::to_vec(&PaymentOut::of(row)) {
+        Ok(body) => body,
+        Err(e) => return internal(e),
+    };
+    let mut res = (status, [(CONTENT_TYPE, "application/json")], body).into_response();
+    if let Ok(location) = HeaderValue::try_from(format!("/v1/payments/{}", row.0)) {
+        res.headers_mut().insert(LOCATION, location);
+    }
+    res.extensions_mut().insert(ResourceRef {
+        kind: "payment".into(),
+        id: row.0.clone(),
+    });
+    res
 }
 
 async fn create<S: DemoSql>(
@@ -93,7 +108,22 @@ async fn create<S: DemoSql>(
     Extension(tenant): Extension<Tenant>,
     body: Bytes,
 ) -> Response {
-    let p = match parse_payment(&body) {
+    let Ok(mut tx) = tx.lock().await else {
+        return internal("transaction finished");
+    };
+    pay::<S>(&app, &mut tx, &tenant, &body).await
+}
+
+/// What `POST /v1/payments` does in the request's transaction `tx`: the
+/// validation, the insert, the event, the answer. The baseline route
+/// ([`super::baseline`]) does the same in a plain transaction.
+pub(super) async fn pay<S: DemoSql>(
+    app: &App<S>,
+    tx: &mut S::Tx,
+    tenant: &Tenant,
+    body: &Bytes,
+) -> Response {
+    let p = match parse_payment(body) {
         Ok(p) => p,
         Err(r) => return r,
     };
@@ -110,9 +140,6 @@ async fn create<S: DemoSql>(
             None,
         );
     }
-    let Ok(mut tx) = tx.lock().await else {
-        return internal("transaction finished");
-    };
     let row: PaymentRow = (
         new_id("pay"),
         p.amount,
@@ -122,14 +149,14 @@ async fn create<S: DemoSql>(
         0,
         now_ms(),
     );
-    match S::insert_payment(&mut tx, tenant.as_str(), &row).await {
+    match S::insert_payment(tx, tenant.as_str(), &row).await {
         Ok(true) => {
-            let event = Event::Created {
+            let event = || Event::Created {
                 tenant: tenant.to_string(),
                 payment_id: row.0.clone(),
                 amount: row.1,
             };
-            if let Err(r) = emit(&app, &mut tx, event).await {
+            if let Err(r) = emit(app, tx, event).await {
                 return r;
             }
             payment_answer(StatusCode::CREATED, &row)
@@ -139,7 +166,7 @@ async fn create<S: DemoSql>(
             let Some(reference) = row.4.as_deref() else {
                 return internal("a payment without a reference conflicted");
             };
-            match S::payment_in(&mut tx, tenant.as_str(), PaymentKey::Reference, reference).await {
+            match S::payment_in(tx, tenant.as_str(), PaymentKey::Reference, reference).await {
                 Ok(Some(old)) if old.1 == row.1 && old.2 == row.2 && old.3 == row.3 => {
                     payment_answer(StatusCode::OK, &old)
                 }
@@ -199,7 +226,7 @@ async fn refund<S: DemoSql>(
     if let Err(e) = S::insert_refund(&mut tx, tenant.as_str(), &row).await {
         return db_error(e);
     }
-    let event = Event::Refunded {
+    let event = || Event::Refunded {
         tenant: tenant.to_string(),
         payment_id: row.1.clone(),
         amount,
@@ -340,7 +367,7 @@ pub fn router_with_clock<S: DemoSql, C: Clock + Clone>(
         cfg.handler_timeout = config.handler_timeout;
         IdempotencyLayer::new(store.clone(), cfg).with_clock(clock.clone())
     };
-    Router::new()
+    super::baseline::mount(Router::new(), config.bench_routes)
         .route(
             "/v1/payments",
             post(create::<S>)
@@ -362,5 +389,7 @@ pub fn router_with_clock<S: DemoSql, C: Clock + Clone>(
             store,
             tenant: tenant.into(),
             read_timeout: config.read_timeout,
+            max_body_bytes: config.max_body_bytes,
+            handler_timeout: config.handler_timeout,
         })
 }

@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -54,11 +54,7 @@ fn server_busy() -> Response {
 /// runs, or is answered 503 at once: uploads arriving together then cannot
 /// each take a share and all fail half-read. A chunked body pays as it
 /// arrives.
-pub(super) async fn guard_body(
-    State(guard): State<BodyGuard>,
-    req: Request,
-    next: Next,
-) -> Response {
+pub(super) async fn guard_body(guard: &BodyGuard, req: Request, next: Next) -> Response {
     if http_body::Body::is_end_stream(req.body()) {
         // No body (a GET, `Content-Length: 0`): nothing to bound.
         return next.run(req).await;

@@ -7,7 +7,6 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use axum::Router;
 use axum::body::Body;
 use hyper_util::rt::TokioIo;
 use pin_project_lite::pin_project;
@@ -75,9 +74,35 @@ impl Conn {
     }
 }
 
+/// What a connection serves: the router and the server's middleware
+/// around it.
+pub(super) trait App:
+    tower::Service<
+        axum::http::Request<Body>,
+        Response = axum::response::Response,
+        Error = std::convert::Infallible,
+        Future: Send + 'static,
+    > + Clone
+    + Send
+    + 'static
+{
+}
+
+impl<S> App for S where
+    S: tower::Service<
+            axum::http::Request<Body>,
+            Response = axum::response::Response,
+            Error = std::convert::Infallible,
+            Future: Send + 'static,
+        > + Clone
+        + Send
+        + 'static
+{
+}
+
 pub(super) async fn connection(
     stream: TcpStream,
-    app: Router,
+    app: impl App,
     builder: Arc<hyper::server::conn::http1::Builder>,
     (header_timeout, write_timeout): (Duration, Duration),
     mut stopping: watch::Receiver<bool>,

@@ -169,16 +169,13 @@ pub async fn serve(
     let budget = Arc::new(Semaphore::new(limits.max_buffered_bytes));
     // The log outside the body guard, so it records the 408 or 503 the
     // guard answered.
-    let app = app
-        .layer(axum::middleware::from_fn_with_state(
-            BodyGuard {
-                budget,
-                capacity: limits.max_buffered_bytes,
-                timeout: limits.body_read_timeout,
-            },
-            guard_body,
-        ))
-        .layer(axum::middleware::from_fn(crate::logging::request_line));
+    // Around the router, not on each of its routes (see `routes::service`).
+    let guard = BodyGuard {
+        budget,
+        capacity: limits.max_buffered_bytes,
+        timeout: limits.body_read_timeout,
+    };
+    let app = tower::Layer::layer(&axum::middleware::from_fn_with_state(guard, edge), app);
     let connections = Arc::new(Semaphore::new(limits.max_connections));
     // Answering a refused connection takes a moment; these are bounded too.
     let refusals = Arc::new(Semaphore::new(64));
@@ -237,6 +234,22 @@ pub async fn serve(
     {
         tracing::warn!("connections still open 30 s after shutdown; closing them");
     }
+}
+
+/// What every request goes through first: its line in the request log,
+/// written outside the body guard so it records the 408 or 503 the guard
+/// answered; then the guard.
+async fn edge(
+    axum::extract::State(guard): axum::extract::State<BodyGuard>,
+    mut req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let line = crate::logging::RequestLine::begin(&mut req);
+    let res = guard_body(&guard, req, next).await;
+    if let Some(line) = line {
+        line.end(&res);
+    }
+    res
 }
 
 const BUSY_BODY: &str = r#"{"type":"https://idem.dev/problems/server-busy","title":"The server is busy","status":503,"detail":"too many connections; retry later"}"#;

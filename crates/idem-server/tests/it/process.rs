@@ -559,3 +559,86 @@ async fn a_config_file_sets_defaults_that_environment_and_flags_override() {
     let r = create(server.addr, "k-file", PAY).await;
     assert_eq!(r.status, 413, "the file's body limit is in effect");
 }
+
+/// `POST /v1/payments-baseline` — the payment handler without the
+/// idempotency layer, for `idem bench` — exists only with
+/// `--bench-routes`, typed on the command line: no file sets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_baseline_route_is_mounted_only_by_the_bench_flag() {
+    const BASELINE: &str = "/v1/payments-baseline";
+    let dir = TempDir::new("bench-routes");
+    let db = dir.sqlite_url();
+    let plain = Server::start(&db, &[]).await;
+    let r = call(plain.addr, "POST", BASELINE, None, PAY).await;
+    assert_eq!(r.status, 404, "not mounted without the flag");
+    drop(plain);
+
+    let mut bench = Server::start(&db, &["--bench-routes", "--max-body-bytes", "256"]).await;
+    let a = bench.addr;
+    // No key, no layer: each call pays, the same body twice is two payments.
+    let first = call(a, "POST", BASELINE, None, PAY).await;
+    let again = call(a, "POST", BASELINE, None, PAY).await;
+    assert_eq!((first.status, again.status), (201, 201));
+    assert!(!first.replayed() && !again.replayed());
+    assert_ne!(first.json()["id"], again.json()["id"]);
+    assert!(
+        first
+            .header("location")
+            .is_some_and(|l| l.starts_with("/v1/payments/pay_")),
+        "the payment route's answer"
+    );
+    // The payment route's rules and the layer's bounds still hold.
+    let declined = r#"{"amount":100,"currency":"EUR","customer":"cus_decline_1"}"#;
+    assert_eq!(call(a, "POST", BASELINE, None, declined).await.status, 402);
+    let r = call(a, "POST", BASELINE, None, r#"{"amount":0}"#).await;
+    assert_eq!(r.status, 400);
+    let big = format!(r#"{{"pad":"{}"}}"#, "x".repeat(300));
+    let r = call(a, "POST", BASELINE, None, &big).await;
+    assert_eq!(r.status, 413);
+    assert_eq!(r.problem_type(), "https://idem.dev/problems/body-too-large");
+    let r = call(a, "POST", "/v1/payments", None, PAY).await;
+    assert_eq!(r.status, 400, "the keyed route still wants its key");
+    let customer = serde_json::from_str::<serde_json::Value>(PAY).unwrap()["customer"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(
+        payments_of(a, &customer).await.len(),
+        2,
+        "only the two 201s paid"
+    );
+    assert!(
+        bench.proc().log().contains("--bench-routes"),
+        "warned at start"
+    );
+
+    // Only the flag: the file's [server] table cannot hold it.
+    let file = dir.path().join("idem.toml");
+    std::fs::write(&file, "[server]\nbench_routes = true\n").unwrap();
+    let out = idem()
+        .args(["serve", "--database-url", &db, "--config"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("server.bench_routes: unknown setting"),
+        "{}",
+        text(&out.stderr)
+    );
+    // Nor does a gateway take it.
+    let out = run(&[
+        "serve",
+        "--database-url",
+        &db,
+        "--upstream",
+        "http://127.0.0.1:9",
+        "--bench-routes",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("--bench-routes"),
+        "{}",
+        text(&out.stderr)
+    );
+}

@@ -1,11 +1,15 @@
 //! HTTP from outside: the real `idem serve` (this binary, a child process
-//! on a free loopback port, `RUST_LOG=warn`) driven by `wrk`
-//! (`-t min(C, 2) -c C -d secs`) with `POST /v1/payments`, the demo route
-//! with one business insert (`INSERT_PAYMENT` of `demo/sql/statements.rs`) under the
-//! idempotency layer. A Lua script gives each request a new
-//! `Idempotency-Key` (fresh) or one stored key (replay), and counts what
-//! came back: any answer but 201, a socket error, a fresh key replayed or a
-//! replay executed fails the case — figures of error answers are worthless.
+//! on a free loopback port, `RUST_LOG=warn`, `--bench-routes`) driven by
+//! `wrk` (`-t min(C, 2) -c C -d secs`) with `POST /v1/payments`, the demo
+//! route with one business insert (`INSERT_PAYMENT` of
+//! `demo/sql/statements.rs`) under the idempotency layer, and `POST
+//! /v1/payments-baseline`, the same handler in a plain transaction without
+//! the layer: the demo's own work (HTTP, JSON, the insert) apart from
+//! Idem's. A Lua script gives each request a new `Idempotency-Key` (fresh),
+//! one stored key (replay) or none (baseline), and counts what came back:
+//! any answer but 201, a socket error, a fresh key or a baseline request
+//! replayed or a replay executed fails the case — figures of error answers
+//! are worthless.
 //!
 //! wrk's CPU and sends are the client's; `idem serve`'s, read over the same
 //! window, go to a table of their own.
@@ -19,7 +23,7 @@ use anyhow::Context;
 
 use super::measure::{after_case, before_case};
 use super::procs::{self, Spawned};
-use super::report::{self, FRESH, FRESH_OPTIMISTIC, REPLAY, WRK};
+use super::report::{self, BASELINE, FRESH, FRESH_OPTIMISTIC, REPLAY, WRK};
 
 mod script;
 
@@ -51,6 +55,7 @@ impl Server {
             &addr.to_string(),
             "--claim-mode",
             claim_mode,
+            "--bench-routes",
         ])
         .arg("--database-url")
         .arg(database_url)
@@ -89,15 +94,26 @@ impl Server {
     }
 }
 
-/// One `POST /v1/payments`: the status and whether it was a replay.
-async fn post(addr: SocketAddr, key: &str) -> anyhow::Result<(u16, bool)> {
+/// The path a case's mode posts to.
+fn path_of(mode: &str) -> &'static str {
+    match mode {
+        "baseline" => crate::demo::BASELINE_PATH,
+        _ => "/v1/payments",
+    }
+}
+
+/// One POST to the path of `mode`, with `key` if any: the status and
+/// whether it was a replay.
+async fn post(addr: SocketAddr, mode: &str, key: Option<&str>) -> anyhow::Result<(u16, bool)> {
     use http_body_util::BodyExt;
-    let req = axum::http::Request::post(format!("http://{addr}/v1/payments"))
-        .header("content-type", "application/json")
-        .header("idempotency-key", key)
-        .body(http_body_util::Full::new(bytes::Bytes::from_static(
-            BODY.as_bytes(),
-        )))?;
+    let mut req = axum::http::Request::post(format!("http://{addr}{}", path_of(mode)))
+        .header("content-type", "application/json");
+    if let Some(key) = key {
+        req = req.header("idempotency-key", key);
+    }
+    let req = req.body(http_body_util::Full::new(bytes::Bytes::from_static(
+        BODY.as_bytes(),
+    )))?;
     let res = super::load::client().request(req).await?;
     let status = res.status().as_u16();
     let replayed = res
@@ -108,16 +124,18 @@ async fn post(addr: SocketAddr, key: &str) -> anyhow::Result<(u16, bool)> {
     Ok((status, replayed))
 }
 
-/// The `wrk` cases against `idem serve` on `database_url`: fresh keys and
-/// replays with pessimistic claims, then fresh keys with `--claim-mode
-/// optimistic` (a replay reads the same way in both modes).
+/// The `wrk` cases against `idem serve` on `database_url`: fresh keys,
+/// replays and the baseline route with pessimistic claims, then fresh keys
+/// with `--claim-mode optimistic` (a replay reads the same way in both
+/// modes; the baseline claims nothing).
 pub async fn run(
     backend: &str,
     database_url: &str,
     duration: Duration,
     run_id: u64,
 ) -> anyhow::Result<()> {
-    let pessimistic: &[(&'static str, &'static str)] = &[(FRESH, "fresh"), (REPLAY, "replay")];
+    let pessimistic: &[(&'static str, &'static str)] =
+        &[(FRESH, "fresh"), (REPLAY, "replay"), (BASELINE, "baseline")];
     let optimistic: &[(&'static str, &'static str)] = &[(FRESH_OPTIMISTIC, "fresh")];
     for (claim_mode, cases) in [("pessimistic", pessimistic), ("optimistic", optimistic)] {
         run_mode(backend, database_url, duration, run_id, claim_mode, cases).await?;
@@ -147,12 +165,14 @@ async fn run_mode(
     let server = procs::blocking(move || Server::start(&url, claim_mode, log)).await?;
     // The contract first: a new key executes, the same key replays.
     let replay_key = format!("w{run_id}-{backend}-{claim_mode}-replay");
-    let first = post(server.addr, &replay_key).await?;
-    let again = post(server.addr, &replay_key).await?;
+    let first = post(server.addr, "fresh", Some(&replay_key)).await?;
+    let again = post(server.addr, "replay", Some(&replay_key)).await?;
+    let bare = post(server.addr, "baseline", None).await?;
     anyhow::ensure!(
-        first == (201, false) && again == (201, true),
+        first == (201, false) && again == (201, true) && bare == (201, false),
         "idem serve ({backend}) does not answer as the bench expects: a new key gave {first:?}, \
-         the same key again {again:?} (want 201 executed, then 201 replayed); {}",
+         the same key again {again:?}, the baseline route {bare:?} (want 201 executed, 201 \
+         replayed, 201 executed); {}",
         server.log_tail()
     );
     let mut server = Some(server);
@@ -232,7 +252,7 @@ fn one(
         .arg(format!("{}s", duration.as_secs().max(1)))
         .args(["--timeout", "10s", "-s"])
         .arg(script)
-        .arg(format!("http://{}/v1/payments", server.addr))
+        .arg(format!("http://{}{}", server.addr, path_of(mode)))
         .args(["--", mode, prefix])
         .stdin(Stdio::null())
         .stdout(std::fs::File::create(&stdout)?)

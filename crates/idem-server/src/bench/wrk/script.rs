@@ -6,9 +6,10 @@ use anyhow::Context;
 /// The request body (the demo requires amount, currency and customer).
 pub const BODY: &str = r#"{"amount":100,"currency":"EUR","customer":"cus_bench"}"#;
 
-/// wrk's script: args are the mode (`fresh` or `replay`) and a key prefix
-/// unique to the case (fresh: `prefix-t<thread>-<n>`; replay: the prefix
-/// is the key). It prints one `RESULT` line.
+/// wrk's script: args are the mode (`fresh`, `replay` or `baseline`) and a
+/// key prefix unique to the case (fresh: `prefix-t<thread>-<n>`; replay:
+/// the prefix is the key; baseline: no key, the route has no layer). The
+/// path is the URL's. It prints one `RESULT` line.
 pub const LUA: &str = r#"local threads = {}
 local body = '{"amount":100,"currency":"EUR","customer":"cus_bench"}'
 function setup(thread)
@@ -22,10 +23,10 @@ function init(args)
 end
 function request()
   n = n + 1
-  local key = prefix
-  if mode == "fresh" then key = key_prefix .. n end
-  return wrk.format("POST", "/v1/payments",
-    { ["Content-Type"] = "application/json", ["Idempotency-Key"] = key }, body)
+  local headers = { ["Content-Type"] = "application/json" }
+  if mode == "fresh" then headers["Idempotency-Key"] = key_prefix .. n
+  elseif mode == "replay" then headers["Idempotency-Key"] = prefix end
+  return wrk.format("POST", nil, headers, body)
 end
 function response(status, headers, body)
   if status ~= 201 then other = other + 1 end
@@ -98,9 +99,10 @@ impl Result {
             self.socket_errors
         );
         match mode {
-            "fresh" => anyhow::ensure!(
+            // A baseline request has no key: nothing can replay it.
+            "fresh" | "baseline" => anyhow::ensure!(
                 self.replayed == 0,
-                "{} fresh keys were answered as replays",
+                "{} {mode} requests were answered as replays",
                 self.replayed
             ),
             _ => anyhow::ensure!(
@@ -154,11 +156,13 @@ RESULT requests=3102 duration_us=1099435 p50_us=2607 p99_us=5945 non2xx=0 connec
             }
         );
         r.check("fresh").unwrap();
+        r.check("baseline").unwrap();
         assert!(r.check("replay").is_err());
         let r = parse_result(REPLAY).unwrap();
         assert_eq!((r.requests, r.replayed, r.executed), (3102, 3102, 0));
         r.check("replay").unwrap();
         assert!(r.check("fresh").is_err());
+        assert!(r.check("baseline").is_err(), "a baseline never replays");
         // Error answers and socket errors fail a case.
         for (from, to) in [
             ("non2xx=0", "non2xx=3"),

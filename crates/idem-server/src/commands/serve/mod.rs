@@ -123,6 +123,12 @@ pub struct ServeArgs {
     /// flags win).
     #[arg(long, env = "IDEM_CONFIG")]
     config: Option<std::path::PathBuf>,
+    /// Also serve `POST /v1/payments-baseline`: the demo's payment without
+    /// the idempotency layer (a retry pays twice), for `idem bench` to
+    /// measure the layer against. Not for a real deployment; only as a flag
+    /// (neither the environment nor the --config file sets it).
+    #[arg(long)]
+    bench_routes: bool,
     /// The text of `config`, as [`super::Cli::load`] read it.
     #[arg(skip)]
     pub(super) file_text: Option<String>,
@@ -149,13 +155,14 @@ impl ServeArgs {
             anyhow::bail!("--consume needs --nats-url");
         }
         let consume = config::consume(self.consumer.ack_wait, self.consumer.max_deliver)?;
-        let demo = config::demo(
+        let mut demo = config::demo(
             self.key_ttl,
             self.claim_mode.into(),
             self.max_body_bytes,
             self.events || self.nats_url.is_some(),
             self.handler_timeout,
         )?;
+        demo.bench_routes = self.bench_routes;
         let gc_interval = config::gc_interval(self.gc_interval)?;
         let checkout = self.checkout.config()?;
         let respond_within = config::respond_within(self.respond_within)?;
@@ -168,6 +175,9 @@ impl ServeArgs {
             // refused whichever app it would configure.
             Some(_) if self.consume => anyhow::bail!(
                 "--consume runs the demo's ledger consumer, which a gateway (--upstream) does not have; consume the events with your own service"
+            ),
+            Some(_) if self.bench_routes => anyhow::bail!(
+                "--bench-routes mounts a route of the demo, which a gateway (--upstream) does not serve"
             ),
             Some(gateway) => App::Gateway(gateway),
             None => App::Demo(DemoApp {
@@ -236,11 +246,20 @@ impl ServeArgs {
                 routes = g.routes.len(),
                 "idem serving as a gateway"
             ),
-            App::Demo(d) => tracing::info!(
-                listen = %bound,
-                claim_mode = ?d.demo.claim_mode,
-                "idem serving the demo payments API"
-            ),
+            App::Demo(d) => {
+                tracing::info!(
+                    listen = %bound,
+                    claim_mode = ?d.demo.claim_mode,
+                    "idem serving the demo payments API"
+                );
+                if d.demo.bench_routes {
+                    tracing::warn!(
+                        "--bench-routes: POST {} pays without an idempotency key (a retry pays \
+                         twice); for benchmarks only",
+                        crate::demo::BASELINE_PATH
+                    );
+                }
+            }
         }
         let app = crate::routes::service(api, auth, gateway);
         http_server::serve(listener, app, config.limits.clone(), stopped(shutdown)).await;
