@@ -46,10 +46,12 @@ mod migrate;
 pub mod outbox;
 pub mod patterns;
 mod pool;
+mod readers;
 mod runs;
 mod tasks;
 mod tx;
 mod webhooks;
+mod writer;
 
 pub use config::SqliteConfig;
 pub use errors::map_err;
