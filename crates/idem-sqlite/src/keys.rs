@@ -172,7 +172,7 @@ impl SqliteStore {
     /// no gate.
     async fn begin_here(&self) -> Result<SqliteTx, StoreError> {
         let mut lease = self.writer.acquire().await?;
-        match sqlx::Executor::execute(lease.conn(), "BEGIN IMMEDIATE").await {
+        match sqlx::Executor::execute(lease.conn(), sqlx::query("BEGIN IMMEDIATE")).await {
             Ok(_) => Ok(SqliteTx::new(lease, None)),
             Err(e) => {
                 lease.roll_back().await;
@@ -240,7 +240,7 @@ impl SqliteStore {
         }
         match failed {
             None if ended == statements => {
-                lease.release();
+                lease.committed();
                 Ok(())
             }
             Some(e @ sqlx::Error::Database(_)) if ended + 1 == statements => {

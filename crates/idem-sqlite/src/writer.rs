@@ -28,6 +28,7 @@
 //! connection is closed instead, which rolls back as surely.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use idem_core::StoreError;
@@ -42,6 +43,7 @@ type Slot = OwnedMutexGuard<Option<SqliteConnection>>;
 pub(crate) struct Writer {
     pool: SqlitePool,
     slot: Arc<Mutex<Option<SqliteConnection>>>,
+    checkpoints: Arc<Checkpoints>,
     /// How long a claim queues for the writer (the store's `busy_timeout`).
     wait: Duration,
 }
@@ -49,8 +51,13 @@ pub(crate) struct Writer {
 impl Writer {
     pub(crate) fn new(pool: SqlitePool, wait: Duration) -> Self {
         Self {
-            pool,
+            pool: pool.clone(),
             slot: Arc::default(),
+            checkpoints: Arc::new(Checkpoints {
+                pool: pool.clone(),
+                commits: AtomicU32::new(0),
+                running: AtomicBool::new(false),
+            }),
             wait,
         }
     }
@@ -74,7 +81,10 @@ impl Writer {
         if slot.is_none() {
             *slot = Some(self.open().await?);
         }
-        Ok(Lease { slot: Some(slot) })
+        Ok(Lease {
+            slot: Some(slot),
+            checkpoints: self.checkpoints.clone(),
+        })
     }
 
     async fn open(&self) -> Result<SqliteConnection, StoreError> {
@@ -94,6 +104,7 @@ impl Writer {
 pub(crate) struct Lease {
     /// `Some` until released or dropped.
     slot: Option<Slot>,
+    checkpoints: Arc<Checkpoints>,
 }
 
 impl Lease {
@@ -120,6 +131,14 @@ impl Lease {
         {
             *slot = None;
         }
+    }
+
+    /// [`Lease::release`] after a `COMMIT`: counts it, and every
+    /// [`CHECKPOINT_EVERY`] commits starts a checkpoint beside the writer.
+    pub(crate) fn committed(self) {
+        let checkpoints = self.checkpoints.clone();
+        self.release();
+        checkpoints.count();
     }
 
     /// Gives the writer back closed: its state is unknown (a worker that
@@ -152,11 +171,46 @@ impl Drop for Lease {
     }
 }
 
+/// Commits on the writer between two checkpoints started beside it.
+const CHECKPOINT_EVERY: u32 = 64;
+
+/// Checkpoints beside the writer. SQLite checkpoints the WAL on the
+/// connection whose `COMMIT` found it past `wal_autocheckpoint` pages, in
+/// that `COMMIT` (after the write lock is free): on the one writer, every
+/// transaction queued behind it would wait for the copy and its syncs.
+/// A passive checkpoint on another connection every few commits keeps the
+/// WAL short, so the writer's own rarely has anything left to copy.
+#[derive(Debug)]
+struct Checkpoints {
+    pool: SqlitePool,
+    commits: AtomicU32,
+    running: AtomicBool,
+}
+
+impl Checkpoints {
+    fn count(self: &Arc<Self>) {
+        let n = self.commits.fetch_add(1, Ordering::Relaxed) + 1;
+        if !n.is_multiple_of(CHECKPOINT_EVERY) || self.running.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            self.running.store(false, Ordering::Release);
+            return;
+        };
+        let this = self.clone();
+        runtime.spawn(async move {
+            // A failure leaves the work to SQLite's automatic checkpoint.
+            let _ = sqlx::Executor::execute(&this.pool, "PRAGMA wal_checkpoint(PASSIVE)").await;
+            this.running.store(false, Ordering::Release);
+        });
+    }
+}
+
 /// Rolls back whatever the connection has open and keeps it, or closes it
 /// when the rollback failed.
 async fn roll_back(mut slot: Slot) {
     let Some(conn) = slot.as_mut() else { return };
-    let kept = match sqlx::Executor::execute(&mut *conn, "ROLLBACK").await {
+    let kept = match sqlx::Executor::execute(&mut *conn, sqlx::query("ROLLBACK")).await {
         Ok(_) => true,
         // SQLITE_ERROR: "cannot rollback - no transaction is active".
         Err(sqlx::Error::Database(e)) => primary_code(&*e) == 1,
