@@ -240,7 +240,7 @@ impl SqliteStore {
         }
         match failed {
             None if ended == statements => {
-                lease.committed();
+                lease.release();
                 Ok(())
             }
             Some(e @ sqlx::Error::Database(_)) if ended + 1 == statements => {

@@ -28,7 +28,6 @@
 //! connection is closed instead, which rolls back as surely.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use idem_core::StoreError;
@@ -43,7 +42,6 @@ type Slot = OwnedMutexGuard<Option<SqliteConnection>>;
 pub(crate) struct Writer {
     pool: SqlitePool,
     slot: Arc<Mutex<Option<SqliteConnection>>>,
-    checkpoints: Arc<Checkpoints>,
     /// How long a claim queues for the writer (the store's `busy_timeout`).
     wait: Duration,
 }
@@ -51,13 +49,8 @@ pub(crate) struct Writer {
 impl Writer {
     pub(crate) fn new(pool: SqlitePool, wait: Duration) -> Self {
         Self {
-            pool: pool.clone(),
+            pool,
             slot: Arc::default(),
-            checkpoints: Arc::new(Checkpoints {
-                pool: pool.clone(),
-                commits: AtomicU32::new(0),
-                running: AtomicBool::new(false),
-            }),
             wait,
         }
     }
@@ -81,10 +74,7 @@ impl Writer {
         if slot.is_none() {
             *slot = Some(self.open().await?);
         }
-        Ok(Lease {
-            slot: Some(slot),
-            checkpoints: self.checkpoints.clone(),
-        })
+        Ok(Lease { slot: Some(slot) })
     }
 
     async fn open(&self) -> Result<SqliteConnection, StoreError> {
@@ -104,7 +94,6 @@ impl Writer {
 pub(crate) struct Lease {
     /// `Some` until released or dropped.
     slot: Option<Slot>,
-    checkpoints: Arc<Checkpoints>,
 }
 
 impl Lease {
@@ -131,14 +120,6 @@ impl Lease {
         {
             *slot = None;
         }
-    }
-
-    /// [`Lease::release`] after a `COMMIT`: counts it, and every
-    /// [`CHECKPOINT_EVERY`] commits starts a checkpoint beside the writer.
-    pub(crate) fn committed(self) {
-        let checkpoints = self.checkpoints.clone();
-        self.release();
-        checkpoints.count();
     }
 
     /// Gives the writer back closed: its state is unknown (a worker that
@@ -168,41 +149,6 @@ impl Drop for Lease {
             }
             Err(_) => *slot = None,
         }
-    }
-}
-
-/// Commits on the writer between two checkpoints started beside it.
-const CHECKPOINT_EVERY: u32 = 64;
-
-/// Checkpoints beside the writer. SQLite checkpoints the WAL on the
-/// connection whose `COMMIT` found it past `wal_autocheckpoint` pages, in
-/// that `COMMIT` (after the write lock is free): on the one writer, every
-/// transaction queued behind it would wait for the copy and its syncs.
-/// A passive checkpoint on another connection every few commits keeps the
-/// WAL short, so the writer's own rarely has anything left to copy.
-#[derive(Debug)]
-struct Checkpoints {
-    pool: SqlitePool,
-    commits: AtomicU32,
-    running: AtomicBool,
-}
-
-impl Checkpoints {
-    fn count(self: &Arc<Self>) {
-        let n = self.commits.fetch_add(1, Ordering::Relaxed) + 1;
-        if !n.is_multiple_of(CHECKPOINT_EVERY) || self.running.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            self.running.store(false, Ordering::Release);
-            return;
-        };
-        let this = self.clone();
-        runtime.spawn(async move {
-            // A failure leaves the work to SQLite's automatic checkpoint.
-            let _ = sqlx::Executor::execute(&this.pool, "PRAGMA wal_checkpoint(PASSIVE)").await;
-            this.running.store(false, Ordering::Release);
-        });
     }
 }
 
