@@ -106,7 +106,7 @@ pub(crate) fn is_guard(e: &sqlx::Error) -> bool {
 
 fn corrupt(detail: String) -> StoreError {
     StoreError::Corrupt {
-        detail: detail.into(),
+        detail,
     }
 }
 
