@@ -67,9 +67,12 @@ fn write(out: &mut String, value: Lit<'_>) -> Result<(), StoreError> {
         }
         Lit::OptText(None) => out.push_str("NULL"),
         Lit::Bytes(b) => {
+            const HEX: &[u8; 16] = b"0123456789abcdef";
+            out.reserve(b.len() * 2 + 4);
             out.push_str("'\\x");
-            for byte in b {
-                let _ = write!(out, "{byte:02x}");
+            for &byte in b {
+                out.push(char::from(HEX[usize::from(byte >> 4)]));
+                out.push(char::from(HEX[usize::from(byte & 0x0f)]));
             }
             out.push('\'');
         }
@@ -105,9 +108,7 @@ pub(crate) fn is_guard(e: &sqlx::Error) -> bool {
 }
 
 fn corrupt(detail: String) -> StoreError {
-    StoreError::Corrupt {
-        detail,
-    }
+    StoreError::Corrupt { detail }
 }
 
 #[cfg(test)]
