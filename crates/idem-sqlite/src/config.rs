@@ -7,13 +7,15 @@ use idem_core::ConfigError;
 /// Connection settings for [`SqliteStore::connect`](crate::SqliteStore::connect), which validates them.
 #[derive(Debug, Clone)]
 pub struct SqliteConfig {
-    /// Connections in the pool (readers run in parallel under WAL). Default 8,
-    /// 1 to 10 000.
+    /// Connections in the pool (readers run in parallel under WAL), and
+    /// the most read-first connections beside it; the key transactions'
+    /// writer is one more (see the crate docs). Default 8, 1 to 10 000.
     pub max_connections: u32,
     /// How long to wait for a free connection before `Unavailable`. Default
     /// 5 s, 10 ms to 1 h.
     pub acquire_timeout: Duration,
-    /// How long a transaction waits for the database write lock (`busy_timeout`).
+    /// How long a transaction waits for the database write lock
+    /// (`busy_timeout`), and a key transaction for the writer connection.
     /// Default 5 s, at most 1 h.
     pub busy_timeout: Duration,
 }

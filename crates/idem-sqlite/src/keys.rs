@@ -1,19 +1,68 @@
 //! [`KeyStore`](idem_core::KeyStore) for [`SqliteStore`], from
-//! [`idem_sql::keys`]: the claim reads first without the write lock, then
-//! claims in a `BEGIN IMMEDIATE` transaction behind the key's in-process
-//! gate.
+//! [`idem_sql::keys`]: the claim reads first without the write lock, then,
+//! behind the key's in-process gate and on the writer (see
+//! [`writer`](crate::writer)), sends `BEGIN IMMEDIATE` and the claim in one
+//! message; the record is stored and the transaction committed in one
+//! message too, the write guarded so that a record that could not be
+//! stored never commits.
+//!
+//! Statements of a fresh key: the read, `BEGIN IMMEDIATE` + the claim, the
+//! business statements, the record + `COMMIT` (pessimistic); the read,
+//! `BEGIN IMMEDIATE`, the business statements, the record + `COMMIT`
+//! (optimistic). A replay: the read. No ping.
+//!
+//! The messages bind their values (`$n`, numbered across the message's
+//! statements) and are prepared once per connection: sqlx's SQLite driver
+//! runs every statement of a query's text in turn. (sqlx marks this
+//! behaviour of its SQLite driver as deprecated for `query()`; the
+//! statement-count test pins it.)
 
+use std::sync::LazyLock;
+
+use futures_util::StreamExt;
 use idem_core::keys::{Claim, Settled, answered_by_read};
 use idem_core::{ClaimMode, Completion, Scope, StoreError, StoredRecord};
 use idem_sql::decode::record;
 use idem_sql::keys::sqlite::INSERT_CLAIM;
-use idem_sql::keys::{ClaimRequest, INSERT_COMPLETED, SELECT_RECORD};
-use sqlx::Sqlite;
+use idem_sql::keys::{ClaimRequest, INSERT_COMPLETED, SELECT_RECORD, UPDATE_COMPLETE};
+use sqlx::sqlite::SqliteArguments;
+use sqlx::{Either, Sqlite};
 
+use crate::errors::outcome_unknown;
+use crate::writer::Lease;
 use crate::{SqliteStore, SqliteTx};
 
 idem_sql::binders!(Sqlite, i64);
 idem_sql::key_store!(SqliteStore, SqliteTx, sqlite);
+
+/// Fails the statement (SQLite's `abs()` of the smallest integer is an
+/// "integer overflow" error) unless the statement before it changed
+/// exactly one row. The failing value depends on `changes()`, so SQLite
+/// cannot evaluate it once up front as a constant.
+pub(crate) const GUARD: &str = "SELECT CASE changes() WHEN 1 THEN 1 \
+    ELSE abs(-9223372036854775807 - 1 + 0 * changes()) END";
+
+/// The pessimistic claim: `BEGIN IMMEDIATE` and the claim, one message.
+static BEGIN_CLAIM: LazyLock<String> = LazyLock::new(|| format!("BEGIN IMMEDIATE; {INSERT_CLAIM}"));
+
+/// The claimed record completed, guarded, and `COMMIT`: one message.
+static COMPLETE_COMMIT: LazyLock<String> =
+    LazyLock::new(|| format!("{UPDATE_COMPLETE}; {GUARD}; COMMIT"));
+
+/// The optimistic claim's record inserted, guarded, and `COMMIT`: one message.
+static INSERT_COMMIT: LazyLock<String> =
+    LazyLock::new(|| format!("{INSERT_COMPLETED}; {GUARD}; COMMIT"));
+
+type Query<'q> = sqlx::query::Query<'q, Sqlite, SqliteArguments<'q>>;
+
+/// Why a message ending in `COMMIT` did not commit.
+pub(crate) enum Refused {
+    /// Its guarded statement changed no row (see [`GUARD`]); the
+    /// transaction is still open on the writer, for the caller to end.
+    Guard(Lease),
+    /// Anything else, as the store reports it; the transaction ended.
+    Store(StoreError),
+}
 
 impl SqliteStore {
     /// Read first, without the write lock (WAL readers never wait for it);
@@ -32,58 +81,115 @@ impl SqliteStore {
             return self.begin_here().await.map(Claim::Claimed);
         }
         let gate = self.gates.enter(scope, r.policy.wait).await?;
-        let mut tx = self.begin_immediate().await?;
-        let claimed = scoped(INSERT_CLAIM, scope)
+        let mut lease = self.writer.acquire().await?;
+        let claimed = scoped(&BEGIN_CLAIM, scope)
             .bind(&r.fingerprint.as_bytes()[..])
             .bind(r.now_ms)
             .bind(r.policy.expires_at_ms(r.now_ms))
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(|e| self.map(e))?;
-        if claimed.is_some() {
-            let gate = Some(gate);
-            return Ok(Claim::Claimed(SqliteTx { tx, _gate: gate }));
+            .fetch_optional(lease.conn())
+            .await;
+        match claimed {
+            Ok(Some(_)) => Ok(Claim::Claimed(SqliteTx::new(lease, Some(gate)))),
+            Ok(None) => self.conflict(lease, scope).await.map(Claim::Existing),
+            Err(e) => {
+                // The BEGIN may have succeeded and the claim failed.
+                lease.roll_back().await;
+                Err(self.map(e))
+            }
         }
-        let found = self.conflict(tx, scope).await?;
-        Ok(Claim::Existing(found))
     }
 
     /// The optimistic claim's completed record, inserted at the end of the
-    /// operation's transaction (which holds the write lock).
+    /// operation's transaction (which holds the write lock) in one message
+    /// with `COMMIT`; a live record of the key makes the guard fail before
+    /// the `COMMIT`, and is read in the transaction before it rolls back.
     async fn insert_completed_here(
         &self,
-        mut tx: SqliteTx,
+        tx: SqliteTx,
         scope: &Scope,
         r: ClaimRequest<'_>,
         completion: &Completion,
     ) -> Result<Settled, StoreError> {
-        let insert = scoped(INSERT_COMPLETED, scope).bind(&r.fingerprint.as_bytes()[..]);
-        let inserted = outcome(insert, completion)
+        let SqliteTx { lease, _gate } = tx;
+        let insert = scoped(&INSERT_COMMIT, scope).bind(&r.fingerprint.as_bytes()[..]);
+        let insert = outcome(insert, completion)
             .bind(r.now_ms)
-            .bind(r.policy.expires_at_ms(r.now_ms))
-            .fetch_optional(&mut *tx.tx)
-            .await
-            .map_err(|e| self.map(e))?;
-        if inserted.is_some() {
-            return self.commit_tx(tx.tx).await.map(|()| Settled::Committed);
+            .bind(r.policy.expires_at_ms(r.now_ms));
+        match self.commit_with(lease, insert, 3).await {
+            Ok(()) => Ok(Settled::Committed),
+            Err(Refused::Guard(lease)) => self.conflict(lease, scope).await.map(Settled::Existing),
+            Err(Refused::Store(e)) => Err(e),
         }
-        Ok(Settled::Existing(self.conflict(tx.tx, scope).await?))
+    }
+
+    /// The claimed record completed and the transaction committed, in one
+    /// message; a record no longer pending fails the guard before the
+    /// `COMMIT`, and nothing of the operation commits.
+    async fn complete_here(
+        &self,
+        tx: SqliteTx,
+        scope: &Scope,
+        completion: &Completion,
+        now_ms: i64,
+    ) -> Result<(), StoreError> {
+        let SqliteTx { lease, _gate } = tx;
+        let update = outcome(scoped(&COMPLETE_COMMIT, scope), completion).bind(now_ms);
+        match self.commit_with(lease, update, 3).await {
+            Ok(()) => Ok(()),
+            Err(Refused::Guard(lease)) => {
+                lease.roll_back().await;
+                Err(StoreError::Corrupt {
+                    detail: "the claimed record is no longer pending".into(),
+                })
+            }
+            Err(Refused::Store(e)) => Err(e),
+        }
+    }
+
+    async fn commit_here(&self, tx: SqliteTx) -> Result<(), StoreError> {
+        let SqliteTx { lease, _gate } = tx;
+        match self.commit_with(lease, sqlx::query("COMMIT"), 1).await {
+            Ok(()) => Ok(()),
+            Err(Refused::Guard(lease)) => {
+                lease.roll_back().await;
+                Err(StoreError::Corrupt {
+                    detail: "COMMIT refused as a guarded statement".into(),
+                })
+            }
+            Err(Refused::Store(e)) => Err(e),
+        }
+    }
+
+    /// `ROLLBACK`. One that fails closes the writer's connection, which
+    /// rolls back as surely: nothing of the transaction is ever committed.
+    async fn rollback_here(&self, tx: SqliteTx) -> Result<(), StoreError> {
+        let SqliteTx { lease, _gate } = tx;
+        lease.roll_back().await;
+        Ok(())
+    }
+
+    /// A transaction for business writes: `BEGIN IMMEDIATE` on the writer,
+    /// no gate.
+    async fn begin_here(&self) -> Result<SqliteTx, StoreError> {
+        let mut lease = self.writer.acquire().await?;
+        match sqlx::Executor::execute(lease.conn(), sqlx::query("BEGIN IMMEDIATE")).await {
+            Ok(_) => Ok(SqliteTx::new(lease, None)),
+            Err(e) => {
+                lease.roll_back().await;
+                Err(self.map(e))
+            }
+        }
     }
 
     /// The record a claim conflicted with, read in the claim's transaction,
     /// which holds the write lock: it is committed and stays as read until
     /// the rollback.
-    async fn conflict(
-        &self,
-        mut tx: sqlx::Transaction<'static, Sqlite>,
-        scope: &Scope,
-    ) -> Result<StoredRecord, StoreError> {
+    async fn conflict(&self, mut lease: Lease, scope: &Scope) -> Result<StoredRecord, StoreError> {
         let row = scoped(SELECT_RECORD, scope)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(|e| self.map(e))?;
-        tx.rollback().await.map_err(|e| self.map(e))?;
-        match row {
+            .fetch_optional(lease.conn())
+            .await;
+        lease.roll_back().await;
+        match row.map_err(|e| self.map(e))? {
             Some(row) => record(&row),
             None => Err(StoreError::Corrupt {
                 detail: "conflicting key record vanished inside a write transaction".into(),
@@ -91,20 +197,80 @@ impl SqliteStore {
         }
     }
 
-    idem_sql::key_tx_ends!(SqliteTx);
-
-    /// A transaction for business writes: `BEGIN IMMEDIATE`, no gate.
-    async fn begin_here(&self) -> Result<SqliteTx, StoreError> {
-        let tx = self.begin_immediate().await?;
-        Ok(SqliteTx { tx, _gate: None })
-    }
-
-    /// A key record, read without the write lock.
+    /// A key record, read without the write lock, on a reader (no ping
+    /// when it goes back; see [`readers`](crate::readers)).
     async fn read_first(&self, scope: &Scope) -> Result<Option<StoredRecord>, StoreError> {
-        let row = scoped(SELECT_RECORD, scope)
-            .fetch_optional(self.pool())
+        let row = self
+            .readers
+            .fetch_optional(scoped(SELECT_RECORD, scope))
             .await
             .map_err(|e| self.map(e))?;
         row.as_ref().map(record).transpose()
+    }
+
+    /// Sends `message` — `statements` statements, the last `COMMIT`; with
+    /// three, a write and its [`GUARD`] before it — on the writer. An error
+    /// before the `COMMIT` means it did not run: the transaction is rolled
+    /// back (or handed back, when the guard refused). A `COMMIT` that failed
+    /// with an I/O error, or a worker that died, leaves the outcome unknown.
+    pub(crate) async fn commit_with(
+        &self,
+        mut lease: Lease,
+        message: Query<'_>,
+        statements: usize,
+    ) -> Result<(), Refused> {
+        let mut ended = 0;
+        let mut written = None;
+        let mut failed = None;
+        {
+            let mut results = sqlx::Executor::fetch_many(lease.conn(), message);
+            while let Some(result) = results.next().await {
+                match result {
+                    Ok(Either::Left(done)) => {
+                        written.get_or_insert(done.rows_affected());
+                        ended += 1;
+                    }
+                    Ok(Either::Right(_)) => {}
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
+                    }
+                }
+            }
+        }
+        match failed {
+            None if ended == statements => {
+                lease.release();
+                Ok(())
+            }
+            Some(e @ sqlx::Error::Database(_)) if ended + 1 == statements => {
+                // The COMMIT itself failed; whatever is left open ends here.
+                lease.roll_back().await;
+                Err(Refused::Store(if outcome_unknown(&e) {
+                    StoreError::OutcomeUnknown { source: e.into() }
+                } else {
+                    self.map(e)
+                }))
+            }
+            Some(sqlx::Error::Database(_))
+                if statements == 3 && ended == 1 && written != Some(1) =>
+            {
+                Err(Refused::Guard(lease))
+            }
+            Some(e @ sqlx::Error::Database(_)) => {
+                lease.roll_back().await;
+                Err(Refused::Store(self.map(e)))
+            }
+            // The worker died or the results stopped short: whether the
+            // COMMIT ran is unknown. Closing the connection ends the rest.
+            failed => {
+                lease.discard();
+                let source = match failed {
+                    Some(e) => e.into(),
+                    None => format!("{ended} of {statements} statements answered").into(),
+                };
+                Err(Refused::Store(StoreError::OutcomeUnknown { source }))
+            }
+        }
     }
 }

@@ -23,8 +23,9 @@
 //!   mode can lose the last commits on power loss; this store never sets it.)
 //! - Claims use `BEGIN IMMEDIATE`: the write lock is taken at `BEGIN`, so two
 //!   claims never interleave and there is no read-then-upgrade deadlock.
-//! - `busy_timeout` bounds how long a transaction waits for the write lock;
-//!   beyond it the store answers [`StoreError::Unavailable`](idem_core::StoreError::Unavailable) (retryable).
+//! - `busy_timeout` bounds how long a transaction waits for the write lock,
+//!   and how long a key transaction queues for the writer in process (below);
+//!   beyond either the store answers [`StoreError::Unavailable`](idem_core::StoreError::Unavailable) (retryable).
 //! - Inside one process, requests with the same key queue on an in-process gate
 //!   for at most the policy's wait, and then get "in flight". Several processes
 //!   on one file stay correct (the write lock serialises them) but a waiter
@@ -34,6 +35,31 @@
 //!   `SystemClock`): every process sharing the file runs on one host and
 //!   reads one kernel clock. A file shared by several hosts is not
 //!   supported.
+//!
+//! ## Connections
+//! Besides the sqlx pool (which serves everything else: relays, leased keys,
+//! runs, the admin API, your own queries through [`SqliteStore::pool`]):
+//! - **the writer**, one connection that every key transaction runs on, one
+//!   after another — the claims and [`KeyStore::begin`](idem_core::KeyStore::begin). SQLite lets one
+//!   transaction write at a time anyway; queued in process (FIFO) they hand
+//!   the connection over as soon as one ends, where transactions on pooled
+//!   connections would poll the write lock in SQLite's busy handler, which
+//!   sleeps 1, 2, 5, 10 … ms between tries. `BEGIN IMMEDIATE` goes with the
+//!   claim in one message, and the record with its guard and `COMMIT` in
+//!   another (see `keys`). Business code runs on it through [`SqliteTx`]:
+//!   `begin()` there opens a savepoint, as inside a sqlx `Transaction`. It
+//!   is taken from the pool once (the pool's `after_connect` runs on it) and
+//!   detached, so the pool may open another in its place;
+//! - **the readers**, up to `max_connections` connections for the claims'
+//!   read first (a replay is that read alone), opened with the pool's
+//!   connect options. sqlx's pool pings each connection it gets back, one
+//!   more round trip per read; these go back without one.
+//!
+//! A fresh key thus costs four messages to SQLite (each a round trip to a
+//! connection's worker thread), a replay one; the `statements` test pins
+//! them. The messages bind their values across their statements, which
+//! sqlx's SQLite driver runs in turn (a behaviour sqlx marks as deprecated
+//! for `query()`; the test would catch its removal).
 
 mod admin;
 mod config;
@@ -46,10 +72,12 @@ mod migrate;
 pub mod outbox;
 pub mod patterns;
 mod pool;
+mod readers;
 mod runs;
 mod tasks;
 mod tx;
 mod webhooks;
+mod writer;
 
 pub use config::SqliteConfig;
 pub use errors::map_err;

@@ -11,6 +11,8 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use sqlx::{Sqlite, SqlitePool, Transaction};
 
 use crate::errors::outcome_unknown;
+use crate::readers::Readers;
+use crate::writer::Writer;
 use crate::{SqliteConfig, gate, map_err, migrate_component};
 
 /// The SQLite key store. Cheap to clone; clones share the pool.
@@ -18,6 +20,10 @@ use crate::{SqliteConfig, gate, map_err, migrate_component};
 pub struct SqliteStore {
     pool: SqlitePool,
     pub(crate) gates: Arc<gate::Gates>,
+    /// The claims' read-first connections ([`crate::readers`]).
+    pub(crate) readers: Arc<Readers>,
+    /// The key engine's transactions' connection ([`crate::writer`]).
+    pub(crate) writer: Arc<Writer>,
     busy_timeout: Duration,
 }
 
@@ -61,7 +67,15 @@ impl SqliteStore {
     /// Wraps a pool you configured yourself. It must use WAL, `synchronous =
     /// FULL` and a busy timeout equal to `busy_timeout` for the guarantees above.
     pub fn from_pool(pool: SqlitePool, busy_timeout: Duration) -> Self {
+        let options = pool.options();
+        let readers = Readers::new(
+            pool.clone(),
+            options.get_max_connections(),
+            options.get_acquire_timeout(),
+        );
         Self {
+            readers: Arc::new(readers),
+            writer: Arc::new(Writer::new(pool.clone(), busy_timeout)),
             pool,
             gates: Arc::default(),
             busy_timeout,

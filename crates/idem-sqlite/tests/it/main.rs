@@ -6,6 +6,8 @@ use idem_core::{BoxError, BoxFuture};
 use idem_sqlite::{SqliteConfig, SqliteStore, SqliteTx};
 use idem_testkit::TempDir;
 
+mod writer;
+
 struct TestDb {
     _dir: TempDir,
     store: SqliteStore,
