@@ -28,12 +28,13 @@
 //! connection inside one gets a `SAVEPOINT`, as it would inside a sqlx
 //! `Transaction`.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use idem_sql::kept::Kept;
 use sqlx::postgres::{PgConnectOptions, PgRow, PgTransactionManager};
 use sqlx::{ConnectOptions, PgConnection, TransactionManager};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::OwnedSemaphorePermit;
 
 /// A connection is closed instead of kept once it is this old (as sqlx's
 /// pool does by default), so server-side state does not live forever.
@@ -61,9 +62,7 @@ pub(crate) struct Lease {
 
 pub(crate) struct Conns {
     options: PgConnectOptions,
-    idle: Mutex<Vec<Idle>>,
-    slots: Arc<Semaphore>,
-    acquire_timeout: Duration,
+    kept: Kept<Idle>,
     /// Writers: sqlx's transaction depth pinned at 1 (see the module docs).
     writer: bool,
 }
@@ -73,8 +72,7 @@ impl std::fmt::Debug for Conns {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Conns")
             .field("writer", &self.writer)
-            .field("idle", &self.lock().len())
-            .field("free_slots", &self.slots.available_permits())
+            .field("kept", &self.kept)
             .finish_non_exhaustive()
     }
 }
@@ -93,9 +91,7 @@ impl Conns {
     fn new(options: PgConnectOptions, max: u32, acquire_timeout: Duration, writer: bool) -> Self {
         Self {
             options,
-            idle: Mutex::new(Vec::new()),
-            slots: Arc::new(Semaphore::new(max as usize)),
-            acquire_timeout,
+            kept: Kept::new(max, acquire_timeout),
             writer,
         }
     }
@@ -103,11 +99,14 @@ impl Conns {
     /// A slot (waiting at most the acquire timeout) and a connection: the
     /// most recently used idle one still fit for use, or a new one.
     pub(crate) async fn acquire(&self, fresh_only: bool) -> Result<Lease, sqlx::Error> {
-        let slot = tokio::time::timeout(self.acquire_timeout, self.slots.clone().acquire_owned())
-            .await
-            .map_err(|_| sqlx::Error::PoolTimedOut)?
-            .map_err(|_| sqlx::Error::PoolClosed)?;
-        let idle = if fresh_only { None } else { self.take_idle() };
+        let slot = self.kept.slot().await?;
+        let idle = if fresh_only {
+            None
+        } else {
+            // The oldest sit at the bottom of the stack.
+            self.kept
+                .take(|c| c.since.elapsed() < IDLE_TIMEOUT && c.born.elapsed() < MAX_LIFETIME)
+        };
         if let Some(idle) = idle {
             return Ok(Lease {
                 conn: idle.conn,
@@ -130,22 +129,21 @@ impl Conns {
         })
     }
 
+    /// Drops every idle connection (see [`Kept::forget_idle`]).
+    pub(crate) fn forget_idle(&self) {
+        self.kept.forget_idle();
+    }
+
     /// Keeps a connection that answered its last statement and is outside
     /// any transaction for the next caller (unless it is too old).
     pub(crate) fn release(&self, lease: Lease) {
         if lease.born.elapsed() < MAX_LIFETIME {
-            self.lock().push(Idle {
+            self.kept.put(Idle {
                 conn: lease.conn,
                 born: lease.born,
                 since: Instant::now(),
             });
         }
-    }
-
-    /// Drops every idle connection: one of them was found dead, and whatever
-    /// ended it likely ended its neighbours.
-    pub(crate) fn forget_idle(&self) {
-        self.lock().clear();
     }
 
     /// Runs `sql` with the text parameters `binds` and returns its row, if any.
@@ -183,17 +181,5 @@ impl Conns {
                 Err(e) => return Err(e),
             }
         }
-    }
-
-    /// The most recently used idle connection still fit for use.
-    fn take_idle(&self) -> Option<Idle> {
-        let mut idle = self.lock();
-        // The oldest sit at the bottom of the stack.
-        idle.retain(|c| c.since.elapsed() < IDLE_TIMEOUT && c.born.elapsed() < MAX_LIFETIME);
-        idle.pop()
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Idle>> {
-        self.idle.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }

@@ -12,11 +12,11 @@
 
 use std::time::Duration;
 
-use idem_core::keys::{Claim, Settled, answered_by_read};
+use idem_core::keys::Claim;
 use idem_core::{ClaimMode, Completion, Scope, SharedClock, StoreError, StoredRecord};
 use idem_sql::decode::record;
 use idem_sql::keys::postgres as sql;
-use idem_sql::keys::{ClaimRequest, INSERT_COMPLETED, SELECT_RECORD, UPDATE_COMPLETE};
+use idem_sql::keys::{ClaimRequest, INSERT_COMPLETED, Refused, SELECT_RECORD, UPDATE_COMPLETE};
 use sqlx::Postgres;
 
 use crate::errors::map_err_waited;
@@ -69,14 +69,14 @@ impl PgStore {
     /// operation's transaction in one message with `COMMIT`; it waits for an
     /// uncommitted duplicate as a claim does. A live record of the key makes
     /// the insert fail (the message's `COMMIT` never runs): the transaction
-    /// is rolled back and the record read.
-    async fn insert_completed_here(
+    /// is rolled back, for `live_record` to read the record.
+    async fn insert_completed_message(
         &self,
         tx: PgTx,
         scope: &Scope,
         r: ClaimRequest<'_>,
         completion: &Completion,
-    ) -> Result<Settled, StoreError> {
+    ) -> Result<(), Refused<()>> {
         let headers = completion.response.headers_json();
         let mut values = Vec::with_capacity(12);
         values.extend(scope_lits(scope));
@@ -92,22 +92,24 @@ impl PgStore {
             )
         );
         let deadline = self.deadline_waiting(r.policy.wait);
-        match self.commit_with(tx, message, deadline).await {
-            Ok(()) => Ok(Settled::Committed),
-            Err(Refused::Guard) => {
-                match self.bounded(self.read_first(scope)).await? {
-                    Some(record) => Ok(Settled::Existing(record)),
-                    // Collected between the two: the caller's retry claims it.
-                    None => Err(StoreError::Busy {
-                        waited: Duration::ZERO,
-                    }),
-                }
-            }
-            Err(Refused::Store(e)) => Err(match e {
-                StoreError::Busy { .. } => StoreError::Busy {
+        self.commit_with(tx, message, deadline)
+            .await
+            .map_err(|refused| match refused {
+                Refused::Store(StoreError::Busy { .. }) => Refused::Store(StoreError::Busy {
                     waited: r.policy.wait,
-                },
+                }),
                 other => other,
+            })
+    }
+
+    /// The live record that refused an optimistic insert, read after its
+    /// transaction rolled back.
+    async fn live_record(&self, (): (), scope: &Scope) -> Result<StoredRecord, StoreError> {
+        match self.bounded(self.read_first(scope)).await? {
+            Some(record) => Ok(record),
+            // Collected between the two: the caller's retry claims it.
+            None => Err(StoreError::Busy {
+                waited: Duration::ZERO,
             }),
         }
     }
@@ -115,13 +117,13 @@ impl PgStore {
     /// The claimed record completed and the transaction committed, in one
     /// message; a record no longer pending fails the message before its
     /// `COMMIT`.
-    async fn complete_here(
+    async fn complete_message(
         &self,
         tx: PgTx,
         scope: &Scope,
         completion: &Completion,
         now_ms: i64,
-    ) -> Result<(), StoreError> {
+    ) -> Result<(), Refused<()>> {
         let headers = completion.response.headers_json();
         let mut values = Vec::with_capacity(10);
         values.extend(scope_lits(scope));
@@ -132,23 +134,13 @@ impl PgStore {
             "{}; COMMIT",
             guarded(&update, "the claimed record is no longer pending")
         );
-        match self.commit_with(tx, message, self.deadline()).await {
-            Ok(()) => Ok(()),
-            Err(Refused::Guard) => Err(StoreError::Corrupt {
-                detail: "the claimed record is no longer pending".into(),
-            }),
-            Err(Refused::Store(e)) => Err(e),
-        }
+        self.commit_with(tx, message, self.deadline()).await
     }
 
     async fn commit_here(&self, tx: PgTx) -> Result<(), StoreError> {
-        match self.commit_with(tx, "COMMIT".into(), self.deadline()).await {
-            Ok(()) => Ok(()),
-            Err(Refused::Guard) => Err(StoreError::Corrupt {
-                detail: "COMMIT refused as a guarded statement".into(),
-            }),
-            Err(Refused::Store(e)) => Err(e),
-        }
+        self.commit_with(tx, "COMMIT".into(), self.deadline())
+            .await
+            .map_err(Refused::unguarded)
     }
 
     async fn rollback_here(&self, tx: PgTx) -> Result<(), StoreError> {
@@ -205,11 +197,6 @@ impl PgStore {
             policy,
             now_ms,
         } = r;
-        if let Some(record) = self.read_first(scope).await?
-            && answered_by_read(&record, fingerprint, policy, now_ms)
-        {
-            return Ok(Claim::Existing(record));
-        }
         let begin = self.begin_statement(policy.wait);
         if policy.mode == ClaimMode::Optimistic {
             let (tx, _) = self.begin_writer(begin, policy.wait).await?;
@@ -271,14 +258,6 @@ impl PgStore {
     }
 }
 
-/// Why a message ending in `COMMIT` did not commit.
-pub(crate) enum Refused {
-    /// Its guarded statement wrote no row (see [`guarded`]); rolled back.
-    Guard,
-    /// Anything else, as the store reports it.
-    Store(StoreError),
-}
-
 impl PgStore {
     /// Sends `message` — statements ending in `COMMIT` — on `tx`'s
     /// connection under `deadline`. Once it may have been sent, a broken
@@ -289,7 +268,7 @@ impl PgStore {
         tx: PgTx,
         message: String,
         deadline: Duration,
-    ) -> Result<(), Refused> {
+    ) -> Result<(), Refused<()>> {
         use crate::errors::connection_lost;
         let writers = tx.writers().clone();
         let mut lease = tx.into_lease();
@@ -313,7 +292,7 @@ impl PgStore {
                 // connection.
                 crate::tx::roll_back(lease, writers, self.deadline()).await;
                 if is_guard(&e) {
-                    Err(Refused::Guard)
+                    Err(Refused::Guard(()))
                 } else {
                     Err(Refused::Store(map_err(e)))
                 }

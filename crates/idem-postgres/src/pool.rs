@@ -117,8 +117,9 @@ impl PgStore {
 
     /// Runs one store call under [`PgStore::deadline`]; past it the call is
     /// abandoned — its transaction, if any, rolls back when the connection is
-    /// dropped — and reported as `Unavailable`. Not for `COMMIT`: see
-    /// [`PgStore::commit_tx`].
+    /// dropped — and reported as `Unavailable`. Not for a message with
+    /// `COMMIT`, whose outcome is unknown when its answer is lost (the keys'
+    /// `commit_with`).
     pub(crate) async fn bounded<T>(
         &self,
         call: impl Future<Output = Result<T, StoreError>>,

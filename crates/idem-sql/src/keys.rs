@@ -1,6 +1,8 @@
 //! The key record's statements shared by the engine's store and the
 //! operator's release (`$1`..`$3` always the scope: tenant, operation, key).
 
+use idem_core::StoreError;
+
 /// The key record's columns every decoder of `idem_core::keys::RecordColumns` reads, and
 /// the statement that selects them (`$1`..`$3` the scope), for every
 /// backend.
@@ -80,7 +82,7 @@ macro_rules! binders {
 
 /// What a claim asks for besides the scope: the parameters of
 /// [`KeyStore::claim`](idem_core::KeyStore::claim) as a backend's own
-/// `claim_here` and `insert_completed_here` take them.
+/// `claim_here` and `insert_completed_message` take them.
 #[derive(Debug, Clone, Copy)]
 pub struct ClaimRequest<'a> {
     /// The request's fingerprint.
@@ -139,16 +141,62 @@ WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND expires_at_
 RETURNING 1";
 }
 
+/// Why a message that ends in `COMMIT` did not commit: what a backend's
+/// `complete_message` and `insert_completed_message` answer, which
+/// [`key_store!`] turns into the key store's answer.
+pub enum Refused<T> {
+    /// Its guarded write matched no row, so the message failed before its
+    /// `COMMIT`. `T` is what is left of the transaction: still open on
+    /// SQLite's writer (the conflicting record is read in it), nothing on
+    /// PostgreSQL (the server rolled it back).
+    Guard(T),
+    /// Anything else, as the store reports it; the transaction ended.
+    Store(StoreError),
+}
+
+impl<T> From<StoreError> for Refused<T> {
+    fn from(e: StoreError) -> Self {
+        Refused::Store(e)
+    }
+}
+
+impl<T> Refused<T> {
+    /// For a message without a guarded write (a bare `COMMIT`): the store's
+    /// error. A guard refusal cannot come from such a message; if one did,
+    /// the store answered something it should not have, and says so.
+    pub fn unguarded(self) -> StoreError {
+        match self {
+            Refused::Store(e) => e,
+            Refused::Guard(_) => StoreError::Corrupt {
+                detail: "a COMMIT without a guarded write was refused as guarded".into(),
+            },
+        }
+    }
+}
+
+/// The claimed record could not be completed: another process took it over
+/// or collected it. Nothing of the operation committed.
+pub fn no_longer_pending() -> StoreError {
+    StoreError::Corrupt {
+        detail: "the claimed record is no longer pending".into(),
+    }
+}
+
 /// Implements [`KeyStore`](idem_core::KeyStore) for a backend's store:
-/// `key_store!(Store, Tx, dialect; extra trait items)`. The read and purge
-/// are written here; the claim, the optimistic insert, `BEGIN`, the
-/// completion, `COMMIT` and `ROLLBACK`, which each backend sends its own
-/// way, are the store's own `claim_here(scope, ClaimRequest)`,
-/// `insert_completed_here(tx, scope, ClaimRequest, completion)`,
-/// `begin_here()`, `complete_here(tx, scope, completion, now_ms)`,
-/// `commit_here(tx)` and `rollback_here(tx)` (a store whose transaction
-/// holds a sqlx transaction as `tx` gets the last three from
-/// [`key_tx_ends!`](crate::key_tx_ends)); its `read_first` reads a record.
+/// `key_store!(Store, Tx, dialect; extra trait items)`. The read, the purge
+/// and what a refused message means are written here; the claim, `BEGIN`,
+/// the record's messages, `COMMIT` and `ROLLBACK`, which each backend sends
+/// its own way, are the store's own:
+/// - `claim_here(scope, ClaimRequest)`: the claim after the read-first step
+///   found no record that answers it, and `begin_here()`;
+/// - `complete_message(tx, scope, completion, now_ms)`: the claimed
+///   record's update, guarded, and `COMMIT`, answering
+///   `Result<(), Refused<()>>` (the transaction ended either way);
+/// - `insert_completed_message(tx, scope, ClaimRequest, completion)`: the
+///   optimistic claim's record inserted, guarded, and `COMMIT`, answering
+///   `Result<(), Refused<Left>>`, and `live_record(left, scope)`: the record
+///   that refused it;
+/// - `commit_here(tx)`, `rollback_here(tx)` and `read_first(scope)`.
 #[macro_export]
 macro_rules! key_store {
     ($store:ty, $tx:ty, $d:ident $(; $($extra:tt)*)?) => {
@@ -157,7 +205,7 @@ macro_rules! key_store {
             use idem_core::{
                 Completion, Fingerprint, KeyStore, Policy, Scope, StoreError, StoredRecord,
             };
-            use $crate::keys::ClaimRequest;
+            use $crate::keys::{ClaimRequest, Refused};
 
             impl KeyStore for $store {
                 type Tx = $tx;
@@ -169,6 +217,13 @@ macro_rules! key_store {
                     policy: &Policy,
                     now_ms: i64,
                 ) -> Result<Claim<$tx>, StoreError> {
+                    // Read first: a replay, a conflict or a request in flight
+                    // is answered by the committed record, without a write.
+                    if let Some(record) = self.bounded(self.read_first(scope)).await?
+                        && idem_core::keys::answered_by_read(&record, fingerprint, policy, now_ms)
+                    {
+                        return Ok(Claim::Existing(record));
+                    }
                     let request = ClaimRequest {
                         fingerprint,
                         policy,
@@ -184,7 +239,11 @@ macro_rules! key_store {
                     completion: &Completion,
                     now_ms: i64,
                 ) -> Result<(), StoreError> {
-                    self.complete_here(tx, scope, completion, now_ms).await
+                    match self.complete_message(tx, scope, completion, now_ms).await {
+                        Ok(()) => Ok(()),
+                        Err(Refused::Guard(())) => Err($crate::keys::no_longer_pending()),
+                        Err(Refused::Store(e)) => Err(e),
+                    }
                 }
 
                 async fn insert_completed(
@@ -201,8 +260,16 @@ macro_rules! key_store {
                         policy,
                         now_ms,
                     };
-                    self.insert_completed_here(tx, scope, request, completion)
+                    match self
+                        .insert_completed_message(tx, scope, request, completion)
                         .await
+                    {
+                        Ok(()) => Ok(Settled::Committed),
+                        Err(Refused::Guard(left)) => {
+                            self.live_record(left, scope).await.map(Settled::Existing)
+                        }
+                        Err(Refused::Store(e)) => Err(e),
+                    }
                 }
 
                 async fn begin(&self) -> Result<$tx, StoreError> {
@@ -228,43 +295,5 @@ macro_rules! key_store {
                 $($($extra)*)?
             }
         };
-    };
-}
-
-/// Inside `impl Store`, for a store whose key transaction holds a sqlx
-/// transaction as `tx`: `complete_here` (the record's `UPDATE`, then
-/// `COMMIT`), `commit_here` and `rollback_here`, one statement each; the
-/// crate's `scoped` and `outcome` binders ([`binders!`](crate::binders)).
-#[macro_export]
-macro_rules! key_tx_ends {
-    ($tx:ty) => {
-        async fn complete_here(
-            &self,
-            mut tx: $tx,
-            scope: &idem_core::Scope,
-            completion: &idem_core::Completion,
-            now_ms: i64,
-        ) -> Result<(), idem_core::StoreError> {
-            let update =
-                outcome(scoped($crate::keys::UPDATE_COMPLETE, scope), completion).bind(now_ms);
-            let done = self
-                .bounded(async { update.execute(&mut *tx).await.map_err(|e| self.map(e)) })
-                .await?;
-            if done.rows_affected() != 1 {
-                return Err(idem_core::StoreError::Corrupt {
-                    detail: "the claimed record is no longer pending".into(),
-                });
-            }
-            self.commit_tx(tx.tx).await
-        }
-
-        async fn commit_here(&self, tx: $tx) -> Result<(), idem_core::StoreError> {
-            self.commit_tx(tx.tx).await
-        }
-
-        async fn rollback_here(&self, tx: $tx) -> Result<(), idem_core::StoreError> {
-            self.bounded(async { tx.tx.rollback().await.map_err(|e| self.map(e)) })
-                .await
-        }
     };
 }

@@ -37,7 +37,9 @@
 //!   [`admin_store!`], [`pattern_exec!`], [`migrate_fn!`], with the
 //!   [`binders!`] of the scope and the outcome), and the store's glue
 //!   ([`store`]: what the macros call on a store, and the pieces every
-//!   store has).
+//!   store has);
+//! - the connections both backends keep beside sqlx's pool for the key
+//!   engine's hot path, without its ping ([`kept`]).
 //!
 //! Generics over `sqlx::Database` need a bound for every type bound and
 //! every executor; the macros write the same code once instead and let each
@@ -47,6 +49,7 @@ pub mod admin;
 pub mod columns;
 pub mod decode;
 pub mod inbox;
+pub mod kept;
 pub mod keys;
 pub mod leased;
 pub mod migrate;

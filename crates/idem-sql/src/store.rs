@@ -6,7 +6,7 @@
 //! `map(sqlx::Error)` (a driver error as a [`StoreError`]), `bounded(call)`
 //! (a store call under the backend's deadline, if it has one),
 //! `bounded_write(statement)` (an autocommit write, whose outcome may be
-//! unknown when its answer is lost), `commit_tx(tx)` and `purge(..)`; and
+//! unknown when its answer is lost) and `purge(..)`; and
 //! the crate's `map_err(sqlx::Error)`. [`store_common!`](crate::store_common)
 //! writes `pool()`, `migrate()` and `purge(..)`; [`unbounded!`](crate::unbounded)
 //! writes `bounded` and `bounded_write` for a store without a deadline.
@@ -47,12 +47,13 @@ pub fn map_client_err(e: sqlx::Error) -> StoreError {
     }
 }
 
-/// `Debug` (opaque) and `Deref`/`DerefMut` to the connection for a
-/// backend's transaction type, which holds its sqlx transaction as `tx`:
-/// `tx_guard!(Tx, Connection)`.
+/// `Debug` (opaque: a transaction shows no connection state) and
+/// `Deref`/`DerefMut` to the connection for a backend's key transaction,
+/// which reaches its connection by the methods `get` and `get_mut`:
+/// `tx_guard!(Tx, Connection, get, get_mut)`.
 #[macro_export]
 macro_rules! tx_guard {
-    ($tx:ident, $conn:ty) => {
+    ($tx:ident, $conn:ty, $get:ident, $get_mut:ident) => {
         impl std::fmt::Debug for $tx {
             fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.debug_struct(stringify!($tx)).finish_non_exhaustive()
@@ -62,13 +63,13 @@ macro_rules! tx_guard {
         impl std::ops::Deref for $tx {
             type Target = $conn;
             fn deref(&self) -> &$conn {
-                &self.tx
+                self.$get()
             }
         }
 
         impl std::ops::DerefMut for $tx {
             fn deref_mut(&mut self) -> &mut $conn {
-                &mut self.tx
+                self.$get_mut()
             }
         }
     };

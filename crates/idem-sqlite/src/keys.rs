@@ -20,11 +20,11 @@
 use std::sync::LazyLock;
 
 use futures_util::StreamExt;
-use idem_core::keys::{Claim, Settled, answered_by_read};
+use idem_core::keys::Claim;
 use idem_core::{ClaimMode, Completion, Scope, StoreError, StoredRecord};
 use idem_sql::decode::record;
 use idem_sql::keys::sqlite::INSERT_CLAIM;
-use idem_sql::keys::{ClaimRequest, INSERT_COMPLETED, SELECT_RECORD, UPDATE_COMPLETE};
+use idem_sql::keys::{ClaimRequest, INSERT_COMPLETED, Refused, SELECT_RECORD, UPDATE_COMPLETE};
 use sqlx::sqlite::SqliteArguments;
 use sqlx::{Either, Sqlite};
 
@@ -55,28 +55,14 @@ static INSERT_COMMIT: LazyLock<String> =
 
 type Query<'q> = sqlx::query::Query<'q, Sqlite, SqliteArguments<'q>>;
 
-/// Why a message ending in `COMMIT` did not commit.
-pub(crate) enum Refused {
-    /// Its guarded statement changed no row (see [`GUARD`]); the
-    /// transaction is still open on the writer, for the caller to end.
-    Guard(Lease),
-    /// Anything else, as the store reports it; the transaction ended.
-    Store(StoreError),
-}
-
 impl SqliteStore {
-    /// Read first, without the write lock (WAL readers never wait for it);
-    /// then the claim, under it.
+    /// The claim, under the write lock (the read-first step before it ran
+    /// without: WAL readers never wait for it).
     async fn claim_here(
         &self,
         scope: &Scope,
         r: ClaimRequest<'_>,
     ) -> Result<Claim<SqliteTx>, StoreError> {
-        if let Some(record) = self.read_first(scope).await?
-            && answered_by_read(&record, r.fingerprint, r.policy, r.now_ms)
-        {
-            return Ok(Claim::Existing(record));
-        }
         if r.policy.mode == ClaimMode::Optimistic {
             return self.begin_here().await.map(Claim::Claimed);
         }
@@ -90,7 +76,7 @@ impl SqliteStore {
             .await;
         match claimed {
             Ok(Some(_)) => Ok(Claim::Claimed(SqliteTx::new(lease, Some(gate)))),
-            Ok(None) => self.conflict(lease, scope).await.map(Claim::Existing),
+            Ok(None) => self.live_record(lease, scope).await.map(Claim::Existing),
             Err(e) => {
                 // The BEGIN may have succeeded and the claim failed.
                 lease.roll_back().await;
@@ -102,69 +88,52 @@ impl SqliteStore {
     /// The optimistic claim's completed record, inserted at the end of the
     /// operation's transaction (which holds the write lock) in one message
     /// with `COMMIT`; a live record of the key makes the guard fail before
-    /// the `COMMIT`, and is read in the transaction before it rolls back.
-    async fn insert_completed_here(
+    /// the `COMMIT`, leaving the transaction open for `live_record`.
+    async fn insert_completed_message(
         &self,
         tx: SqliteTx,
         scope: &Scope,
         r: ClaimRequest<'_>,
         completion: &Completion,
-    ) -> Result<Settled, StoreError> {
-        let SqliteTx { lease, _gate } = tx;
+    ) -> Result<(), Refused<Lease>> {
         let insert = scoped(&INSERT_COMMIT, scope).bind(&r.fingerprint.as_bytes()[..]);
         let insert = outcome(insert, completion)
             .bind(r.now_ms)
             .bind(r.policy.expires_at_ms(r.now_ms));
-        match self.commit_with(lease, insert, 3).await {
-            Ok(()) => Ok(Settled::Committed),
-            Err(Refused::Guard(lease)) => self.conflict(lease, scope).await.map(Settled::Existing),
-            Err(Refused::Store(e)) => Err(e),
-        }
+        self.commit_with(tx.lease, insert, 3).await
     }
 
     /// The claimed record completed and the transaction committed, in one
     /// message; a record no longer pending fails the guard before the
     /// `COMMIT`, and nothing of the operation commits.
-    async fn complete_here(
+    async fn complete_message(
         &self,
         tx: SqliteTx,
         scope: &Scope,
         completion: &Completion,
         now_ms: i64,
-    ) -> Result<(), StoreError> {
-        let SqliteTx { lease, _gate } = tx;
+    ) -> Result<(), Refused<()>> {
         let update = outcome(scoped(&COMPLETE_COMMIT, scope), completion).bind(now_ms);
-        match self.commit_with(lease, update, 3).await {
-            Ok(()) => Ok(()),
+        match self.commit_with(tx.lease, update, 3).await {
             Err(Refused::Guard(lease)) => {
                 lease.roll_back().await;
-                Err(StoreError::Corrupt {
-                    detail: "the claimed record is no longer pending".into(),
-                })
+                Err(Refused::Guard(()))
             }
-            Err(Refused::Store(e)) => Err(e),
+            Err(Refused::Store(e)) => Err(Refused::Store(e)),
+            Ok(()) => Ok(()),
         }
     }
 
     async fn commit_here(&self, tx: SqliteTx) -> Result<(), StoreError> {
-        let SqliteTx { lease, _gate } = tx;
-        match self.commit_with(lease, sqlx::query("COMMIT"), 1).await {
-            Ok(()) => Ok(()),
-            Err(Refused::Guard(lease)) => {
-                lease.roll_back().await;
-                Err(StoreError::Corrupt {
-                    detail: "COMMIT refused as a guarded statement".into(),
-                })
-            }
-            Err(Refused::Store(e)) => Err(e),
-        }
+        self.commit_with(tx.lease, sqlx::query("COMMIT"), 1)
+            .await
+            .map_err(Refused::unguarded)
     }
 
     /// `ROLLBACK`. One that fails closes the writer's connection, which
     /// rolls back as surely: nothing of the transaction is ever committed.
     async fn rollback_here(&self, tx: SqliteTx) -> Result<(), StoreError> {
-        let SqliteTx { lease, _gate } = tx;
-        lease.roll_back().await;
+        tx.lease.roll_back().await;
         Ok(())
     }
 
@@ -181,10 +150,14 @@ impl SqliteStore {
         }
     }
 
-    /// The record a claim conflicted with, read in the claim's transaction,
-    /// which holds the write lock: it is committed and stays as read until
-    /// the rollback.
-    async fn conflict(&self, mut lease: Lease, scope: &Scope) -> Result<StoredRecord, StoreError> {
+    /// The record a claim or an optimistic insert conflicted with, read in
+    /// its transaction, which holds the write lock: it is committed and
+    /// stays as read until the rollback.
+    async fn live_record(
+        &self,
+        mut lease: Lease,
+        scope: &Scope,
+    ) -> Result<StoredRecord, StoreError> {
         let row = scoped(SELECT_RECORD, scope)
             .fetch_optional(lease.conn())
             .await;
@@ -218,7 +191,7 @@ impl SqliteStore {
         mut lease: Lease,
         message: Query<'_>,
         statements: usize,
-    ) -> Result<(), Refused> {
+    ) -> Result<(), Refused<Lease>> {
         let mut ended = 0;
         let mut written = None;
         let mut failed = None;

@@ -13,27 +13,17 @@
 //! order, so the abandoned `SELECT` ends (and its read snapshot with it)
 //! before the next caller's statement starts.
 
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use idem_sql::kept::Kept;
 use sqlx::sqlite::{SqliteArguments, SqliteRow};
 use sqlx::{ConnectOptions, Sqlite, SqliteConnection, SqlitePool};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::OwnedSemaphorePermit;
 
+#[derive(Debug)]
 pub(crate) struct Readers {
     pool: SqlitePool,
-    idle: Mutex<Vec<SqliteConnection>>,
-    slots: Arc<Semaphore>,
-    acquire_timeout: Duration,
-}
-
-impl std::fmt::Debug for Readers {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Readers")
-            .field("idle", &self.lock().len())
-            .field("free_slots", &self.slots.available_permits())
-            .finish_non_exhaustive()
-    }
+    kept: Kept<SqliteConnection>,
 }
 
 /// A reader out of [`Readers`], with its slot; dropped, it goes back.
@@ -47,7 +37,7 @@ struct Lease<'a> {
 impl Drop for Lease<'_> {
     fn drop(&mut self) {
         if let Some(conn) = self.conn.take() {
-            self.readers.lock().push(conn);
+            self.readers.kept.put(conn);
         }
     }
 }
@@ -56,9 +46,7 @@ impl Readers {
     pub(crate) fn new(pool: SqlitePool, max: u32, acquire_timeout: Duration) -> Self {
         Self {
             pool,
-            idle: Mutex::new(Vec::new()),
-            slots: Arc::new(Semaphore::new(max as usize)),
-            acquire_timeout,
+            kept: Kept::new(max, acquire_timeout),
         }
     }
 
@@ -70,11 +58,8 @@ impl Readers {
         &self,
         query: sqlx::query::Query<'q, Sqlite, SqliteArguments<'q>>,
     ) -> Result<Option<SqliteRow>, sqlx::Error> {
-        let slot = tokio::time::timeout(self.acquire_timeout, self.slots.clone().acquire_owned())
-            .await
-            .map_err(|_| sqlx::Error::PoolTimedOut)?
-            .map_err(|_| sqlx::Error::PoolClosed)?;
-        let idle = self.lock().pop();
+        let slot = self.kept.slot().await?;
+        let idle = self.kept.take(|_| true);
         let conn = match idle {
             Some(conn) => conn,
             None => self.pool.connect_options().connect().await?,
@@ -94,9 +79,5 @@ impl Readers {
             lease.conn = None;
         }
         row
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<SqliteConnection>> {
-        self.idle.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }

@@ -26,23 +26,14 @@ impl SqliteTx {
     pub(crate) fn new(lease: Lease, gate: Option<OwnedMutexGuard<()>>) -> Self {
         Self { lease, _gate: gate }
     }
-}
 
-impl std::fmt::Debug for SqliteTx {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SqliteTx").finish_non_exhaustive()
-    }
-}
-
-impl std::ops::Deref for SqliteTx {
-    type Target = SqliteConnection;
-    fn deref(&self) -> &SqliteConnection {
+    fn conn(&self) -> &SqliteConnection {
         self.lease.conn_ref()
     }
-}
 
-impl std::ops::DerefMut for SqliteTx {
-    fn deref_mut(&mut self) -> &mut SqliteConnection {
+    fn conn_mut(&mut self) -> &mut SqliteConnection {
         self.lease.conn()
     }
 }
+
+idem_sql::tx_guard!(SqliteTx, SqliteConnection, conn, conn_mut);

@@ -6,7 +6,7 @@
 //! `idem serve` driven by `wrk` ([`wrk`]) and AWS Powertools with Redis
 //! ([`peer`]). Each row has ops/s, p50, p99, the client's CPU and sends per
 //! operation ([`sends`]) and a ratio to a bare insert; then come the ratios
-//! issue 13 sets targets for ([`report`]). Every case starts with a check
+//! issue 24 sets targets for ([`report`]). Every case starts with a check
 //! that the machine is quiet ([`quiet`]). Then the webhook, steps and
 //! messaging tables. The in-process HTTP cases send with [`load`]'s bare
 //! client (its module says why it is not `idem-client`).
