@@ -6,6 +6,7 @@
 //! | module | store | what it checks |
 //! |---|---|---|
 //! | `keys` | [`KeyStore`](idem_core::KeyStore) | claims, replay, mismatch, isolation, concurrency, bounded waits, expiry, optimistic claims, business writes with the key |
+//! | `messages` | [`KeyStore`](idem_core::KeyStore) | values in the key transaction's messages round-trip, a dropped transaction rolls back, a record no longer pending commits nothing |
 //! | `outbox` | [`OutboxStore`](idem_core::outbox::OutboxStore) | commit with the transaction, order per key, leases, backoff, purge |
 //! | `inbox` | [`InboxStore`](idem_core::inbox::InboxStore) | once per subscriber, concurrent duplicates, collection |
 //! | `webhooks` | [`WebhookStore`](idem_core::webhooks::WebhookStore) | stored once, entity order, counts, replay, content dedupe |
@@ -35,6 +36,7 @@ mod connections;
 mod inbox;
 mod keys;
 mod leased;
+mod messages;
 mod outbox;
 mod patterns;
 mod runs;
@@ -49,6 +51,7 @@ pub use inbox::*;
 pub use keys::*;
 pub use leased::unknown::*;
 pub use leased::*;
+pub use messages::*;
 pub use outbox::*;
 pub use patterns::*;
 pub use runs::*;

@@ -41,6 +41,18 @@ fn insert<'t>(tx: &'t mut PgTx, id: &'static str) -> BoxFuture<'t, Result<(), Bo
     })
 }
 
+/// Removes the key record `key` under the claim (the record is no longer
+/// pending when Idem stores the outcome).
+fn forget<'t>(tx: &'t mut PgTx, key: &'static str) -> BoxFuture<'t, Result<(), BoxError>> {
+    Box::pin(async move {
+        sqlx::query("DELETE FROM idem_keys WHERE idempotency_key = $1")
+            .bind(key)
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
+    })
+}
+
 fn enqueue<'t>(
     tx: &'t mut PgTx,
     message: &'t idem_core::outbox::OutboxMessage,
@@ -78,6 +90,8 @@ conformance! {
     expiry_and_gc;
     concurrent_takeover_of_expired_record_executes_once, 20;
     business_write_commits_with_the_key, insert, count;
+    values_in_the_key_messages_round_trip_exactly;
+    a_record_no_longer_pending_commits_nothing, insert, forget, count;
     optimistic_race_commits_one_outcome, insert, count, 16;
     optimistic_losers_failing_on_the_winners_effect_replay_it, insert, count, 8;
     optimistic_claims_replay_mismatch_and_expire, insert, count;
@@ -665,70 +679,6 @@ async fn cancelled_reads_never_hold_more_sessions_than_the_bound() {
     );
 }
 
-/// Values Idem writes into its own statements' text (BEGIN + claim, record
-/// + COMMIT): quotes, backslashes, SQL, every byte, non-ASCII — stored and
-/// replayed exactly, in both claim modes, and nothing else runs.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn values_in_statement_text_round_trip_exactly() {
-    let db = db().await;
-    let engine = Engine::new(db.store.clone());
-    let body: Vec<u8> = (0u8..=255)
-        .chain(*b"'; DROP TABLE idem_keys; --\\")
-        .collect();
-    let response = idem_core::StoredResponse {
-        status: 201,
-        headers: vec![
-            ("x-quote".into(), "it's \\'; COMMIT; --".into()),
-            ("x-unicode".into(), "ünïcödé ✓ \u{1F600}".into()),
-        ],
-        body,
-    };
-    let completion = Completion::completed(response.clone()).with_resource("o'k\\", "id';--");
-    for (key, policy) in [
-        (r#"p'\x';DROP-TABLE"--"#, Policy::default()),
-        (r#"o'\x';DROP-TABLE"--"#, Policy::default().optimistic()),
-    ] {
-        let scope = idem_core::Scope::new(
-            // Tenants and operations are letters, digits and `._:@-/`.
-            idem_core::Tenant::new("t-1@x.y:z").unwrap(),
-            idem_core::Operation::new("op/x:y.z-w").unwrap(),
-            idem_core::IdempotencyKey::new(key).unwrap(),
-        );
-        let fp = c::fingerprint(r#"{"q":"'\\"}"#);
-        for expect_executed in [true, false] {
-            let done = completion.clone();
-            let out = engine
-                .execute(&scope, &fp, &policy, |_| {
-                    Box::pin(async move { Ok::<_, sqlx::Error>(done) })
-                })
-                .await
-                .unwrap();
-            let (executed, got) = match out {
-                Outcome::Executed(c) => (true, Some(c.response)),
-                Outcome::Replayed(r) => (false, r.response),
-            };
-            assert_eq!(executed, expect_executed, "{key}");
-            assert_eq!(got.as_ref(), Some(&response), "{key}");
-        }
-        let stored = idem_core::KeyStore::fetch(&db.store, &scope)
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(stored.response.as_ref(), Some(&response));
-        assert_eq!(stored.fingerprint, fp);
-        let resource = stored.resource.unwrap();
-        assert_eq!(
-            (resource.kind.as_str(), resource.id.as_str()),
-            ("o'k\\", "id';--")
-        );
-    }
-    let tables: i64 = sqlx::query_scalar("SELECT count(*) FROM idem_keys")
-        .fetch_one(db.store.pool())
-        .await
-        .unwrap();
-    assert_eq!(tables, 2);
-}
-
 /// Business code that opens a transaction inside Idem's gets a savepoint,
 /// as inside a sqlx `Transaction`: its rollback undoes only its part, its
 /// commit commits nothing until Idem's COMMIT, and a failing operation
@@ -787,74 +737,11 @@ async fn a_transaction_inside_the_key_transaction_is_a_savepoint() {
     assert!(record.is_none());
 }
 
-/// A key transaction dropped while open (business code cancelled) is rolled
-/// back, and its connection serves the next claim cleanly.
+/// A dropped key transaction rolls back (conformance), on a store with one
+/// writer: the next claim gets the same connection, cleanly, after the
+/// rollback.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_key_transaction_rolls_back_and_its_connection_is_reused() {
     let db = db().await;
-    let store = store_of(&db.db.url, 1).await;
-    let engine = Engine::new(store.clone());
-    let fp = c::fingerprint("{}");
-    let cancelled = tokio::time::timeout(
-        std::time::Duration::from_millis(300),
-        engine.execute(
-            &c::scope("t1", "cancelled"),
-            &fp,
-            &Policy::default(),
-            |tx| {
-                Box::pin(async move {
-                    sqlx::query("INSERT INTO payments (id, amount) VALUES ('cancelled', 1)")
-                        .execute(&mut **tx)
-                        .await?;
-                    tokio::time::sleep(std::time::Duration::from_secs(30)).await;
-                    Ok::<_, sqlx::Error>(Completion::completed(c::response(201, "{}")))
-                })
-            },
-        ),
-    )
-    .await;
-    assert!(cancelled.is_err(), "the operation was cancelled");
-    // One writer: the next claim waits for the rollback, then reuses it.
-    let next = ok_under(&engine, "cancelled").await.unwrap();
-    assert!(matches!(next, Outcome::Executed(_)), "{next:?}");
-    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM payments")
-        .fetch_one(store.pool())
-        .await
-        .unwrap();
-    assert_eq!(n, 0, "the cancelled operation's insert was rolled back");
-}
-
-/// The record and COMMIT go in one message: when the claimed record is no
-/// longer pending (business code deleted it), the message fails before its
-/// COMMIT — nothing of the operation commits, and the error says why.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_record_no_longer_pending_commits_nothing() {
-    let db = db().await;
-    let engine = Engine::new(db.store.clone());
-    let out = engine
-        .execute(
-            &c::scope("t1", "gone"),
-            &c::fingerprint("{}"),
-            &Policy::default(),
-            |tx| {
-                Box::pin(async move {
-                    sqlx::query("INSERT INTO payments (id, amount) VALUES ('gone', 1)")
-                        .execute(&mut **tx)
-                        .await?;
-                    sqlx::query("DELETE FROM idem_keys WHERE idempotency_key = 'gone'")
-                        .execute(&mut **tx)
-                        .await?;
-                    Ok::<_, sqlx::Error>(Completion::completed(c::response(201, "{}")))
-                })
-            },
-        )
-        .await;
-    let e = out.unwrap_err();
-    assert!(e.to_string().contains("no longer pending"), "{e}");
-    assert_eq!(count(&db.store).await, 0);
-    // The writer is usable afterwards.
-    assert!(matches!(
-        ok_under(&engine, "after-gone").await,
-        Ok(Outcome::Executed(_))
-    ));
+    c::a_dropped_key_transaction_rolls_back(store_of(&db.db.url, 1).await, insert, count).await;
 }

@@ -37,6 +37,18 @@ fn insert<'t>(tx: &'t mut SqliteTx, id: &'static str) -> BoxFuture<'t, Result<()
     })
 }
 
+/// Removes the key record `key` under the claim (the record is no longer
+/// pending when Idem stores the outcome).
+fn forget<'t>(tx: &'t mut SqliteTx, key: &'static str) -> BoxFuture<'t, Result<(), BoxError>> {
+    Box::pin(async move {
+        sqlx::query("DELETE FROM idem_keys WHERE idempotency_key = $1")
+            .bind(key)
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
+    })
+}
+
 fn enqueue<'t>(
     tx: &'t mut SqliteTx,
     message: &'t idem_core::outbox::OutboxMessage,
@@ -74,6 +86,9 @@ conformance! {
     expiry_and_gc;
     concurrent_takeover_of_expired_record_executes_once, 20;
     business_write_commits_with_the_key, insert, count;
+    values_in_the_key_messages_round_trip_exactly;
+    a_dropped_key_transaction_rolls_back, insert, count;
+    a_record_no_longer_pending_commits_nothing, insert, forget, count;
     optimistic_race_commits_one_outcome, insert, count, 16;
     optimistic_losers_failing_on_the_winners_effect_replay_it, insert, count, 8;
     optimistic_claims_replay_mismatch_and_expire, insert, count;
