@@ -184,7 +184,7 @@ async fn cases(
             let check = match mode {
                 "replay" if inserted == 0 => "every replay was answered from the cache".to_owned(),
                 "replay" => format!("{inserted} replays ran the insert again"),
-                _ => format!("{inserted} inserts"),
+                _ => format!("{inserted} payments inserted (requests in flight at the end too)"),
             };
             report::note(format!(
                 "rust peer ({mode}, c={c}): {} requests, {check}; peer CPU {} µs/request",
