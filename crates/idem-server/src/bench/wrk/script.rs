@@ -8,8 +8,9 @@ pub const BODY: &str = r#"{"amount":100,"currency":"EUR","customer":"cus_bench"}
 
 /// wrk's script: args are the mode (`fresh`, `replay` or `baseline`) and a
 /// key prefix unique to the case (fresh: `prefix-t<thread>-<n>`; replay:
-/// the prefix is the key; baseline: no key, the route has no layer). The
-/// path is the URL's. It prints one `RESULT` line.
+/// the prefix is the key; baseline: no key, the route has no layer) and,
+/// optionally, a `Cookie` header value sent with every request (the Rust
+/// peer's session). The path is the URL's. It prints one `RESULT` line.
 pub const LUA: &str = r#"local threads = {}
 local body = '{"amount":100,"currency":"EUR","customer":"cus_bench"}'
 function setup(thread)
@@ -17,7 +18,7 @@ function setup(thread)
   thread:set("tid", #threads)
 end
 function init(args)
-  mode, prefix = args[1], args[2]
+  mode, prefix, cookie = args[1], args[2], args[3]
   n, replayed, executed, other = 0, 0, 0, 0
   key_prefix = prefix .. "-t" .. tid .. "-"
 end
@@ -26,6 +27,7 @@ function request()
   local headers = { ["Content-Type"] = "application/json" }
   if mode == "fresh" then headers["Idempotency-Key"] = key_prefix .. n
   elseif mode == "replay" then headers["Idempotency-Key"] = prefix end
+  if cookie then headers["Cookie"] = cookie end
   return wrk.format("POST", nil, headers, body)
 end
 function response(status, headers, body)
