@@ -105,3 +105,37 @@ pub fn listen_address(value: &str) -> Result<SocketAddr, String> {
         .copied()
         .ok_or_else(|| format!("{value} resolves to no address"))
 }
+
+/// The most async worker threads `TOKIO_WORKER_THREADS` may ask for.
+pub const MAX_WORKER_THREADS: usize = 1024;
+
+/// `TOKIO_WORKER_THREADS`, read before the runtime starts (tokio itself
+/// panics on a value it cannot use): unset is `None` (one worker per CPU),
+/// otherwise a whole number from 1 to [`MAX_WORKER_THREADS`].
+pub fn worker_threads(value: Option<std::ffi::OsString>) -> anyhow::Result<Option<usize>> {
+    let Some(value) = value else { return Ok(None) };
+    let text = value.to_string_lossy();
+    match text.trim().parse::<usize>() {
+        Ok(n) if (1..=MAX_WORKER_THREADS).contains(&n) => Ok(Some(n)),
+        _ => bail!(
+            "TOKIO_WORKER_THREADS must be a whole number from 1 to {MAX_WORKER_THREADS}, got {text:?}"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn worker_threads_are_a_whole_number_from_one() {
+        assert_eq!(worker_threads(None).unwrap(), None);
+        assert_eq!(worker_threads(Some("1".into())).unwrap(), Some(1));
+        assert_eq!(worker_threads(Some(" 4 ".into())).unwrap(), Some(4));
+        for bad in ["0", "abc", "-1", "", "1.5", "1025"] {
+            let e = worker_threads(Some(bad.into())).unwrap_err().to_string();
+            assert!(e.contains("TOKIO_WORKER_THREADS"), "{bad}: {e}");
+            assert!(e.contains(&format!("{bad:?}")), "{bad}: {e}");
+        }
+    }
+}
