@@ -146,18 +146,33 @@ impl Conns {
         }
     }
 
-    /// Runs `sql` with the text parameters `binds` and returns its row, if any.
+    /// Runs `sql` with the text parameters `binds` and returns its row, if
+    /// any, within `deadline` (the slot wait and a new connection included).
     ///
     /// # Cancel safety
     /// Cancel safe: the read goes on in its own task, which keeps the slot
-    /// and returns the connection when the server answers.
+    /// and returns the connection when the server answers — or, once
+    /// `deadline` passed without an answer (a connection gone silent: a
+    /// partition, a failover behind the same address), closes the
+    /// connection and frees the slot, so silent connections never hold the
+    /// store's slots for good; the idle ones are dropped too (what silenced
+    /// one likely silenced its neighbours).
     pub(crate) async fn fetch_optional(
         self: &Arc<Self>,
         sql: &'static str,
         binds: [String; 3],
+        deadline: Duration,
     ) -> Result<Option<PgRow>, sqlx::Error> {
         let this = self.clone();
-        let task = tokio::spawn(async move { this.read(sql, &binds).await });
+        let task = tokio::spawn(async move {
+            match tokio::time::timeout(deadline, this.read(sql, &binds)).await {
+                Ok(read) => read,
+                Err(_) => {
+                    this.forget_idle();
+                    Err(silent(deadline))
+                }
+            }
+        });
         task.await
             .unwrap_or_else(|e| Err(sqlx::Error::Protocol(format!("the read task failed: {e}"))))
     }
@@ -182,4 +197,13 @@ impl Conns {
             }
         }
     }
+}
+
+/// The error of a call a connection did not answer within `deadline`
+/// (its connection is closed): unavailable, and retryable.
+pub(crate) fn silent(deadline: Duration) -> sqlx::Error {
+    sqlx::Error::Io(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!("PostgreSQL did not answer within {deadline:?}; the connection was closed"),
+    ))
 }

@@ -3,13 +3,18 @@
 //! message, and so do the stored record and `COMMIT` — two round trips
 //! fewer than binding each statement in a message of its own.
 //!
-//! Values are encoded, never pasted: text as a standard string literal
-//! (quotes doubled; every connection runs with
-//! `standard_conforming_strings = on`, so a backslash is just a
-//! backslash), bytes as a hex `bytea` literal, numbers as digits, `NULL` as
-//! `NULL`. A NUL character, which no PostgreSQL text can hold, is refused
-//! as the caller's input before anything is sent. The statements are
-//! [`idem_sql`]'s, with `$n` replaced by the n-th value.
+//! Values are encoded, never pasted, and the message is ASCII whatever
+//! they hold: bytes as `pg_catalog.decode('…', 'hex')`, text as those
+//! bytes (UTF-8) through `pg_catalog.convert_from(…, 'UTF8')`, numbers as
+//! digits (a negative one in parentheses), `NULL` as `NULL`. Inside the
+//! quotes there are only hex digits, so the text means the same under any
+//! session setting business code may have left on the connection —
+//! `standard_conforming_strings` off (a backslash then escapes), or another
+//! `client_encoding` (in which a multi-byte character could end in a quote
+//! or a backslash) — and no value can end its literal. A NUL character,
+//! which no PostgreSQL text can hold, is refused as the caller's input
+//! before anything is sent. The statements are [`idem_sql`]'s, with `$n`
+//! replaced by the n-th value.
 
 use idem_core::StoreError;
 
@@ -56,31 +61,32 @@ fn write(out: &mut String, value: Lit<'_>) -> Result<(), StoreError> {
                         .into(),
                 });
             }
-            out.push('\'');
-            for part in s.split_inclusive('\'') {
-                out.push_str(part);
-                if part.ends_with('\'') {
-                    out.push('\'');
-                }
-            }
-            out.push('\'');
+            out.push_str("pg_catalog.convert_from(");
+            hex(out, s.as_bytes());
+            out.push_str(", 'UTF8')");
         }
         Lit::OptText(None) => out.push_str("NULL"),
-        Lit::Bytes(b) => {
-            const HEX: &[u8; 16] = b"0123456789abcdef";
-            out.reserve(b.len() * 2 + 4);
-            out.push_str("'\\x");
-            for &byte in b {
-                out.push(char::from(HEX[usize::from(byte >> 4)]));
-                out.push(char::from(HEX[usize::from(byte & 0x0f)]));
-            }
-            out.push('\'');
+        Lit::Bytes(b) => hex(out, b),
+        Lit::Int(i) if i < 0 => {
+            let _ = write!(out, "({i})");
         }
         Lit::Int(i) => {
             let _ = write!(out, "{i}");
         }
     }
     Ok(())
+}
+
+/// `bytes` as a `bytea` expression whose literal holds hex digits only.
+fn hex(out: &mut String, bytes: &[u8]) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    out.reserve(bytes.len() * 2 + 32);
+    out.push_str("pg_catalog.decode('");
+    for &byte in bytes {
+        out.push(char::from(HEX[usize::from(byte >> 4)]));
+        out.push(char::from(HEX[usize::from(byte & 0x0f)]));
+    }
+    out.push_str("', 'hex')");
 }
 
 /// What a guarded statement's error says first (see [`guarded`]).
@@ -135,8 +141,31 @@ mod tests {
         .unwrap();
         assert_eq!(
             sql,
-            "INSERT INTO t VALUES ('it''s', NULL, '\\x00abff', -42, 'a\\b''''', 10)"
+            "INSERT INTO t VALUES (pg_catalog.convert_from(pg_catalog.decode('69742773', 'hex'), 'UTF8'), \
+             NULL, pg_catalog.decode('00abff', 'hex'), (-42), \
+             pg_catalog.convert_from(pg_catalog.decode('615c622727', 'hex'), 'UTF8'), 10)"
         );
+    }
+
+    #[test]
+    fn the_message_is_ascii_and_no_value_leaves_its_quotes() {
+        let nasty = "\\',$$x$$;COMMIT;--/*ünï✓\u{1F600}\r\n\t\\'";
+        let sql = inline(
+            "SELECT $1, $2",
+            &[Lit::Text(nasty), Lit::Bytes(nasty.as_bytes())],
+        )
+        .unwrap();
+        assert!(sql.is_ascii(), "{sql}");
+        // Between the quotes only hex digits: no value can end a literal.
+        let quoted: Vec<&str> = sql.split('\'').skip(1).step_by(2).collect();
+        assert_eq!(quoted.len(), 5, "{sql}");
+        for q in quoted {
+            assert!(
+                q.chars().all(|c| c.is_ascii_hexdigit()) || q == "hex" || q == "UTF8",
+                "{q:?} in {sql}"
+            );
+        }
+        assert!(!sql.contains('\\') && !sql.contains("--") && !sql.contains(';'));
     }
 
     #[test]

@@ -55,16 +55,6 @@ fn outcome_lits<'a>(c: &'a Completion, headers: &'a str) -> [Lit<'a>; 6] {
 }
 
 impl PgStore {
-    /// The claim, under the deadline (its policy's wait, if longer).
-    async fn claim_here(
-        &self,
-        scope: &Scope,
-        r: ClaimRequest<'_>,
-    ) -> Result<Claim<PgTx>, StoreError> {
-        let deadline = self.deadline_waiting(r.policy.wait);
-        self.within(deadline, self.claim_in_tx(scope, r)).await
-    }
-
     /// The optimistic claim's completed record, inserted at the end of the
     /// operation's transaction in one message with `COMMIT`; it waits for an
     /// uncommitted duplicate as a claim does. A live record of the key makes
@@ -181,13 +171,15 @@ impl PgStore {
         ];
         let row = self
             .readers
-            .fetch_optional(SELECT_RECORD, binds)
+            .fetch_optional(SELECT_RECORD, binds, self.deadline())
             .await
             .map_err(map_err)?;
         row.as_ref().map(record).transpose()
     }
 
-    async fn claim_in_tx(
+    /// The claim after the read-first step (both under
+    /// [`PgStore::bounded_claim`]'s deadline).
+    async fn claim_here(
         &self,
         scope: &Scope,
         r: ClaimRequest<'_>,

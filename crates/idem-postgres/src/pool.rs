@@ -52,15 +52,18 @@ impl PgStore {
                     "idle_in_transaction_session_timeout",
                     millis(config.idle_in_transaction_timeout),
                 ),
-                // Literals on the fresh path rely on it (see `inline`).
+                // The default since PostgreSQL 9.1, set for business code;
+                // Idem's literals do not depend on it (see `inline`).
                 ("standard_conforming_strings", "on".into()),
             ]);
         let pool = PgPoolOptions::new()
             .max_connections(config.max_connections)
             .acquire_timeout(config.acquire_timeout)
-            // No ping before each use: it would cost a round trip per request.
-            // A connection that died while idle fails at `BEGIN`, before
-            // anything happened, and `begin_waiting` retries on a fresh one.
+            // No ping before each use: it would cost a round trip per call.
+            // The pool serves autocommit statements and business
+            // transactions; a connection that died while idle (a restart)
+            // fails its next call once, as unavailable, and is replaced.
+            // Key transactions run on the store's own connections (`conns`).
             .test_before_acquire(false)
             .connect_with(options.clone())
             .await;
@@ -125,6 +128,15 @@ impl PgStore {
         call: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
         self.within(self.deadline(), call).await
+    }
+
+    /// A claim, under [`PgStore::deadline_waiting`] its policy's wait.
+    pub(crate) async fn bounded_claim<T>(
+        &self,
+        wait: Duration,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        self.within(self.deadline_waiting(wait), call).await
     }
 
     /// The deadline of a store call that may wait `wait` for a row lock: a
@@ -204,15 +216,27 @@ impl PgStore {
     /// The message is sent from a task of its own, which keeps the
     /// connection and its slot until the server answered, even when the
     /// caller gave up meanwhile (the connection is then closed, which ends
-    /// the transaction). An idle connection found dead is replaced once: a
-    /// message on a broken connection ran nothing that could commit.
+    /// the transaction) — but not past the call's deadline: a connection
+    /// gone silent is closed then and its slot freed. An idle connection
+    /// found dead is replaced once: a message on a broken connection ran
+    /// nothing that could commit.
     pub(crate) async fn begin_writer(
         &self,
         message: String,
         wait: Duration,
     ) -> Result<(PgTx, bool), StoreError> {
         let (writers, deadline) = (self.writers.clone(), self.deadline());
-        let task = tokio::spawn(async move { send_begin(&writers, &message, deadline).await });
+        let bound = self.deadline_waiting(wait);
+        let task = tokio::spawn(async move {
+            match tokio::time::timeout(bound, send_begin(&writers, &message, deadline)).await {
+                Ok(sent) => sent,
+                Err(_) => {
+                    // Silenced with its neighbours, likely: see `Conns::fetch_optional`.
+                    writers.forget_idle();
+                    Err(crate::conns::silent(bound))
+                }
+            }
+        });
         match task.await {
             Ok(Ok((lease, row))) => Ok((PgTx::new(lease, self.writers.clone(), deadline), row)),
             Ok(Err(e)) => Err(map_err_waited(e, wait)),

@@ -217,19 +217,29 @@ macro_rules! key_store {
                     policy: &Policy,
                     now_ms: i64,
                 ) -> Result<Claim<$tx>, StoreError> {
-                    // Read first: a replay, a conflict or a request in flight
-                    // is answered by the committed record, without a write.
-                    if let Some(record) = self.bounded(self.read_first(scope)).await?
-                        && idem_core::keys::answered_by_read(&record, fingerprint, policy, now_ms)
-                    {
-                        return Ok(Claim::Existing(record));
-                    }
                     let request = ClaimRequest {
                         fingerprint,
                         policy,
                         now_ms,
                     };
-                    self.claim_here(scope, request).await
+                    // One deadline for the read and the claim.
+                    self.bounded_claim(policy.wait, async {
+                        // Read first: a replay, a conflict or a request in
+                        // flight is answered by the committed record,
+                        // without a write.
+                        if let Some(record) = self.read_first(scope).await?
+                            && idem_core::keys::answered_by_read(
+                                &record,
+                                fingerprint,
+                                policy,
+                                now_ms,
+                            )
+                        {
+                            return Ok(Claim::Existing(record));
+                        }
+                        self.claim_here(scope, request).await
+                    })
+                    .await
                 }
 
                 async fn complete(

@@ -5,6 +5,7 @@
 //! The macros expand inside a backend and call, on its store: `pool()`,
 //! `map(sqlx::Error)` (a driver error as a [`StoreError`]), `bounded(call)`
 //! (a store call under the backend's deadline, if it has one),
+//! `bounded_claim(wait, call)` (a claim, which may wait `wait` besides),
 //! `bounded_write(statement)` (an autocommit write, whose outcome may be
 //! unknown when its answer is lost) and `purge(..)`; and
 //! the crate's `map_err(sqlx::Error)`. [`store_common!`](crate::store_common)
@@ -105,6 +106,15 @@ macro_rules! unbounded {
         /// The call as it is: no deadline.
         pub(crate) async fn bounded<T>(
             &self,
+            call: impl std::future::Future<Output = Result<T, idem_core::StoreError>>,
+        ) -> Result<T, idem_core::StoreError> {
+            call.await
+        }
+
+        /// A claim as it is: no deadline (a claim may wait `_wait`).
+        pub(crate) async fn bounded_claim<T>(
+            &self,
+            _wait: std::time::Duration,
             call: impl std::future::Future<Output = Result<T, idem_core::StoreError>>,
         ) -> Result<T, idem_core::StoreError> {
             call.await

@@ -9,6 +9,7 @@ use idem_testkit::{PgDatabase, postgres_admin_url};
 use sqlx::Connection;
 
 mod clock;
+mod session;
 
 struct TestDb {
     db: PgDatabase,
