@@ -60,6 +60,14 @@ pub enum KeyError {
         /// Byte offset of the first bad character.
         position: usize,
     },
+    /// A bare key holds `"` or `\`, which only a quoted key may carry.
+    #[error(
+        "idempotency key has a '\"' or '\\' at position {position}, allowed only in a quoted key (\"…\" with \\ escapes)"
+    )]
+    NeedsQuoting {
+        /// Byte offset of the first such character.
+        position: usize,
+    },
     /// A quoted key is not a well-formed RFC 8941 string.
     #[error("idempotency key is not a well-formed quoted string (position {position})")]
     BadQuoting {

@@ -38,7 +38,7 @@ impl IdempotencyKey {
         }
         validate(value)?;
         if let Some(position) = value.iter().position(|b| matches!(b, b'"' | b'\\')) {
-            return Err(KeyError::InvalidChar { position });
+            return Err(KeyError::NeedsQuoting { position });
         }
         // `validate` proved every byte is visible ASCII, hence valid UTF-8.
         Ok(Self(value.iter().map(|&b| b as char).collect()))
@@ -209,7 +209,20 @@ mod tests {
         ));
         assert!(matches!(
             IdempotencyKey::from_header(b"ab\"c"),
-            Err(KeyError::InvalidChar { position: 2 })
+            Err(KeyError::NeedsQuoting { position: 2 })
         ));
+        let bare_backslash = IdempotencyKey::from_header(b"ab\\").unwrap_err();
+        assert_eq!(bare_backslash, KeyError::NeedsQuoting { position: 2 });
+        assert!(
+            bare_backslash.to_string().contains("quoted key"),
+            "{bare_backslash}"
+        );
+        // The same characters, quoted and escaped, are a key.
+        assert_eq!(
+            IdempotencyKey::from_header(br#""ab\\\"c""#)
+                .unwrap()
+                .as_str(),
+            r#"ab\"c"#
+        );
     }
 }
