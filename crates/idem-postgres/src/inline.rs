@@ -6,7 +6,8 @@
 //! Values are encoded, never pasted, and the message is ASCII whatever
 //! they hold: bytes as `pg_catalog.decode('…', 'hex')`, text as those
 //! bytes (UTF-8) through `pg_catalog.convert_from(…, 'UTF8')`, numbers as
-//! digits (a negative one in parentheses), `NULL` as `NULL`. Inside the
+//! digits (a negative one in parentheses), `NULL` as `NULL`; text in the
+//! database's default collation, as the key columns are. Inside the
 //! quotes there are only hex digits, so the text means the same under any
 //! session setting business code may have left on the connection —
 //! `standard_conforming_strings` off (a backslash then escapes), or another
@@ -61,9 +62,12 @@ fn write(out: &mut String, value: Lit<'_>) -> Result<(), StoreError> {
                         .into(),
                 });
             }
+            // `COLLATE "default"`: the result would take the collation of
+            // the encoding's name (type `name`, collation "C"), and a
+            // comparison with a key column could then not use its index.
             out.push_str("pg_catalog.convert_from(");
             hex(out, s.as_bytes());
-            out.push_str(", 'UTF8')");
+            out.push_str(", 'UTF8') COLLATE \"default\"");
         }
         Lit::OptText(None) => out.push_str("NULL"),
         Lit::Bytes(b) => hex(out, b),
@@ -141,9 +145,9 @@ mod tests {
         .unwrap();
         assert_eq!(
             sql,
-            "INSERT INTO t VALUES (pg_catalog.convert_from(pg_catalog.decode('69742773', 'hex'), 'UTF8'), \
-             NULL, pg_catalog.decode('00abff', 'hex'), (-42), \
-             pg_catalog.convert_from(pg_catalog.decode('615c622727', 'hex'), 'UTF8'), 10)"
+            "INSERT INTO t VALUES (pg_catalog.convert_from(pg_catalog.decode('69742773', 'hex'), 'UTF8') \
+             COLLATE \"default\", NULL, pg_catalog.decode('00abff', 'hex'), (-42), \
+             pg_catalog.convert_from(pg_catalog.decode('615c622727', 'hex'), 'UTF8') COLLATE \"default\", 10)"
         );
     }
 

@@ -54,6 +54,21 @@ fn outcome_lits<'a>(c: &'a Completion, headers: &'a str) -> [Lit<'a>; 6] {
     ]
 }
 
+/// The claimed record's guarded `UPDATE`, its values written in.
+fn complete_statement(
+    scope: &Scope,
+    completion: &Completion,
+    now_ms: i64,
+) -> Result<String, StoreError> {
+    let headers = completion.response.headers_json();
+    let mut values = Vec::with_capacity(10);
+    values.extend(scope_lits(scope));
+    values.extend(outcome_lits(completion, &headers));
+    values.push(Lit::Int(now_ms));
+    let update = inline(&format!("{UPDATE_COMPLETE} RETURNING 1"), &values)?;
+    Ok(guarded(&update, "the claimed record is no longer pending"))
+}
+
 impl PgStore {
     /// The optimistic claim's completed record, inserted at the end of the
     /// operation's transaction in one message with `COMMIT`; it waits for an
@@ -114,16 +129,7 @@ impl PgStore {
         completion: &Completion,
         now_ms: i64,
     ) -> Result<(), Refused<()>> {
-        let headers = completion.response.headers_json();
-        let mut values = Vec::with_capacity(10);
-        values.extend(scope_lits(scope));
-        values.extend(outcome_lits(completion, &headers));
-        values.push(Lit::Int(now_ms));
-        let update = inline(&format!("{UPDATE_COMPLETE} RETURNING 1"), &values)?;
-        let message = format!(
-            "{}; COMMIT",
-            guarded(&update, "the claimed record is no longer pending")
-        );
+        let message = format!("{}; COMMIT", complete_statement(scope, completion, now_ms)?);
         self.commit_with(tx, message, self.deadline()).await
     }
 
@@ -293,5 +299,52 @@ impl PgStore {
                 source: format!("PostgreSQL did not answer COMMIT within {deadline:?}").into(),
             })),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// The claimed record's `UPDATE` finds its row by the primary key, not
+    /// by a scan of the table: the values written into it compare with the
+    /// key columns in their collation (a text from `convert_from` would
+    /// otherwise take the collation "C" of the encoding's name, and every
+    /// completion would read the whole table).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_inlined_update_uses_the_primary_key() {
+        let db = idem_testkit::PgDatabase::create("idem_unit").await;
+        let store = PgStore::connect(&db.url, crate::PgConfig::default())
+            .await
+            .unwrap();
+        store.migrate().await.unwrap();
+        sqlx::raw_sql(
+            "INSERT INTO idem_keys (tenant_id, operation, idempotency_key, request_hash, state, \
+             created_at_ms, updated_at_ms, expires_at_ms) \
+             SELECT 't1', 'op', 'k' || n, '\\x00', 'completed', 0, 0, 1 \
+             FROM generate_series(1, 5000) AS n; ANALYZE idem_keys",
+        )
+        .execute(store.pool())
+        .await
+        .unwrap();
+        let scope = Scope::new(
+            idem_core::Tenant::new("t1").unwrap(),
+            idem_core::Operation::new("op").unwrap(),
+            idem_core::IdempotencyKey::new("k42").unwrap(),
+        );
+        let completion = Completion::completed(idem_core::StoredResponse {
+            status: 201,
+            headers: vec![],
+            body: b"{}".to_vec(),
+        });
+        let statement = complete_statement(&scope, &completion, 1).unwrap();
+        let plan: Vec<String> = sqlx::query_scalar(&format!("EXPLAIN {statement}"))
+            .fetch_all(store.pool())
+            .await
+            .unwrap();
+        let plan = plan.join("\n");
+        assert!(plan.contains("idem_keys_pkey"), "{plan}");
+        assert!(!plan.contains("Seq Scan"), "{plan}");
     }
 }
