@@ -248,3 +248,65 @@ async fn the_store_serves_again_after_its_connections_went_silent() {
     }
     assert!(served, "never served again after the cut: {answers:#?}");
 }
+
+/// The record's `UPDATE` finds its row by the primary key, never by a scan
+/// of the key table: the values Idem writes into its statements compare
+/// with the key columns in their collation. (A text from `convert_from`
+/// took the collation "C" of the encoding's name, and every completion read
+/// the whole table: fresh keys fell to 0.05× a bare insert as it grew.)
+/// Counted by PostgreSQL itself: the table's sequential scans, flushed to
+/// the statistics when the store's sessions end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completions_find_the_record_by_its_key_not_by_a_scan() {
+    use sqlx::Connection;
+    use std::time::Duration;
+    let db = idem_testkit::PgDatabase::create("idem_scan").await;
+    let store = store_of(&db.url, 2).await;
+    store.migrate().await.unwrap();
+    sqlx::raw_sql(
+        "INSERT INTO idem_keys (tenant_id, operation, idempotency_key, request_hash, state, \
+         created_at_ms, updated_at_ms, expires_at_ms) \
+         SELECT 't1', 'op', 'k' || n, '\\x00', 'completed', 0, 0, 1 \
+         FROM generate_series(1, 5000) AS n; ANALYZE idem_keys",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let engine = Engine::new(store);
+    for n in 0..50 {
+        let out = super::ok_under(&engine, &format!("fresh-{n}")).await;
+        assert!(matches!(out, Ok(Outcome::Executed(_))), "{out:?}");
+    }
+    drop(engine);
+    let mut admin = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    // The store's sessions end (their statistics are flushed as they exit).
+    let mut others = i64::MAX;
+    for _ in 0..100 {
+        others = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE datname = current_database() AND pid <> pg_backend_pid()",
+        )
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+        if others == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(others, 0, "the store's sessions ended");
+    let (seq, idx): (i64, i64) = sqlx::query_as(
+        "SELECT seq_scan, coalesce(idx_scan, 0) FROM pg_stat_user_tables WHERE relname = 'idem_keys'",
+    )
+    .fetch_one(&mut admin)
+    .await
+    .unwrap();
+    assert!(
+        idx >= 50,
+        "the 50 completions used the index ({idx} index scans)"
+    );
+    assert!(
+        seq < 5,
+        "{seq} sequential scans of the key table for 50 fresh keys"
+    );
+}
