@@ -63,15 +63,17 @@ pub(crate) struct Lease {
 pub(crate) struct Conns {
     options: PgConnectOptions,
     kept: Kept<Idle>,
-    /// Writers: sqlx's transaction depth pinned at 1 (see the module docs).
-    writer: bool,
+    /// Writers: sqlx's transaction depth pinned at 1 (see the module docs),
+    /// and these statements sent with the `END` that pins it (Idem's
+    /// `PREPARE`s).
+    writer: Option<&'static str>,
 }
 
 // Not derived: the connect options hold the password.
 impl std::fmt::Debug for Conns {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Conns")
-            .field("writer", &self.writer)
+            .field("writer", &self.writer.is_some())
             .field("kept", &self.kept)
             .finish_non_exhaustive()
     }
@@ -80,15 +82,27 @@ impl std::fmt::Debug for Conns {
 impl Conns {
     /// Readers: at most `max` connections at once, opened on first use.
     pub(crate) fn readers(options: PgConnectOptions, max: u32, acquire_timeout: Duration) -> Self {
-        Self::new(options, max, acquire_timeout, false)
+        Self::new(options, max, acquire_timeout, None)
     }
 
-    /// Writers: at most `max` connections at once, opened on first use.
-    pub(crate) fn writers(options: PgConnectOptions, max: u32, acquire_timeout: Duration) -> Self {
-        Self::new(options, max, acquire_timeout, true)
+    /// Writers: at most `max` connections at once, opened on first use,
+    /// each set up with `setup` (sent with the `END` that pins sqlx's
+    /// transaction depth, in the same message).
+    pub(crate) fn writers(
+        options: PgConnectOptions,
+        max: u32,
+        acquire_timeout: Duration,
+        setup: &'static str,
+    ) -> Self {
+        Self::new(options, max, acquire_timeout, Some(setup))
     }
 
-    fn new(options: PgConnectOptions, max: u32, acquire_timeout: Duration, writer: bool) -> Self {
+    fn new(
+        options: PgConnectOptions,
+        max: u32,
+        acquire_timeout: Duration,
+        writer: Option<&'static str>,
+    ) -> Self {
         Self {
             options,
             kept: Kept::new(max, acquire_timeout),
@@ -116,10 +130,11 @@ impl Conns {
             });
         }
         let mut conn = self.options.connect().await?;
-        if self.writer {
+        if let Some(setup) = self.writer {
             PgTransactionManager::begin(&mut conn, None).await?;
             // `END`: an empty transaction ended, not a commit of anything.
-            sqlx::Executor::execute(&mut conn, sqlx::raw_sql("END")).await?;
+            let end = format!("END; {setup}");
+            sqlx::Executor::execute(&mut conn, sqlx::raw_sql(&end)).await?;
         }
         Ok(Lease {
             conn,

@@ -12,6 +12,15 @@ pub(crate) fn map_err_waited(e: sqlx::Error, wait: Duration) -> StoreError {
     }
 }
 
+/// Whether a prepared statement of Idem's was missing (`26000`): business
+/// code ran `DEALLOCATE` on the connection.
+pub(crate) fn lost_prepared(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(db) => db.code().as_deref() == Some("26000"),
+        _ => false,
+    }
+}
+
 /// Whether the connection broke (I/O error, connection exception `08…`, or the
 /// server ended the session `57P0…`): the statement never ran.
 pub(crate) fn connection_lost(e: &sqlx::Error) -> bool {

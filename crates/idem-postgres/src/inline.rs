@@ -1,7 +1,10 @@
 //! Idem's own statements on the fresh path, with their values written into
 //! the text: `BEGIN` and the claim go to the server in one simple-query
 //! message, and so do the stored record and `COMMIT` — two round trips
-//! fewer than binding each statement in a message of its own.
+//! fewer than binding each statement in a message of its own. The
+//! statements themselves are prepared once per writer connection; the
+//! messages `EXECUTE` them (see `keys::prepared`), so the values written
+//! here are the arguments of an `EXECUTE`.
 //!
 //! Values are encoded, never pasted, and the message is ASCII whatever
 //! they hold: bytes as `pg_catalog.decode('…', 'hex')`, text as those

@@ -104,6 +104,7 @@ impl PgStore {
                 options,
                 config.max_connections,
                 config.acquire_timeout,
+                crate::keys::prepared(),
             )),
             shared_clock: SharedClock::new(clock.clone()),
             clock,
@@ -276,6 +277,13 @@ async fn send_begin(
             Ok(row) => return Ok((lease, row.is_some())),
             Err(e) if lease.reused && !fresh_only && connection_lost(&e) => {
                 writers.forget_idle();
+                fresh_only = true;
+            }
+            // Business code deallocated Idem's prepared statements on this
+            // connection: it is closed (which ends the transaction the
+            // message began) and the message sent once more on a new one.
+            Err(e) if !fresh_only && crate::errors::lost_prepared(&e) => {
+                drop(lease);
                 fresh_only = true;
             }
             Err(e) => {

@@ -310,3 +310,52 @@ async fn completions_find_the_record_by_its_key_not_by_a_scan() {
         "{seq} sequential scans of the key table for 50 fresh keys"
     );
 }
+
+/// Business code that deallocates Idem's prepared statements on the
+/// connection it was handed costs at most its own request: a missing
+/// record statement fails that request before its `COMMIT` (nothing of it
+/// commits), a missing claim statement is prepared again on a new
+/// connection, and the keys after it run as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deallocated_statements_cost_at_most_the_request_that_did_it() {
+    let db = db().await;
+    // One writer, so every key transaction meets what the last one left.
+    let engine = Engine::new(store_of(&db.db.url, 1).await);
+    let deallocate = |key: &'static str, statement: &'static str| {
+        let engine = &engine;
+        async move {
+            engine
+                .execute(
+                    &c::scope("t1", key),
+                    &c::fingerprint("{}"),
+                    &Policy::default(),
+                    |tx| {
+                        Box::pin(async move {
+                            super::insert(&mut *tx, key).await?;
+                            sqlx::Executor::execute(&mut **tx, statement).await?;
+                            Ok::<_, idem_core::BoxError>(Completion::completed(c::response(
+                                201, "{}",
+                            )))
+                        })
+                    },
+                )
+                .await
+        }
+    };
+    // Its own record statement gone: this request fails, nothing commits.
+    let failed = deallocate("dealloc-all", "DEALLOCATE ALL").await;
+    assert!(failed.is_err(), "{failed:?}");
+    assert_eq!(super::count(&db.store).await, 0, "nothing of it committed");
+    // Only the claim's statement gone: this request commits, the next
+    // claim is prepared again on a new connection.
+    let done = deallocate("dealloc-claim", "DEALLOCATE idem_claim").await;
+    assert!(matches!(done, Ok(Outcome::Executed(_))), "{done:?}");
+    for key in ["after-1", "after-2"] {
+        let next = super::ok_under(&engine, key).await;
+        assert!(matches!(next, Ok(Outcome::Executed(_))), "{key}: {next:?}");
+    }
+    // The failed key is free again, and runs once.
+    let retry = deallocate("dealloc-all", "SELECT 1").await;
+    assert!(matches!(retry, Ok(Outcome::Executed(_))), "{retry:?}");
+    assert_eq!(super::count(&db.store).await, 2);
+}
