@@ -57,6 +57,10 @@ fn outcome_lits<'a>(c: &'a Completion, headers: &'a str) -> [Lit<'a>; 6] {
     ]
 }
 
+/// A writer that sent a longer message (a large stored answer, written in
+/// hex) is closed after it instead of kept.
+const KEEP_AFTER_MESSAGE_BYTES: usize = 256 << 10;
+
 /// What a guarded record write that matched no row says.
 const NOT_PENDING: &str = "the claimed record is no longer pending";
 const LIVE_RECORD: &str = "the key already has a live record";
@@ -312,7 +316,13 @@ impl PgStore {
         .await;
         match sent {
             Ok(Ok(_)) => {
-                writers.release(lease);
+                // The driver keeps a connection's send buffer as large as
+                // its largest message: one that carried a large stored
+                // answer is closed rather than kept, so idle writers hold
+                // no such buffers.
+                if message.len() <= KEEP_AFTER_MESSAGE_BYTES {
+                    writers.release(lease);
+                }
                 Ok(())
             }
             Ok(Err(e)) if connection_lost(&e) || matches!(e, sqlx::Error::Protocol(_)) => {
