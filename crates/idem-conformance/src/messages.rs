@@ -163,3 +163,64 @@ pub async fn a_record_no_longer_pending_commits_nothing<S: KeyStore>(
     assert!(matches!(next, Ok(Outcome::Executed(_))), "{next:?}");
     assert_eq!(count(engine.store()).await, 1);
 }
+
+/// Large stored answers (a backend may send them apart from the statement
+/// text) are stored and replayed exactly in both claim modes, and a large
+/// record that can no longer be stored commits nothing.
+pub async fn large_answers_are_stored_exactly<S: KeyStore>(
+    store: S,
+    insert: Insert<S::Tx>,
+    forget: Insert<S::Tx>,
+    count: Count<S>,
+) {
+    let engine = Engine::new(store);
+    let body: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 256) as u8).collect();
+    let stored = StoredResponse {
+        status: 201,
+        headers: vec![("x-note".into(), "it's \\ ✓".into())],
+        body,
+    };
+    for (key, policy) in [
+        ("large-p", Policy::default()),
+        ("large-o", Policy::default().optimistic()),
+    ] {
+        let s = scope("t1", key);
+        for expect_executed in [true, false] {
+            let done = Completion::completed(stored.clone());
+            let out = engine
+                .execute(&s, &fingerprint("{}"), &policy, move |tx| {
+                    Box::pin(async move {
+                        insert(tx, key).await?;
+                        Ok::<_, BoxError>(done)
+                    })
+                })
+                .await
+                .unwrap();
+            let (executed, got) = match out {
+                Outcome::Executed(c) => (true, Some(c.response)),
+                Outcome::Replayed(r) => (false, r.response),
+            };
+            assert_eq!(executed, expect_executed, "executed once: {key}");
+            assert_eq!(got.as_ref(), Some(&stored), "the same bytes back: {key}");
+        }
+    }
+    assert_eq!(count(engine.store()).await, 2, "one row per key");
+    let gone = engine
+        .execute(
+            &scope("t1", "large-gone"),
+            &fingerprint("{}"),
+            &Policy::default(),
+            move |tx| {
+                let done = Completion::completed(stored.clone());
+                Box::pin(async move {
+                    insert(tx, "large-gone").await?;
+                    forget(tx, "large-gone").await?;
+                    Ok::<_, BoxError>(done)
+                })
+            },
+        )
+        .await;
+    let e = gone.unwrap_err();
+    assert!(e.to_string().contains("no longer pending"), "{e}");
+    assert_eq!(count(engine.store()).await, 2, "nothing of it committed");
+}

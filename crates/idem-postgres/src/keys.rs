@@ -57,9 +57,17 @@ fn outcome_lits<'a>(c: &'a Completion, headers: &'a str) -> [Lit<'a>; 6] {
     ]
 }
 
-/// A writer that sent a longer message (a large stored answer, written in
-/// hex) is closed after it instead of kept.
+/// A writer that sent a longer message is closed after it instead of kept:
+/// the driver keeps a connection's send buffer as large as its largest
+/// message.
 const KEEP_AFTER_MESSAGE_BYTES: usize = 256 << 10;
+
+/// A stored answer larger than this is bound, not written into the text
+/// (hex doubles it, and the text and the driver's buffer would each hold
+/// that): its record goes in a message of its own, then `COMMIT` — one
+/// round trip more, for large answers only — and the writer is closed
+/// after it.
+const INLINE_BODY_BYTES: usize = 64 << 10;
 
 /// What a guarded record write that matched no row says.
 const NOT_PENDING: &str = "the claimed record is no longer pending";
@@ -78,12 +86,19 @@ pub(crate) fn prepared() -> &'static str {
             "PREPARE idem_claim AS {}; PREPARE idem_complete AS {}; \
              PREPARE idem_insert_completed AS {}",
             sql::INSERT_CLAIM,
-            guarded(&format!("{UPDATE_COMPLETE} RETURNING 1"), NOT_PENDING),
-            guarded(INSERT_COMPLETED, LIVE_RECORD),
+            GUARDED_COMPLETE.as_str(),
+            GUARDED_INSERT_COMPLETED.as_str(),
         )
     });
     PREPARED.as_str()
 }
+
+/// The claimed record's `UPDATE`, guarded (`$1`..`$10`).
+static GUARDED_COMPLETE: LazyLock<String> =
+    LazyLock::new(|| guarded(&format!("{UPDATE_COMPLETE} RETURNING 1"), NOT_PENDING));
+/// The optimistic record's `INSERT`, guarded (`$1`..`$12`).
+static GUARDED_INSERT_COMPLETED: LazyLock<String> =
+    LazyLock::new(|| guarded(INSERT_COMPLETED, LIVE_RECORD));
 
 /// `EXECUTE name($1, …, $n)`: the template [`inline`] writes `n` values into.
 fn execute(name: &str, n: usize) -> String {
@@ -123,6 +138,20 @@ impl PgStore {
         r: ClaimRequest<'_>,
         completion: &Completion,
     ) -> Result<(), Refused<()>> {
+        let deadline = self.deadline_waiting(r.policy.wait);
+        let busy = |refused| match refused {
+            Refused::Store(StoreError::Busy { .. }) => Refused::Store(StoreError::Busy {
+                waited: r.policy.wait,
+            }),
+            other => other,
+        };
+        if completion.response.body.len() > INLINE_BODY_BYTES {
+            let insert = completed(&GUARDED_INSERT_COMPLETED, scope, r, completion);
+            return self
+                .bound_then_commit(tx, insert, deadline)
+                .await
+                .map_err(busy);
+        }
         let headers = completion.response.headers_json();
         let mut values = Vec::with_capacity(12);
         values.extend(scope_lits(scope));
@@ -134,15 +163,34 @@ impl PgStore {
         // (hex), and a copy of it would double that again.
         let mut message = inline(&EXECUTE_INSERT_COMPLETED, &values)?;
         message.push_str("; COMMIT");
-        let deadline = self.deadline_waiting(r.policy.wait);
-        self.commit_with(tx, message, deadline)
-            .await
-            .map_err(|refused| match refused {
-                Refused::Store(StoreError::Busy { .. }) => Refused::Store(StoreError::Busy {
-                    waited: r.policy.wait,
-                }),
-                other => other,
-            })
+        self.commit_with(tx, message, deadline).await.map_err(busy)
+    }
+
+    /// A record too large to write into the text: bound, in a message of
+    /// its own, then `COMMIT`; the writer is closed afterwards (see
+    /// [`INLINE_BODY_BYTES`]).
+    async fn bound_then_commit(
+        &self,
+        mut tx: PgTx,
+        write: sqlx::query::Query<'_, Postgres, sqlx::postgres::PgArguments>,
+        deadline: Duration,
+    ) -> Result<(), Refused<()>> {
+        let written = tokio::time::timeout(deadline, write.execute(&mut *tx)).await;
+        match written {
+            Ok(Ok(_)) => {
+                tx.close_after();
+                self.commit_with(tx, "COMMIT".into(), deadline).await
+            }
+            Ok(Err(e)) if is_guard(&e) => {
+                self.rollback_here(tx).await?;
+                Err(Refused::Guard(()))
+            }
+            // Dropped, the transaction is rolled back (see `PgTx`).
+            Ok(Err(e)) => Err(Refused::Store(map_err(e))),
+            Err(_) => Err(Refused::Store(StoreError::Unavailable {
+                source: format!("PostgreSQL did not answer within {deadline:?}").into(),
+            })),
+        }
     }
 
     /// The live record that refused an optimistic insert, read after its
@@ -167,6 +215,10 @@ impl PgStore {
         completion: &Completion,
         now_ms: i64,
     ) -> Result<(), Refused<()>> {
+        if completion.response.body.len() > INLINE_BODY_BYTES {
+            let update = outcome(scoped(&GUARDED_COMPLETE, scope), completion).bind(now_ms);
+            return self.bound_then_commit(tx, update, self.deadline()).await;
+        }
         let mut message = complete_statement(scope, completion, now_ms)?;
         message.push_str("; COMMIT");
         self.commit_with(tx, message, self.deadline()).await
@@ -308,6 +360,7 @@ impl PgStore {
     ) -> Result<(), Refused<()>> {
         use crate::errors::connection_lost;
         let writers = tx.writers().clone();
+        let close_after = tx.closes_after();
         let mut lease = tx.into_lease();
         let sent = tokio::time::timeout(
             deadline,
@@ -320,7 +373,7 @@ impl PgStore {
                 // its largest message: one that carried a large stored
                 // answer is closed rather than kept, so idle writers hold
                 // no such buffers.
-                if message.len() <= KEEP_AFTER_MESSAGE_BYTES {
+                if message.len() <= KEEP_AFTER_MESSAGE_BYTES && !close_after {
                     writers.release(lease);
                 }
                 Ok(())

@@ -21,6 +21,9 @@ pub struct PgTx {
     writers: Arc<Conns>,
     /// How long the `ROLLBACK` of a dropped transaction may take.
     deadline: Duration,
+    /// Close the connection when the transaction ends instead of keeping
+    /// it (it carried a large message).
+    close_after: bool,
 }
 
 impl PgTx {
@@ -29,6 +32,7 @@ impl PgTx {
             lease: Some(lease),
             writers,
             deadline,
+            close_after: false,
         }
     }
 
@@ -37,6 +41,15 @@ impl PgTx {
     pub(crate) fn into_lease(mut self) -> Lease {
         // Always `Some` until taken here or by `Drop`.
         self.lease.take().unwrap_or_else(|| unreachable!())
+    }
+
+    /// The connection is closed, not kept, when the transaction ends.
+    pub(crate) fn close_after(&mut self) {
+        self.close_after = true;
+    }
+
+    pub(crate) fn closes_after(&self) -> bool {
+        self.close_after
     }
 
     pub(crate) fn writers(&self) -> &Arc<Conns> {

@@ -49,7 +49,8 @@ WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND state = 'pe
 /// The scope and outcome binders of a driver: `binders!(Database, int)`
 /// defines `scoped(sql, scope)` (the scope bound as `$1`..`$3`) and
 /// `outcome(query, completion)` (the outcome's six columns, the status as
-/// `int`, the width of the driver's `INTEGER`).
+/// `int`, the width of the driver's `INTEGER`) and `completed(sql, scope,
+/// request, completion)` (the twelve values of [`INSERT_COMPLETED`]).
 #[macro_export]
 macro_rules! binders {
     ($db:ty, $int:ty) => {
@@ -76,6 +77,19 @@ macro_rules! binders {
                 .bind(&c.response.body[..])
                 .bind(kind)
                 .bind(id)
+        }
+
+        /// `sql` ([`INSERT_COMPLETED`](idem_sql::keys::INSERT_COMPLETED)'s
+        /// parameters) with the optimistic record's twelve values bound.
+        pub(crate) fn completed<'q>(
+            sql: &'q str,
+            scope: &'q idem_core::Scope,
+            r: idem_sql::keys::ClaimRequest<'q>,
+            c: &'q idem_core::Completion,
+        ) -> sqlx::query::Query<'q, $db, <$db as sqlx::Database>::Arguments<'q>> {
+            outcome(scoped(sql, scope).bind(&r.fingerprint.as_bytes()[..]), c)
+                .bind(r.now_ms)
+                .bind(r.policy.expires_at_ms(r.now_ms))
         }
     };
 }

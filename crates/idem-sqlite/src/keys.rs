@@ -96,10 +96,7 @@ impl SqliteStore {
         r: ClaimRequest<'_>,
         completion: &Completion,
     ) -> Result<(), Refused<Lease>> {
-        let insert = scoped(&INSERT_COMMIT, scope).bind(&r.fingerprint.as_bytes()[..]);
-        let insert = outcome(insert, completion)
-            .bind(r.now_ms)
-            .bind(r.policy.expires_at_ms(r.now_ms));
+        let insert = completed(&INSERT_COMMIT, scope, r, completion);
         self.commit_with(tx.lease, insert, 3).await
     }
 

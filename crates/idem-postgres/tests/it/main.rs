@@ -93,6 +93,7 @@ conformance! {
     business_write_commits_with_the_key, insert, count;
     values_in_the_key_messages_round_trip_exactly;
     a_record_no_longer_pending_commits_nothing, insert, forget, count;
+    large_answers_are_stored_exactly, insert, forget, count;
     optimistic_race_commits_one_outcome, insert, count, 16;
     optimistic_losers_failing_on_the_winners_effect_replay_it, insert, count, 8;
     optimistic_claims_replay_mismatch_and_expire, insert, count;
