@@ -10,7 +10,7 @@ use std::time::Duration;
 use idem_core::{BoxError, Completion, Engine, KeyStore, Outcome, Policy, Scope, StoredResponse};
 
 use crate::keys::{Count, Insert};
-use crate::support::{fingerprint, response, scope};
+use crate::support::{answered, fingerprint, response, scope};
 
 /// Values in the claim's and the record's messages — quotes, backslashes,
 /// SQL, every byte, non-ASCII, in the key, the body, the headers and the
@@ -50,10 +50,7 @@ pub async fn values_in_the_key_messages_round_trip_exactly<S: KeyStore>(store: S
                 })
                 .await
                 .unwrap();
-            let (executed, got) = match out {
-                Outcome::Executed(c) => (true, Some(c.response)),
-                Outcome::Replayed(r) => (false, r.response),
-            };
+            let (executed, got) = answered(out);
             assert_eq!(executed, expect_executed, "executed once: {key}");
             assert_eq!(got.as_ref(), Some(&stored), "the same bytes back: {key}");
         }
@@ -196,10 +193,7 @@ pub async fn large_answers_are_stored_exactly<S: KeyStore>(
                 })
                 .await
                 .unwrap();
-            let (executed, got) = match out {
-                Outcome::Executed(c) => (true, Some(c.response)),
-                Outcome::Replayed(r) => (false, r.response),
-            };
+            let (executed, got) = answered(out);
             assert_eq!(executed, expect_executed, "executed once: {key}");
             assert_eq!(got.as_ref(), Some(&stored), "the same bytes back: {key}");
         }

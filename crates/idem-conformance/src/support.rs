@@ -47,3 +47,13 @@ pub(crate) const LEASE: Duration = Duration::from_secs(30);
 pub(crate) fn committed(finished: Finished) {
     assert!(matches!(finished, Finished::Committed), "{finished:?}");
 }
+
+/// Whether an outcome ran now, and the answer it carries.
+pub(crate) fn answered(
+    out: idem_core::Outcome<idem_core::Completion>,
+) -> (bool, Option<StoredResponse>) {
+    match out {
+        idem_core::Outcome::Executed(c) => (true, Some(c.response)),
+        idem_core::Outcome::Replayed(r) => (false, r.response),
+    }
+}

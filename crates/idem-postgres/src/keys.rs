@@ -20,6 +20,7 @@ use idem_core::{ClaimMode, Completion, Scope, SharedClock, StoreError, StoredRec
 use idem_sql::decode::record;
 use idem_sql::keys::postgres as sql;
 use idem_sql::keys::{ClaimRequest, INSERT_COMPLETED, Refused, SELECT_RECORD, UPDATE_COMPLETE};
+use idem_sql::store::KEEP_AFTER_MESSAGE_BYTES;
 use sqlx::Postgres;
 
 use crate::errors::map_err_waited;
@@ -56,11 +57,6 @@ fn outcome_lits<'a>(c: &'a Completion, headers: &'a str) -> [Lit<'a>; 6] {
         Lit::OptText(id),
     ]
 }
-
-/// A writer that sent a longer message is closed after it instead of kept:
-/// the driver keeps a connection's send buffer as large as its largest
-/// message.
-const KEEP_AFTER_MESSAGE_BYTES: usize = 256 << 10;
 
 /// A stored answer larger than this is bound, not written into the text
 /// (hex doubles it, and the text and the driver's buffer would each hold

@@ -3,10 +3,6 @@
 //! operation and the key). Every write after the claim is conditional on
 //! the token, or on the lease having run out.
 
-/// A leased record storing an answer larger than this closes the pooled
-/// connection that wrote it instead of keeping it (see `complete_leased`).
-pub const KEEP_AFTER_BODY_BYTES: usize = 256 << 10;
-
 /// A fresh claim: `$4` request hash, `$5` lease deadline, `$6` token,
 /// `$7` now, `$8` expiry, `$9` the record's [`OnUnknown`](idem_core::leased::OnUnknown).
 /// Nothing on a conflict (no row lock: a replay writes nothing).
@@ -272,7 +268,7 @@ macro_rules! leased_store {
                     )
                     .bind(now_ms)
                     .bind(expires_at_ms);
-                    if completion.response.body.len() <= $crate::leased::KEEP_AFTER_BODY_BYTES {
+                    if completion.response.body.len() <= $crate::store::KEEP_AFTER_MESSAGE_BYTES {
                         let done = self.bounded_write(q.execute(self.pool())).await?;
                         return Ok(done.rows_affected() == 1);
                     }

@@ -14,6 +14,11 @@
 
 use std::time::Duration;
 
+/// A connection that sent a message larger than this is closed after it
+/// instead of kept: the driver keeps a connection's buffers as large as its
+/// largest message (a large stored answer).
+pub const KEEP_AFTER_MESSAGE_BYTES: usize = 256 << 10;
+
 use idem_core::{ConfigError, StoreError};
 
 /// Checks the pool's bounds every backend's config has: `max_connections`
