@@ -155,6 +155,11 @@ impl ConsumerConfig {
 /// `duplicate`, `dead`).
 pub const MESSAGES_TOTAL: &str = "idem_inbox_messages_total";
 
+/// The counter of deliveries beyond a message's first (the broker's
+/// redeliveries after an ack that did not arrive, a nak or a crash), by
+/// subscriber.
+pub const REDELIVERIES_TOTAL: &str = "idem_inbox_redeliveries_total";
+
 /// Counters since start.
 #[derive(Debug, Default)]
 pub struct ConsumerStats {
@@ -256,6 +261,10 @@ where
             Ok(m) => m,
             Err(reason) => return Settle::Dead(format!("undecodable message: {reason}")),
         };
+        if message.delivered > 1 {
+            metrics::counter!(REDELIVERIES_TOTAL, "subscriber" => self.subscriber.as_str().to_owned())
+                .increment(1);
+        }
         tracing::Span::current().record(
             "message_hash",
             tracing::field::display(idem_core::short_hash(

@@ -70,7 +70,7 @@ mod consumer;
 
 pub use consumer::{
     Consumer, ConsumerConfig, ConsumerStats, Delivery, Handler, HandlerError, InboxMessage,
-    MESSAGES_TOTAL, MessageSource, SourceError,
+    MESSAGES_TOTAL, MessageSource, REDELIVERIES_TOTAL, SourceError,
 };
 
 use std::time::Duration;

@@ -10,7 +10,9 @@
 //!   the reason in `Idem-Dead-Reason`. The broker's own delivery limit is off:
 //!   giving up is the consumer's decision, so a message is never dropped
 //!   without a dead letter.
-//! - [`ensure_stream`] creates or updates a stream with a duplicate window.
+//! - [`ensure_stream`] / [`ensure_stream_with`] create a stream with a
+//!   duplicate window (and, in a JetStream cluster, its replica count) or
+//!   update an existing one's subjects and window.
 //!
 //! Messages carry `Idem-Message-Id` (and `Idem-Message-Key`, the ordering
 //! key); consumers read the id from it, falling back to `Nats-Msg-Id`.
@@ -105,25 +107,120 @@ pub fn is_connected(js: &Context) -> bool {
     js.client().connection_state() == async_nats::connection::State::Connected
 }
 
-/// Creates the stream, or updates its subjects and duplicate window. The
-/// window must be longer than the outbox lease, so a message republished after
-/// a dispatcher crash is dropped by the broker too.
+/// Creates the stream (one replica), or updates its subjects and duplicate
+/// window; [`ensure_stream_with`] with [`StreamSettings::new`]. The window must
+/// be longer than the outbox lease, so a message republished after a
+/// dispatcher crash is dropped by the broker too.
 pub async fn ensure_stream(
     js: &Context,
     name: &str,
     subjects: &[&str],
     duplicate_window: Duration,
 ) -> Result<(), NatsError> {
+    ensure_stream_with(js, name, subjects, &StreamSettings::new(duplicate_window))
+        .await
+        .map(drop)
+}
+
+/// How [`ensure_stream_with`] creates a stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamSettings {
+    /// How long the stream remembers a `Nats-Msg-Id` to drop a republished
+    /// copy: longer than the outbox lease.
+    pub duplicate_window: Duration,
+    /// Copies of the stream, on as many servers of a JetStream cluster (1
+    /// on a single server; 3 in a three-node cluster, where the stream, its
+    /// duplicate window and its consumers survive the loss of one node).
+    /// Applied when the stream is created; an existing stream keeps its own.
+    pub replicas: usize,
+}
+
+impl StreamSettings {
+    /// One replica and this duplicate window.
+    pub fn new(duplicate_window: Duration) -> Self {
+        Self {
+            duplicate_window,
+            replicas: 1,
+        }
+    }
+
+    /// The largest replica count JetStream accepts.
+    pub const MAX_REPLICAS: usize = 5;
+}
+
+/// What [`ensure_stream_with`] found or made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamReady {
+    /// The stream did not exist and was created.
+    pub created: bool,
+    /// Its replica count now (an existing stream's own, which may differ
+    /// from the one asked for).
+    pub replicas: usize,
+}
+
+/// Creates the stream with `settings`, or brings an existing one's subjects
+/// and duplicate window to them, keeping everything else it has (its replica
+/// count, limits, storage: an operator's choices are not reset). An
+/// existing stream whose subjects and window already match is not updated.
+pub async fn ensure_stream_with(
+    js: &Context,
+    name: &str,
+    subjects: &[&str],
+    settings: &StreamSettings,
+) -> Result<StreamReady, NatsError> {
+    if !(1..=StreamSettings::MAX_REPLICAS).contains(&settings.replicas) {
+        return Err(nats_err(format!(
+            "stream replicas must be 1 to {}, not {}",
+            StreamSettings::MAX_REPLICAS,
+            settings.replicas
+        )));
+    }
+    let subjects: Vec<String> = subjects.iter().map(|s| (*s).to_owned()).collect();
+    match js.get_stream(name).await {
+        Ok(mut stream) => {
+            let mut config = stream.info().await.map_err(nats_err)?.config.clone();
+            let replicas = config.num_replicas.max(1);
+            if config.subjects != subjects || config.duplicate_window != settings.duplicate_window {
+                config.subjects = subjects;
+                config.duplicate_window = settings.duplicate_window;
+                js.update_stream(config).await.map_err(nats_err)?;
+            }
+            Ok(StreamReady {
+                created: false,
+                replicas,
+            })
+        }
+        Err(e)
+            if matches!(
+                e.kind(),
+                jetstream::context::GetStreamErrorKind::JetStream(ref j)
+                    if j.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND
+            ) =>
+        {
+            create(js, name, subjects, settings).await
+        }
+        Err(e) => Err(nats_err(e)),
+    }
+}
+
+async fn create(
+    js: &Context,
+    name: &str,
+    subjects: Vec<String>,
+    settings: &StreamSettings,
+) -> Result<StreamReady, NatsError> {
     let config = jetstream::stream::Config {
         name: name.to_owned(),
-        subjects: subjects.iter().map(|s| (*s).to_owned()).collect(),
-        duplicate_window,
+        subjects,
+        duplicate_window: settings.duplicate_window,
+        num_replicas: settings.replicas,
         ..Default::default()
     };
-    match js.get_stream(name).await {
-        Ok(_) => js.update_stream(config).await.map(drop).map_err(nats_err),
-        Err(_) => js.create_stream(config).await.map(drop).map_err(nats_err),
-    }
+    js.create_stream(config).await.map_err(nats_err)?;
+    Ok(StreamReady {
+        created: true,
+        replicas: settings.replicas,
+    })
 }
 
 /// Publishes outbox messages to JetStream.

@@ -103,6 +103,11 @@ pub struct RunOnce {
 /// acknowledgement), over every dispatcher of the process.
 pub const PUBLISHED_TOTAL: &str = "idem_outbox_published_total";
 
+/// The histogram of how long published messages waited in the outbox: from
+/// the commit that wrote them (the store's clock) to the broker's
+/// acknowledgement, in seconds — the relay's lag, per process.
+pub const PUBLISH_LAG: &str = "idem_outbox_publish_lag_seconds";
+
 /// Lag figures.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DispatcherStats {
@@ -247,9 +252,14 @@ impl<S: OutboxStore, P: Publisher, C: Clock> Dispatcher<S, P, C> {
         let outcomes = join_all(batch.iter().map(|r| self.publisher.publish(r))).await;
         failpoint::hit("relay.after_publish");
         let (mut sent, mut unavailable) = (Vec::new(), Vec::new());
+        let acked_ms = self.clock.now_ms();
         for (record, outcome) in batch.iter().zip(outcomes) {
             match outcome {
-                Ok(_) => sent.push(record.id),
+                Ok(_) => {
+                    sent.push(record.id);
+                    let lag_ms = acked_ms.saturating_sub(record.created_at_ms).max(0);
+                    metrics::histogram!(PUBLISH_LAG).record(lag_ms as f64 / 1000.0);
+                }
                 Err(PublishError::Unavailable { source }) => {
                     tracing::debug!(id = record.id, error = %source, "broker unavailable");
                     unavailable.push(record.id);

@@ -63,7 +63,7 @@ mod dispatcher;
 mod outbox;
 
 pub use dispatcher::{
-    Dispatcher, DispatcherConfig, DispatcherStats, PUBLISHED_TOTAL, Polling, RunOnce,
+    Dispatcher, DispatcherConfig, DispatcherStats, PUBLISH_LAG, PUBLISHED_TOTAL, Polling, RunOnce,
 };
 
 pub use outbox::Outbox;

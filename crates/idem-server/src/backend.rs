@@ -46,6 +46,15 @@ pub trait Backend:
 
     /// Applies the key store's migrations.
     fn migrate_store(&self) -> impl Future<Output = Result<(), idem_core::StoreError>>;
+
+    /// One trivial query (`SELECT 1`) on a pooled connection: whether the
+    /// database answers now (`/readyz`).
+    fn ping(&self) -> impl Future<Output = Result<(), idem_core::StoreError>> + Send;
+}
+
+/// A failed ping, as the store's error.
+fn unavailable(e: sqlx::Error) -> idem_core::StoreError {
+    idem_core::StoreError::Unavailable { source: e.into() }
 }
 
 impl Backend for SqliteStore {
@@ -59,6 +68,14 @@ impl Backend for SqliteStore {
     async fn migrate_store(&self) -> Result<(), idem_core::StoreError> {
         self.migrate().await
     }
+
+    async fn ping(&self) -> Result<(), idem_core::StoreError> {
+        sqlx::query("SELECT 1")
+            .execute(self.pool())
+            .await
+            .map(drop)
+            .map_err(unavailable)
+    }
 }
 
 impl Backend for PgStore {
@@ -71,6 +88,14 @@ impl Backend for PgStore {
 
     async fn migrate_store(&self) -> Result<(), idem_core::StoreError> {
         self.migrate().await
+    }
+
+    async fn ping(&self) -> Result<(), idem_core::StoreError> {
+        sqlx::query("SELECT 1")
+            .execute(self.pool())
+            .await
+            .map(drop)
+            .map_err(unavailable)
     }
 }
 

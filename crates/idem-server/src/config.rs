@@ -37,6 +37,15 @@ pub fn relay_lease(lease: Duration) -> anyhow::Result<Duration> {
     Ok(lease)
 }
 
+/// `--nats-replicas`: what JetStream accepts.
+pub fn nats_replicas(n: usize) -> anyhow::Result<usize> {
+    let max = idem_nats::StreamSettings::MAX_REPLICAS;
+    if !(1..=max).contains(&n) {
+        bail!("--nats-replicas must be 1 to {max} (3 in a three-node JetStream cluster), got {n}");
+    }
+    Ok(n)
+}
+
 /// The demo routes' settings from their flags.
 pub fn demo(
     key_ttl: Duration,

@@ -17,7 +17,8 @@
 //!   them (404/405, panics as problem+json); [`http_server`]: the hyper loop
 //!   and its limits; [`shutdown`]; [`logging`].
 //! - [`messaging`], [`webhooks`]: NATS streams, the relay and consumer; the
-//!   webhook configuration file and workers.
+//!   webhook configuration file and workers; [`probe`]: `/healthz`,
+//!   `/readyz`, and the side listener of `idem relay` and `idem consume`.
 //! - [`bench`](mod@bench): `idem bench`; [`drill`]: `idem drill`, the
 //!   black-box conformance runner, also callable in-process ([`drill::run`]).
 #![allow(missing_docs)]
@@ -40,6 +41,7 @@ pub mod http_server;
 pub mod logging;
 pub mod messaging;
 pub mod metrics;
+pub mod probe;
 pub mod progress;
 pub use idem_admin::respond;
 pub mod routes;

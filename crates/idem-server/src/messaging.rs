@@ -31,9 +31,15 @@ pub const DLQ_SUBJECT: &str = "idem.dlq.demo-ledger";
 pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(300);
 
 /// Connects (retrying in the background while the server is down) and makes
-/// sure both streams exist, retrying until they do or `shutdown` — which
-/// ends the wait at once, whatever the broker is doing.
-pub async fn prepare(url: &str, name: &str, shutdown: watch::Receiver<bool>) -> Option<Context> {
+/// sure both streams exist — created with `replicas` copies when they do
+/// not — retrying until they do or `shutdown`, which ends the wait at
+/// once, whatever the broker is doing.
+pub async fn prepare(
+    url: &str,
+    name: &str,
+    replicas: usize,
+    shutdown: watch::Receiver<bool>,
+) -> Option<Context> {
     let shown = without_credentials(url);
     let connect = idem_nats::connect(url, name, true);
     let js = tokio::select! {
@@ -68,16 +74,35 @@ pub async fn prepare(url: &str, name: &str, shutdown: watch::Receiver<bool>) -> 
     let mut delay = Duration::from_millis(200);
     let mut attempts = 0u32;
     loop {
+        let settings = idem_nats::StreamSettings {
+            replicas,
+            ..idem_nats::StreamSettings::new(DUPLICATE_WINDOW)
+        };
         let ready = async {
-            idem_nats::ensure_stream(&js, STREAM, SUBJECTS, DUPLICATE_WINDOW).await?;
-            idem_nats::ensure_stream(&js, DLQ_STREAM, DLQ_SUBJECTS, DUPLICATE_WINDOW).await
+            let events = idem_nats::ensure_stream_with(&js, STREAM, SUBJECTS, &settings).await?;
+            let dlq =
+                idem_nats::ensure_stream_with(&js, DLQ_STREAM, DLQ_SUBJECTS, &settings).await?;
+            Ok::<_, idem_nats::NatsError>([(STREAM, events), (DLQ_STREAM, dlq)])
         };
         let result = tokio::select! {
             _ = stopped(shutdown.clone()) => return None,
             r = ready => r,
         };
         match result {
-            Ok(()) => {
+            Ok(streams) => {
+                for (stream, ready) in streams {
+                    if ready.created {
+                        tracing::info!(stream, replicas = ready.replicas, "stream created");
+                    } else if ready.replicas != replicas {
+                        tracing::warn!(
+                            stream,
+                            replicas = ready.replicas,
+                            asked = replicas,
+                            "the stream exists with another replica count than --nats-replicas; \
+                             it keeps its own (change it with the nats CLI: nats stream edit)"
+                        );
+                    }
+                }
                 if attempts > 0 {
                     tracing::info!(url = %shown, "NATS reachable; streams ready");
                 }

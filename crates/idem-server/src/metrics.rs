@@ -32,7 +32,8 @@ const DURATION_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
-/// Buckets of how long tasks waited to be claimed: up to an hour.
+/// Buckets of how long tasks waited to be claimed, and outbox messages to
+/// be published: up to an hour.
 const CLAIM_LATENCY_BUCKETS: &[f64] = &[
     0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
 ];
@@ -52,6 +53,12 @@ pub fn install() -> PrometheusHandle {
                 .and_then(|b| {
                     b.set_buckets_for_metric(
                         Matcher::Full(idem_tasks::CLAIM_LATENCY.into()),
+                        CLAIM_LATENCY_BUCKETS,
+                    )
+                })
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        Matcher::Full(idem_outbox::PUBLISH_LAG.into()),
                         CLAIM_LATENCY_BUCKETS,
                     )
                 })
@@ -100,8 +107,18 @@ fn describe() {
         "Messages the consumer settled, by subscriber and result"
     );
     describe_counter!(
+        idem_inbox::REDELIVERIES_TOTAL,
+        "Deliveries beyond a message's first that this process's consumer received, by subscriber"
+    );
+    describe_counter!(
         idem_outbox::PUBLISHED_TOTAL,
         "Outbox messages published and acknowledged"
+    );
+    describe_histogram!(
+        idem_outbox::PUBLISH_LAG,
+        metrics::Unit::Seconds,
+        "How long messages this process's relay published had waited in the outbox, \
+         from their commit to the broker's acknowledgement"
     );
     describe_counter!(
         idemkit::KEYS_PURGED_TOTAL,

@@ -649,3 +649,62 @@ async fn inbox_retention_out_of_range_is_refused() {
         .unwrap_err();
     assert_eq!(err.field, "retention");
 }
+
+/// `ensure_stream_with` creates a stream with its settings; on a stream
+/// that exists it brings the subjects and the duplicate window to them and
+/// keeps the rest (an operator's limits, its storage): the earlier version
+/// replaced the whole configuration with defaults. A replica count the
+/// broker cannot place is the broker's clear refusal, and 0 or 6 are
+/// refused before asking.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ensure_stream_creates_with_settings_and_keeps_an_operators_configuration() {
+    use idem_nats::{StreamSettings, ensure_stream_with};
+    let js = support::js().await;
+    let name = idem_testkit::unique_name("KEEP");
+    let subject = format!("{name}.>");
+    let settings = StreamSettings::new(Duration::from_secs(120));
+    let made = ensure_stream_with(&js, &name, &[&subject], &settings)
+        .await
+        .unwrap();
+    assert_eq!((made.created, made.replicas), (true, 1));
+    // An operator sets a limit on it.
+    let mut stream = js.get_stream(&name).await.unwrap();
+    let mut config = stream.info().await.unwrap().config.clone();
+    config.max_messages = 1000;
+    js.update_stream(config).await.unwrap();
+    // Idem starts again, with a longer window and another subject.
+    let again = StreamSettings::new(Duration::from_secs(300));
+    let other = format!("{name}_more.>");
+    let found = ensure_stream_with(&js, &name, &[&subject, &other], &again)
+        .await
+        .unwrap();
+    assert_eq!((found.created, found.replicas), (false, 1));
+    let config = stream.info().await.unwrap().config.clone();
+    assert_eq!(config.max_messages, 1000, "the operator's limit is kept");
+    assert_eq!(config.duplicate_window, Duration::from_secs(300));
+    assert_eq!(config.subjects, vec![subject.clone(), other]);
+    // A single server cannot hold three copies: the broker says so.
+    let three = StreamSettings {
+        replicas: 3,
+        ..StreamSettings::new(Duration::from_secs(120))
+    };
+    let fresh = idem_testkit::unique_name("R3");
+    let err = ensure_stream_with(&js, &fresh, &[&format!("{fresh}.>")], &three)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().to_lowercase().contains("replica"), "{err}");
+    for replicas in [0, 6] {
+        let bad = StreamSettings {
+            replicas,
+            ..StreamSettings::new(Duration::from_secs(120))
+        };
+        let err = ensure_stream_with(&js, &fresh, &[&format!("{fresh}.>")], &bad)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!("nats: stream replicas must be 1 to 5, not {replicas}")
+        );
+    }
+    js.delete_stream(&name).await.unwrap();
+}

@@ -2,9 +2,10 @@
 
 use tokio::sync::watch;
 
-use super::{ConsumerArgs, DbArgs};
+use super::{ConsumerArgs, DbArgs, SideArgs, StreamArgs};
 use crate::backend::{Backend, Db, DemoJob};
 use crate::messaging::{self, ConsumeConfig};
+use crate::probe::SideListener;
 use crate::{config, shutdown};
 
 /// `idem consume`'s flags.
@@ -17,6 +18,10 @@ pub struct ConsumeArgs {
     nats_url: String,
     #[command(flatten)]
     consumer: ConsumerArgs,
+    #[command(flatten)]
+    stream: StreamArgs,
+    #[command(flatten)]
+    side: SideArgs,
 }
 
 impl ConsumeArgs {
@@ -24,33 +29,52 @@ impl ConsumeArgs {
     pub async fn run(self) -> anyhow::Result<()> {
         crate::flags::nats_url(&self.nats_url)?;
         let config = config::consume(self.consumer.ack_wait, self.consumer.max_deliver)?;
+        let replicas = config::nats_replicas(self.stream.nats_replicas)?;
+        let side = self.side.listener()?;
         let shutdown = shutdown::on_signal();
-        let Some(js) = messaging::prepare(&self.nats_url, "idem-consume", shutdown.clone()).await
-        else {
-            return Ok(());
-        };
         let job = Consume {
-            js,
+            nats_url: self.nats_url,
+            replicas,
+            side,
             config,
             shutdown,
         };
         Db::open_existing(&self.db.database_url)
             .await?
             .run_demo(job)
-            .await
+            .await?
     }
 }
 
 struct Consume {
-    js: idem_nats::Context,
+    nats_url: String,
+    replicas: usize,
+    side: Option<SideListener>,
     config: ConsumeConfig,
     shutdown: watch::Receiver<bool>,
 }
 
 impl DemoJob for Consume {
-    type Output = ();
-    async fn run<B: Backend + crate::demo::Store>(self, store: B) {
+    type Output = anyhow::Result<()>;
+    async fn run<B: Backend + crate::demo::Store>(self, store: B) -> anyhow::Result<()> {
+        let (connected, broker) = watch::channel(None);
+        if let Some(side) = self.side {
+            side.start(store.clone(), broker, self.shutdown.clone())
+                .await?;
+        }
+        let Some(js) = messaging::prepare(
+            &self.nats_url,
+            "idem-consume",
+            self.replicas,
+            self.shutdown.clone(),
+        )
+        .await
+        else {
+            return Ok(());
+        };
+        connected.send_replace(Some(js.clone()));
         let ledger = crate::demo::Ledger::<B>::new();
-        messaging::consume(store, self.js, ledger, self.config, self.shutdown).await
+        messaging::consume(store, js, ledger, self.config, self.shutdown).await;
+        Ok(())
     }
 }

@@ -347,6 +347,48 @@ impl CheckoutArgs {
     }
 }
 
+/// How Idem creates its streams (`idem serve`, `idem relay`, `idem consume`).
+#[derive(clap::Args, Clone, Copy)]
+pub struct StreamArgs {
+    /// Copies of each stream Idem creates: 1 on a single NATS server, 3 in
+    /// a three-node JetStream cluster (a stream, its duplicate window and
+    /// its consumers then survive the loss of a node). Applied when a
+    /// stream is created; an existing stream keeps its own (1 to 5).
+    #[arg(long, env = "IDEM_NATS_REPLICAS", default_value_t = 1)]
+    pub nats_replicas: usize,
+}
+
+/// The side listener of `idem relay` and `idem consume` (`/healthz`,
+/// `/readyz`, `/metrics`).
+#[derive(clap::Args)]
+pub struct SideArgs {
+    /// Serve `/healthz` (liveness), `/readyz` (database and NATS
+    /// reachable) and `/metrics` on this address (IP:PORT). Without it the
+    /// process listens on nothing.
+    #[arg(long, env = "IDEM_METRICS_LISTEN", value_parser = crate::flags::listen_address)]
+    pub metrics_listen: Option<std::net::SocketAddr>,
+    /// The token `/metrics` there needs (as `idem serve`'s admin token);
+    /// required when --metrics-listen is not a loopback address, unless
+    /// --public-metrics.
+    #[arg(long, env = "IDEM_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+    /// Serve `/metrics` there without the token.
+    #[arg(long, env = "IDEM_PUBLIC_METRICS", num_args = 0..=1, default_value_t = false,
+          default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub public_metrics: bool,
+}
+
+impl SideArgs {
+    /// Validated.
+    pub fn listener(&self) -> anyhow::Result<Option<crate::probe::SideListener>> {
+        crate::probe::SideListener::from_flags(
+            self.metrics_listen,
+            self.admin_token.as_deref(),
+            self.public_metrics,
+        )
+    }
+}
+
 /// The ledger consumer's flags (`idem consume`, `idem serve --consume`).
 #[derive(clap::Args)]
 pub struct ConsumerArgs {

@@ -5,9 +5,10 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::DbArgs;
+use super::{DbArgs, SideArgs, StreamArgs};
 use crate::admin::outbox::stats_json;
 use crate::backend::{Backend, Db, Job};
+use crate::probe::SideListener;
 use crate::{config, messaging, shutdown};
 
 /// `idem relay`'s flags.
@@ -23,6 +24,10 @@ pub struct RelayArgs {
     /// shorter than the stream's 5 min duplicate window).
     #[arg(long, env = "IDEM_RELAY_LEASE", default_value = "30s", value_parser = humantime::parse_duration)]
     lease: Duration,
+    #[command(flatten)]
+    stream: StreamArgs,
+    #[command(flatten)]
+    side: SideArgs,
 }
 
 impl RelayArgs {
@@ -30,10 +35,14 @@ impl RelayArgs {
     pub async fn run(self) -> anyhow::Result<()> {
         crate::flags::nats_url(&self.nats_url)?;
         let lease = config::relay_lease(self.lease)?;
+        let replicas = config::nats_replicas(self.stream.nats_replicas)?;
+        let side = self.side.listener()?;
         let shutdown = shutdown::on_signal();
         let relay = Relay {
             nats_url: self.nats_url,
             lease,
+            replicas,
+            side,
             shutdown,
         };
         Db::open_existing(&self.db.database_url)
@@ -46,6 +55,8 @@ impl RelayArgs {
 struct Relay {
     nats_url: String,
     lease: Duration,
+    replicas: usize,
+    side: Option<SideListener>,
     shutdown: watch::Receiver<bool>,
 }
 
@@ -54,10 +65,21 @@ impl Job for Relay {
     async fn run<B: Backend>(self, store: B) -> anyhow::Result<()> {
         let wake = store.outbox_wake().await;
         let shutdown = self.shutdown;
-        let Some(js) = messaging::prepare(&self.nats_url, "idem-relay", shutdown.clone()).await
+        let (connected, broker) = watch::channel(None);
+        if let Some(side) = self.side {
+            side.start(store.clone(), broker, shutdown.clone()).await?;
+        }
+        let Some(js) = messaging::prepare(
+            &self.nats_url,
+            "idem-relay",
+            self.replicas,
+            shutdown.clone(),
+        )
+        .await
         else {
             return Ok(());
         };
+        connected.send_replace(Some(js.clone()));
         let clock = store.clock();
         let d = Arc::new(messaging::dispatcher(
             store,

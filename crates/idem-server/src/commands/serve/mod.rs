@@ -7,7 +7,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use super::{CheckoutArgs, ConsumerArgs, DbArgs};
+use super::{CheckoutArgs, ConsumerArgs, DbArgs, StreamArgs};
 use crate::backend::Db;
 use crate::config;
 use crate::flags;
@@ -98,6 +98,8 @@ pub struct ServeArgs {
     #[arg(long, env = "IDEM_EVENTS", num_args = 0..=1, default_value_t = false,
           default_missing_value = "true", action = clap::ArgAction::Set)]
     events: bool,
+    #[command(flatten)]
+    stream: StreamArgs,
     /// Also run the ledger consumer in this process (needs --nats-url).
     /// `--consume=false` turns off a file's `true`.
     #[arg(long, env = "IDEM_CONSUME", num_args = 0..=1, default_value_t = false,
@@ -207,6 +209,7 @@ impl ServeArgs {
             public_metrics: self.public_metrics,
             gc_interval,
             nats_url: self.nats_url.clone(),
+            nats_replicas: config::nats_replicas(self.stream.nats_replicas)?,
             webhooks,
             app,
         })

@@ -32,6 +32,8 @@ pub struct ServerConfig {
     pub gc_interval: Duration,
     /// `--nats-url`: relay the outbox here.
     pub nats_url: Option<String>,
+    /// `--nats-replicas`: copies of each stream it creates.
+    pub nats_replicas: usize,
     /// `--config`: webhook endpoints and workers.
     pub webhooks: Option<WebhookConfig>,
     /// The demo apps, or the gateway.

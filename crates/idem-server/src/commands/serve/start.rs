@@ -18,7 +18,7 @@ use crate::shutdown::stopped;
 use crate::webhooks::WebhookConfig;
 
 /// The broker's context once the relay has connected, for the consumer.
-type Broker = watch::Receiver<Option<idem_nats::Context>>;
+type Broker = crate::probe::Broker;
 
 /// Starts the background work on the backend and returns the routes.
 pub(super) struct Start<'a> {
@@ -67,7 +67,16 @@ impl Job for Own<'_> {
         };
         let metrics = crate::metrics::router(store.clone(), access, crate::metrics::install());
         crate::commands::gc::spawn(store.clone(), config.gc_interval, shutdown)?;
-        let (relay, broker) = start_messaging(&store, config.nats_url.as_deref(), shutdown);
+        let (relay, broker) = start_messaging(
+            &store,
+            config.nats_url.as_deref(),
+            config.nats_replicas,
+            shutdown,
+        );
+        let ready = crate::probe::router(
+            store.clone(),
+            config.nats_url.is_some().then(|| broker.clone()),
+        );
         // The task API's paths are /v1/…: a gateway's /v1 is its upstream's.
         let tasks = match config.app {
             App::Gateway(_) => axum::Router::new(),
@@ -87,7 +96,8 @@ impl Job for Own<'_> {
                 matches!(config.app, App::Gateway(_)),
                 shutdown,
             ))
-            .merge(metrics);
+            .merge(metrics)
+            .merge(ready);
         Ok((own, broker))
     }
 }
@@ -183,6 +193,7 @@ fn start_checkout<B: crate::demo::Store>(
 fn start_messaging<B: Backend>(
     store: &B,
     nats_url: Option<&str>,
+    replicas: usize,
     shutdown: &watch::Receiver<bool>,
 ) -> (RelaySlot<B>, Broker) {
     let slot = RelaySlot::<B>::default();
@@ -197,7 +208,8 @@ fn start_messaging<B: Backend>(
         slot.clone(),
     );
     tokio::spawn(async move {
-        let Some(js) = messaging::prepare(&url, "idem-serve", shutdown.clone()).await else {
+        let Some(js) = messaging::prepare(&url, "idem-serve", replicas, shutdown.clone()).await
+        else {
             return;
         };
         connected.send_replace(Some(js.clone()));

@@ -1,0 +1,197 @@
+//! What a process manager and a load balancer ask a process: `/healthz`
+//! (liveness: the process answers; always `ok`), `/readyz` (readiness: the
+//! database answered a query within two seconds and, when the process uses
+//! NATS, the connection to it is up) — and, for `idem relay` and `idem
+//! consume`, which serve no API, a side listener (`--metrics-listen`) with
+//! both and `/metrics`.
+//!
+//! A process that is live but not ready keeps its work: the relay's events
+//! wait in the outbox, the consumer's deliveries in the stream, a request
+//! that reaches an API whose database is gone gets a 503. A load balancer
+//! takes it out of rotation; a process manager restarts only a process that
+//! stops answering `/healthz`.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use tokio::sync::watch;
+
+use crate::backend::Backend;
+use crate::http_server::{self, Limits};
+use crate::shutdown::stopped;
+
+/// The broker's context once the process has connected and its streams
+/// are ready (`None` until then).
+pub type Broker = watch::Receiver<Option<idem_nats::Context>>;
+
+/// How long `/readyz` waits for the database.
+pub const DATABASE_WAIT: Duration = Duration::from_secs(2);
+
+/// Readiness over `store` and, when the process uses NATS, `broker`.
+struct Ready<B> {
+    store: B,
+    broker: Option<Broker>,
+}
+
+/// `GET /readyz` (and `GET /healthz`, which only says the process answers).
+pub fn router<B: Backend>(store: B, broker: Option<Broker>) -> Router {
+    Router::new()
+        .route("/readyz", get(readyz::<B>))
+        .with_state(Arc::new(Ready { store, broker }))
+}
+
+/// What one dependency says.
+fn database_state(
+    result: Result<Result<(), idem_core::StoreError>, tokio::time::error::Elapsed>,
+) -> &'static str {
+    match result {
+        Ok(Ok(())) => "ok",
+        Ok(Err(e)) => {
+            // The cause goes to the log, not to whoever asks.
+            tracing::warn!(error = %idem_core::ErrorChain(&e), "readiness: the database refused");
+            "unavailable"
+        }
+        Err(_) => "no answer",
+    }
+}
+
+fn nats_state(broker: Option<&Broker>) -> &'static str {
+    match broker {
+        None => "not used",
+        Some(b) => match &*b.borrow() {
+            None => "connecting",
+            Some(js) if idem_nats::is_connected(js) => "ok",
+            Some(_) => "disconnected",
+        },
+    }
+}
+
+async fn readyz<B: Backend>(State(ready): State<Arc<Ready<B>>>) -> Response {
+    let database = database_state(tokio::time::timeout(DATABASE_WAIT, ready.store.ping()).await);
+    let nats = nats_state(ready.broker.as_ref());
+    let ok = database == "ok" && matches!(nats, "ok" | "not used");
+    if ok {
+        let body = serde_json::json!({"status": "ready", "database": database, "nats": nats});
+        return (
+            StatusCode::OK,
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            )],
+            body.to_string(),
+        )
+            .into_response();
+    }
+    let mut fields = serde_json::Map::new();
+    fields.insert("database".into(), database.into());
+    fields.insert("nats".into(), nats.into());
+    let detail = format!("database: {database}; nats: {nats}");
+    let mut res = idem_http::problem_with(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "not-ready",
+        "Not ready",
+        Some(&detail),
+        fields,
+    );
+    res.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    res
+}
+
+/// `--metrics-listen` and who may scrape there, validated.
+#[derive(Clone)]
+pub struct SideListener {
+    /// Where.
+    pub listen: SocketAddr,
+    /// `/metrics` without the token (`--public-metrics`), or behind it.
+    pub access: crate::metrics::Access,
+}
+
+impl SideListener {
+    /// From `idem relay`'s or `idem consume`'s flags: none without
+    /// `--metrics-listen`; a non-loopback address needs the admin token or
+    /// `--public-metrics` (the same rule as `idem serve`).
+    pub fn from_flags(
+        listen: Option<SocketAddr>,
+        admin_token: Option<&str>,
+        public_metrics: bool,
+    ) -> anyhow::Result<Option<Self>> {
+        let Some(listen) = listen else {
+            return Ok(None);
+        };
+        let token = match (admin_token, public_metrics) {
+            (None, true) => None,
+            _ => crate::config::admin_token(admin_token, listen)
+                .map_err(|e| anyhow::anyhow!("--metrics-listen: {e:#}"))?,
+        };
+        let access = if public_metrics {
+            crate::metrics::Access::Public
+        } else {
+            crate::metrics::Access::Token(crate::admin::Auth::new(
+                token,
+                crate::admin::AllowedHosts::default(),
+                crate::admin::limit::Limits::default(),
+            ))
+        };
+        Ok(Some(Self { listen, access }))
+    }
+
+    /// Binds now (a taken address fails the command at once), then serves
+    /// `/healthz`, `/readyz` and `/metrics` until `shutdown`.
+    pub async fn start<B: Backend>(
+        self,
+        store: B,
+        broker: Broker,
+        shutdown: watch::Receiver<bool>,
+    ) -> anyhow::Result<()> {
+        let (listener, bound) = http_server::bind(self.listen).await?;
+        let metrics = crate::metrics::router(store.clone(), self.access, crate::metrics::install());
+        let app = Router::new()
+            .route("/healthz", get(|| async { "ok" }))
+            .merge(router(store, Some(broker)))
+            .merge(metrics)
+            .fallback(not_found)
+            .layer(axum::middleware::from_fn(only_get));
+        tracing::info!(listen = %bound, "serving /healthz, /readyz and /metrics");
+        let limits = Limits {
+            max_connections: 64,
+            max_buffered_bytes: 1 << 20,
+            ..Limits::default()
+        };
+        tokio::spawn(async move {
+            http_server::serve(listener, app, limits, stopped(shutdown)).await;
+        });
+        Ok(())
+    }
+}
+
+async fn not_found() -> Response {
+    idem_http::problem(
+        StatusCode::NOT_FOUND,
+        "not-found",
+        "No such resource",
+        None,
+        None,
+    )
+}
+
+/// The side listener reads nothing: a request with a body or another
+/// method than GET is refused before a route sees it.
+async fn only_get(req: Request, next: axum::middleware::Next) -> Response {
+    if req.method() != axum::http::Method::GET && req.method() != axum::http::Method::HEAD {
+        return idem_http::problem(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method-not-allowed",
+            "This method is not allowed here",
+            None,
+            None,
+        );
+    }
+    next.run(req).await
+}
