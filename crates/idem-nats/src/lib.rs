@@ -87,17 +87,25 @@ fn nats_err(e: impl Into<BoxError>) -> NatsError {
     NatsError(e.into())
 }
 
-/// Connects to `url`. With `retry`, the client keeps trying in the background
-/// when the server is not up yet, so a relay started before its broker
-/// recovers by itself.
+/// Connects to `url`: one server, or the servers of a cluster separated by
+/// commas (`nats://a:4222,nats://b:4222`), of which the client uses one
+/// and moves to another when it is lost. With `retry`, the client keeps
+/// trying in the background when no server is up yet, so a relay started
+/// before its broker recovers by itself.
 pub async fn connect(url: &str, name: &str, retry: bool) -> Result<Context, NatsError> {
+    let servers: Vec<&str> = url.split(',').map(str::trim).collect();
+    if servers.iter().any(|s| s.is_empty()) {
+        return Err(nats_err(
+            "an empty server in the NATS URL list (two commas, or one at an end)",
+        ));
+    }
     let mut options = async_nats::ConnectOptions::new()
         .name(name)
         .connection_timeout(Duration::from_secs(5));
     if retry {
         options = options.retry_on_initial_connect();
     }
-    let client = options.connect(url).await.map_err(nats_err)?;
+    let client = options.connect(servers).await.map_err(nats_err)?;
     Ok(jetstream::new(client))
 }
 

@@ -708,3 +708,27 @@ async fn ensure_stream_creates_with_settings_and_keeps_an_operators_configuratio
     }
     js.delete_stream(&name).await.unwrap();
 }
+
+/// A cluster's servers, comma-separated, are one URL: the client connects to
+/// one that answers (here the second; nothing listens on the first). An
+/// empty entry is refused with a clear error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_comma_separated_server_list_connects_to_one_that_answers() {
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let list = format!("nats://127.0.0.1:{dead},{}", idem_testkit::nats_url());
+    let js = idem_nats::connect(&list, "idem-test-list", false)
+        .await
+        .unwrap();
+    js.client().flush().await.unwrap();
+    assert!(idem_nats::is_connected(&js));
+    let err = idem_nats::connect("nats://127.0.0.1:4222,,nats://127.0.0.1:4223", "x", false)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "nats: an empty server in the NATS URL list (two commas, or one at an end)"
+    );
+}

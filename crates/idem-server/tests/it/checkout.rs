@@ -253,7 +253,7 @@ pub async fn stock(shop: SocketAddr, sku: &str) -> (i64, i64) {
 }
 
 /// Whether an answer to `POST /v1/orders` is the intent's final answer.
-fn is_final(r: &Reply) -> bool {
+pub fn is_final(r: &Reply) -> bool {
     match r.status {
         201 | 402 | 424 | 400 => true,
         409 => r.problem_type().ends_with("/out-of-stock"),
@@ -1007,72 +1007,22 @@ pub async fn history(db: ShopDb, orders: usize) {
     }
 
     // The history, from the provider's and the relay's own records.
-    let payments = w.payments().await;
-    let refunds = w.refunds().await;
-    let mut payments_by_order: HashMap<String, Vec<(String, i64, i64)>> = HashMap::new();
-    for (id, (reference, amount, refunded)) in &payments {
-        payments_by_order
-            .entry(reference.clone())
-            .or_default()
-            .push((id.clone(), *amount, *refunded));
-    }
-    // Every charge of one order carried one key: the derived one.
-    let mut keys_by_order: HashMap<String, std::collections::HashSet<String>> = HashMap::new();
-    for c in w.proxy.charges() {
-        keys_by_order
-            .entry(c.reference.clone().unwrap_or_default())
-            .or_default()
-            .insert(c.key.clone().unwrap_or_default());
-    }
-    let key_changes: usize = keys_by_order.values().map(|k| k.len() - 1).sum();
-    let mails = w.relay.accepted();
-    let (mut confirmed, mut failed, mut declined, mut out_of_stock) = (0, 0, 0, 0);
-    let (mut double_charges, mut lost, mut duplicate_mails, mut stray) = (0, 0, 0, 0);
-    let mut sold: HashMap<&str, i64> = HashMap::new();
-    let mut known_orders = std::collections::HashSet::new();
-    for (i, sku, quantity, r) in &results {
-        let v = r.json();
-        match r.status {
-            201 => {
-                confirmed += 1;
-                let id = v["id"].as_str().unwrap().to_owned();
-                *sold.entry(sku).or_default() += quantity;
-                let p = payments_by_order.get(&id).cloned().unwrap_or_default();
-                double_charges += p.len().saturating_sub(1);
-                lost += usize::from(p.len() != 1 || p.iter().any(|x| x.2 != 0));
-                let copies = mails
-                    .iter()
-                    .filter(|m| **m == format!("confirm-{id}"))
-                    .count();
-                lost += usize::from(copies == 0);
-                duplicate_mails += copies.saturating_sub(1);
-                known_orders.insert(id);
-            }
-            402 | 424 => {
-                failed += 1;
-                declined += usize::from(r.status == 402);
-                let id = v["order"].as_str().unwrap().to_owned();
-                let p = payments_by_order.get(&id).cloned().unwrap_or_default();
-                double_charges += p.len().saturating_sub(1);
-                // No net charge: none, or refunded in full.
-                lost += p.iter().filter(|x| x.2 != x.1).count();
-                duplicate_mails += mails
-                    .iter()
-                    .filter(|m| **m == format!("confirm-{id}"))
-                    .count();
-                known_orders.insert(id);
-            }
-            409 => out_of_stock += 1,
-            s => panic!("seed {seed}: order {i} ended with {s}"),
-        }
-    }
-    for reference in payments_by_order.keys() {
-        stray += usize::from(!known_orders.contains(reference));
-    }
-    let over_refunded = refunds.values().filter(|n| **n > 1).count();
+    let t = w.tally(&results).await;
+    let OrderTally {
+        confirmed,
+        failed,
+        declined,
+        out_of_stock,
+        double_charges,
+        lost,
+        duplicate_mails,
+        stray,
+        over_refunded,
+        key_changes,
+    } = t;
     for (sku, initial) in skus {
         let (available, reserved) = stock(shop.addr, sku).await;
-        let want = initial - sold.get(sku).copied().unwrap_or(0);
+        let want = initial - t.sold(&results, sku);
         assert_eq!(
             (available + reserved, reserved),
             (want, 0),
@@ -1101,6 +1051,117 @@ pub async fn history(db: ShopDb, orders: usize) {
         (0, 0, 0, 0, 0, 0),
         "seed {seed}"
     );
+}
+
+/// What a run of orders came to, from the provider's and the mail relay's
+/// own records.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OrderTally {
+    pub confirmed: usize,
+    pub failed: usize,
+    pub declined: usize,
+    pub out_of_stock: usize,
+    pub double_charges: usize,
+    pub lost: usize,
+    pub duplicate_mails: usize,
+    pub stray: usize,
+    pub over_refunded: usize,
+    pub key_changes: usize,
+}
+
+impl OrderTally {
+    /// Units of `sku` the confirmed orders among `results` took.
+    pub fn sold(&self, results: &[(usize, &str, i64, Reply)], sku: &str) -> i64 {
+        results
+            .iter()
+            .filter(|(_, s, _, r)| *s == sku && r.status == 201)
+            .map(|(_, _, q, _)| *q)
+            .sum()
+    }
+}
+
+impl World {
+    /// The orders `results` (index, sku, quantity, final answer) against
+    /// the provider's payments and refunds and the relay's mails: a
+    /// confirmed order has one payment, not refunded, and one mail; a
+    /// failed one no net charge and no mail; no payment belongs to no order;
+    /// every charge of an order carried one key.
+    pub async fn tally(&self, results: &[(usize, &str, i64, Reply)]) -> OrderTally {
+        let w = self;
+        let payments = w.payments().await;
+        let refunds = w.refunds().await;
+        let mut payments_by_order: HashMap<String, Vec<(String, i64, i64)>> = HashMap::new();
+        for (id, (reference, amount, refunded)) in &payments {
+            payments_by_order
+                .entry(reference.clone())
+                .or_default()
+                .push((id.clone(), *amount, *refunded));
+        }
+        // Every charge of one order carried one key: the derived one.
+        let mut keys_by_order: HashMap<String, std::collections::HashSet<String>> = HashMap::new();
+        for c in w.proxy.charges() {
+            keys_by_order
+                .entry(c.reference.clone().unwrap_or_default())
+                .or_default()
+                .insert(c.key.clone().unwrap_or_default());
+        }
+        let key_changes: usize = keys_by_order.values().map(|k| k.len() - 1).sum();
+        let mails = w.relay.accepted();
+        let (mut confirmed, mut failed, mut declined, mut out_of_stock) = (0, 0, 0, 0);
+        let (mut double_charges, mut lost, mut duplicate_mails, mut stray) = (0, 0, 0, 0);
+        let mut known_orders = std::collections::HashSet::new();
+        for (i, _, _, r) in results {
+            let v = r.json();
+            match r.status {
+                201 => {
+                    confirmed += 1;
+                    let id = v["id"].as_str().unwrap().to_owned();
+                    let p = payments_by_order.get(&id).cloned().unwrap_or_default();
+                    double_charges += p.len().saturating_sub(1);
+                    lost += usize::from(p.len() != 1 || p.iter().any(|x| x.2 != 0));
+                    let copies = mails
+                        .iter()
+                        .filter(|m| **m == format!("confirm-{id}"))
+                        .count();
+                    lost += usize::from(copies == 0);
+                    duplicate_mails += copies.saturating_sub(1);
+                    known_orders.insert(id);
+                }
+                402 | 424 => {
+                    failed += 1;
+                    declined += usize::from(r.status == 402);
+                    let id = v["order"].as_str().unwrap().to_owned();
+                    let p = payments_by_order.get(&id).cloned().unwrap_or_default();
+                    double_charges += p.len().saturating_sub(1);
+                    // No net charge: none, or refunded in full.
+                    lost += p.iter().filter(|x| x.2 != x.1).count();
+                    duplicate_mails += mails
+                        .iter()
+                        .filter(|m| **m == format!("confirm-{id}"))
+                        .count();
+                    known_orders.insert(id);
+                }
+                409 => out_of_stock += 1,
+                s => panic!("order {i} ended with {s}"),
+            }
+        }
+        for reference in payments_by_order.keys() {
+            stray += usize::from(!known_orders.contains(reference));
+        }
+        let over_refunded = refunds.values().filter(|n| **n > 1).count();
+        OrderTally {
+            confirmed,
+            failed,
+            declined,
+            out_of_stock,
+            double_charges,
+            lost,
+            duplicate_mails,
+            stray,
+            over_refunded,
+            key_changes,
+        }
+    }
 }
 
 /// Drill 8 for orders: once the key's record expired and was collected, the

@@ -32,14 +32,14 @@ async fn settle(addr: std::net::SocketAddr, path: &str, key: &str, body: &str) -
 
 /// What the database says happened, per payment.
 #[derive(Debug, Default)]
-struct Effects {
-    charges: i64,
-    refunds: i64,
-    receipts: i64,
+pub struct Effects {
+    pub charges: i64,
+    pub refunds: i64,
+    pub receipts: i64,
 }
 
 /// The payments, and the effects per payment.
-async fn effects_by_payment(db_url: &str) -> (Vec<String>, BTreeMap<String, Effects>) {
+pub async fn effects_by_payment(db_url: &str) -> (Vec<String>, BTreeMap<String, Effects>) {
     type Ledger = Vec<(String, String)>;
     const PAYMENTS: &str = "SELECT id FROM demo_payments";
     const LEDGER: &str = "SELECT payment_id, kind FROM demo_ledger_entries";
@@ -73,6 +73,48 @@ async fn effects_by_payment(db_url: &str) -> (Vec<String>, BTreeMap<String, Effe
         out.entry(payment).or_default().receipts += 1;
     }
     (payments, out)
+}
+
+/// Payments whose `refunded` event is not after their `created` event in
+/// the stream (where each event first appears: a republished or replayed
+/// copy comes later).
+pub async fn misordered(js: &async_nats::jetstream::Context) -> usize {
+    let mut first_seen: BTreeMap<String, (u64, String, String)> = BTreeMap::new();
+    for (seq, id, key, subject) in stream_events(js).await {
+        first_seen.entry(id).or_insert((seq, key, subject));
+    }
+    let mut created_at: BTreeMap<String, u64> = BTreeMap::new();
+    let mut refunded_at: BTreeMap<String, u64> = BTreeMap::new();
+    for (seq, key, subject) in first_seen.into_values() {
+        let slot = if subject.ends_with("created") {
+            &mut created_at
+        } else {
+            &mut refunded_at
+        };
+        slot.insert(key, seq);
+    }
+    let mut misordered = 0usize;
+    for (payment, r) in &refunded_at {
+        misordered += usize::from(created_at.get(payment).is_none_or(|c| c >= r));
+    }
+    misordered
+}
+
+/// (lost, duplicated) effects of the acknowledged payments `done` (id,
+/// refunded?): each has one charge, one receipt, and one refund entry if
+/// it was refunded.
+pub fn tally(done: &[(String, bool)], effects: &BTreeMap<String, Effects>) -> (i64, i64) {
+    let (mut lost, mut duplicated) = (0i64, 0i64);
+    for (id, refunded) in done {
+        let e = effects.get(id);
+        let (charges, refund_rows, receipts) =
+            e.map_or((0, 0, 0), |e| (e.charges, e.refunds, e.receipts));
+        let want_refunds = i64::from(*refunded);
+        lost += (1 - charges).max(0) + (1 - receipts).max(0) + (want_refunds - refund_rows).max(0);
+        duplicated +=
+            (charges - 1).max(0) + (receipts - 1).max(0) + (refund_rows - want_refunds).max(0);
+    }
+    (lost, duplicated)
 }
 
 pub async fn history(rig: Rig, span: Duration) {
@@ -197,35 +239,8 @@ pub async fn history(rig: Rig, span: Duration) {
     let (all_payments, effects) = effects_by_payment(&rig.db_url).await;
     let payments = all_payments.len();
     let refunds = done.iter().filter(|(_, r)| *r).count();
-    // Publish order: where each event first appears in the stream.
-    let mut first_seen: BTreeMap<String, (u64, String, String)> = BTreeMap::new();
-    for (seq, id, key, subject) in stream_events(&js).await {
-        first_seen.entry(id).or_insert((seq, key, subject));
-    }
-    let mut created_at: BTreeMap<String, u64> = BTreeMap::new();
-    let mut refunded_at: BTreeMap<String, u64> = BTreeMap::new();
-    for (seq, key, subject) in first_seen.into_values() {
-        let slot = if subject.ends_with("created") {
-            &mut created_at
-        } else {
-            &mut refunded_at
-        };
-        slot.insert(key, seq);
-    }
-    let mut misordered = 0usize;
-    for (payment, r) in &refunded_at {
-        misordered += usize::from(created_at.get(payment).is_none_or(|c| c >= r));
-    }
-    let (mut lost, mut duplicated) = (0i64, 0i64);
-    for (id, refunded) in &done {
-        let e = effects.get(id);
-        let (charges, refund_rows, receipts) =
-            e.map_or((0, 0, 0), |e| (e.charges, e.refunds, e.receipts));
-        let want_refunds = i64::from(*refunded);
-        lost += (1 - charges).max(0) + (1 - receipts).max(0) + (want_refunds - refund_rows).max(0);
-        duplicated +=
-            (charges - 1).max(0) + (receipts - 1).max(0) + (refund_rows - want_refunds).max(0);
-    }
+    let misordered = misordered(&js).await;
+    let (lost, duplicated) = tally(&done, &effects);
     let strays = effects.len().saturating_sub(done.len());
     let dead = rig.outbox()["dead"].as_u64().unwrap();
     let dead_letters = match js.get_stream(idem_server::messaging::DLQ_STREAM).await {

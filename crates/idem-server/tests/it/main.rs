@@ -36,6 +36,7 @@ mod console_guard;
 mod drill_peers;
 mod drill_runner;
 mod fakes;
+mod fleet;
 mod gateway;
 mod gateway_unknown;
 mod hardening;

@@ -78,17 +78,22 @@ impl Rig {
 
     /// The outbox figures, from `idem stats`.
     pub fn outbox(&self) -> Value {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
-            .args(["stats", "--database-url", &self.db_url])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap()
+        outbox_of(&self.db_url)
     }
+}
+
+/// The outbox figures of the database at `db_url`, from `idem stats`.
+pub fn outbox_of(db_url: &str) -> Value {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["stats", "--database-url", db_url])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 /// The ledger consumer's state on the broker: (acks pending, messages not yet

@@ -50,17 +50,34 @@ impl Proc {
 
     /// Starts `idem ARGS` with extra environment variables.
     pub fn spawn_with_env(args: &[String], failpoints: Option<&str>, env: &[(&str, &str)]) -> Self {
-        let dir = TempDir::new("proc-log");
-        let log = dir.path().join("stderr.log");
         let mut cmd = idem();
-        cmd.args(args)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .envs(env.iter().copied());
+        cmd.envs(env.iter().copied());
         match failpoints {
             Some(f) => cmd.env(idem_core::failpoint::ENV, f),
             None => cmd.env_remove(idem_core::failpoint::ENV),
         };
+        Self::from_command(cmd, args)
+    }
+
+    /// Starts `program ARGS` with these environment variables: a line of a
+    /// process-manager file (`idem`, `nats-server`).
+    pub fn spawn_program(
+        program: &std::path::Path,
+        args: &[String],
+        env: &[(String, String)],
+    ) -> Self {
+        let mut cmd = Command::new(program);
+        cmd.envs(env.iter().map(|(k, v)| (k, v)))
+            .env_remove(idem_core::failpoint::ENV);
+        Self::from_command(cmd, args)
+    }
+
+    fn from_command(mut cmd: Command, args: &[String]) -> Self {
+        let dir = TempDir::new("proc-log");
+        let log = dir.path().join("stderr.log");
+        cmd.args(args)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap());
         Self {
             child: cmd.spawn().unwrap(),
             args: args.to_vec(),

@@ -107,6 +107,16 @@ pub async fn deliver(
     headers: &[(String, String)],
     body: &str,
 ) -> Reply {
+    try_deliver(addr, endpoint, headers, body).await.unwrap()
+}
+
+/// [`deliver`]; an error when the server is gone or the answer is cut.
+pub async fn try_deliver(
+    addr: SocketAddr,
+    endpoint: &str,
+    headers: &[(String, String)],
+    body: &str,
+) -> std::io::Result<Reply> {
     let extra: String = headers
         .iter()
         .map(|(n, v)| format!("{n}: {v}\r\n"))
@@ -116,7 +126,7 @@ pub async fn deliver(
          {extra}Content-Length: {}\r\n\r\n{body}",
         body.len()
     );
-    crate::exchange(addr, &req).await
+    crate::try_exchange(addr, &req).await
 }
 
 pub const STANDARD_KEY: &[u8] = b"standard-webhooks-test-key-32byte";
