@@ -128,7 +128,13 @@ impl Db {
     /// Opens the database, creating an SQLite file if missing, and applies
     /// Idem's migrations (not the demo's: [`Db::run_demo`] makes those).
     pub async fn open(url: &str) -> anyhow::Result<Db> {
-        let db = Self::connect(url).await?;
+        Self::open_with(url, None).await
+    }
+
+    /// [`Db::open`] with a pool of `pool` connections instead of the
+    /// backend's default (`--database-pool`).
+    pub async fn open_with(url: &str, pool: Option<u32>) -> anyhow::Result<Db> {
+        let db = Self::connect(url, pool).await?;
         db.clone().run(Migrate).await?;
         Ok(db)
     }
@@ -137,6 +143,11 @@ impl Db {
     /// at the wrong file must not report an empty, brand-new one as "all
     /// clear".
     pub async fn open_existing(url: &str) -> anyhow::Result<Db> {
+        Self::open_existing_with(url, None).await
+    }
+
+    /// [`Db::open_existing`] with a pool of `pool` connections.
+    pub async fn open_existing_with(url: &str, pool: Option<u32>) -> anyhow::Result<Db> {
         if let Some(path) = idem_sqlite::file_path(url)
             && !path.is_empty()
             && !std::path::Path::new(path).exists()
@@ -146,11 +157,11 @@ impl Db {
                  or create it with idem serve or idem migrate"
             );
         }
-        Self::open(url).await
+        Self::open_with(url, pool).await
     }
 
     /// Connects without migrating.
-    async fn connect(url: &str) -> anyhow::Result<Db> {
+    async fn connect(url: &str, pool: Option<u32>) -> anyhow::Result<Db> {
         if let Some(dir) = idem_sqlite::file_path(url)
             .map(std::path::Path::new)
             .and_then(std::path::Path::parent)
@@ -162,12 +173,16 @@ impl Db {
             );
         }
         if url.starts_with("sqlite:") {
-            let store = SqliteStore::connect(url, SqliteConfig::default())
+            let mut config = SqliteConfig::default();
+            config.max_connections = pool.unwrap_or(config.max_connections);
+            let store = SqliteStore::connect(url, config)
                 .await
                 .with_context(|| format!("failed to open SQLite database {url}"))?;
             Ok(Db::Sqlite(store))
         } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
-            let store = PgStore::connect(url, PgConfig::default())
+            let mut config = PgConfig::default();
+            config.max_connections = pool.unwrap_or(config.max_connections);
+            let store = PgStore::connect(url, config)
                 .await
                 .context("failed to connect to PostgreSQL")?;
             Ok(Db::Postgres(store))

@@ -3,7 +3,7 @@
 use tokio::sync::watch;
 
 use super::{ConsumerArgs, DbArgs, SideArgs, StreamArgs};
-use crate::backend::{Backend, Db, DemoJob};
+use crate::backend::{Backend, DemoJob};
 use crate::messaging::{self, ConsumeConfig};
 use crate::probe::SideListener;
 use crate::{config, shutdown};
@@ -39,10 +39,7 @@ impl ConsumeArgs {
             config,
             shutdown,
         };
-        Db::open_existing(&self.db.database_url)
-            .await?
-            .run_demo(job)
-            .await?
+        self.db.open_existing().await?.run_demo(job).await?
     }
 }
 

@@ -9,7 +9,7 @@ use idemkit::{Collector, CollectorConfig};
 use tokio::sync::watch;
 
 use super::DbArgs;
-use crate::backend::{Backend, Db, Job};
+use crate::backend::{Backend, Job};
 use crate::progress::Progress;
 use crate::shutdown::stopped;
 
@@ -50,7 +50,7 @@ impl Job for Gc {
 
 /// `idem gc`.
 pub async fn run(db: DbArgs) -> anyhow::Result<()> {
-    let c = Db::open_existing(&db.database_url).await?.run(Gc).await?;
+    let c = db.open_existing().await?.run(Gc).await?;
     println!(
         "deleted {} expired key records, {} inbox records, {} webhook receipts, {} sent outbox messages, {} finished runs, {} send-once entries, {} finished tasks",
         c.keys, c.inbox, c.receipts, c.sent, c.runs, c.messages, c.tasks

@@ -14,7 +14,7 @@ use serde_json::json;
 
 use super::DbArgs;
 use crate::admin::v1::keys::{FORCED_WARNING, ReleaseHints, release_refusal};
-use crate::backend::{Backend, Db, Job};
+use crate::backend::{Backend, Job};
 use crate::respond::rfc3339;
 
 /// `--as` of `idem keys resolve`.
@@ -98,10 +98,7 @@ impl KeysAction {
         | KeysAction::Resolve { key, .. }
         | KeysAction::Release { key, .. }) = &self;
         key.scope()?;
-        Db::open_existing(&key.db.database_url)
-            .await?
-            .run(self)
-            .await
+        key.db.open_existing().await?.run(self).await
     }
 }
 

@@ -238,6 +238,24 @@ pub struct DbArgs {
     /// missing SQLite file; the other commands refuse one.
     #[arg(long, env = "IDEM_DATABASE_URL", default_value = "sqlite://idem.db")]
     pub database_url: String,
+    /// Connections in the database pool (1 to 1000; default 16 on
+    /// PostgreSQL, 8 on SQLite). On PostgreSQL `idem serve` opens up to
+    /// three times this many sessions (the pool, the key transactions, their
+    /// read-first step), the other commands up to this many.
+    #[arg(long, env = "IDEM_DATABASE_POOL", value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub database_pool: Option<u32>,
+}
+
+impl DbArgs {
+    /// [`Db::open`](crate::backend::Db::open) with these settings.
+    pub async fn open(&self) -> anyhow::Result<crate::backend::Db> {
+        crate::backend::Db::open_with(&self.database_url, self.database_pool).await
+    }
+
+    /// [`Db::open_existing`](crate::backend::Db::open_existing) with these settings.
+    pub async fn open_existing(&self) -> anyhow::Result<crate::backend::Db> {
+        crate::backend::Db::open_existing_with(&self.database_url, self.database_pool).await
+    }
 }
 
 /// The checkout's flags (`idem serve`, `idem steps recover`).

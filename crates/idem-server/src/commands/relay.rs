@@ -7,7 +7,7 @@ use tokio::sync::watch;
 
 use super::{DbArgs, SideArgs, StreamArgs};
 use crate::admin::outbox::stats_json;
-use crate::backend::{Backend, Db, Job};
+use crate::backend::{Backend, Job};
 use crate::probe::SideListener;
 use crate::{config, messaging, shutdown};
 
@@ -45,10 +45,7 @@ impl RelayArgs {
             side,
             shutdown,
         };
-        Db::open_existing(&self.db.database_url)
-            .await?
-            .run(relay)
-            .await
+        self.db.open_existing().await?.run(relay).await
     }
 }
 

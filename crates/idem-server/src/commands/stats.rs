@@ -2,7 +2,7 @@
 
 use super::DbArgs;
 use crate::admin::outbox::store_stats_json;
-use crate::backend::{Backend, Db, Job};
+use crate::backend::{Backend, Job};
 
 struct Stats;
 
@@ -15,10 +15,7 @@ impl Job for Stats {
 
 /// `idem stats`.
 pub async fn run(db: DbArgs) -> anyhow::Result<()> {
-    let v = Db::open_existing(&db.database_url)
-        .await?
-        .run(Stats)
-        .await?;
+    let v = db.open_existing().await?.run(Stats).await?;
     println!("{v}");
     Ok(())
 }

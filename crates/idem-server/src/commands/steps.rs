@@ -8,7 +8,7 @@ use idem_steps::{Resolution, ResolveError, resolve};
 use serde_json::{Value, json};
 
 use super::{CheckoutArgs, DbArgs};
-use crate::backend::{Backend, Db, Job};
+use crate::backend::{Backend, Job};
 use crate::respond::rfc3339;
 use crate::shutdown::{self, stopped};
 
@@ -132,7 +132,7 @@ impl StepsAction {
                 "idem steps recover needs --provider-url: it runs the checkout's orders",
             )?;
         }
-        Db::open_existing(&db.database_url).await?.run(self).await
+        db.open_existing().await?.run(self).await
     }
 }
 

@@ -8,7 +8,7 @@ use idem_tasks::http::{event_json, task_json};
 use idem_tasks::{Tasks, TasksConfig, TasksError};
 
 use super::DbArgs;
-use crate::backend::{Backend, Db, Job};
+use crate::backend::{Backend, Job};
 
 /// `--as` of `idem tasks resolve`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -82,8 +82,8 @@ impl TasksAction {
         | TasksAction::Show { db, .. }
         | TasksAction::Retry { db, .. }
         | TasksAction::Resolve { db, .. }) = &self;
-        let url = db.database_url.clone();
-        Db::open_existing(&url).await?.run(self).await
+        let db = db.open_existing().await?;
+        db.run(self).await
     }
 }
 

@@ -8,7 +8,7 @@ use idem_webhooks::{find_receipt, replay_receipt};
 
 use super::DbArgs;
 use crate::admin::webhooks::{receipt_json, replay_json};
-use crate::backend::{Backend, Db, Job};
+use crate::backend::{Backend, Job};
 use crate::progress::Progress;
 
 /// `idem webhooks`'s subcommands.
@@ -63,7 +63,7 @@ impl WebhookAction {
         let (WebhookAction::List { db, .. }
         | WebhookAction::Show { db, .. }
         | WebhookAction::Replay { db, .. }) = &self;
-        Db::open_existing(&db.database_url).await?.run(self).await
+        db.open_existing().await?.run(self).await
     }
 }
 

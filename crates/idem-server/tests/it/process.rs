@@ -659,3 +659,61 @@ async fn the_baseline_route_is_mounted_only_by_the_bench_flag() {
         text(&out.stderr)
     );
 }
+
+/// `--database-pool N` bounds the sessions one `idem serve` opens on
+/// PostgreSQL to 3 × N (the pool, the key transactions, their read-first
+/// step), under more concurrent requests than that; 0 is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn database_pool_bounds_the_sessions_of_a_server_on_postgres() {
+    let db = idem_testkit::PgDatabase::create("idem_pool").await;
+    let server = Server::start(&db.url, &["--database-pool", "2"]).await;
+    let addr = server.addr;
+    let watcher = sqlx::PgPool::connect(&db.url).await.unwrap();
+    let sessions = || async {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+             AND pid <> pg_backend_pid()",
+        )
+        .fetch_one(&watcher)
+        .await
+        .unwrap();
+        n
+    };
+    let mut clients = Vec::new();
+    for c in 0..16 {
+        clients.push(tokio::spawn(async move {
+            for i in 0..15 {
+                let body = format!(
+                    r#"{{"amount":{},"currency":"EUR","customer":"cus_pool"}}"#,
+                    i + 1
+                );
+                let r = create(addr, &format!("pool-{c}-{i}"), &body).await;
+                assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
+            }
+        }));
+    }
+    let mut most = 0;
+    while clients.iter().any(|c| !c.is_finished()) {
+        most = most.max(sessions().await);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    for c in clients {
+        c.await.unwrap();
+    }
+    assert!(most >= 1, "the server had sessions open");
+    assert!(
+        most <= 6,
+        "{most} sessions with --database-pool 2 (at most 6)"
+    );
+    assert_eq!(payments_of(addr, "cus_pool").await.len(), 16 * 15);
+    let out = run(&["serve", "--database-url", &db.url, "--database-pool", "0"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("--database-pool"),
+        "{}",
+        text(&out.stderr)
+    );
+    println!(
+        "database pool: 16 clients, 240 payments, at most {most} sessions with --database-pool 2"
+    );
+}

@@ -8,7 +8,6 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use super::{CheckoutArgs, ConsumerArgs, DbArgs, StreamArgs};
-use crate::backend::Db;
 use crate::config;
 use crate::flags;
 use crate::http_server::{self, Limits};
@@ -224,7 +223,7 @@ impl ServeArgs {
             config.admin_hosts.clone(),
             crate::admin::limit::Limits::with_first_lock(config.admin_lockout),
         );
-        let db = Db::open(&self.db.database_url).await?;
+        let db = self.db.open().await?;
         let start = Start {
             config: &config,
             auth: &auth,
