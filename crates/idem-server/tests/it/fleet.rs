@@ -7,9 +7,12 @@
 //! whichever instance's worker claims them. Meanwhile: `kill -9` of a NATS
 //! node (restarted on its store), of an instance, a relay, a consumer, and
 //! PostgreSQL paused (every connection to it frozen with its socket open,
-//! as a stopped server looks to its clients). Checked as a history: every
-//! acknowledged intent has one effect, every event is applied once by the
-//! ledger, each payment's events are in order.
+//! as a stopped server looks to its clients). Then, deterministically: a
+//! webhook whose receiving instance is killed right after its `202` is
+//! forwarded by another, and a checkout whose instance is killed while the
+//! provider holds its charge is taken over by another. Checked as a
+//! history: every acknowledged intent has one effect, every event is
+//! applied once by the ledger, each payment's events are in order.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -596,6 +599,60 @@ async fn fleet_history_on_postgres() {
         .await;
     }
 
+    // A webhook whose receiver dies right after its 202: another
+    // instance's worker forwards it while the receiver is down.
+    let receiver = fleet.names("api")[0].clone();
+    let body = payment("cus_fw_orphan", "");
+    let headers = sign::github("github-secret", "fw-orphan", &body);
+    let r = try_deliver(apis[0], "github", &headers, &body)
+        .await
+        .unwrap();
+    assert_eq!(r.status, 202, "{}", String::from_utf8_lossy(&r.body));
+    fleet.kill9(&receiver);
+    eventually(
+        Duration::from_secs(30),
+        "a webhook whose receiver died is forwarded by another instance",
+        || async { !payments_of(upstream, "cus_fw_orphan").await.is_empty() },
+    )
+    .await;
+    fleet.start(&receiver);
+    fleet.ready(&receiver).await;
+
+    // A checkout whose instance dies while the provider holds its charge:
+    // the client retries on another instance, which takes the run over
+    // after its lease; one charge.
+    world.proxy.latency(Duration::from_millis(1500));
+    let victim = fleet.names("api")[1].clone();
+    let body = order_body("cus_fo_orphan", "plenty", 1, 4242);
+    let in_flight = {
+        let (addr, body) = (apis[1], body.clone());
+        tokio::spawn(
+            async move { try_call(addr, "POST", "/v1/orders", Some("fo-orphan"), &body).await },
+        )
+    };
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    fleet.kill9(&victim);
+    assert!(
+        in_flight.await.unwrap().is_err(),
+        "the order was still running when its instance died"
+    );
+    world.proxy.latency(Duration::from_millis(20));
+    let ask = Ask::Post {
+        path: "/v1/orders",
+        key: "fo-orphan",
+        body: &body,
+    };
+    let (taken_over, _) = settle_across(&apis, 2, ask, is_final).await;
+    assert_eq!(
+        taken_over.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&taken_over.body)
+    );
+    orders.push((usize::MAX, "plenty", 1, taken_over));
+    fleet.start(&victim);
+    fleet.ready(&victim).await;
+
     // The history.
     let (payments, effects) = effects_by_payment(&db_url).await;
     let (lost, duplicated) = tally(&done, &effects);
@@ -612,8 +669,9 @@ async fn fleet_history_on_postgres() {
         );
     }
     let (mut hooks_lost, mut hooks_duplicated) = (0usize, 0usize);
-    for i in &acked_hooks {
-        let n = payments_of(upstream, &format!("cus_fw{i}")).await.len();
+    let customers = acked_hooks.iter().map(|i| format!("cus_fw{i}"));
+    for customer in customers.chain(["cus_fw_orphan".to_owned()]) {
+        let n = payments_of(upstream, &customer).await.len();
         hooks_lost += usize::from(n == 0);
         hooks_duplicated += n.saturating_sub(1);
     }
@@ -678,11 +736,23 @@ async fn fleet_history_on_postgres() {
         lag_samples >= 1.0,
         "a relay's /metrics shows its publish lag"
     );
+    // Runs whose instance died, taken over by the others (the counters of
+    // the instances still up since their last restart).
+    let mut takeovers = 0.0;
+    for addr in apis.iter() {
+        let m = get_with_token(*addr, "/metrics", &token).await;
+        assert_eq!(m.status, 200);
+        takeovers += metric(
+            &String::from_utf8_lossy(&m.body),
+            "idem_lease_takeovers_total",
+        );
+    }
+    assert!(takeovers >= 1.0, "the orphaned order's run was taken over");
     println!(
         "fleet: seed={seed} processes={} startup={:.1}s chaos={:.1}s payments={} refunds={refunds} orders={} \
          confirmed={} out_of_stock={} webhooks={} resent={resent} retried_elsewhere={} \
          faults={faults:?} paused_db_not_ready={not_ready_seen} forced_duplicates={replayed} \
-         relay_lag_samples={lag_samples} consumer_applied_since_restart={applied} \
+         run_takeovers={takeovers} relay_lag_samples={lag_samples} consumer_applied_since_restart={applied} \
          consumer_redeliveries_since_restart={redeliveries} \
          lost={lost_all} duplicated={duplicated_all} misordered={misordered} dead={dead}",
         fleet.lines.len(),
