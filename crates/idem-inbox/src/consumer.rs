@@ -210,6 +210,10 @@ where
         config: ConsumerConfig,
     ) -> Result<Self, ConfigError> {
         config.validate()?;
+        // The series exists from the start (at 0), so a dashboard's rate
+        // of it is 0, not missing, until the first redelivery.
+        metrics::counter!(REDELIVERIES_TOTAL, "subscriber" => subscriber.as_str().to_owned())
+            .increment(0);
         Ok(Self {
             source,
             inbox,

@@ -52,6 +52,31 @@ pub trait Backend:
     fn ping(&self) -> impl Future<Output = Result<(), idem_core::StoreError>> + Send;
 }
 
+/// `SELECT 1` on a pooled connection. The pool hands out idle connections
+/// without a check, so after the database restarted the first ones are
+/// dead: each failed try drops one and the next takes another (the caller
+/// bounds the whole in time), so a probe — and the requests after it —
+/// do not keep meeting connections the server closed.
+async fn ping<DB: sqlx::Database>(pool: &sqlx::Pool<DB>) -> Result<(), idem_core::StoreError>
+where
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> <DB as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+{
+    let mut last = sqlx::Error::PoolClosed;
+    for _ in 0..=pool.size() {
+        let mut conn = pool.acquire().await.map_err(unavailable)?;
+        match sqlx::query("SELECT 1").execute(&mut *conn).await {
+            Ok(_) => return Ok(()),
+            Err(e) => {
+                // Closed, not handed back to the pool.
+                drop(conn.detach());
+                last = e;
+            }
+        }
+    }
+    Err(unavailable(last))
+}
+
 /// A failed ping, as the store's error.
 fn unavailable(e: sqlx::Error) -> idem_core::StoreError {
     idem_core::StoreError::Unavailable { source: e.into() }
@@ -70,11 +95,7 @@ impl Backend for SqliteStore {
     }
 
     async fn ping(&self) -> Result<(), idem_core::StoreError> {
-        sqlx::query("SELECT 1")
-            .execute(self.pool())
-            .await
-            .map(drop)
-            .map_err(unavailable)
+        ping(self.pool()).await
     }
 }
 
@@ -91,11 +112,7 @@ impl Backend for PgStore {
     }
 
     async fn ping(&self) -> Result<(), idem_core::StoreError> {
-        sqlx::query("SELECT 1")
-            .execute(self.pool())
-            .await
-            .map(drop)
-            .map_err(unavailable)
+        ping(self.pool()).await
     }
 }
 

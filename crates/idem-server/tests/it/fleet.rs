@@ -333,6 +333,11 @@ async fn fleet_history_on_postgres() {
     .unwrap();
     let mut fleet = Fleet::load(&[
         ("IDEM_DATABASE_URL", url_via(&db_url, pg.addr)),
+        // What the README has the reader put there.
+        (
+            "IDEM_ADMIN_TOKEN",
+            format!("{:016x}{:016x}", rng.next(), rng.next()),
+        ),
         ("IDEM_PROVIDER_URL", world.proxy.url()),
         ("IDEM_MAIL_URL", world.relay.url()),
         ("IDEM_RUN_LEASE", "1s".into()),

@@ -717,3 +717,62 @@ async fn database_pool_bounds_the_sessions_of_a_server_on_postgres() {
         "database pool: 16 clients, 240 payments, at most {most} sessions with --database-pool 2"
     );
 }
+
+/// After the database went away and came back, the pool's idle connections
+/// are dead. `/readyz` says ready at the first probe once it is back (each
+/// dead connection it meets is dropped and the next tried) instead of
+/// failing one probe per dead connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_is_ready_at_the_first_probe_after_the_database_returns() {
+    let db = idem_testkit::PgDatabase::create("idem_ready").await;
+    let proxy = idem_testkit::Proxy::start(idem_testkit::url_addr(&db.url)).await;
+    let url = idem_testkit::url_via(&db.url, proxy.addr);
+    let server = Server::start(&url, &[]).await;
+    let addr = server.addr;
+    // Several pooled connections, idle afterwards.
+    let mut clients = Vec::new();
+    for c in 0..8 {
+        clients.push(tokio::spawn(async move {
+            let r = call(
+                addr,
+                "GET",
+                &format!("/v1/payments?customer=cus_r{c}"),
+                None,
+                "",
+            )
+            .await;
+            assert_eq!(r.status, 200);
+            let r = call(addr, "GET", "/readyz", None, "").await;
+            assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        }));
+    }
+    for c in clients {
+        c.await.unwrap();
+    }
+    let ready = call(addr, "GET", "/readyz", None, "").await;
+    assert_eq!(
+        String::from_utf8_lossy(&ready.body),
+        r#"{"database":"ok","nats":"not used","status":"ready"}"#
+    );
+    proxy.cut().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.restore();
+    let r = call(addr, "GET", "/readyz", None, "").await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    // While it is gone: not ready, and why, without the cause's text.
+    proxy.cut().await;
+    let r = call(addr, "GET", "/readyz", None, "").await;
+    assert_eq!(r.status, 503);
+    assert_eq!(r.problem_type(), "https://idem.dev/problems/not-ready");
+    let v = r.json();
+    assert!(
+        matches!(v["database"].as_str(), Some("unavailable" | "no answer")),
+        "{v}"
+    );
+    assert!(
+        !String::from_utf8_lossy(&r.body).contains("127.0.0.1"),
+        "{v}"
+    );
+    assert_eq!(call(addr, "GET", "/healthz", None, "").await.status, 200);
+    proxy.restore();
+}
