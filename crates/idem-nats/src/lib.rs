@@ -93,12 +93,7 @@ fn nats_err(e: impl Into<BoxError>) -> NatsError {
 /// trying in the background when no server is up yet, so a relay started
 /// before its broker recovers by itself.
 pub async fn connect(url: &str, name: &str, retry: bool) -> Result<Context, NatsError> {
-    let servers: Vec<&str> = url.split(',').map(str::trim).collect();
-    if servers.iter().any(|s| s.is_empty()) {
-        return Err(nats_err(
-            "an empty server in the NATS URL list (two commas, or one at an end)",
-        ));
-    }
+    let servers = servers(url)?;
     let mut options = async_nats::ConnectOptions::new()
         .name(name)
         .connection_timeout(Duration::from_secs(5));
@@ -107,6 +102,32 @@ pub async fn connect(url: &str, name: &str, retry: bool) -> Result<Context, Nats
     }
     let client = options.connect(servers).await.map_err(nats_err)?;
     Ok(jetstream::new(client))
+}
+
+/// The servers of `url` (one, or several separated by commas), each
+/// checked: not empty, a `nats://` or `tls://` URL that parses. The error
+/// never repeats the text of a server (it may hold a password).
+pub fn servers(url: &str) -> Result<Vec<&str>, NatsError> {
+    let servers: Vec<&str> = url.split(',').map(str::trim).collect();
+    for (i, server) in servers.iter().enumerate() {
+        let n = i + 1;
+        if server.is_empty() {
+            return Err(nats_err(
+                "an empty server in the NATS URL list (two commas, or one at an end)",
+            ));
+        }
+        if !(server.starts_with("nats://") || server.starts_with("tls://")) {
+            return Err(nats_err(format!(
+                "server {n} of the NATS URL list is not a nats:// or tls:// URL"
+            )));
+        }
+        if let Err(e) = server.parse::<async_nats::ServerAddr>() {
+            return Err(nats_err(format!(
+                "server {n} of the NATS URL list is not a valid URL: {e}"
+            )));
+        }
+    }
+    Ok(servers)
 }
 
 /// Whether the client behind `js` is connected to a server right now (a
@@ -247,6 +268,9 @@ impl NatsPublisher {
 fn classify(kind: async_nats::jetstream::context::PublishErrorKind, e: BoxError) -> PublishError {
     use async_nats::jetstream::context::PublishErrorKind as K;
     match kind {
+        // JetStream answered 503 (insufficient resources, system temporarily
+        // unavailable, …): the broker's state, not the message's fault.
+        K::Other if jetstream_unavailable(&*e) => PublishError::Unavailable { source: e },
         // The message itself is at fault: counts as an attempt.
         K::MaxPayloadExceeded | K::Other => PublishError::Rejected {
             reason: e.to_string(),
@@ -254,6 +278,19 @@ fn classify(kind: async_nats::jetstream::context::PublishErrorKind, e: BoxError)
         // The broker, its stream or the network: wait without an attempt.
         _ => PublishError::Unavailable { source: e },
     }
+}
+
+/// Whether `e` or one of its sources is a JetStream API error with status
+/// 503 (the service is unavailable).
+fn jetstream_unavailable(e: &(dyn std::error::Error + Send + Sync + 'static)) -> bool {
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = next {
+        if let Some(js) = err.downcast_ref::<jetstream::Error>() {
+            return js.code() == 503;
+        }
+        next = err.source();
+    }
+    false
 }
 
 impl Publisher for NatsPublisher {

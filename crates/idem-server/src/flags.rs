@@ -85,6 +85,9 @@ pub fn nats_url(url: &str) -> anyhow::Result<()> {
     if !(url.starts_with("nats://") || url.starts_with("tls://")) || url.len() > 1024 {
         bail!("--nats-url must be a nats:// or tls:// URL");
     }
+    // A list is checked entry by entry now, so a bad one is refused like
+    // any other flag (not logged by a process that then exits 0).
+    idem_nats::servers(url).map_err(|e| anyhow::anyhow!("--nats-url: {e:#}"))?;
     Ok(())
 }
 

@@ -732,3 +732,67 @@ async fn a_comma_separated_server_list_connects_to_one_that_answers() {
         "nats: an empty server in the NATS URL list (two commas, or one at an end)"
     );
 }
+
+/// A broker that is out of storage answers a publish with JetStream's
+/// `insufficient resources` (status 503, error code 10023). That is the
+/// broker's state, not the message's fault: the publish must be reported
+/// as unavailable (retried without counting an attempt), or every message
+/// the relay tries meanwhile is marked dead after `max_attempts` refusals
+/// (about three minutes with the default backoff) while a disk is full.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_out_of_storage_is_unavailable_not_a_rejection() {
+    let dir = idem_testkit::TempDir::new("nats-small");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let config = dir.path().join("nats.conf");
+    std::fs::write(
+        &config,
+        format!(
+            "listen: 127.0.0.1:{port}\njetstream {{ store_dir: {:?}, max_file_store: 65536, max_memory_store: 1048576 }}\n",
+            dir.path().join("js").display().to_string()
+        ),
+    )
+    .unwrap();
+    let binary = std::env::var("IDEM_TEST_NATS_SERVER").unwrap_or_else(|_| "nats-server".into());
+    let mut child = std::process::Command::new(&binary)
+        .arg("-c")
+        .arg(&config)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let url = format!("nats://127.0.0.1:{port}");
+    let mut js = None;
+    for _ in 0..300 {
+        if let Ok(c) = idem_nats::connect(&url, "idem-test-small", false).await {
+            js = Some(c);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let js = js.expect("the small nats-server answers");
+    let s = Streams::create(&js).await;
+    let publisher = NatsPublisher::new(js.clone());
+    let payload = "x".repeat(2000);
+    let mut refused = None;
+    for i in 0..200 {
+        let m = s.message(&format!("k{i}"), &payload);
+        match publisher.publish(&record(&m, i)).await {
+            Ok(_) => {}
+            Err(e) => {
+                refused = Some(e);
+                break;
+            }
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let e = refused.expect("a 64 KiB store is full after 200 messages of 2 KB");
+    assert!(
+        e.retryable(),
+        "a full broker store must cost no attempt, got: {e}"
+    );
+}

@@ -776,3 +776,71 @@ async fn readyz_is_ready_at_the_first_probe_after_the_database_returns() {
     assert_eq!(call(addr, "GET", "/healthz", None, "").await.status, 200);
     proxy.restore();
 }
+
+/// Runs `idem args` for at most `within`: its exit status and stderr, or
+/// `None` for the status when it was still running then (it is killed).
+fn run_within(args: &[&str], within: Duration) -> (Option<std::process::ExitStatus>, String) {
+    let mut child = idem()
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + within;
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break Some(s);
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        use std::io::Read;
+        let _ = e.read_to_string(&mut err);
+    }
+    (status, err)
+}
+
+/// A NATS server list that cannot be used (an empty entry, another scheme
+/// than nats:// or tls:// after the first, a port out of range) is refused
+/// like any other bad flag: a non-zero exit and one `error:` line — not an
+/// ERROR log line followed by exit status 0 (which a process manager or a
+/// Procfile runner takes for a clean stop), nor a server that runs on
+/// without its relay. And a password in the list is never printed, even
+/// one with a comma in it.
+#[test]
+fn a_bad_nats_server_list_is_refused_with_a_failing_exit_status() {
+    let dir = TempDir::new("bad-nats-list");
+    let db = dir.sqlite_url();
+    let out = run(&["migrate", "--database-url", &db]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let lists = [
+        "nats://127.0.0.1:1,",
+        "nats://127.0.0.1:1,,nats://127.0.0.1:2",
+        "nats://127.0.0.1:1,http://127.0.0.1:2",
+        "nats://127.0.0.1:1,nats://127.0.0.1:99999",
+        "nats://alice:s3cr,etPW@127.0.0.1:1",
+    ];
+    let mut wrong = Vec::new();
+    for list in lists {
+        for command in ["relay", "consume"] {
+            let (status, err) = run_within(
+                &[command, "--database-url", &db, "--nats-url", list],
+                Duration::from_secs(20),
+            );
+            let refused = status.is_some_and(|s| !s.success());
+            if !refused || !err.contains("error:") || err.contains("s3cr") {
+                wrong.push(format!(
+                    "idem {command} --nats-url {list:?}: exit {status:?}, stderr: {}",
+                    err.trim()
+                ));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
