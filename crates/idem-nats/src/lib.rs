@@ -245,11 +245,41 @@ async fn create(
         num_replicas: settings.replicas,
         ..Default::default()
     };
-    js.create_stream(config).await.map_err(nats_err)?;
-    Ok(StreamReady {
-        created: true,
-        replicas: settings.replicas,
-    })
+    match js.create_stream(config).await {
+        Ok(_) => Ok(StreamReady {
+            created: true,
+            replicas: settings.replicas,
+        }),
+        Err(e)
+            if matches!(
+                e.kind(),
+                jetstream::context::CreateStreamErrorKind::JetStream(ref j)
+                    if j.error_code() == jetstream::ErrorCode::STREAM_REPLICAS_NOT_SUPPORTED
+            ) =>
+        {
+            Err(nats_err(ReplicasUnsupported {
+                stream: name.to_owned(),
+                replicas: settings.replicas,
+            }))
+        }
+        Err(e) => Err(nats_err(e)),
+    }
+}
+
+/// A stream was asked for more than one replica from a NATS server that
+/// is not in a JetStream cluster: a setting to change, not a state to wait
+/// out. [`ensure_stream_with`] returns it as its error's source
+/// (`error.0.downcast_ref::<ReplicasUnsupported>()`).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "stream {stream}: {replicas} replicas asked, but this NATS server is not in a JetStream \
+     cluster (ask for 1, or run a cluster)"
+)]
+pub struct ReplicasUnsupported {
+    /// The stream.
+    pub stream: String,
+    /// The replicas asked for.
+    pub replicas: usize,
 }
 
 /// Publishes outbox messages to JetStream.

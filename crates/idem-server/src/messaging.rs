@@ -33,22 +33,23 @@ pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(300);
 /// Connects (retrying in the background while the server is down) and makes
 /// sure both streams exist — created with `replicas` copies when they do
 /// not — retrying until they do or `shutdown`, which ends the wait at
-/// once, whatever the broker is doing.
+/// once (`Ok(None)`), whatever the broker is doing. A setting the broker
+/// can never satisfy (more than one replica from a server that is not in a
+/// cluster) is an error, not a wait.
 pub async fn prepare(
     url: &str,
     name: &str,
     replicas: usize,
     shutdown: watch::Receiver<bool>,
-) -> Option<Context> {
+) -> anyhow::Result<Option<Context>> {
     let shown = without_credentials(url);
     let connect = idem_nats::connect(url, name, true);
     let js = tokio::select! {
-        _ = stopped(shutdown.clone()) => return None,
+        _ = stopped(shutdown.clone()) => return Ok(None),
         js = connect => match js {
             Ok(js) => js,
             Err(e) => {
-                tracing::error!(url = %shown, error = &e as &dyn std::error::Error, "invalid NATS settings");
-                return None;
+                return Err(anyhow::Error::new(e).context(format!("invalid NATS settings ({shown})")));
             }
         },
     };
@@ -64,7 +65,7 @@ pub async fn prepare(
         }
         waited += 1;
         tokio::select! {
-            _ = stopped(shutdown.clone()) => return None,
+            _ = stopped(shutdown.clone()) => return Ok(None),
             _ = tokio::time::sleep(Duration::from_millis(200)) => {}
         }
     }
@@ -85,7 +86,7 @@ pub async fn prepare(
             Ok::<_, idem_nats::NatsError>([(STREAM, events), (DLQ_STREAM, dlq)])
         };
         let result = tokio::select! {
-            _ = stopped(shutdown.clone()) => return None,
+            _ = stopped(shutdown.clone()) => return Ok(None),
             r = ready => r,
         };
         match result {
@@ -107,7 +108,14 @@ pub async fn prepare(
                     tracing::info!(url = %shown, "NATS reachable; streams ready");
                 }
                 tokio::spawn(watch_connection(url.to_owned(), js.clone(), shutdown));
-                return Some(js);
+                return Ok(Some(js));
+            }
+            Err(e)
+                if e.0
+                    .downcast_ref::<idem_nats::ReplicasUnsupported>()
+                    .is_some() =>
+            {
+                return Err(anyhow::Error::new(e).context("--nats-replicas"));
             }
             Err(e) => {
                 attempts += 1;
@@ -124,7 +132,7 @@ pub async fn prepare(
             }
         }
         tokio::select! {
-            _ = stopped(shutdown.clone()) => return None,
+            _ = stopped(shutdown.clone()) => return Ok(None),
             _ = tokio::time::sleep(delay) => {}
         }
         delay = (delay * 2).min(Duration::from_secs(5));

@@ -1,9 +1,9 @@
 //! What a process manager and a load balancer ask a process: `/healthz`
 //! (liveness: the process answers; always `ok`), `/readyz` (readiness: the
-//! database answered a query within two seconds and, when the process uses
-//! NATS, the connection to it is up) — and, for `idem relay` and `idem
-//! consume`, which serve no API, a side listener (`--metrics-listen`) with
-//! both and `/metrics`.
+//! database answered a query within two seconds and, for a relay or a
+//! consumer, JetStream answered a request — an API reports NATS without
+//! depending on it) — and, for `idem relay` and `idem consume`, which serve
+//! no API, a side listener (`--metrics-listen`) with both and `/metrics`.
 //!
 //! A process that is live but not ready keeps its work: the relay's events
 //! wait in the outbox, the consumer's deliveries in the stream, a request
@@ -30,23 +30,39 @@ use crate::shutdown::stopped;
 /// are ready (`None` until then).
 pub type Broker = watch::Receiver<Option<idem_nats::Context>>;
 
-/// How long `/readyz` waits for the database.
+/// How long `/readyz` waits for the database and for JetStream.
 pub const DATABASE_WAIT: Duration = Duration::from_secs(2);
+
+/// How long an answer of `/readyz` is reused: probes (which need no token)
+/// cost the database one query a second at most, however many arrive.
+const REUSE: Duration = Duration::from_secs(1);
 
 /// Readiness over `store` and, when the process uses NATS, `broker`.
 struct Ready<B> {
     store: B,
     broker: Option<Broker>,
+    /// Whether the process is not ready without NATS (a relay, a consumer)
+    /// or only reports it (an API: its events wait in the outbox).
+    nats_gates: bool,
+    last: tokio::sync::Mutex<Option<(tokio::time::Instant, &'static str, &'static str)>>,
 }
 
-/// `GET /readyz` (and `GET /healthz`, which only says the process answers).
-pub fn router<B: Backend>(store: B, broker: Option<Broker>) -> Router {
+/// `GET /readyz` over `store` and, when the process uses NATS, `broker`:
+/// with `nats_gates` a process is not ready while JetStream does not
+/// answer (a relay, a consumer); without, the NATS state is only reported
+/// (an API serves without it).
+pub fn router<B: Backend>(store: B, broker: Option<Broker>, nats_gates: bool) -> Router {
     Router::new()
         .route("/readyz", get(readyz::<B>))
-        .with_state(Arc::new(Ready { store, broker }))
+        .with_state(Arc::new(Ready {
+            store,
+            broker,
+            nats_gates,
+            last: tokio::sync::Mutex::new(None),
+        }))
 }
 
-/// What one dependency says.
+/// What the database says.
 fn database_state(
     result: Result<Result<(), idem_core::StoreError>, tokio::time::error::Elapsed>,
 ) -> &'static str {
@@ -61,22 +77,47 @@ fn database_state(
     }
 }
 
-fn nats_state(broker: Option<&Broker>) -> &'static str {
-    match broker {
-        None => "not used",
+/// What NATS says: connected, and JetStream answers a request about the
+/// events stream (with a cluster that lost its quorum the connection is up
+/// but JetStream does not answer).
+async fn nats_state(broker: Option<&Broker>) -> &'static str {
+    let js = match broker {
+        None => return "not used",
         Some(b) => match &*b.borrow() {
-            None => "connecting",
-            Some(js) if idem_nats::is_connected(js) => "ok",
-            Some(_) => "disconnected",
+            None => return "connecting",
+            Some(js) if idem_nats::is_connected(js) => js.clone(),
+            Some(_) => return "disconnected",
         },
+    };
+    match tokio::time::timeout(DATABASE_WAIT, js.get_stream(crate::messaging::STREAM)).await {
+        Ok(Ok(_)) => "ok",
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "readiness: JetStream refused");
+            "unavailable"
+        }
+        Err(_) => "no answer",
     }
 }
 
 async fn readyz<B: Backend>(State(ready): State<Arc<Ready<B>>>) -> Response {
-    let database = database_state(tokio::time::timeout(DATABASE_WAIT, ready.store.ping()).await);
-    let nats = nats_state(ready.broker.as_ref());
-    let ok = database == "ok" && matches!(nats, "ok" | "not used");
-    if ok {
+    let (database, nats) = {
+        // One check at a time; the others wait for it and take its answer.
+        let mut last = ready.last.lock().await;
+        match *last {
+            Some((at, database, nats)) if at.elapsed() < REUSE => (database, nats),
+            _ => {
+                let (database, nats) = tokio::join!(
+                    tokio::time::timeout(DATABASE_WAIT, ready.store.ping()),
+                    nats_state(ready.broker.as_ref())
+                );
+                let database = database_state(database);
+                *last = Some((tokio::time::Instant::now(), database, nats));
+                (database, nats)
+            }
+        }
+    };
+    let nats_ok = !ready.nats_gates || matches!(nats, "ok" | "not used");
+    if database == "ok" && nats_ok {
         let body = serde_json::json!({"status": "ready", "database": database, "nats": nats});
         return (
             StatusCode::OK,
@@ -125,6 +166,14 @@ impl SideListener {
         let Some(listen) = listen else {
             return Ok(None);
         };
+        if admin_token.is_none() && !public_metrics && !listen.ip().is_loopback() {
+            anyhow::bail!(
+                "--metrics-listen {listen} is not a loopback address: set --admin-token (or \
+                 IDEM_ADMIN_TOKEN; generate one with: {}) so /metrics there is not open to \
+                 the network, or --public-metrics to open it on purpose",
+                crate::admin::token::GENERATE
+            );
+        }
         let token = match (admin_token, public_metrics) {
             (None, true) => None,
             _ => crate::config::admin_token(admin_token, listen)
@@ -154,7 +203,7 @@ impl SideListener {
         let metrics = crate::metrics::router(store.clone(), self.access, crate::metrics::install());
         let app = Router::new()
             .route("/healthz", get(|| async { "ok" }))
-            .merge(router(store, Some(broker)))
+            .merge(router(store, Some(broker), true))
             .merge(metrics)
             .fallback(not_found)
             .layer(axum::middleware::from_fn(only_get));

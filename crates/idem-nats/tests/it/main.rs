@@ -692,7 +692,12 @@ async fn ensure_stream_creates_with_settings_and_keeps_an_operators_configuratio
     let err = ensure_stream_with(&js, &fresh, &[&format!("{fresh}.>")], &three)
         .await
         .unwrap_err();
-    assert!(err.to_string().to_lowercase().contains("replica"), "{err}");
+    let unsupported = err.0.downcast_ref::<idem_nats::ReplicasUnsupported>();
+    assert_eq!(
+        unsupported.map(|u| u.replicas),
+        Some(3),
+        "a setting to change, told apart: {err}"
+    );
     for replicas in [0, 6] {
         let bad = StreamSettings {
             replicas,

@@ -65,7 +65,7 @@ impl DemoJob for Consume {
             self.replicas,
             self.shutdown.clone(),
         )
-        .await
+        .await?
         else {
             return Ok(());
         };

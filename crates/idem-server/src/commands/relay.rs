@@ -72,7 +72,7 @@ impl Job for Relay {
             self.replicas,
             shutdown.clone(),
         )
-        .await
+        .await?
         else {
             return Ok(());
         };

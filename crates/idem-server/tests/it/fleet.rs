@@ -526,6 +526,8 @@ async fn fleet_history_on_postgres() {
             "pause" => {
                 pg.freeze();
                 let paused = Instant::now();
+                // Past the second an answer of /readyz is reused.
+                tokio::time::sleep(Duration::from_millis(1100)).await;
                 // An API asked while its database is paused is not ready.
                 let api = apis[rng.range(0, 3) as usize];
                 let r = tokio::time::timeout(
@@ -789,4 +791,38 @@ async fn fleet_history_on_postgres() {
         (0, 0, 0, 0, 0),
         "seed {seed}: lost, duplicated, misordered, dead, key changes"
     );
+
+    // Two NATS nodes down: JetStream has no quorum. A relay, connected to
+    // the third or reconnecting, is not ready; an API (no NATS) is.
+    let nodes = fleet.names("nats");
+    for node in &nodes[..2] {
+        fleet.kill9(node);
+    }
+    let relay = fleet.addr(&fleet.names("relay")[0], "--metrics-listen");
+    let relay_ready = || async {
+        try_call(relay, "GET", "/readyz", None, "")
+            .await
+            .map_or(0, |r| r.status)
+    };
+    eventually(
+        Duration::from_secs(30),
+        "a relay is not ready without a JetStream quorum",
+        || async { relay_ready().await == 503 },
+    )
+    .await;
+    assert_eq!(
+        crate::call(apis[0], "GET", "/readyz", None, "")
+            .await
+            .status,
+        200
+    );
+    for node in &nodes[..2] {
+        fleet.start(node);
+    }
+    eventually(
+        Duration::from_secs(60),
+        "the relay is ready again with the quorum back",
+        || async { relay_ready().await == 200 },
+    )
+    .await;
 }

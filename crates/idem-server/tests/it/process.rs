@@ -754,13 +754,16 @@ async fn readyz_is_ready_at_the_first_probe_after_the_database_returns() {
         String::from_utf8_lossy(&ready.body),
         r#"{"database":"ok","nats":"not used","status":"ready"}"#
     );
+    // (An answer is reused for a second: each probe below comes after it.)
+    let past_reuse = Duration::from_millis(1100);
     proxy.cut().await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(past_reuse).await;
     proxy.restore();
     let r = call(addr, "GET", "/readyz", None, "").await;
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     // While it is gone: not ready, and why, without the cause's text.
     proxy.cut().await;
+    tokio::time::sleep(past_reuse).await;
     let r = call(addr, "GET", "/readyz", None, "").await;
     assert_eq!(r.status, 503);
     assert_eq!(r.problem_type(), "https://idem.dev/problems/not-ready");
@@ -843,4 +846,102 @@ fn a_bad_nats_server_list_is_refused_with_a_failing_exit_status() {
         }
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// An API with `--nats-url` reports NATS in `/readyz` but stays ready
+/// without it (it serves; its events wait in the outbox); a relay is not
+/// ready without it. And `--nats-replicas 3` against a server that is not
+/// in a cluster is a setting to change: the relay exits 1 saying so,
+/// instead of retrying for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_with_nats_down_and_replicas_a_single_server_cannot_hold() {
+    let dir = TempDir::new("ready-nats");
+    let db = dir.sqlite_url();
+    let mut nats = idem_testkit::NatsServer::start();
+    let server = Server::start(&db, &["--nats-url", &nats.url()]).await;
+    let side = free_port();
+    let relay_args: Vec<String> = [
+        "relay",
+        "--database-url",
+        &db,
+        "--nats-url",
+        &nats.url(),
+        "--metrics-listen",
+        &format!("127.0.0.1:{side}"),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let _relay = Proc::spawn(&relay_args, None);
+    let relay: SocketAddr = format!("127.0.0.1:{side}").parse().unwrap();
+    let ready_body = |r: &crate::Reply| String::from_utf8_lossy(&r.body).into_owned();
+    let mut both_ready = false;
+    for _ in 0..200 {
+        let api = try_call(server.addr, "GET", "/readyz", None, "").await;
+        let rel = try_call(relay, "GET", "/readyz", None, "").await;
+        if matches!((&api, &rel), (Ok(a), Ok(r)) if a.status == 200 && r.status == 200 && a.json()["nats"] == "ok")
+        {
+            both_ready = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(both_ready, "the API and the relay are ready with NATS up");
+    nats.kill();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let api = call(server.addr, "GET", "/readyz", None, "").await;
+    assert_eq!(api.status, 200, "{}", ready_body(&api));
+    assert_ne!(api.json()["nats"], "ok", "{}", ready_body(&api));
+    let rel = call(relay, "GET", "/readyz", None, "").await;
+    assert_eq!(rel.status, 503, "{}", ready_body(&rel));
+    // The API still takes payments; their events wait.
+    let r = create(server.addr, "ready-nats-1", PAY).await;
+    assert_eq!(r.status, 201);
+    nats.restart();
+    // A server without the streams: the relay would create them.
+    let fresh = idem_testkit::NatsServer::start();
+    let (status, err) = run_within(
+        &[
+            "relay",
+            "--database-url",
+            &db,
+            "--nats-url",
+            &fresh.url(),
+            "--nats-replicas",
+            "3",
+        ],
+        Duration::from_secs(30),
+    );
+    assert!(
+        status.is_some_and(|s| s.code() == Some(1)),
+        "exit {status:?}: {err}"
+    );
+    assert!(err.contains("not in a JetStream cluster"), "{err}");
+}
+
+/// A relay's or consumer's `/metrics` off loopback needs the admin token or
+/// `--public-metrics`: refused at start in words about `--metrics-listen`.
+#[test]
+fn a_side_listener_off_loopback_without_a_token_is_refused() {
+    let dir = TempDir::new("side-refused");
+    let db = dir.sqlite_url();
+    assert!(run(&["migrate", "--database-url", &db]).status.success());
+    for command in ["relay", "consume"] {
+        let out = run(&[
+            command,
+            "--database-url",
+            &db,
+            "--nats-url",
+            "nats://127.0.0.1:1",
+            "--metrics-listen",
+            "0.0.0.0:0",
+        ]);
+        assert_eq!(out.status.code(), Some(1), "{command}");
+        let err = text(&out.stderr);
+        assert!(
+            err.starts_with("error: --metrics-listen 0.0.0.0:0 is not a loopback address"),
+            "{command}: {err}"
+        );
+        assert_eq!(err.trim().lines().count(), 1, "{command}: {err}");
+    }
 }

@@ -76,6 +76,7 @@ impl Job for Own<'_> {
         let ready = crate::probe::router(
             store.clone(),
             config.nats_url.is_some().then(|| broker.clone()),
+            false,
         );
         // The task API's paths are /v1/…: a gateway's /v1 is its upstream's.
         let tasks = match config.app {
@@ -208,9 +209,14 @@ fn start_messaging<B: Backend>(
         slot.clone(),
     );
     tokio::spawn(async move {
-        let Some(js) = messaging::prepare(&url, "idem-serve", replicas, shutdown.clone()).await
-        else {
-            return;
+        let js = match messaging::prepare(&url, "idem-serve", replicas, shutdown.clone()).await {
+            Ok(Some(js)) => js,
+            Ok(None) => return,
+            // The API goes on; the events wait in the outbox for a relay.
+            Err(e) => {
+                tracing::error!(error = %format!("{e:#}"), "relay not started");
+                return;
+            }
         };
         connected.send_replace(Some(js.clone()));
         let lease = idem_outbox::DispatcherConfig::default().lease;
