@@ -205,7 +205,7 @@ impl SideListener {
             .route("/healthz", get(|| async { "ok" }))
             .merge(router(store, Some(broker), true))
             .merge(metrics)
-            .fallback(not_found)
+            .fallback(crate::routes::not_found)
             .layer(axum::middleware::from_fn(only_get));
         tracing::info!(listen = %bound, "serving /healthz, /readyz and /metrics");
         let limits = Limits {
@@ -220,27 +220,11 @@ impl SideListener {
     }
 }
 
-async fn not_found() -> Response {
-    idem_http::problem(
-        StatusCode::NOT_FOUND,
-        "not-found",
-        "No such resource",
-        None,
-        None,
-    )
-}
-
 /// The side listener reads nothing: a request with a body or another
 /// method than GET is refused before a route sees it.
 async fn only_get(req: Request, next: axum::middleware::Next) -> Response {
     if req.method() != axum::http::Method::GET && req.method() != axum::http::Method::HEAD {
-        return idem_http::problem(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "method-not-allowed",
-            "This method is not allowed here",
-            None,
-            None,
-        );
+        return crate::routes::method_not_allowed().await;
     }
     next.run(req).await
 }

@@ -55,7 +55,8 @@ pub fn service(api: Router, auth: Arc<Auth>, fallback: Option<Router>) -> Router
     Router::new().fallback_service(around)
 }
 
-async fn not_found() -> Response {
+/// 404 problem+json.
+pub(crate) async fn not_found() -> Response {
     idem_http::problem(
         StatusCode::NOT_FOUND,
         "not-found",
@@ -65,7 +66,8 @@ async fn not_found() -> Response {
     )
 }
 
-async fn method_not_allowed() -> Response {
+/// 405 problem+json.
+pub(crate) async fn method_not_allowed() -> Response {
     idem_http::problem(
         StatusCode::METHOD_NOT_ALLOWED,
         "method-not-allowed",
