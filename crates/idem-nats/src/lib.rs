@@ -206,8 +206,9 @@ pub async fn ensure_stream_with(
     }
     let subjects: Vec<String> = subjects.iter().map(|s| (*s).to_owned()).collect();
     match js.get_stream(name).await {
-        Ok(mut stream) => {
-            let mut config = stream.info().await.map_err(nats_err)?.config.clone();
+        // `get_stream` fetched the stream's info already.
+        Ok(stream) => {
+            let mut config = stream.cached_info().config.clone();
             let replicas = config.num_replicas.max(1);
             if config.subjects != subjects || config.duplicate_window != settings.duplicate_window {
                 config.subjects = subjects;
@@ -264,6 +265,28 @@ async fn create(
         }
         Err(e) => Err(nats_err(e)),
     }
+}
+
+/// Whether the stream `name` answers and a majority of its copies is
+/// current: its leader and the replicas that follow it. A cluster that lost
+/// two of three nodes keeps client connections up, and the node left may
+/// still answer about the stream as its stalled leader; its answer shows
+/// the replicas that are not current. A stream on a single server (no
+/// cluster information) is its own majority.
+pub async fn stream_has_quorum(js: &Context, name: &str) -> Result<bool, NatsError> {
+    let stream = js.get_stream(name).await.map_err(nats_err)?;
+    let info = stream.cached_info();
+    let Some(cluster) = &info.cluster else {
+        return Ok(true);
+    };
+    let copies = info.config.num_replicas.max(1);
+    let leader = usize::from(cluster.leader.is_some());
+    let following = cluster
+        .replicas
+        .iter()
+        .filter(|p| p.current && !p.offline)
+        .count();
+    Ok(leader + following > copies / 2)
 }
 
 /// A stream was asked for more than one replica from a NATS server that

@@ -74,11 +74,11 @@ pub async fn prepare(
     }
     let mut delay = Duration::from_millis(200);
     let mut attempts = 0u32;
+    let settings = idem_nats::StreamSettings {
+        replicas,
+        ..idem_nats::StreamSettings::new(DUPLICATE_WINDOW)
+    };
     loop {
-        let settings = idem_nats::StreamSettings {
-            replicas,
-            ..idem_nats::StreamSettings::new(DUPLICATE_WINDOW)
-        };
         let ready = async {
             let events = idem_nats::ensure_stream_with(&js, STREAM, SUBJECTS, &settings).await?;
             let dlq =

@@ -77,9 +77,11 @@ fn database_state(
     }
 }
 
-/// What NATS says: connected, and JetStream answers a request about the
-/// events stream (with a cluster that lost its quorum the connection is up
-/// but JetStream does not answer).
+/// What NATS says: connected, JetStream answers a request about the events
+/// stream, and the stream has a quorum. A cluster that lost two of three
+/// nodes keeps the connection up, and the node left may still answer
+/// about the stream (as its stalled leader): its answer says how many of
+/// the stream's copies are current.
 async fn nats_state(broker: Option<&Broker>) -> &'static str {
     let js = match broker {
         None => return "not used",
@@ -89,8 +91,10 @@ async fn nats_state(broker: Option<&Broker>) -> &'static str {
             Some(_) => return "disconnected",
         },
     };
-    match tokio::time::timeout(DATABASE_WAIT, js.get_stream(crate::messaging::STREAM)).await {
-        Ok(Ok(_)) => "ok",
+    let quorum = idem_nats::stream_has_quorum(&js, crate::messaging::STREAM);
+    match tokio::time::timeout(DATABASE_WAIT, quorum).await {
+        Ok(Ok(true)) => "ok",
+        Ok(Ok(false)) => "no quorum",
         Ok(Err(e)) => {
             tracing::warn!(error = %e, "readiness: JetStream refused");
             "unavailable"
@@ -174,11 +178,10 @@ impl SideListener {
                 crate::admin::token::GENERATE
             );
         }
-        let token = match (admin_token, public_metrics) {
-            (None, true) => None,
-            _ => crate::config::admin_token(admin_token, listen)
-                .map_err(|e| anyhow::anyhow!("--metrics-listen: {e:#}"))?,
-        };
+        let token = admin_token
+            .map(crate::admin::AdminToken::new)
+            .transpose()
+            .map_err(|e| anyhow::anyhow!("--metrics-listen: --admin-token: {e}"))?;
         let access = if public_metrics {
             crate::metrics::Access::Public
         } else {

@@ -667,6 +667,10 @@ async fn ensure_stream_creates_with_settings_and_keeps_an_operators_configuratio
         .await
         .unwrap();
     assert_eq!((made.created, made.replicas), (true, 1));
+    assert!(
+        idem_nats::stream_has_quorum(&js, &name).await.unwrap(),
+        "a stream on a single server is its own majority"
+    );
     // An operator sets a limit on it.
     let mut stream = js.get_stream(&name).await.unwrap();
     let mut config = stream.info().await.unwrap().config.clone();

@@ -1008,21 +1008,9 @@ pub async fn history(db: ShopDb, orders: usize) {
 
     // The history, from the provider's and the relay's own records.
     let t = w.tally(&results).await;
-    let OrderTally {
-        confirmed,
-        failed,
-        declined,
-        out_of_stock,
-        double_charges,
-        lost,
-        duplicate_mails,
-        stray,
-        over_refunded,
-        key_changes,
-    } = t;
     for (sku, initial) in skus {
         let (available, reserved) = stock(shop.addr, sku).await;
-        let want = initial - t.sold(&results, sku);
+        let want = initial - sold(&results, sku);
         assert_eq!(
             (available + reserved, reserved),
             (want, 0),
@@ -1030,23 +1018,32 @@ pub async fn history(db: ShopDb, orders: usize) {
         );
     }
     println!(
-        "checkout history: seed={seed} orders={} confirmed={confirmed} failed={failed} declined={declined} \
-         out_of_stock={out_of_stock} kills={kills} failpoints_armed={armed} provider_outages={outages} charges_sent={} refunds_sent={} \
-         double_charges={double_charges} lost={lost} duplicate_mails={duplicate_mails} stray_payments={stray} \
-         over_refunded={over_refunded} key_changes={key_changes}",
+        "checkout history: seed={seed} orders={} confirmed={} failed={} declined={} \
+         out_of_stock={} kills={kills} failpoints_armed={armed} provider_outages={outages} charges_sent={} refunds_sent={} \
+         double_charges={} lost={} duplicate_mails={} stray_payments={} over_refunded={} key_changes={}",
         results.len(),
+        t.confirmed,
+        t.failed,
+        t.declined,
+        t.out_of_stock,
         w.proxy.charges().len(),
         w.proxy.refunds().len(),
+        t.double_charges,
+        t.lost,
+        t.duplicate_mails,
+        t.stray,
+        t.over_refunded,
+        t.key_changes,
     );
     assert!(results.len() >= orders);
     assert_eq!(
         (
-            double_charges,
-            lost,
-            duplicate_mails,
-            stray,
-            over_refunded,
-            key_changes
+            t.double_charges,
+            t.lost,
+            t.duplicate_mails,
+            t.stray,
+            t.over_refunded,
+            t.key_changes
         ),
         (0, 0, 0, 0, 0, 0),
         "seed {seed}"
@@ -1069,15 +1066,13 @@ pub struct OrderTally {
     pub key_changes: usize,
 }
 
-impl OrderTally {
-    /// Units of `sku` the confirmed orders among `results` took.
-    pub fn sold(&self, results: &[(usize, &str, i64, Reply)], sku: &str) -> i64 {
-        results
-            .iter()
-            .filter(|(_, s, _, r)| *s == sku && r.status == 201)
-            .map(|(_, _, q, _)| *q)
-            .sum()
-    }
+/// Units of `sku` the confirmed orders among `results` took.
+pub fn sold(results: &[(usize, &str, i64, Reply)], sku: &str) -> i64 {
+    results
+        .iter()
+        .filter(|(_, s, _, r)| *s == sku && r.status == 201)
+        .map(|(_, _, q, _)| *q)
+        .sum()
 }
 
 impl World {

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use idem_testkit::{Proxy, Rng, TempDir, url_addr, url_via};
 
-use crate::checkout::{ShopDb, World, is_final, order_body, set_stock, stock};
+use crate::checkout::{ShopDb, World, is_final, order_body, set_stock, sold, stock};
 use crate::history::{effects_by_payment, misordered, tally};
 use crate::messaging::{consumer_state, eventually, outbox_of, replay_stream};
 use crate::process::{Proc, free_port};
@@ -386,16 +386,20 @@ async fn fleet_history_on_postgres() {
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let next = Arc::new(AtomicUsize::new(0));
     let moved = Arc::new(AtomicUsize::new(0));
-    // Payments, half of them refunded.
-    let mut payers = Vec::new();
-    for _ in 0..3 {
-        let (apis, rng, next, moved, stop) = (
+    // What each client task holds.
+    let shared = || {
+        (
             apis.clone(),
             rng.clone(),
             next.clone(),
             moved.clone(),
             stop.clone(),
-        );
+        )
+    };
+    // Payments, half of them refunded.
+    let mut payers = Vec::new();
+    for _ in 0..3 {
+        let (apis, rng, next, moved, stop) = shared();
         payers.push(tokio::spawn(async move {
             let mut done = Vec::new();
             while !stop.load(Ordering::SeqCst) {
@@ -445,13 +449,7 @@ async fn fleet_history_on_postgres() {
     // Checkouts.
     let mut buyers = Vec::new();
     for _ in 0..2 {
-        let (apis, rng, next, moved, stop) = (
-            apis.clone(),
-            rng.clone(),
-            next.clone(),
-            moved.clone(),
-            stop.clone(),
-        );
+        let (apis, rng, next, moved, stop) = shared();
         buyers.push(tokio::spawn(async move {
             let mut done = Vec::new();
             while !stop.load(Ordering::SeqCst) {
@@ -480,7 +478,7 @@ async fn fleet_history_on_postgres() {
     // Webhooks: one instance receives, any instance's worker forwards; the
     // provider sends a third of them again, to another instance.
     let hooks = {
-        let (apis, rng, next, stop) = (apis.clone(), rng.clone(), next.clone(), stop.clone());
+        let (apis, rng, next, _, stop) = shared();
         tokio::spawn(async move {
             let (mut acked, mut resent) = (Vec::new(), 0usize);
             while !stop.load(Ordering::SeqCst) {
@@ -668,7 +666,7 @@ async fn fleet_history_on_postgres() {
     let t = world.tally(&orders).await;
     for (sku, initial) in skus {
         let (available, reserved) = stock(apis[0], sku).await;
-        let want = initial - t.sold(&orders, sku);
+        let want = initial - sold(&orders, sku);
         assert_eq!(
             (available + reserved, reserved),
             (want, 0),
