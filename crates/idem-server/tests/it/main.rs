@@ -46,6 +46,7 @@ mod metrics;
 mod operate;
 mod process;
 mod provider_libraries;
+mod quorum;
 mod real_clients;
 mod tasks;
 mod tasks_history;
