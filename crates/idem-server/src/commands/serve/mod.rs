@@ -7,7 +7,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use super::{CheckoutArgs, ConsumerArgs, DbArgs, StreamArgs};
+use super::checkout::CheckoutArgs;
+use super::{ConsumerArgs, DbArgs, StreamArgs};
 use crate::config;
 use crate::flags;
 use crate::http_server::{self, Limits};
