@@ -119,7 +119,12 @@ impl Runner {
                     GIVE_UP.as_millis()
                 )
             } else if log.answered {
-                "the target started answering and the answer was dropped".to_owned()
+                format!(
+                    "the target started answering{} and the answer was dropped",
+                    log.answered_after
+                        .map(|d| format!(" after {} ms", d.as_millis()))
+                        .unwrap_or_default()
+                )
             } else {
                 format!(
                     "no answer within {}, the connection was dropped",
@@ -146,10 +151,10 @@ impl Runner {
                 format!(
                     "one effect, but its answer is never given back: the first request had finished (the target began answering it{}), yet all {} retries over {} were answered {} (try again) instead of the first answer",
                     log.answered_after
-                        .map(|d| format!(" after {}", idem_core::duration_text(d)))
+                        .map(|d| format!(" after {} ms", d.as_millis()))
                         .unwrap_or_default(),
                     retried.sent,
-                    idem_core::duration_text(retried.over),
+                    format!("{:.1} s", retried.over.as_secs_f64()),
                     statuses(&first, &second),
                 ),
             )

@@ -718,3 +718,30 @@ async fn a_retry_answered_409_forever_fails_lost_response() {
         assert_eq!(peer.effects(round["unique"].as_str().unwrap()), 1);
     }
 }
+
+/// A `409` followed by the first answer is a PASS, however late within the
+/// retries: a payment of 4.5 s outlasts the first retry's pauses (about
+/// 3.1 s) after the client of abandoned-request gave up at 50 ms; the second
+/// retry gets the answer, and a third is compared with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_409_followed_by_the_first_answer_passes_even_late() {
+    let (peer, addr) = Peer::start(Behaviour {
+        work: Duration::from_millis(4500),
+        ..CORRECT
+    })
+    .await;
+    let (code, r) = run(addr, &["--rounds", "1", "--settle", "0s"]).await;
+    assert_eq!(code, Some(0), "{r:#}");
+    let abandoned = drill_named(&r, "abandoned-request");
+    assert_eq!(abandoned["outcome"], "pass", "{abandoned:#}");
+    let evidence = abandoned["evidence"].to_string();
+    assert!(
+        evidence.contains("the client gave up") && evidence.contains("retry 1: 409 "),
+        "the first retry ended on a 409: {evidence}"
+    );
+    assert!(
+        evidence.contains("retry 3: the same status and body"),
+        "{evidence}"
+    );
+    assert_rounds_agree_with_the_probe(&peer, &r);
+}
