@@ -149,12 +149,12 @@ impl Runner {
             (
                 Outcome::Fail,
                 format!(
-                    "one effect, but its answer is never given back: the first request had finished (the target began answering it{}), yet all {} retries over {} were answered {} (try again) instead of the first answer",
+                    "one effect, but its answer is never given back: the first request had finished (the target began answering it{}), yet all {} retries over {:.1} s were answered {} (try again) instead of the first answer",
                     log.answered_after
                         .map(|d| format!(" after {} ms", d.as_millis()))
                         .unwrap_or_default(),
                     retried.sent,
-                    format!("{:.1} s", retried.over.as_secs_f64()),
+                    retried.over.as_secs_f64(),
                     statuses(&first, &second),
                 ),
             )
