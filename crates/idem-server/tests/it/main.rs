@@ -35,6 +35,7 @@ mod console;
 mod console_guard;
 mod drill_peers;
 mod drill_runner;
+mod drill_workers;
 mod fakes;
 mod fleet;
 mod gateway;
