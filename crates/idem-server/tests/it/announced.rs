@@ -120,8 +120,8 @@ fn problem_of(r: &Reply) -> String {
 /// The request body bytes the server holds now, from `/metrics`; `None`
 /// when it does not say.
 async fn buffered(addr: SocketAddr) -> Option<usize> {
-    let h = format!("GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
-    let r = send_from(CLIENT, addr, h.into_bytes(), b"").await?;
+    let h = b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+    let r = send_from(CLIENT, addr, h.to_vec(), b"").await?;
     let text = String::from_utf8_lossy(&r.body).into_owned();
     text.lines()
         .find_map(|l| l.strip_prefix(BUFFERED)?.trim().parse::<f64>().ok())

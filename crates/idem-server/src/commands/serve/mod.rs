@@ -62,7 +62,8 @@ pub struct ServeArgs {
     #[arg(long, env = "IDEM_MAX_CONNECTIONS", default_value_t = 1024)]
     max_connections: usize,
     /// Request body bytes buffered at once over all requests; 503 beyond.
-    /// At least --max-body-bytes, at most 16 GiB.
+    /// At least the largest body a route accepts (--max-body-bytes, a
+    /// webhook endpoint's or a gateway route's limit), at most 16 GiB.
     #[arg(long, env = "IDEM_MAX_BUFFERED_BYTES", default_value_t = 64 << 20)]
     max_buffered_bytes: usize,
     /// Of those, the most one client address (an IPv4 address, an IPv6
