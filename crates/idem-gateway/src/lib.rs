@@ -55,11 +55,9 @@ use std::time::Instant;
 
 use axum::extract::Request;
 use axum::response::Response;
-use http_body_util::BodyExt;
 use idem_core::leased::LeasedKeyStore;
 use idem_core::steps::{Namespace, StepName};
 use idem_core::{Clock, SharedClock};
-use idem_http::Rejection;
 use tracing::Instrument;
 
 use budget::Budget;
@@ -152,15 +150,9 @@ impl<S: LeasedKeyStore> Gateway<S> {
     /// An unlisted route: forwarded as it came (its body bounded).
     async fn pass_through(&self, req: Request) -> Response {
         let (parts, body) = req.into_parts();
-        let body = match http_body_util::Limited::new(body, self.config.max_body_bytes)
-            .collect()
-            .await
-        {
-            Ok(b) => b.to_bytes(),
-            Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-                return reject(Rejection::BodyTooLarge);
-            }
-            Err(_) => return reject(Rejection::UnreadableBody),
+        let body = match idem_http::read_body(body, self.config.max_body_bytes).await {
+            Ok(b) => b,
+            Err(rejection) => return reject(rejection),
         };
         let key = parts.headers.get(idem_http::IDEMPOTENCY_KEY).cloned();
         self.upstream.pass(&parts, body, key.as_ref()).await

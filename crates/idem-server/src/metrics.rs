@@ -98,6 +98,16 @@ fn describe() {
         metrics::Unit::Seconds,
         "Time to answer a request, by operation and outcome"
     );
+    describe_gauge!(
+        idem_http::BODY_BYTES_BUFFERED,
+        metrics::Unit::Bytes,
+        "Request body bytes held now (--max-buffered-bytes)"
+    );
+    describe_counter!(
+        idem_http::BODY_BUDGET_REFUSALS,
+        "Request bodies refused for want of buffered bytes, by bound (peer: the \
+         client address held its share; total)"
+    );
     describe_counter!(
         idem_webhooks::DELIVERIES_TOTAL,
         "Webhook deliveries received, by endpoint and result"

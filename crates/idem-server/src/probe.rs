@@ -271,6 +271,7 @@ impl SideListener {
         let limits = Limits {
             max_connections: 64,
             max_buffered_bytes: 1 << 20,
+            max_buffered_bytes_per_peer: 1 << 17,
             ..Limits::default()
         };
         tokio::spawn(async move {

@@ -27,6 +27,7 @@ macro_rules! on_both {
 }
 
 mod admin_api;
+mod announced;
 mod checkout;
 mod checkout_page;
 mod clock;

@@ -118,6 +118,7 @@ pub fn router<S: TaskStore + RunStore>(
             post(action_result::<S>),
         )
         .layer(DefaultBodyLimit::max(config.max_body_bytes))
+        .layer(idem_http::DeclaredLimitLayer::new(config.max_body_bytes))
         .with_state(app))
 }
 
@@ -329,14 +330,9 @@ async fn long_poll<S: TaskStore + RunStore>(
     next: axum::middleware::Next,
 ) -> Response {
     let (parts, body) = req.into_parts();
-    let Ok(bytes) = axum::body::to_bytes(body, app.max_body_bytes).await else {
-        return problem(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "payload-too-large",
-            "The request body is too large",
-            Some(&format!("at most {} bytes", app.max_body_bytes)),
-            None,
-        );
+    let bytes = match idem_http::read_body(body, app.max_body_bytes).await {
+        Ok(b) => b,
+        Err(rejection) => return rejection.into_response(),
     };
     let wait = serde_json::from_slice::<Value>(&bytes)
         .ok()
