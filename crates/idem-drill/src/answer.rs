@@ -330,4 +330,31 @@ mod tests {
         let plain = Answer::decoded(200, head(""), Bytes::from_static(b"{}")).unwrap();
         assert!(plain.garbled.is_none());
     }
+
+    #[test]
+    fn a_replay_with_another_number_is_another_answer() {
+        let answer = |body: &'static str| Answer {
+            status: 201,
+            headers: vec![("content-type".into(), "application/json".into())],
+            body: Bytes::from_static(body.as_bytes()),
+            garbled: None,
+        };
+        let first = answer(r#"{"id":"p_1","amount":123456789012345678901234567890}"#);
+        for other in [
+            r#"{"id":"p_1","amount":123456789012345678901234567891}"#,
+            r#"{"id":"p_1","amount":0.30000000000000001}"#,
+        ] {
+            assert!(!first.same(&answer(other)), "{other}");
+        }
+        let exact = answer(r#"{"id":"p_1","amount":0.30000000000000001}"#);
+        assert!(!exact.same(&answer(r#"{"id":"p_1","amount":0.3}"#)));
+        // The same value written otherwise (a jsonb column's replay) is the
+        // same answer.
+        for same in [
+            r#"{"amount": 123456789012345678901234567890, "id": "p_1"}"#,
+            r#"{"amount":1.2345678901234567890123456789e29,"id":"p_1"}"#,
+        ] {
+            assert!(first.same(&answer(same)), "{same}");
+        }
+    }
 }

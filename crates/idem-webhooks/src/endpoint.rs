@@ -402,4 +402,42 @@ mod tests {
         );
         assert_eq!(short_text("push").as_deref(), Some("push"));
     }
+
+    #[test]
+    fn entity_ids_keep_every_digit() {
+        let endpoint = Endpoint::from_config(
+            "orders",
+            EndpointConfig {
+                entity_id: Some("/order/id".into()),
+                entity_version: Some("/order/version".into()),
+                ..config(Scheme::Github)
+            },
+        )
+        .unwrap();
+        let of = |body: &str| endpoint.entity_of(body.as_bytes());
+        let big = r#"{"order":{"id":123456789012345678901234567890,"version":2}}"#;
+        let next = r#"{"order":{"id":123456789012345678901234567891,"version":1}}"#;
+        assert_eq!(
+            of(big),
+            (Some("123456789012345678901234567890".into()), Some(2))
+        );
+        assert_eq!(
+            of(next),
+            (Some("123456789012345678901234567891".into()), Some(1))
+        );
+        // Ordinary ids as they always were; a number no f64 holds elsewhere
+        // in the body does not hide the entity.
+        assert_eq!(
+            of(r#"{"order":{"id":4242,"version":"7"}}"#),
+            (Some("4242".into()), Some(7))
+        );
+        assert_eq!(
+            of(r#"{"fee":1e400,"order":{"id":"o-1","version":3}}"#),
+            (Some("o-1".into()), Some(3))
+        );
+        assert_eq!(
+            of(r#"{"order":{"id":{"nested":1},"version":3}}"#),
+            (None, None)
+        );
+    }
 }
