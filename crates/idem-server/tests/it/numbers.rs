@@ -13,7 +13,8 @@ use crate::process::Server;
 use crate::{Reply, call, exchange, idem_cli};
 
 const TOKEN: &str = "3f9a6c2e8b1d4f7a0c5e9b2d6f8a1c4e";
-const PAYLOAD: &str = r#"{"a":123456789012345678901234567890,"b":0.1000000000000000000000000000000001}"#;
+const PAYLOAD: &str =
+    r#"{"a":123456789012345678901234567890,"b":0.1000000000000000000000000000000001}"#;
 const RESULT: &str = r#"{"total":98765432109876543210987654321,"ratio":0.30000000000000001}"#;
 
 /// The raw JSON text at `path` (object keys, array indices) of `text`.
@@ -84,8 +85,16 @@ async fn operators_see_every_digit(url: &str) {
     let listed = admin_get(a, "/admin/v1/tasks?queue=big").await;
     assert_eq!(listed.status, 200, "{}", text(&listed));
     let listed = text(&listed);
-    assert_eq!(raw(&listed, &["items", "0", "payload"]), PAYLOAD, "admin list");
-    assert_eq!(raw(&listed, &["items", "0", "result"]), RESULT, "admin list");
+    assert_eq!(
+        raw(&listed, &["items", "0", "payload"]),
+        PAYLOAD,
+        "admin list"
+    );
+    assert_eq!(
+        raw(&listed, &["items", "0", "result"]),
+        RESULT,
+        "admin list"
+    );
     let shown = admin_get(a, &format!("/admin/v1/tasks/{id}")).await;
     assert_eq!(shown.status, 200, "{}", text(&shown));
     let shown = text(&shown);
