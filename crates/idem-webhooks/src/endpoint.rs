@@ -3,9 +3,11 @@
 //! a delivery id becomes the dedupe key stored.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::time::Duration;
 
 use serde::Deserialize;
+use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
 use crate::scheme::{Scheme, Secret, Verifier};
@@ -198,30 +200,68 @@ impl Endpoint {
         })
     }
 
-    /// The entity id and version a body names, when the endpoint declares them.
+    /// The entity id and version a body names, when the endpoint declares
+    /// them. A numeric id is its text as the body writes it, every digit
+    /// of it (two ids that differ in their 30th digit are two entities); a
+    /// numeric version is an integer within `i64`.
     pub fn entity_of(&self, body: &[u8]) -> (Option<String>, Option<i64>) {
         let Some((id_ptr, version_ptr)) = &self.entity else {
             return (None, None);
         };
-        let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) else {
-            return (None, None);
-        };
-        let id = match v.pointer(id_ptr) {
-            Some(serde_json::Value::String(s)) => short_text(s),
-            Some(serde_json::Value::Number(n)) => Some(n.to_string()),
-            _ => None,
-        };
-        let version = version_ptr.as_ref().and_then(|p| match v.pointer(p)? {
-            serde_json::Value::Number(n) => n.as_i64(),
-            serde_json::Value::String(s) => s.parse().ok().or_else(|| {
-                let t = humantime::parse_rfc3339_weak(s).ok()?;
+        let id = json_at(body, id_ptr).and_then(|raw| match raw {
+            Json::String(s) => short_text(&s),
+            Json::Number(n) => short_text(n),
+        });
+        let version = version_ptr.as_ref().and_then(|p| match json_at(body, p)? {
+            Json::Number(n) => n.parse().ok(),
+            Json::String(s) => s.parse().ok().or_else(|| {
+                let t = humantime::parse_rfc3339_weak(&s).ok()?;
                 let d = t.duration_since(std::time::UNIX_EPOCH).ok()?;
                 i64::try_from(d.as_millis()).ok()
             }),
-            _ => None,
         });
         let version = version.filter(|_| id.is_some());
         (id, version)
+    }
+}
+
+/// A string or a number of a JSON body.
+enum Json<'a> {
+    String(String),
+    /// As the body writes it.
+    Number(&'a str),
+}
+
+/// The string or number at the JSON pointer `pointer` (RFC 6901) of
+/// `body`; `None` when the body is not JSON or holds something else there.
+/// Read through [`RawValue`], so no number goes through an `f64` (which
+/// rounds `123456789012345678901234567890` and refuses `1e400`); of
+/// duplicated keys the last counts, as with a `serde_json::Value`.
+fn json_at<'a>(body: &'a [u8], pointer: &str) -> Option<Json<'a>> {
+    let mut at: &'a RawValue = serde_json::from_slice(body).ok()?;
+    for step in pointer.split('/').skip(1) {
+        let step = step.replace("~1", "/").replace("~0", "~");
+        let text = at.get().trim_start();
+        at = match text.as_bytes().first()? {
+            b'{' => serde_json::from_str::<HashMap<String, &'a RawValue>>(text)
+                .ok()?
+                .remove(&step)?,
+            b'[' => {
+                // An index as RFC 6901 writes it: `0`, `17`, not `01` or `+1`.
+                let canonical = step == "0" || !step.starts_with(['0', '+']);
+                let i: usize = step.parse().ok().filter(|_| canonical)?;
+                *serde_json::from_str::<Vec<&'a RawValue>>(text)
+                    .ok()?
+                    .get(i)?
+            }
+            _ => return None,
+        };
+    }
+    let text = at.get().trim();
+    match text.as_bytes().first()? {
+        b'"' => serde_json::from_str(text).ok().map(Json::String),
+        b'-' | b'0'..=b'9' => Some(Json::Number(text)),
+        _ => None,
     }
 }
 
