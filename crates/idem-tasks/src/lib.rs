@@ -56,9 +56,11 @@ mod config;
 mod error;
 #[cfg(feature = "http")]
 pub mod http;
+mod json;
 mod service;
 
 pub use config::{TaskSpec, TasksConfig};
+pub use json::JsonText;
 
 /// Tasks claimed, by queue (a counter).
 pub const CLAIMED_TOTAL: &str = "idem_tasks_claimed_total";

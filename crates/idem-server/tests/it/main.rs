@@ -45,6 +45,7 @@ mod hardening;
 mod history;
 mod messaging;
 mod metrics;
+mod numbers;
 mod operate;
 mod process;
 mod provider_libraries;
