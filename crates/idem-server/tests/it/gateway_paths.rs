@@ -22,7 +22,12 @@ async fn paths_with_control_bytes_are_refused_and_never_forwarded(db: ShopDb) {
     let gw = gateway(&db, &config_file(&dir, &up, "reject"), None).await;
     let body = r#"{"amount":100,"currency":"EUR","customer":"c1"}"#;
     let first = post(gw.addr, "/v1/payments", Some("pk"), body).await;
-    assert_eq!(first.status, 201, "{}", String::from_utf8_lossy(&first.body));
+    assert_eq!(
+        first.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&first.body)
+    );
     let before = up.seen().len();
 
     let escaped = [
@@ -80,7 +85,12 @@ async fn paths_with_control_bytes_are_refused_and_never_forwarded(db: ShopDb) {
 
     // Escapes that read as ordinary characters are still keyed, not refused.
     let reused = post(gw.addr, "/v1/%70ayments", Some("pk"), body).await;
-    assert_eq!(reused.status, 422, "{}", String::from_utf8_lossy(&reused.body));
+    assert_eq!(
+        reused.status,
+        422,
+        "{}",
+        String::from_utf8_lossy(&reused.body)
+    );
     let spaced = post(gw.addr, "/v1/pay%20ments", None, body).await;
     assert_eq!(spaced.status, 404, "an unlisted path passes through");
     println!(

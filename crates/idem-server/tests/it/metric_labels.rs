@@ -11,11 +11,11 @@ use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use crate::call;
 use crate::checkout::ShopDb;
+use crate::gateway_unknown::rss;
 use crate::metrics::{Scraped, TOKEN, get_metrics, parse, scrape};
 use crate::process::Server;
-use crate::call;
-use crate::gateway_unknown::rss;
 
 on_both! {
     claims_on_request_chosen_queues_leave_no_series;
@@ -89,7 +89,9 @@ async fn claims(addr: SocketAddr, n: usize, conns: usize, name: fn(usize) -> Str
 /// The samples whose name starts with `idem_tasks`: every series of the
 /// task metrics (a histogram's buckets, sum and count each one).
 fn task_series(m: &Scraped) -> usize {
-    m.0.iter().filter(|s| s.name.starts_with("idem_tasks")).count()
+    m.0.iter()
+        .filter(|s| s.name.starts_with("idem_tasks"))
+        .count()
 }
 
 /// The distinct values of the `queue` label on the samples of `name`.
@@ -120,13 +122,12 @@ async fn claims_on_request_chosen_queues_leave_no_series(db: ShopDb) {
     let m = Scraped(parse(&text));
     let rss_after = rss(pid);
     let grown = rss_after.saturating_sub(rss_before);
-    let named: Vec<&String> = m
-        .0
-        .iter()
-        .filter_map(|s| s.labels.get("queue"))
-        .filter(|q| q.starts_with("q-"))
-        .take(3)
-        .collect();
+    let named: Vec<&String> =
+        m.0.iter()
+            .filter_map(|s| s.labels.get("queue"))
+            .filter(|q| q.starts_with("q-"))
+            .take(3)
+            .collect();
     println!(
         "{N} claims on request-chosen queues: {} task series, /metrics {before} -> {} bytes, \
          RSS {} -> {} KiB (+{} KiB)",
@@ -203,10 +204,7 @@ async fn a_queue_shows_its_series_while_it_has_tasks(db: ShopDb) {
         Some(0.0),
         "a queue with tasks shows every state"
     );
-    assert_eq!(
-        m.count("idem_tasks_claimed_total", &[("queue", "mail")]),
-        1
-    );
+    assert_eq!(m.count("idem_tasks_claimed_total", &[("queue", "mail")]), 1);
     assert_eq!(
         m.count(
             "idem_tasks_claim_latency_seconds_count",
@@ -224,12 +222,11 @@ async fn a_queue_shows_its_series_while_it_has_tasks(db: ShopDb) {
     let purged = purge_finished_tasks(&db).await;
     assert_eq!(purged, 1, "the done task deleted");
     let m = scrape(a).await;
-    let left: Vec<String> = m
-        .0
-        .iter()
-        .filter(|s| s.name == "idem_tasks" && s.labels.get("queue").is_some())
-        .map(|s| format!("{:?} {}", s.labels, s.value))
-        .collect();
+    let left: Vec<String> =
+        m.0.iter()
+            .filter(|s| s.name == "idem_tasks" && s.labels.get("queue").is_some())
+            .map(|s| format!("{:?} {}", s.labels, s.value))
+            .collect();
     assert!(
         left.is_empty(),
         "the queue's tasks are gone, its gauges too: {left:?}"
@@ -292,11 +289,7 @@ async fn queue_labels_stop_at_500_values(db: ShopDb) {
         "idem_tasks_claim_latency_seconds_count",
     ] {
         let values = queues(&m, name);
-        assert!(
-            values.len() <= 501,
-            "{name}: {} queue values",
-            values.len()
-        );
+        assert!(values.len() <= 501, "{name}: {} queue values", values.len());
         assert!(values.contains("(other)"), "{name}: the rest under (other)");
     }
     assert_eq!(m.sum("idem_tasks_claimed_total", &[]), Q as u64);
