@@ -59,10 +59,26 @@ impl Conn {
         self.0.read_exact(&mut body).await.unwrap();
         (status, body)
     }
+
+    /// [`Conn::post`], retried with the same key on a new connection while
+    /// the answer is `503` (a store busy under the test's load), as a
+    /// client does; at most 20 tries.
+    async fn answered(&mut self, path: &str, key: &str, body: &str) -> (u16, Vec<u8>) {
+        for _ in 1..20 {
+            let answer = self.post(path, key, body).await;
+            if answer.0 != 503 {
+                return answer;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            *self = Self::open(self.0.peer_addr().unwrap()).await;
+        }
+        self.post(path, key, body).await
+    }
 }
 
-/// `n` claims, on `conns` kept-alive connections, each on the queue and
-/// with the key `name(i)` gives; every one answered 200.
+/// `n` claims, on `conns` kept-alive connections, each on the queue
+/// `name(i)` gives with a key of its own; every one answered 200 (a `503`
+/// of a busy store retried with the same key, as a client does).
 async fn claims(addr: SocketAddr, n: usize, conns: usize, name: fn(usize) -> String) {
     let mut all = Vec::new();
     for c in 0..conns {
@@ -71,7 +87,7 @@ async fn claims(addr: SocketAddr, n: usize, conns: usize, name: fn(usize) -> Str
             for i in (c..n).step_by(conns) {
                 let q = name(i);
                 let (status, body) = conn
-                    .post(
+                    .answered(
                         &format!("/v1/queues/{q}/claims"),
                         &format!("claim-{q}-{i}"),
                         r#"{"worker":"agent-1","lease":"30s"}"#,
@@ -272,7 +288,7 @@ async fn queue_labels_stop_at_500_values(db: ShopDb) {
     let mut conn = Conn::open(a).await;
     for i in 0..Q {
         let (status, body) = conn
-            .post(
+            .answered(
                 &format!("/v1/queues/q-{i:03}/tasks"),
                 &format!("t-{i}"),
                 r#"{"payload":{}}"#,
