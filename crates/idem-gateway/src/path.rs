@@ -163,7 +163,7 @@ pub(crate) fn unreadable(path: &str) -> Option<&'static str> {
     for depth in 0..=MAX_DECODINGS {
         if bytes.iter().any(u8::is_ascii_control) {
             return Some(
-                "the path holds a control character (NUL, CR, LF, TAB, DEL, …), raw or \
+                "the path holds a control character (NUL, CR, LF, TAB, DEL and the like), raw or \
                  %-escaped",
             );
         }

@@ -240,7 +240,7 @@ async fn a_queue_shows_its_series_while_it_has_tasks(db: ShopDb) {
     let m = scrape(a).await;
     let left: Vec<String> =
         m.0.iter()
-            .filter(|s| s.name == "idem_tasks" && s.labels.get("queue").is_some())
+            .filter(|s| s.name == "idem_tasks" && s.labels.contains_key("queue"))
             .map(|s| format!("{:?} {}", s.labels, s.value))
             .collect();
     assert!(
