@@ -35,7 +35,10 @@
 //! unencoded answers and decode gzip and deflate. The bytes of answers held
 //! for clients are bounded ([`GatewayConfig::max_held_bytes`]); unlisted
 //! routes pass through untouched and streamed. Hop-by-hop headers are
-//! dropped, `X-Forwarded-For`, `-Proto` and `-Host` set.
+//! dropped, `X-Forwarded-For`, `-Proto` and `-Host` set. A path upstreams
+//! may read otherwise than the routes do — a `..` above the root, a control
+//! character raw or escaped (`/v1/payments%00`), a bad escape — is refused
+//! with `400 invalid-path`, keyed route or not, and nothing is sent.
 
 mod budget;
 pub mod config;
@@ -115,8 +118,13 @@ impl<S: LeasedKeyStore> Gateway<S> {
 
     async fn handle(&self, req: Request) -> Response {
         let path = req.uri().path();
+        // Refused before any route is matched, keyed or not: never passed
+        // through.
+        if let Some(why) = path::unreadable(path) {
+            return problems::invalid_path(why);
+        }
         if path::climbs_above_root(path) {
-            return problems::path_above_root();
+            return problems::invalid_path("a .. segment of the path climbs above its root");
         }
         let route = self
             .config

@@ -360,25 +360,10 @@ impl<S: TaskStore + RunStore> Tasks<S> {
             now_ms: self.now_ms(),
         };
         let claimed = S::claim_tasks(tx, &request).await?;
-        for t in &claimed {
-            let due_ms = (request.now_ms - t.run_at_ms).max(0);
-            metrics::histogram!(crate::CLAIM_LATENCY, "queue" => queue.as_str().to_owned())
-                .record(due_ms as f64 / 1000.0);
-        }
-        metrics::counter!(crate::CLAIMED_TOTAL, "queue" => queue.as_str().to_owned())
-            .increment(claimed.len() as u64);
-        let again = claimed.iter().filter(|t| t.attempt > 1).count();
-        if again > 0 {
-            metrics::counter!(crate::RECLAIMED_TOTAL, "queue" => queue.as_str().to_owned())
-                .increment(again as u64);
-        }
-        let taken_over = claimed
-            .iter()
-            .filter(|t| t.claim_kind.as_deref() == Some("taken_over"))
-            .count();
-        if taken_over > 0 {
-            metrics::counter!(crate::TAKEOVERS_TOTAL, "queue" => queue.as_str().to_owned())
-                .increment(taken_over as u64);
+        // The queue is a request's name: a claim that got nothing records
+        // nothing, and the label's values are bounded.
+        if !claimed.is_empty() {
+            count_claimed(queue, request.now_ms, &claimed);
         }
         Ok(claimed)
     }
@@ -634,5 +619,29 @@ impl<S: TaskStore + RunStore> Tasks<S> {
             Some(t) if t.tenant == tenant.as_str() => Ok(t),
             _ => Err(TasksError::NotFound),
         }
+    }
+}
+
+/// The claim counters and latencies of `claimed` (not empty: a queue with
+/// tasks), under the queue's label value ([`crate::QUEUE_LABELS`]).
+fn count_claimed(queue: &QueueName, now_ms: i64, claimed: &[TaskRecord]) {
+    let label = crate::QUEUE_LABELS.value(queue.as_str());
+    for t in claimed {
+        let due_ms = (now_ms - t.run_at_ms).max(0);
+        metrics::histogram!(crate::CLAIM_LATENCY, "queue" => label.clone())
+            .record(due_ms as f64 / 1000.0);
+    }
+    metrics::counter!(crate::CLAIMED_TOTAL, "queue" => label.clone())
+        .increment(claimed.len() as u64);
+    let again = claimed.iter().filter(|t| t.attempt > 1).count();
+    if again > 0 {
+        metrics::counter!(crate::RECLAIMED_TOTAL, "queue" => label.clone()).increment(again as u64);
+    }
+    let taken_over = claimed
+        .iter()
+        .filter(|t| t.claim_kind.as_deref() == Some("taken_over"))
+        .count();
+    if taken_over > 0 {
+        metrics::counter!(crate::TAKEOVERS_TOTAL, "queue" => label).increment(taken_over as u64);
     }
 }
