@@ -49,6 +49,7 @@ mod provider_libraries;
 mod real_clients;
 mod tasks;
 mod tasks_history;
+mod tasks_restart;
 mod webhooks;
 
 use std::net::SocketAddr;
