@@ -165,7 +165,14 @@ impl Agent {
         let fence = task.fence;
         let ask = self
             .tasks
-            .action(&self.tenant, &id, fence, &self.notify, ActionMode::Verify)
+            .action(
+                &self.tenant,
+                &id,
+                fence,
+                &self.notify,
+                ActionMode::Verify,
+                None,
+            )
             .await;
         let (key, decision) = match ask {
             Ok((key, decision, _)) => (key, decision),

@@ -553,7 +553,15 @@ async fn action<S: TaskStore + RunStore>(
     let Some(mode) = ActionMode::parse(&b.mode) else {
         return invalid("mode: at-most-once or verify");
     };
-    match app.tasks.action(&tenant, &id, b.fence, &action, mode).await {
+    let ask = match headers.get("idempotency-key") {
+        None => None,
+        Some(v) => Some(tri!(name(IdempotencyKey::from_header(v.as_bytes())))),
+    };
+    match app
+        .tasks
+        .action(&tenant, &id, b.fence, &action, mode, ask.as_ref())
+        .await
+    {
         Ok((key, decision, t)) => action_answer(key.as_str(), decision, &t),
         Err(e) => refused(e),
     }

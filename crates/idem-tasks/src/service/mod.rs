@@ -536,6 +536,7 @@ impl<S: TaskStore + RunStore> Tasks<S> {
         Self::written(fence, out)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn attempt<'a>(
         &self,
         tenant: &'a Tenant,
@@ -544,6 +545,7 @@ impl<S: TaskStore + RunStore> Tasks<S> {
         action: &'a ActionName,
         key: &'a ActionKey,
         mode: ActionMode,
+        ask: Option<&'a IdempotencyKey>,
     ) -> ActionAttempt<'a> {
         let now_ms = self.now_ms();
         ActionAttempt {
@@ -553,6 +555,7 @@ impl<S: TaskStore + RunStore> Tasks<S> {
             action: action.as_str(),
             key: key.as_str(),
             mode,
+            ask: ask.map(IdempotencyKey::as_str),
             now_ms,
             expires_at_ms: now_ms.saturating_add(millis(self.config.action_retention)),
             detail: None,
@@ -594,6 +597,15 @@ impl<S: TaskStore + RunStore> Tasks<S> {
     /// outcome (`Unknown`: in [`ActionMode::Verify`] check the other system
     /// by the key and report; in [`ActionMode::AtMostOnce`] the task now
     /// needs an operator).
+    ///
+    /// `Go` is answered once per fence, whoever asks: after it, the only
+    /// other `Go` under that fence is the exact replay of that ask — the
+    /// same `ask` key and `mode` (a retry whose answer was lost). Any other
+    /// ask, keyless ones included, is told `Unknown`; the same `ask` key
+    /// with another mode is [`TasksError::AskKeyReused`]. Give each ask a
+    /// key of its own process (a per-process nonce in it), so that a
+    /// restarted process never passes for the one it replaces.
+    #[allow(clippy::too_many_arguments)]
     pub async fn action(
         &self,
         tenant: &Tenant,
@@ -601,9 +613,10 @@ impl<S: TaskStore + RunStore> Tasks<S> {
         fence: i64,
         action: &ActionName,
         mode: ActionMode,
+        ask: Option<&IdempotencyKey>,
     ) -> Result<(ActionKey, ActionDecision, TaskRecord), TasksError> {
         let key = self.action_key(task, action);
-        let attempt = self.attempt(tenant, task, fence, action, &key, mode);
+        let attempt = self.attempt(tenant, task, fence, action, &key, mode, ask);
         self.bounded(async {
             let mut tx = self.store.begin().await?;
             let out = S::claim_action(&mut tx, &attempt).await;
@@ -631,7 +644,7 @@ impl<S: TaskStore + RunStore> Tasks<S> {
             return Err(TasksError::invalid("detail: at most 4096 bytes"));
         }
         let key = self.action_key(task, action);
-        let mut attempt = self.attempt(tenant, task, fence, action, &key, ActionMode::Verify);
+        let mut attempt = self.attempt(tenant, task, fence, action, &key, ActionMode::Verify, None);
         attempt.detail = detail;
         self.bounded(async {
             let mut tx = self.store.begin().await?;
