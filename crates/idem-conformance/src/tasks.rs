@@ -407,7 +407,7 @@ fn decision(claim: &ActionClaim) -> ActionDecision {
     }
 }
 
-/// Actions: the holder is told to go (again, on a retry of its request);
+/// Actions: the holder is told to go (again, on a retry of its ask);
 /// once reported done it is done for every later claim; an attempt whose
 /// outcome never came back is unknown to the next holder — verified and
 /// reported not sent it may go again, or in at-most-once mode the task
@@ -416,13 +416,13 @@ pub async fn actions_happen_once<S: TaskStore>(store: S) {
     let (task, _) = create(&store, "act", "{}", 0).await;
     let h1 = claim(&store, "w1", 1, T0).await.remove(0);
     assert_eq!(
-        decision(&action(&store, &task, 1, ActionMode::Verify, T0).await),
+        decision(&action_as(&store, &task, 1, ActionMode::Verify, T0, "w1:ask:1").await),
         ActionDecision::Go
     );
     assert_eq!(
-        decision(&action(&store, &task, 1, ActionMode::Verify, T0 + 1).await),
+        decision(&action_as(&store, &task, 1, ActionMode::Verify, T0 + 1, "w1:ask:1").await),
         ActionDecision::Go,
-        "the same claim asking again (its answer was lost) may go"
+        "the same ask again (its answer was lost) may go"
     );
     // w1 dies; w2 takes over and finds the outcome unknown.
     let h2 = claim(&store, "w2", 1, T0 + LEASE).await.remove(0);
@@ -438,7 +438,7 @@ pub async fn actions_happen_once<S: TaskStore>(store: S) {
         decision(&action(&store, &task, h2.fence, ActionMode::Verify, T0 + LEASE + 1).await),
         ActionDecision::Unknown
     );
-    // Verified downstream: it was not sent. Then w2 may go.
+    // Verified downstream: it was not sent. Then w2's next ask may go.
     assert_eq!(
         decision(
             &report(
@@ -450,7 +450,7 @@ pub async fn actions_happen_once<S: TaskStore>(store: S) {
             )
             .await
         ),
-        ActionDecision::Go
+        ActionDecision::Ask
     );
     assert_eq!(
         decision(&action(&store, &task, h2.fence, ActionMode::Verify, T0 + LEASE + 3).await),
@@ -612,6 +612,23 @@ pub async fn an_action_goes_once_per_fence_whoever_asks<S: TaskStore>(store: S) 
     assert_eq!(
         decision(&report(&store, &freed, h.fence, ActionOutcome::Done, T0 + 7).await),
         Done
+    );
+
+    // Done is recorded whatever came before: a worker that sent after its
+    // not-sent report (without asking) and says so leaves nothing to send.
+    let (late, _) = create(&store, "once-late", "{}", 0).await;
+    let l = claim(&store, "w1", 1, T0).await.remove(0);
+    assert_eq!(l.id, late.id);
+    let go = action_as(&store, &late, l.fence, Verify, T0, "w1:a:ask:8").await;
+    assert_eq!(decision(&go), Go);
+    let free = report(&store, &late, l.fence, ActionOutcome::NotSent, T0 + 1).await;
+    assert_eq!(decision(&free), ActionDecision::Ask);
+    let sent = report(&store, &late, l.fence, ActionOutcome::Done, T0 + 2).await;
+    assert_eq!(decision(&sent), Done);
+    assert_eq!(
+        decision(&action_as(&store, &late, l.fence, Verify, T0 + 3, "w1:b:ask:8").await),
+        Done,
+        "recorded: no ask is told go"
     );
 }
 

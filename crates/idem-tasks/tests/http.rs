@@ -726,7 +726,10 @@ async fn a_claim_looks_past_tasks_that_died_on_postgres() {
 /// Found by attacking the API: a `not-sent` result answered `go` without
 /// recording the attempt, and a `done` after it was dropped — so a worker
 /// that sent as told and died before completing left the action to be
-/// sent again by the next claim (`go`, not `done` or `unknown`).
+/// sent again by the next claim (`go`, not `done` or `unknown`). Since
+/// issue 36 a `not-sent` result answers `ask` (no go: the next ask is told
+/// go, recorded as that ask's), and a `done` is recorded whatever came
+/// before.
 async fn a_go_after_not_sent_is_recorded(app: Router) {
     let made = call(
         &app,
@@ -783,14 +786,15 @@ async fn a_go_after_not_sent_is_recorded(app: Router) {
     tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
     let f2 = claim(2).await;
     assert_eq!(ask(f2).await, "unknown");
-    assert_eq!(report(f2, "not-sent").await, "go", "checked: never sent");
+    assert_eq!(report(f2, "not-sent").await, "ask", "checked: never sent");
+    assert_eq!(ask(f2).await, "go", "the next ask");
     assert_eq!(report(f2, "done").await, "done", "sent as told");
     // The worker dies before completing; the next claim skips the action.
     tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
     let f3 = claim(3).await;
     assert_eq!(ask(f3).await, "done", "a done report is kept");
 
-    // Told go by a not-sent result, sent, died before reporting: unknown.
+    // Told go after a not-sent result, sent, died before reporting: unknown.
     let made = call(
         &app,
         "POST",
@@ -833,7 +837,16 @@ async fn a_go_after_not_sent_is_recorded(app: Router) {
                 json!({"fence": fence, "outcome": "not-sent"}),
             )
             .await;
-            assert_eq!(r.body["do"], "go");
+            assert_eq!(r.body["do"], "ask");
+            let go = call(
+                &app,
+                "POST",
+                &path,
+                None,
+                json!({"fence": fence, "mode": "verify"}),
+            )
+            .await;
+            assert_eq!(go.body["do"], "go");
         }
         tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
     }

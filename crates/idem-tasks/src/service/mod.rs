@@ -128,8 +128,19 @@ impl<S: TaskStore + RunStore> Tasks<S> {
         ActionKey::derive(&self.namespace, task, action)
     }
 
-    fn now_ms(&self) -> i64 {
+    /// Now, on the store's clock (the database's: leases are judged by it).
+    pub fn now_ms(&self) -> i64 {
         self.store.clock().now_ms()
+    }
+
+    /// How long `task`'s lease has left now, on the store's clock (`None`:
+    /// it is not claimed): a worker's bound for acting is the time it
+    /// asked plus this, measured on its own clock — the clocks are never
+    /// compared.
+    pub fn lease_left(&self, task: &TaskRecord) -> Option<Duration> {
+        let until = task.lease_expires_at_ms?;
+        let left = until.saturating_sub(self.now_ms()).max(0);
+        Some(Duration::from_millis(u64::try_from(left).unwrap_or(0)))
     }
 
     /// `op` within [`TasksConfig::deadline`]; past it, its transaction is
@@ -581,6 +592,7 @@ impl<S: TaskStore + RunStore> Tasks<S> {
                         TasksError::lease_lost(fence, t.fence, t.state)
                     }
                     ActionClaim::NoAttempt(_) => TasksError::NoAttempt,
+                    ActionClaim::KeyReused(_) => TasksError::AskKeyReused,
                     _ => TasksError::NotFound,
                 })
             }
