@@ -44,10 +44,11 @@ async fn as_agents(
     exchange(addr, &raw).await
 }
 
-async fn restarted_agent_sends_once(url: &str) {
-    let server = Server::start(url, &[]).await;
+/// `idem mail-sink` (its body read timeout shorter than the workers' send
+/// margin), answering.
+async fn mail_sink() -> (Proc, SocketAddr) {
     let sink_addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let _sink = Proc::spawn(
+    let sink = Proc::spawn(
         &[
             "mail-sink".into(),
             "--listen".into(),
@@ -66,14 +67,13 @@ async fn restarted_agent_sends_once(url: &str) {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let proxy = idem_testkit::Proxy::start(sink_addr).await;
-    // The message's last bytes (its body ends with the payload's JSON, then
-    // the string's and the object's ends): delivered, then silence.
-    proxy.freeze_after_next(br#"}"}"#);
+    (sink, sink_addr)
+}
 
-    let key = "item:x:v1";
+/// Task `key` in queue `notify` of the agents' tenant: its id.
+async fn task(server: SocketAddr, key: &str) -> String {
     let made = as_agents(
-        server.addr,
+        server,
         "POST",
         "/v1/queues/notify/tasks",
         Some(key),
@@ -81,30 +81,58 @@ async fn restarted_agent_sends_once(url: &str) {
     )
     .await;
     assert_eq!(made.status, 201, "{}", String::from_utf8_lossy(&made.body));
-    let id = made.json()["id"].as_str().unwrap().to_owned();
+    made.json()["id"].as_str().unwrap().to_owned()
+}
 
-    let dir = TempDir::new("agent-restart");
-    let args: Vec<String> = [
+/// `agent.py work --worker agent-3 --mode verify` against `idem` and `sink`.
+fn work(idem: SocketAddr, sink: SocketAddr, lease: &str) -> Vec<String> {
+    [
         "work",
         "--idem",
-        &format!("http://{}", server.addr),
+        &format!("http://{idem}"),
         "--queue",
         "notify",
         "--sink",
-        &format!("http://{}", proxy.addr),
+        &format!("http://{sink}"),
         "--mode",
         "verify",
         "--worker",
         "agent-3",
         "--lease",
-        "10s",
+        lease,
         "--send-margin",
         "1500ms",
     ]
     .iter()
     .map(|s| s.to_string())
-    .collect();
-    let mut agent = Agent::spawn(&dir, "agent-3", args);
+    .collect()
+}
+
+/// Task `id` once it is done (within `within`), else as it is then.
+async fn settled(server: SocketAddr, id: &str, within: Duration) -> serde_json::Value {
+    let started = Instant::now();
+    loop {
+        let shown = as_agents(server, "GET", &format!("/v1/tasks/{id}"), None, "").await;
+        let task = shown.json();
+        if task["state"] == "done" || started.elapsed() > within {
+            return task;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn restarted_agent_sends_once(url: &str) {
+    let server = Server::start(url, &[]).await;
+    let (_sink, sink_addr) = mail_sink().await;
+    let proxy = idem_testkit::Proxy::start(sink_addr).await;
+    // The message's last bytes (its body ends with the payload's JSON, then
+    // the string's and the object's ends): delivered, then silence.
+    proxy.freeze_after_next(br#"}"}"#);
+
+    let key = "item:x:v1";
+    let id = task(server.addr, key).await;
+    let dir = TempDir::new("agent-restart");
+    let mut agent = Agent::spawn(&dir, "agent-3", work(server.addr, proxy.addr, "10s"));
 
     // The relay records the message; its answer never reaches the agent.
     let started = Instant::now();
@@ -128,19 +156,7 @@ async fn restarted_agent_sends_once(url: &str) {
     proxy.thaw();
     agent.restart(&dir, "agent-3");
 
-    let path = format!("/v1/tasks/{id}");
-    let mut state = String::new();
-    while started.elapsed() < Duration::from_secs(40) {
-        let shown = as_agents(server.addr, "GET", &path, None, "").await;
-        state = shown.json()["state"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned();
-        if state == "done" {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let state = settled(server.addr, &id, Duration::from_secs(40)).await["state"].clone();
     let messages = sink_messages(sink_addr).await;
     let copies = messages.get(key).map_or(0, Vec::len);
     println!(
@@ -165,4 +181,70 @@ async fn a_restarted_agent_sends_once_on_sqlite() {
 async fn a_restarted_agent_sends_once_on_postgres() {
     let db = PgDatabase::create("idem_agent_restart").await;
     restarted_agent_sends_once(&db.url).await;
+}
+
+/// The agent's claim reaches `idem serve`, the network goes silent for 2 s
+/// of the 3 s lease and the connection is cut, the answer lost; the agent
+/// retries the claim under its key and is answered the first claim again,
+/// its lease mostly spent. Told `go`, it must not send with less than its
+/// `--send-margin` (1.5 s) left — it takes the lease left from the ask's
+/// answer, not from when its retry started — so the task is done under a
+/// later claim, with one message.
+async fn a_late_answer_leaves_no_lease_to_send(url: &str) {
+    let server = Server::start(url, &[]).await;
+    let (_sink, sink_addr) = mail_sink().await;
+    let proxy = idem_testkit::Proxy::start(server.addr).await;
+    // The claim reaches the server; then the network is silent.
+    proxy.freeze_after_next(b"/claims HTTP/1.1");
+    let key = "item:late:v1";
+    let id = task(server.addr, key).await;
+    let dir = TempDir::new("agent-late");
+    let agent = Agent::spawn(&dir, "agent-3", work(proxy.addr, sink_addr, "3s"));
+    let started = Instant::now();
+    loop {
+        let shown = as_agents(server.addr, "GET", &format!("/v1/tasks/{id}"), None, "").await;
+        if shown.json()["state"] == "claimed" {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "never claimed: {}",
+            agent.output()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Claimed; 2 s of the lease's 3 later the connection is cut (the
+    // answer lost) and the network is back: the agent's retry is answered.
+    let claimed = Instant::now();
+    tokio::time::sleep(Duration::from_secs(2).saturating_sub(claimed.elapsed())).await;
+    proxy.cut().await;
+    proxy.restore();
+
+    let done = settled(server.addr, &id, Duration::from_secs(30)).await;
+    let messages = sink_messages(sink_addr).await;
+    let copies = messages.get(key).map_or(0, Vec::len);
+    println!(
+        "late claim answer: task {} at fence {}, {copies} message(s)\n{}",
+        done["state"],
+        done["fence"],
+        agent.output()
+    );
+    assert_eq!(done["state"], "done", "{done}");
+    assert_eq!(copies, 1, "{messages:?}");
+    assert!(
+        done["fence"].as_i64().unwrap() > 1,
+        "the claim answered with under 1 s of its lease left sent nothing: {done}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_answer_leaves_no_lease_to_send_on_sqlite() {
+    let dir = TempDir::new("agent-late-db");
+    a_late_answer_leaves_no_lease_to_send(&dir.sqlite_url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_answer_leaves_no_lease_to_send_on_postgres() {
+    let db = PgDatabase::create("idem_agent_late").await;
+    a_late_answer_leaves_no_lease_to_send(&db.url).await;
 }
