@@ -43,7 +43,7 @@
 //!     let notify = ActionName::new("notify")?;
 //!     // The ask's own key: a retry of this ask (its answer lost) is told
 //!     // what it was told; any other ask under this claim, `unknown`.
-//!     let ask = IdempotencyKey::new(format!("agent-3:{}:ask:{}", "7f3a", task.id))?;
+//!     let ask = IdempotencyKey::new(format!("agent-3:7f3a:ask:{}:{}", task.id, task.fence))?;
 //!     let (key, decision, _) = tasks
 //!         .action(&tenant, &id, task.fence, &notify, ActionMode::Verify, Some(&ask))
 //!         .await?;

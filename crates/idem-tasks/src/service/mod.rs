@@ -128,8 +128,7 @@ impl<S: TaskStore + RunStore> Tasks<S> {
         ActionKey::derive(&self.namespace, task, action)
     }
 
-    /// Now, on the store's clock (the database's: leases are judged by it).
-    pub fn now_ms(&self) -> i64 {
+    fn now_ms(&self) -> i64 {
         self.store.clock().now_ms()
     }
 
@@ -639,8 +638,10 @@ impl<S: TaskStore + RunStore> Tasks<S> {
     }
 
     /// The holder of `fence` reports what became of `action`: `Done` marks
-    /// it done for good; `NotSent` (the other system says it never
-    /// happened) lets it be attempted again.
+    /// it done for good (whatever was recorded before); `NotSent` (the
+    /// other system says it never happened) lets it be attempted again —
+    /// answered [`ActionDecision::Ask`], no go itself: the next
+    /// [`Tasks::action`] is told `Go`.
     /// `detail` (what the worker learnt, at most 4 KiB) is kept in the
     /// task's timeline.
     pub async fn action_result(
