@@ -114,19 +114,32 @@
     }
   }
 
-  async function readJson(res) {
+  async function readJson(res, reviver) {
     const type = res.headers.get("content-type") || "";
     if (!type.includes("json")) return null;
-    try { return await res.json(); } catch { return null; }
+    try { return JSON.parse(await res.text(), reviver); } catch { return null; }
   }
 
-  async function get(path, params) {
+  /**
+   * A JSON.parse reviver for a client's JSON (a task's payload and result):
+   * a number a double would change (123456789012345678901234567890, 1.50)
+   * is kept as the text the server wrote (JSON.rawJSON), so JSON.stringify
+   * shows it as it is stored. Browsers without source text access show the
+   * double, as before.
+   */
+  function exactNumbers(key, value, context) {
+    if (typeof value !== "number" || typeof JSON.rawJSON !== "function") return value;
+    const source = context && context.source;
+    return typeof source !== "string" || String(value) === source ? value : JSON.rawJSON(source);
+  }
+
+  async function get(path, params, reviver) {
     const q = new URLSearchParams();
     for (const [k, v] of Object.entries(params || {})) if (v !== null && v !== undefined && v !== "") q.set(k, v);
     const url = API + path + (q.toString() ? "?" + q : "");
     const res = await fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } });
     if (res.status === 401) return toLogin();
-    const body = await readJson(res);
+    const body = await readJson(res, reviver);
     if (!res.ok) throw new ApiError(res.status, body);
     return body;
   }
@@ -564,7 +577,7 @@
 
   views.task = async (params) => {
     const id = params.get("id") || "";
-    const t = await get("/tasks/" + encodeURIComponent(id));
+    const t = await get("/tasks/" + encodeURIComponent(id), null, exactNumbers);
     const path = "/tasks/" + encodeURIComponent(t.id);
     const actions = el("div", { class: "actions", id: "task-actions" });
     if (t.state === "needs_attention") {

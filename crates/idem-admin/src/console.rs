@@ -147,7 +147,15 @@ async fn login(State(auth): State<Arc<Auth>>, req: Request) -> Response {
             true,
         );
     }
-    let Ok(body) = axum::body::to_bytes(req.into_body(), LOGIN_FORM_MAX).await else {
+    // A form announced larger than the limit is refused unread.
+    let too_large = idem_http::declared_over(req.body(), LOGIN_FORM_MAX);
+    let body = match too_large {
+        true => Err(()),
+        false => axum::body::to_bytes(req.into_body(), LOGIN_FORM_MAX)
+            .await
+            .map_err(drop),
+    };
+    let Ok(body) = body else {
         return login_form(
             StatusCode::PAYLOAD_TOO_LARGE,
             Some("The form is too large."),

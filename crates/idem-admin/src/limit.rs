@@ -25,7 +25,6 @@
 //! (`Instant`), passed in so the tests can move it.
 
 use std::collections::HashMap;
-use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -54,48 +53,9 @@ pub const MAX_SOURCES: usize = 4096;
 pub const ATTEMPTS_TOTAL: &str = "idem_admin_auth_attempts_total";
 
 /// Where attempts come from: an IPv4 address, an IPv6 /64, or unknown (no
-/// peer address, as in an in-process router).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Source {
-    /// An IPv4 address (IPv4-mapped IPv6 addresses included).
-    V4([u8; 4]),
-    /// The first 64 bits of an IPv6 address.
-    V6([u8; 8]),
-    /// No peer address known.
-    Unknown,
-}
-
-impl Source {
-    /// The source of a peer address.
-    pub fn of(ip: Option<IpAddr>) -> Self {
-        match ip {
-            Some(IpAddr::V4(v4)) => Self::V4(v4.octets()),
-            Some(IpAddr::V6(v6)) => match v6.to_ipv4_mapped() {
-                Some(v4) => Self::V4(v4.octets()),
-                None => {
-                    let mut prefix = [0u8; 8];
-                    prefix.copy_from_slice(&v6.octets()[..8]);
-                    Self::V6(prefix)
-                }
-            },
-            None => Self::Unknown,
-        }
-    }
-}
-
-impl std::fmt::Display for Source {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::V4(octets) => write!(f, "{}", std::net::Ipv4Addr::from(*octets)),
-            Self::V6(prefix) => {
-                let mut octets = [0u8; 16];
-                octets[..8].copy_from_slice(prefix);
-                write!(f, "{}/64", std::net::Ipv6Addr::from(octets))
-            }
-            Self::Unknown => f.write_str("unknown"),
-        }
-    }
-}
+/// peer address, as in an in-process router) — the same peer the server's
+/// request body budget shares by ([`idem_http::Peer`]).
+pub use idem_http::Peer as Source;
 
 struct Entry {
     failures: u32,
@@ -311,7 +271,7 @@ pub fn count(via: &'static str, result: &'static str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::net::{Ipv4Addr, Ipv6Addr};
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
     fn v4(last: u8) -> Source {
         Source::of(Some(IpAddr::V4(Ipv4Addr::new(192, 0, 2, last))))

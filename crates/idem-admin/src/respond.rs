@@ -6,21 +6,22 @@ use std::time::Duration;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use idem_core::{ResourceRef, StoreError};
-use serde_json::Value;
+use serde::Serialize;
 
 /// A JSON answer, with a `Location` and the resource the key layer records.
-pub fn json_response(
+/// `body` is a [`serde_json::Value`], or a view that writes stored JSON as
+/// it is (a task's payload: no number through an `f64`).
+pub fn json_response<T: Serialize + ?Sized>(
     status: StatusCode,
-    body: &Value,
+    body: &T,
     location: Option<String>,
     resource: Option<ResourceRef>,
 ) -> Response {
-    let mut res = (
-        status,
-        [(header::CONTENT_TYPE, "application/json")],
-        body.to_string(),
-    )
-        .into_response();
+    let text = match serde_json::to_string(body) {
+        Ok(text) => text,
+        Err(e) => return internal(e),
+    };
+    let mut res = (status, [(header::CONTENT_TYPE, "application/json")], text).into_response();
     if let Some(loc) = location.and_then(|l| HeaderValue::try_from(l).ok()) {
         res.headers_mut().insert(header::LOCATION, loc);
     }
@@ -31,7 +32,7 @@ pub fn json_response(
 }
 
 /// `200` with a JSON body.
-pub fn ok(body: &Value) -> Response {
+pub fn ok<T: Serialize + ?Sized>(body: &T) -> Response {
     json_response(StatusCode::OK, body, None, None)
 }
 

@@ -86,6 +86,11 @@ async fn settle<S: TaskStore>(
     out
 }
 
+/// A result as a worker sent it: the store keeps the text, every digit (a
+/// column that reads numbers — `jsonb` normalises, a double rounds — would
+/// not).
+const EXACT_RESULT: &str = r#"{"ok":123456789012345678901234567890,"r":0.30000000000000001}"#;
+
 fn complete(result: &str) -> Settle<'_> {
     Settle::Complete {
         result,
@@ -115,6 +120,12 @@ pub async fn tasks_are_created_once_per_key<S: TaskStore>(store: S) {
     assert_eq!(events.len(), 1);
     assert_eq!(events[0].kind, "created");
     assert!(store.load_task(&id("nope")).await.unwrap().is_none());
+
+    // The payload is kept as written, every digit of it.
+    let exact = r#"{"n":123456789012345678901234567890,"x":1.50,"y":-0}"#;
+    let (big, _) = create(&store, "obs-big", exact, 0).await;
+    let stored = store.load_task(&big.id).await.unwrap().unwrap();
+    assert_eq!(stored.payload, exact, "the payload as written");
 }
 
 /// A cursor moves only from the value it is at; a repeated move is known
@@ -153,6 +164,19 @@ pub async fn cursors_move_only_from_where_they_are<S: TaskStore>(store: S) {
         mv(Some("\"x\""), "\"y\"", T0).await,
         CursorMove::Conflict(Some("\"b\"".into()))
     );
+
+    // A cursor is kept as written, every digit of it, and compared as text
+    // (the caller compares JSON values).
+    let big = r#"{"after":123456789012345678901234567890,"x":1.50}"#;
+    let next = r#"{"after":123456789012345678901234567891,"x":1.50}"#;
+    assert_eq!(mv(Some("\"b\""), big, T0 + 3).await, CursorMove::Moved);
+    assert_eq!(
+        mv(Some(next), "\"z\"", T0 + 4).await,
+        CursorMove::Conflict(Some(big.into())),
+        "one digit off is elsewhere"
+    );
+    let kept = store.cursor("t1", "p").await.unwrap().unwrap();
+    assert_eq!(kept.cursor, big, "the cursor as written");
 }
 
 /// Claims take the highest priority first, grow the fence, and never hand a
@@ -256,7 +280,7 @@ pub async fn only_the_live_holder_settles<S: TaskStore>(store: S) {
         &store,
         &task.id,
         again.fence,
-        complete(r#"{"ok":1}"#),
+        complete(EXACT_RESULT),
         T0 + 1_001,
     )
     .await;
@@ -265,13 +289,13 @@ pub async fn only_the_live_holder_settles<S: TaskStore>(store: S) {
     };
     assert_eq!(
         (done.state, done.result.as_deref(), done.holder.as_deref()),
-        (TaskState::Done, Some(r#"{"ok":1}"#), None)
+        (TaskState::Done, Some(EXACT_RESULT), None)
     );
     let repeat = settle(
         &store,
         &task.id,
         again.fence,
-        complete(r#"{"ok":1}"#),
+        complete(EXACT_RESULT),
         T0 + 99_000,
     )
     .await;

@@ -45,6 +45,9 @@
 //!   [`Rounds`] and [`Pause`] ("run rounds until shutdown", the shape of the
 //!   dispatcher's, consumer's, processor's and collector's loops) and
 //!   [`ConfigError`] (what every library `*Config`'s `validate()` returns).
+//! - [`labels`]: metric label values a request chooses (a task's queue),
+//!   kept only for names that have state, at most 500 at a time, the rest
+//!   recorded as `(other)`.
 //!
 //! ```
 //! use idem_core::{IdempotencyKey, KeyError};
@@ -59,6 +62,7 @@ pub mod failpoint;
 pub mod headers;
 pub mod inbox;
 pub mod keys;
+pub mod labels;
 pub mod leased;
 pub mod outbox;
 pub mod steps;

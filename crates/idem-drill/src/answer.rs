@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+use idem_core::FingerprintSpec;
 
 pub use super::error::MAX_ANSWER_BYTES;
 use super::error::SendError;
@@ -81,11 +82,14 @@ impl Answer {
     /// The same status and (decoded) body bytes.
     /// The same status and body: the same bytes, or the same JSON value
     /// written another way (a replay re-serialised from a `jsonb` column
-    /// reorders keys and adds spaces; it is the same answer).
+    /// reorders keys and adds spaces; it is the same answer). Values are
+    /// compared as request fingerprints compare them, every digit of every
+    /// number (`123…890` and `123…891` are two answers, never one `f64`).
     pub fn same(&self, other: &Answer) -> bool {
+        let canonical = |a: &Answer| FingerprintSpec::default().canonical_body(&a.body);
         self.status == other.status
             && (self.body == other.body
-                || matches!((self.json(), other.json()), (Some(a), Some(b)) if a == b))
+                || matches!((canonical(self), canonical(other)), (Some(a), Some(b)) if a == b))
     }
 
     /// When a client may send the request again unchanged: `409` (the
@@ -329,5 +333,32 @@ mod tests {
         assert!(wrong.garbled.is_some());
         let plain = Answer::decoded(200, head(""), Bytes::from_static(b"{}")).unwrap();
         assert!(plain.garbled.is_none());
+    }
+
+    #[test]
+    fn a_replay_with_another_number_is_another_answer() {
+        let answer = |body: &'static str| Answer {
+            status: 201,
+            headers: vec![("content-type".into(), "application/json".into())],
+            body: Bytes::from_static(body.as_bytes()),
+            garbled: None,
+        };
+        let first = answer(r#"{"id":"p_1","amount":123456789012345678901234567890}"#);
+        for other in [
+            r#"{"id":"p_1","amount":123456789012345678901234567891}"#,
+            r#"{"id":"p_1","amount":0.30000000000000001}"#,
+        ] {
+            assert!(!first.same(&answer(other)), "{other}");
+        }
+        let exact = answer(r#"{"id":"p_1","amount":0.30000000000000001}"#);
+        assert!(!exact.same(&answer(r#"{"id":"p_1","amount":0.3}"#)));
+        // The same value written otherwise (a jsonb column's replay) is the
+        // same answer.
+        for same in [
+            r#"{"amount": 123456789012345678901234567890, "id": "p_1"}"#,
+            r#"{"amount":1.2345678901234567890123456789e29,"id":"p_1"}"#,
+        ] {
+            assert!(first.same(&answer(same)), "{same}");
+        }
     }
 }

@@ -18,7 +18,7 @@ pub const MAX_CONCURRENCY: usize = 1000;
 pub const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
 /// The largest request body template.
 pub const MAX_BODY_TEMPLATE: usize = 256 << 10;
-/// Rounds of the race and lost-response drills when `--rounds` is not given.
+/// Rounds of every contract drill but `baseline` when `--rounds` is not given.
 pub const DEFAULT_ROUNDS: u32 = 5;
 /// The most rounds `--rounds` accepts.
 pub const MAX_ROUNDS: u32 = 100;
@@ -64,7 +64,8 @@ pub struct DrillSpec {
     pub mutate_body: Option<String>,
     /// The key records' TTL: enables the late-retry drill, humantime.
     pub ttl: Option<String>,
-    /// Rounds of the race and lost-response drills (default 5).
+    /// Rounds of every contract drill but `baseline`, each with fresh keys
+    /// and every request on a new connection (default 5).
     pub rounds: Option<u32>,
     /// `token` (default), `uuid`, or a template holding `{uuid}` or
     /// `{token}` (e.g. `pay_{uuid}`).
@@ -264,7 +265,7 @@ pub struct DrillConfig {
     pub mutate: Option<(RequestLine, Option<String>)>,
     /// The late-retry drill's wait.
     pub ttl: Option<Duration>,
-    /// Rounds of the race and lost-response drills.
+    /// Rounds of every contract drill but `baseline`.
     pub rounds: u32,
     /// How keys look.
     pub key_format: KeyFormat,

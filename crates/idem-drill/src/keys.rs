@@ -29,15 +29,17 @@ use super::report::Outcome;
 use super::{Evidence, Runner, Verdict, effects_text};
 
 impl Runner {
-    pub(super) async fn missing_key(&self, ev: &mut Evidence) -> Verdict {
-        let u = self.unique("missing-key");
+    /// A round of missing-key.
+    pub(super) async fn missing_key(&self, case: &str, ev: &mut Evidence) -> Verdict {
+        let u = self.unique(case);
         let a = self.send(&u, Key::None).await?;
         let _ = self.key_optional.set(a.success());
         self.judge_bad_key("missing-key", &u, vec![a], ev).await
     }
 
-    pub(super) async fn bad_key(&self, name: &'static str, ev: &mut Evidence) -> Verdict {
-        let u = self.unique(name);
+    /// A round of bad-key drill `name`.
+    pub(super) async fn bad_key(&self, name: &str, case: &str, ev: &mut Evidence) -> Verdict {
+        let u = self.unique(case);
         let answers = match name {
             "empty-key" => vec![refusal(
                 self.send_raw(&u, &[b"Idempotency-Key: ".to_vec()]).await,
@@ -48,15 +50,15 @@ impl Runner {
                 for (i, sep) in [b'\t', 0x01].into_iter().enumerate() {
                     let mut line = b"Idempotency-Key: idem".to_vec();
                     line.push(sep);
-                    line.extend_from_slice(self.key(&format!("{name}-{i}")).as_bytes());
+                    line.extend_from_slice(self.key(&format!("{case}-{i}")).as_bytes());
                     answers.push(refusal(self.send_raw(&u, &[line]).await)?);
                 }
                 answers
             }
             _ => {
                 let lines = [
-                    format!("Idempotency-Key: {}", self.key(&format!("{name}-a"))).into_bytes(),
-                    format!("Idempotency-Key: {}", self.key(&format!("{name}-b"))).into_bytes(),
+                    format!("Idempotency-Key: {}", self.key(&format!("{case}-a"))).into_bytes(),
+                    format!("Idempotency-Key: {}", self.key(&format!("{case}-b"))).into_bytes(),
                 ];
                 vec![refusal(self.send_raw(&u, &lines).await)?]
             }

@@ -8,15 +8,19 @@
 //! `cargo test` against your own server to keep the contract in CI.
 //!
 //! Two severities: a FAIL is a broken contract (a second effect, a retry
-//! that does not get the first answer, another payload accepted under a
-//! used key, a 5xx where a retry should replay) and decides the verdict; a
+//! that does not get the first answer — also a retry answered `409` over
+//! and over after the first request had finished —, another payload
+//! accepted under a used key, a 5xx where a retry should replay) and
+//! decides the verdict; a
 //! WARN is a convention (the status of a refusal, byte-level fingerprints,
 //! a malformed key accepted, server errors under a race that still made one
 //! effect), failing the run only with `strict`. [`Report::failed`] is the
 //! verdict; [`Report::table`], [`Report::json`] and [`Report::junit`]
 //! render it (`idem drill` exits 1 when it failed, 2 for bad usage or an
-//! unreachable target). The race and lost-response drills run `rounds`
-//! times with fresh keys, and the worst round decides.
+//! unreachable target). Every contract drill but `baseline` runs `rounds`
+//! times with fresh keys, every request on a new connection (a retry meets
+//! whichever worker the target's kernel or balancer picks), and the worst
+//! round decides.
 //!
 //! Every drill case uses a fresh `{unique}` value in the request, so its
 //! effects are counted apart with `effects` and `count`. Requests go only
@@ -43,7 +47,8 @@
 //!
 //! Modules: `config` (the spec and its validation), `client` and `answer`
 //! (the HTTP exchanges, bounded), `proxy` (the loopback proxy that loses
-//! an answer), `keys`, `replays`, `races` and `settle` (the drills),
+//! an answer), `rounds` (every contract drill, `--rounds` times), `keys`,
+//! `replays`, `races` and `settle` (the drills),
 //! `report` (verdicts and renderings), `observe` (progress).
 
 use std::sync::Arc;
@@ -61,6 +66,7 @@ mod proxy;
 mod races;
 mod replays;
 mod report;
+mod rounds;
 mod settle;
 
 pub use answer::{Answer, MAX_ANSWER_BYTES, REPLAY_HEADERS};
@@ -81,44 +87,47 @@ pub const DRILLS: &[(&str, &str)] = &[
     ),
     (
         "lost-response",
-        "--rounds times: a proxy of the runner's own drops the answer once the target starts answering; the retry with the same key (Accept-Encoding: gzip, bodies compared decoded): a 2xx, one effect, and a second retry the same status and body",
+        "--rounds times: a proxy of the runner's own drops the answer once the target starts answering; the retry with the same key (Accept-Encoding: gzip, bodies compared decoded): a 2xx, one effect, and a second retry the same status and body; retries still answered 409 (or 425, 429, 503) at the end of their pauses FAIL, the first request having finished",
     ),
     (
         "abandoned-request",
-        "--rounds times: the client gives up 50 ms after sending, before any answer, while the target may still be working (a middleware must not release the key on a disconnect); retries with the key (409 retried, as clients do): a 2xx, one effect, the same answer twice",
+        "--rounds times: the client gives up 50 ms after sending, before any answer, while the target may still be working (a middleware must not release the key on a disconnect); retries with the key (409 retried, as clients do): a 2xx, one effect, the same answer twice; retries refused to the end FAIL when the target had begun answering first, WARN (inconclusive) when the first request may still be running",
     ),
     (
         "concurrency",
-        "--rounds times: --concurrency requests with one key at once, then a retry: one effect and one 2xx answer (FAIL otherwise); answers other than that 2xx or 409, such as 500s, WARN",
+        "--rounds times: --concurrency requests with one key at once, then a retry: one effect and one 2xx answer, which the retry gets (FAIL otherwise, a retry still answered 409 after a 2xx too); answers other than that 2xx or 409, such as 500s, WARN",
     ),
     (
         "key-reuse",
-        "the key again with another payload: 422 and no new effect (a 2xx or a new effect FAILs, another refusal status WARNs)",
+        "--rounds times, the second body on a new connection: the key again with another payload: 422 and no new effect (a 2xx or a new effect FAILs, another refusal status WARNs)",
     ),
     (
         "reordered-fields",
-        "the key again with the body's JSON fields in reverse order: a replay, one effect (a refusal WARNs: a byte-level fingerprint; a new effect FAILs)",
+        "--rounds times: the key again with the body's JSON fields in reverse order: a replay, one effect (a refusal WARNs: a byte-level fingerprint; a new effect FAILs)",
     ),
     (
         "missing-key",
-        "no Idempotency-Key: 400, no effect (INFO when the key is optional: accepted without one)",
+        "--rounds times: no Idempotency-Key: 400, no effect (INFO when the key is optional: accepted without one)",
     ),
     (
         "empty-key",
-        "an empty Idempotency-Key: 400, no effect (INFO when the key is optional and it is handled as missing)",
+        "--rounds times: an empty Idempotency-Key: 400, no effect (INFO when the key is optional and it is handled as missing)",
     ),
-    ("long-key", "a 256-character key: 400, no effect"),
+    (
+        "long-key",
+        "--rounds times: a 256-character key: 400, no effect",
+    ),
     (
         "control-key",
-        "keys holding a tab and a \\x01 byte (sent raw): 400, no effect",
+        "--rounds times: keys holding a tab and a \\x01 byte (sent raw): 400, no effect",
     ),
     (
         "duplicate-key",
-        "two Idempotency-Key headers: 400, no effect (the bad-key drills WARN on another status or an accepted key)",
+        "--rounds times: two Idempotency-Key headers: 400, no effect (the bad-key drills WARN on another status or an accepted key)",
     ),
     (
         "replay-after-mutation",
-        "with --mutate: after the created resource is changed, the replay still answers the original body",
+        "with --mutate, --rounds times: after the created resource is changed, the replay still answers the original body",
     ),
     (
         "late-retry",
@@ -272,14 +281,7 @@ impl Runner {
     async fn run_one(&self, name: &'static str, ev: &mut Evidence) -> Verdict {
         match name {
             "baseline" => self.baseline(ev).await,
-            "lost-response" | "abandoned-request" | "concurrency" => self.rounds(name, ev).await,
-            "key-reuse" => self.key_reuse(ev).await,
-            "reordered-fields" => self.reordered(ev).await,
-            "missing-key" => self.missing_key(ev).await,
-            "empty-key" | "long-key" | "control-key" | "duplicate-key" => {
-                self.bad_key(name, ev).await
-            }
-            "replay-after-mutation" => self.after_mutation(ev).await,
+            name if rounds::IN_ROUNDS.contains(&name) => self.rounds(name, ev).await,
             "late-retry" => self.late_retry(ev).await,
             "replay-marker" => self.replay_marker(ev).await,
             "storage-policy" => self.storage_policy(ev).await,

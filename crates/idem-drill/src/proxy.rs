@@ -14,8 +14,11 @@ use super::error::SendError;
 pub struct ProxyLog {
     /// Request bytes forwarded to the target.
     pub forwarded: usize,
-    /// Whether the target had started answering when the proxy cut.
+    /// Whether the target had started answering when the proxy cut: the
+    /// first request had finished, as far as a client can know.
     pub answered: bool,
+    /// How long after the first request bytes the target began answering.
+    pub answered_after: Option<Duration>,
     /// Whether it cut because the client gave up (before any answer).
     pub gave_up: bool,
 }
@@ -60,6 +63,7 @@ impl LosingProxy {
             let patience = tokio::time::sleep(wait);
             tokio::pin!(patience);
             let (mut from_client, mut from_upstream) = ([0u8; 8192], [0u8; 1024]);
+            let mut sent: Option<tokio::time::Instant> = None;
             loop {
                 tokio::select! {
                     read = client.read(&mut from_client) => match read {
@@ -67,10 +71,11 @@ impl LosingProxy {
                             if upstream.write_all(&from_client[..n]).await.is_err() {
                                 break;
                             }
-                            if log.forwarded == 0
-                                && let Some(g) = give_up
-                            {
-                                patience.as_mut().reset(tokio::time::Instant::now() + g.min(wait));
+                            if log.forwarded == 0 {
+                                sent = Some(tokio::time::Instant::now());
+                                if let Some(g) = give_up {
+                                    patience.as_mut().reset(tokio::time::Instant::now() + g.min(wait));
+                                }
                             }
                             log.forwarded += n;
                         }
@@ -78,6 +83,9 @@ impl LosingProxy {
                     },
                     read = upstream.read(&mut from_upstream) => {
                         log.answered = matches!(read, Ok(n) if n > 0);
+                        if log.answered {
+                            log.answered_after = sent.map(|t| t.elapsed());
+                        }
                         break;
                     }
                     _ = &mut deadline => break,

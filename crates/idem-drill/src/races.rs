@@ -1,7 +1,6 @@
-//! The drills that sample a race: lost-response and concurrency. Each runs
-//! `rounds` times with fresh keys, because one lucky interleaving of a racy
-//! target passes once; the worst round decides, and the report says how
-//! many rounds the verdict rests on and how many failed.
+//! The drills that lose an answer or race one key: lost-response,
+//! abandoned-request and concurrency (each round of them; `rounds` runs
+//! them), and the retry as clients make it.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -12,8 +11,8 @@ use super::answer::Answer;
 use super::client::Key;
 use super::error::SendError;
 use super::proxy::LosingProxy;
-use super::report::{Outcome, Round, Rounds};
-use super::{Evidence, Runner, Stop, Verdict, effects_text};
+use super::report::Outcome;
+use super::{Evidence, Runner, Verdict, effects_text};
 
 /// How often a retry answered "try again" (409 in flight, 425, 429, 503)
 /// is sent again, as retrying clients do; the first pause (doubling), and
@@ -25,99 +24,6 @@ const MAX_RETRY_AFTER: Duration = Duration::from_secs(2);
 pub const GIVE_UP: Duration = Duration::from_millis(50);
 
 impl Runner {
-    /// Runs drill `name` (`lost-response` or `concurrency`) `--rounds`
-    /// times; the worst round decides, its evidence is kept.
-    pub(super) async fn rounds(&self, name: &str, ev: &mut Evidence) -> Verdict {
-        let total = self.config.rounds;
-        let mut each = Vec::new();
-        let mut worst: Option<(usize, Outcome, String, Evidence)> = None;
-        let mut budget_out = false;
-        for i in 1..=total {
-            let case = format!("{name}-{i}");
-            let mut round = Evidence::default();
-            let verdict = match name {
-                "lost-response" => self.lost_response(&case, None, &mut round).await,
-                "abandoned-request" => self.lost_response(&case, Some(GIVE_UP), &mut round).await,
-                _ => self.concurrency(&case, &mut round).await,
-            };
-            let (outcome, summary) = match verdict {
-                Ok(v) => v,
-                // The rounds already run still count: a failed one is not
-                // hidden by the budget running out after it.
-                Err(Stop::Send(SendError::Budget)) if !each.is_empty() => {
-                    budget_out = true;
-                    break;
-                }
-                Err(e) => return Err(e),
-            };
-            each.push(Round {
-                unique: self.unique(&case),
-                outcome,
-                summary: summary.clone(),
-                effects: round.effects,
-            });
-            if worst
-                .as_ref()
-                .is_none_or(|(_, o, _, _)| outcome.severity() > o.severity())
-            {
-                worst = Some((each.len(), outcome, summary, round));
-            }
-        }
-        let run = each.len() as u32;
-        if budget_out {
-            self.budget_out
-                .store(true, std::sync::atomic::Ordering::SeqCst);
-            ev.note(format!(
-                "the request budget (--max-requests) ran out after {run} of {total} rounds"
-            ));
-        }
-        let failed = each.iter().filter(|r| r.outcome == Outcome::Fail).count() as u32;
-        let warned = each.iter().filter(|r| r.outcome == Outcome::Warn).count() as u32;
-        for (i, r) in each.iter().enumerate() {
-            ev.note(format!(
-                "round {}: {} — {}{}",
-                i + 1,
-                r.outcome.label(),
-                r.summary,
-                r.effects
-                    .filter(|_| !r.summary.contains("effect"))
-                    .map(|n| format!(" ({})", effects_text(n)))
-                    .unwrap_or_default()
-            ));
-        }
-        let Some((at, outcome, summary, round)) = worst else {
-            return Ok((Outcome::Skip, "no round was run".into()));
-        };
-        ev.note(format!("round {at} in detail:"));
-        for line in round.lines {
-            ev.note(format!("  {line}"));
-        }
-        ev.effects = round.effects;
-        let tally = match outcome {
-            Outcome::Fail => format!("{failed} of {run} rounds failed"),
-            Outcome::Warn => format!("{warned} of {run} rounds warned, none failed"),
-            _ if run == 1 => "the 1 round held".to_owned(),
-            _ => format!("all {run} rounds held"),
-        };
-        let tally = if budget_out {
-            format!("{tally}; only {run} of {total} rounds: the budget ran out")
-        } else {
-            tally
-        };
-        // Fewer rounds than asked is no PASS: the verdict rests on too few.
-        let outcome = match outcome {
-            Outcome::Pass if budget_out => Outcome::Skip,
-            o => o,
-        };
-        ev.rounds = Some(Rounds {
-            run,
-            failed,
-            warned,
-            each,
-        });
-        Ok((outcome, format!("{summary} ({tally})")))
-    }
-
     /// The request again with `key`, as a client retries: sent again while
     /// it is answered "try again" (409 in flight, 425, 429, 503), a few
     /// times with growing pauses or as `Retry-After` says.
@@ -140,6 +46,18 @@ impl Runner {
         label: &str,
         ev: &mut Evidence,
     ) -> Result<Answer, SendError> {
+        Ok(self.retry_counted(u, key, body, label, ev).await?.0)
+    }
+
+    /// [`Runner::retry_body`], and how many requests it sent.
+    async fn retry_counted(
+        &self,
+        u: &str,
+        key: &str,
+        body: Option<&str>,
+        label: &str,
+        ev: &mut Evidence,
+    ) -> Result<(Answer, u32), SendError> {
         let send = || async {
             match body {
                 Some(b) => self.send_body(u, Key::One(key), b).await,
@@ -148,6 +66,7 @@ impl Runner {
         };
         let mut pause = BUSY_PAUSE;
         let mut a = send().await?;
+        let mut sent = 1;
         for _ in 0..BUSY_RETRIES {
             let Some(after) = a.try_again_after(MAX_RETRY_AFTER) else {
                 break;
@@ -161,15 +80,16 @@ impl Runner {
             tokio::time::sleep(wait).await;
             pause *= 2;
             a = send().await?;
+            sent += 1;
         }
-        Ok(a)
+        Ok((a, sent))
     }
 
     /// One round of lost-response: the answer lost by the proxy, two
     /// retries with the key. With `give_up`, the round of
     /// abandoned-request: the client leaves that long after sending,
     /// before any answer, while the target may still be working.
-    async fn lost_response(
+    pub(super) async fn lost_response(
         &self,
         case: &str,
         give_up: Option<Duration>,
@@ -199,7 +119,12 @@ impl Runner {
                     GIVE_UP.as_millis()
                 )
             } else if log.answered {
-                "the target started answering and the answer was dropped".to_owned()
+                format!(
+                    "the target started answering{} and the answer was dropped",
+                    log.answered_after
+                        .map(|d| format!(" after {} ms", d.as_millis()))
+                        .unwrap_or_default()
+                )
             } else {
                 format!(
                     "no answer within {}, the connection was dropped",
@@ -212,27 +137,33 @@ impl Runner {
             Err(SendError::Budget) => return Err(SendError::Budget.into()),
             Err(e) => ev.note(format!("the client got: {e}")),
         }
-        let first = self.retry(&u, &key, "retry 1", ev).await?;
-        ev.note(format!("retry 1: {}", first.brief()));
-        let second = self.retry(&u, &key, "retry 2", ev).await?;
-        ev.note(format!(
-            "retry 2: {}",
-            if second.same(&first) {
-                "the same status and body".to_owned()
-            } else {
-                second.brief()
-            }
-        ));
+        let (first, second, retried) = self.retries(&u, &key, ev).await?;
         let n = self.effects(&u, ev).await?;
         let garbled = first.garbled.as_ref().or(second.garbled.as_ref());
         Ok(if n != 1 {
             (Outcome::Fail, format!("{} for one intent", effects_text(n)))
-        } else if first.try_again_after(MAX_RETRY_AFTER).is_some() {
+        } else if refused(&first) && log.answered {
+            // The target began answering: the first request had finished,
+            // so these refusals are not "still in flight" — they are all a
+            // retrying client will ever get.
+            (
+                Outcome::Fail,
+                format!(
+                    "one effect, but its answer is never given back: the first request had finished (the target began answering it{}), yet all {} retries over {:.1} s were answered {} (try again) instead of the first answer",
+                    log.answered_after
+                        .map(|d| format!(" after {} ms", d.as_millis()))
+                        .unwrap_or_default(),
+                    retried.sent,
+                    retried.over.as_secs_f64(),
+                    statuses(&first, &second),
+                ),
+            )
+        } else if refused(&first) {
             (
                 Outcome::Warn,
                 format!(
-                    "inconclusive: one effect, but every retry was answered {} (try again); the answer was never seen",
-                    first.status
+                    "inconclusive: one effect, but every retry was answered {} (try again) while the first request may still have been running (no answer had begun); the answer was never seen",
+                    statuses(&first, &second)
                 ),
             )
         } else if first.status >= 500 {
@@ -269,9 +200,38 @@ impl Runner {
         })
     }
 
+    /// The retries of a lost answer: two, each sent again while it is
+    /// answered "try again"; when the first still was at the end of its
+    /// pauses and the second got an answer, a third to compare it with (a
+    /// `409` followed by the first answer is a late answer, not a lost
+    /// one). The answer and the retry compared with it, and what was sent.
+    async fn retries(
+        &self,
+        u: &str,
+        key: &str,
+        ev: &mut Evidence,
+    ) -> Result<(Answer, Answer, Retried), SendError> {
+        let started = std::time::Instant::now();
+        let (first, a) = self.retry_counted(u, key, None, "retry 1", ev).await?;
+        ev.note(format!("retry 1: {}", first.brief()));
+        let (second, b) = self.retry_counted(u, key, None, "retry 2", ev).await?;
+        note_again(ev, "retry 2", &second, &first);
+        let mut sent = a + b;
+        let (first, second) = if refused(&first) && !refused(&second) {
+            let (third, c) = self.retry_counted(u, key, None, "retry 3", ev).await?;
+            note_again(ev, "retry 3", &third, &second);
+            sent += c;
+            (second, third)
+        } else {
+            (first, second)
+        };
+        let over = started.elapsed();
+        Ok((first, second, Retried { sent, over }))
+    }
+
     /// One round of concurrency: `--concurrency` requests with one key at
     /// once, then one retry with it once they are all answered.
-    async fn concurrency(&self, case: &str, ev: &mut Evidence) -> Verdict {
+    pub(super) async fn concurrency(&self, case: &str, ev: &mut Evidence) -> Verdict {
         let (u, key) = (self.unique(case), self.key(case));
         let n = self.config.concurrency;
         let addr = self.client.resolve().await?;
@@ -306,6 +266,38 @@ impl Runner {
         let effects = self.effects(&u, ev).await?;
         Ok(race.verdict(n, &after, effects))
     }
+}
+
+/// How many retries were sent, over how long.
+struct Retried {
+    sent: u32,
+    over: Duration,
+}
+
+/// Answered "try again" (409 in flight, 425, 429, 503).
+fn refused(a: &Answer) -> bool {
+    a.try_again_after(MAX_RETRY_AFTER).is_some()
+}
+
+/// `409`, or `409 then 503`: the statuses two retries ended with.
+fn statuses(first: &Answer, second: &Answer) -> String {
+    if first.status == second.status {
+        first.status.to_string()
+    } else {
+        format!("{} then {}", first.status, second.status)
+    }
+}
+
+/// `retry 2: the same status and body`, or what it got.
+fn note_again(ev: &mut Evidence, label: &str, a: &Answer, before: &Answer) {
+    ev.note(format!(
+        "{label}: {}",
+        if a.same(before) {
+            "the same status and body".to_owned()
+        } else {
+            a.brief()
+        }
+    ));
 }
 
 /// What the concurrent requests of one round got.
@@ -417,7 +409,20 @@ impl<'a> Race<'a> {
                 "different 2xx answers to one key: a retry does not get the first answer".into(),
             );
         }
-        if after.try_again_after(MAX_RETRY_AFTER).is_some() {
+        if refused(after) && self.successes > 0 {
+            // A request of the race got its 2xx: the work is done, so the
+            // retry's refusal is no "still in flight", and a client whose
+            // request was answered 409 never gets the answer.
+            return (
+                Outcome::Fail,
+                format!(
+                    "one effect, but its answer is never given back: a request of the race got its {}, yet the retry after the race was still answered {} (try again) at the end of its pauses",
+                    self.distinct.first().map_or(0, |d| d.status),
+                    after.status
+                ),
+            );
+        }
+        if refused(after) {
             return (
                 Outcome::Warn,
                 format!(

@@ -55,8 +55,10 @@ impl Runner {
         self.body(u).and_then(|b| Fields::of(&b))
     }
 
-    pub(super) async fn key_reuse(&self, ev: &mut Evidence) -> Verdict {
-        let (u, key) = (self.unique("key-reuse"), self.key("key-reuse"));
+    /// A round of key-reuse: the first request, then the key with another
+    /// payload on a new connection.
+    pub(super) async fn key_reuse(&self, case: &str, ev: &mut Evidence) -> Verdict {
+        let (u, key) = (self.unique(case), self.key(case));
         let Some(fields) = self.fields(&u) else {
             return Ok((Outcome::Skip, "needs a --body that is a JSON object".into()));
         };
@@ -97,11 +99,9 @@ impl Runner {
         })
     }
 
-    pub(super) async fn reordered(&self, ev: &mut Evidence) -> Verdict {
-        let (u, key) = (
-            self.unique("reordered-fields"),
-            self.key("reordered-fields"),
-        );
+    /// A round of reordered-fields.
+    pub(super) async fn reordered(&self, case: &str, ev: &mut Evidence) -> Verdict {
+        let (u, key) = (self.unique(case), self.key(case));
         let Some(reversed) = self.fields(&u).and_then(|f| f.reversed()) else {
             return Ok((
                 Outcome::Skip,
@@ -167,14 +167,12 @@ impl Runner {
         })
     }
 
-    pub(super) async fn after_mutation(&self, ev: &mut Evidence) -> Verdict {
+    /// A round of replay-after-mutation.
+    pub(super) async fn after_mutation(&self, case: &str, ev: &mut Evidence) -> Verdict {
         let Some((line, body)) = &self.config.mutate else {
             return Ok((Outcome::Skip, "needs --mutate".into()));
         };
-        let (u, key) = (
-            self.unique("replay-after-mutation"),
-            self.key("replay-after-mutation"),
-        );
+        let (u, key) = (self.unique(case), self.key(case));
         let first = match self.first(&u, &key, ev).await? {
             Ok(a) => a,
             Err(v) => return Ok(v),
@@ -207,7 +205,7 @@ impl Runner {
             .send(
                 &line.method,
                 &path,
-                Key::One(&self.key("mutation")),
+                Key::One(&self.key(&format!("{case}-mutation"))),
                 body.as_deref(),
             )
             .await?;

@@ -65,8 +65,8 @@ pub struct DrillResult {
     /// The effects counted for the drill's case, when counted (for a drill
     /// of several rounds, the worst round's).
     pub effects: Option<u64>,
-    /// For the race and lost-response drills: every round, each with fresh
-    /// keys; the worst decides the outcome.
+    /// For a drill run in rounds (every contract drill but `baseline`):
+    /// every round, each with fresh keys; the worst decides the outcome.
     pub rounds: Option<Rounds>,
     /// How long it took.
     pub elapsed_ms: u64,

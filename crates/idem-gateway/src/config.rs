@@ -71,6 +71,15 @@ impl GatewayConfig {
         }
     }
 
+    /// The largest request body the gateway accepts on any route: a keyed
+    /// route's `max_request_bytes`, or `max_body_bytes` passed through.
+    pub fn largest_body(&self) -> usize {
+        self.routes
+            .iter()
+            .map(|r| r.config.max_request_bytes)
+            .fold(self.max_body_bytes, usize::max)
+    }
+
     /// Checks the bounds and every route against the timeout; the error
     /// names the route by its index.
     pub fn validate(&self) -> Result<(), GatewayConfigError> {

@@ -35,7 +35,10 @@
 //! unencoded answers and decode gzip and deflate. The bytes of answers held
 //! for clients are bounded ([`GatewayConfig::max_held_bytes`]); unlisted
 //! routes pass through untouched and streamed. Hop-by-hop headers are
-//! dropped, `X-Forwarded-For`, `-Proto` and `-Host` set.
+//! dropped, `X-Forwarded-For`, `-Proto` and `-Host` set. A path upstreams
+//! may read otherwise than the routes do — a `..` above the root, a control
+//! character raw or escaped (`/v1/payments%00`), a bad escape — is refused
+//! with `400 invalid-path`, keyed route or not, and nothing is sent.
 
 mod budget;
 pub mod config;
@@ -55,11 +58,9 @@ use std::time::Instant;
 
 use axum::extract::Request;
 use axum::response::Response;
-use http_body_util::BodyExt;
 use idem_core::leased::LeasedKeyStore;
 use idem_core::steps::{Namespace, StepName};
 use idem_core::{Clock, SharedClock};
-use idem_http::Rejection;
 use tracing::Instrument;
 
 use budget::Budget;
@@ -117,8 +118,13 @@ impl<S: LeasedKeyStore> Gateway<S> {
 
     async fn handle(&self, req: Request) -> Response {
         let path = req.uri().path();
+        // Refused before any route is matched, keyed or not: never passed
+        // through.
+        if let Some(why) = path::unreadable(path) {
+            return problems::invalid_path(why);
+        }
         if path::climbs_above_root(path) {
-            return problems::path_above_root();
+            return problems::invalid_path("a .. segment of the path climbs above its root");
         }
         let route = self
             .config
@@ -152,15 +158,9 @@ impl<S: LeasedKeyStore> Gateway<S> {
     /// An unlisted route: forwarded as it came (its body bounded).
     async fn pass_through(&self, req: Request) -> Response {
         let (parts, body) = req.into_parts();
-        let body = match http_body_util::Limited::new(body, self.config.max_body_bytes)
-            .collect()
-            .await
-        {
-            Ok(b) => b.to_bytes(),
-            Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-                return reject(Rejection::BodyTooLarge);
-            }
-            Err(_) => return reject(Rejection::UnreadableBody),
+        let body = match idem_http::read_body(body, self.config.max_body_bytes).await {
+            Ok(b) => b,
+            Err(rejection) => return reject(rejection),
         };
         let key = parts.headers.get(idem_http::IDEMPOTENCY_KEY).cloned();
         self.upstream.pass(&parts, body, key.as_ref()).await

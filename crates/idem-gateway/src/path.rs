@@ -146,6 +146,70 @@ impl PathPattern {
     }
 }
 
+/// How many times a path is decoded in search of a control character: a
+/// path escaped more often than this is refused.
+const MAX_DECODINGS: usize = 8;
+
+/// Why `path` cannot be read the same way by every server, if it cannot:
+/// a control character (NUL, CR, LF, TAB, DEL, …), raw or escaped — once
+/// or more (`%2500` decodes to `%00`, then to NUL) —, a `%` that does not
+/// start an escape (`%0`, `%zz`, `%u0000`), or escapes that do not decode
+/// to UTF-8 (an overlong `%C0%80` is a NUL to some decoders). An upstream
+/// that stops reading a path at NUL reads `/v1/payments%00` as
+/// `/v1/payments`: such a path would slip past the route's key, so it is
+/// refused, never passed through.
+pub(crate) fn unreadable(path: &str) -> Option<&'static str> {
+    let mut bytes = path.as_bytes().to_vec();
+    for depth in 0..=MAX_DECODINGS {
+        if bytes.iter().any(u8::is_ascii_control) {
+            return Some(
+                "the path holds a control character (NUL, CR, LF, TAB, DEL and the like), raw or \
+                 %-escaped",
+            );
+        }
+        let Some(decoded) = decode_once(&bytes, depth == 0) else {
+            return Some("the path has a % that does not start an escape (%XX, two hex digits)");
+        };
+        if decoded.len() == bytes.len() {
+            return None;
+        }
+        if depth == 0 && std::str::from_utf8(&decoded).is_err() {
+            return Some("the path's escapes do not decode to UTF-8");
+        }
+        bytes = decoded;
+    }
+    Some("the path is %-escaped more than 8 times over")
+}
+
+/// `bytes` with each `%XX` decoded; a `%` that starts no escape is `None`
+/// when `strict`, kept as it is otherwise (a decoded `%`).
+fn decode_once(bytes: &[u8], strict: bool) -> Option<Vec<u8>> {
+    let hex = |b: u8| (b as char).to_digit(16);
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let pair = bytes
+                .get(i + 1)
+                .copied()
+                .and_then(hex)
+                .zip(bytes.get(i + 2).copied().and_then(hex));
+            match pair {
+                Some((h, l)) => {
+                    out.push((h * 16 + l) as u8);
+                    i += 3;
+                    continue;
+                }
+                None if strict => return None,
+                None => {}
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    Some(out)
+}
+
 /// Whether `path` has a `..` segment, in some reading, that climbs above
 /// the root: an upstream with a base path (`http://host/api`) would read it
 /// outside what the routes name, so it is refused, never passed through.
@@ -286,6 +350,48 @@ mod tests {
         }
         assert!(PathPattern::parse("/").unwrap().covers("//"));
         assert!(PathPattern::parse("/v1/payments").is_ok());
+    }
+
+    #[test]
+    fn a_path_with_a_control_character_is_unreadable() {
+        for path in [
+            "/v1/payments\0",
+            "/v1/payments\x7f",
+            "/v1/payments%00",
+            "/v1/pay%0Aments",
+            "/v1/payments%0d%0a",
+            "/v1/payments%09",
+            "/v1/payments%1F",
+            "/v1/payments%7f",
+            "/v1/payments%2500",
+            "/v1/payments%25252500",
+            "/v1/payments%C0%80",
+            "/v1/payments%ff",
+            "/v1/payments%",
+            "/v1/payments%0",
+            "/v1/payments%zz",
+            "/v1/payments%u0000",
+            &format!("/v1/payments%{}41", "25".repeat(9)),
+        ] {
+            assert!(unreadable(path).is_some(), "{path}");
+        }
+        for path in [
+            "/v1/payments",
+            "/v1/%70ayments",
+            "/v1/pay%20ments",
+            "/v1%2Fpayments",
+            "/v1/items/100%25",
+            "/v1/items/100%2541",
+            "/v1/caf%C3%A9",
+            "/v1/caf\u{e9}",
+            &format!("/v1/payments%{}41", "25".repeat(7)),
+        ] {
+            assert_eq!(unreadable(path), None, "{path}");
+        }
+        // A long path costs a pass per decoding, at most 9.
+        let deep = format!("/%{}41", "25".repeat(20_000));
+        assert!(unreadable(&deep).unwrap().contains("8 times"));
+        assert_eq!(unreadable(&format!("/{}", "%2525".repeat(20_000))), None);
     }
 
     #[test]

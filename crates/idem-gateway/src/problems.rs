@@ -125,14 +125,15 @@ pub fn unverifiable(why: &str) -> Response {
     RequestOutcome::UnreadableBody.mark(res)
 }
 
-/// 400: a path whose `..` climbs above the root, which an upstream with a
-/// base path reads outside what the routes name.
-pub fn path_above_root() -> Response {
+/// 400 `invalid-path`: a path whose `..` climbs above the root (an
+/// upstream with a base path reads it outside what the routes name), or
+/// that upstreams may read differently (a control character, a bad escape).
+pub fn invalid_path(why: &str) -> Response {
     let res = problem(
         StatusCode::BAD_REQUEST,
         "invalid-path",
         "The path is not valid",
-        "a .. segment of the path climbs above its root; nothing was sent",
+        &format!("{why}; nothing was sent"),
         None,
     );
     RequestOutcome::UnreadableBody.mark(res)

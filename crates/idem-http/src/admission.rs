@@ -9,7 +9,6 @@
 use bytes::Bytes;
 use http::{HeaderMap, Request, header};
 use http_body::Body;
-use http_body_util::{BodyExt, Limited};
 use idem_core::{BoxError, Fingerprint, IdempotencyKey, RequestParts, Scope, Tenant};
 
 use crate::IDEMPOTENCY_KEY;
@@ -58,16 +57,7 @@ where
         key => key,
     };
     let tenant = config.tenant.resolve(&parts)?;
-    let body = match Limited::new(body, config.max_request_bytes).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-            return Err(Rejection::BodyTooLarge);
-        }
-        Err(e) => {
-            tracing::debug!(error = %e, "request body could not be read");
-            return Err(Rejection::UnreadableBody);
-        }
-    };
+    let body = crate::body::read_body(body, config.max_request_bytes).await?;
     let keyed = key.map(|key| {
         let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
         let fingerprint = config.fingerprint.fingerprint(&RequestParts {

@@ -88,6 +88,8 @@
 //! answer cannot be replayed would break the contract for the retry.
 
 mod admission;
+mod body;
+mod budget;
 mod config;
 mod execution;
 mod outcome;
@@ -98,6 +100,10 @@ mod tx;
 use http::HeaderName;
 
 pub use admission::{Admitted, Keyed, admit};
+pub use body::{DeclaredLimit, DeclaredLimitLayer, declared_over, read_body};
+pub use budget::{
+    BODY_BUDGET_REFUSALS, BODY_BYTES_BUFFERED, BodyBudget, OverBudget, Peer, Reservation,
+};
 pub use config::{Disposition, NEVER_REPLAYED, RouteConfig, RouteConfigError, TenantSource};
 pub use execution::{execute, replay, stored_response};
 pub use outcome::{REQUEST_DURATION, REQUESTS_TOTAL, RequestOutcome};

@@ -13,6 +13,9 @@
 //! - [`ensure_stream`] / [`ensure_stream_with`] create a stream with a
 //!   duplicate window (and, in a JetStream cluster, its replica count) or
 //!   update an existing one's subjects and window.
+//! - [`stream_quorum`] says whether a stream's copies have a majority live
+//!   (the leader and followers heard from within [`FOLLOWER_SILENCE`]) and
+//!   how long that answer holds: what a relay's readiness asks.
 //!
 //! Messages carry `Idem-Message-Id` (and `Idem-Message-Key`, the ordering
 //! key); consumers read the id from it, falling back to `Nats-Msg-Id`.
@@ -53,6 +56,9 @@ use idem_inbox::{Delivery, InboxMessage, MessageSource, SourceError};
 use idem_outbox::{PublishError, Published, Publisher};
 
 pub use async_nats::jetstream::Context;
+pub use quorum::{FOLLOWER_SILENCE, StreamQuorum, stream_has_quorum, stream_quorum};
+
+mod quorum;
 
 /// Header with the producer's message id.
 pub const MESSAGE_ID: &str = "Idem-Message-Id";
@@ -265,28 +271,6 @@ async fn create(
         }
         Err(e) => Err(nats_err(e)),
     }
-}
-
-/// Whether the stream `name` answers and a majority of its copies is
-/// current: its leader and the replicas that follow it. A cluster that lost
-/// two of three nodes keeps client connections up, and the node left may
-/// still answer about the stream as its stalled leader; its answer shows
-/// the replicas that are not current. A stream on a single server (no
-/// cluster information) is its own majority.
-pub async fn stream_has_quorum(js: &Context, name: &str) -> Result<bool, NatsError> {
-    let stream = js.get_stream(name).await.map_err(nats_err)?;
-    let info = stream.cached_info();
-    let Some(cluster) = &info.cluster else {
-        return Ok(true);
-    };
-    let copies = info.config.num_replicas.max(1);
-    let leader = usize::from(cluster.leader.is_some());
-    let following = cluster
-        .replicas
-        .iter()
-        .filter(|p| p.current && !p.offline)
-        .count();
-    Ok(leader + following > copies / 2)
 }
 
 /// A stream was asked for more than one replica from a NATS server that

@@ -4,11 +4,18 @@
 //! The libraries count through the `metrics` facade; [`install`] puts the
 //! Prometheus recorder (no listener of its own: `/metrics` is a route of
 //! `idem serve`) in place once per process. The gauges — `idem_outbox_*`,
-//! `idem_runs{state}`, `idem_webhook_receipts{endpoint,state}` — are set
-//! from one grouped query each when a scrape arrives.
+//! `idem_runs{state}`, `idem_webhook_receipts{endpoint,state}`,
+//! `idem_tasks{queue,state}` — are read with one grouped query each when a
+//! scrape arrives; the last two are written into the scrape's text as the
+//! store has them, so a queue (or endpoint) without rows has no series.
+//!
+//! Bounded (DESIGN 16): a label a request names (`queue`) takes at most
+//! 500 values ([`idem_core::labels`]), and the recorder drops a counter or
+//! histogram series that has not moved for [`idem_core::labels::FORGET_AFTER`].
 
-use std::collections::BTreeSet;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use axum::Router;
@@ -21,6 +28,7 @@ use idem_core::steps::{RunState, RunStore};
 use idem_core::tasks::{TaskState, TaskStore};
 use idem_core::webhooks::WebhookStore;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use metrics_util::MetricKindMask;
 
 use crate::admin::Auth;
 
@@ -45,24 +53,7 @@ pub fn install() -> PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE
         .get_or_init(|| {
-            let builder = PrometheusBuilder::new()
-                .set_buckets_for_metric(
-                    Matcher::Suffix("_duration_seconds".into()),
-                    DURATION_BUCKETS,
-                )
-                .and_then(|b| {
-                    b.set_buckets_for_metric(
-                        Matcher::Full(idem_tasks::CLAIM_LATENCY.into()),
-                        CLAIM_LATENCY_BUCKETS,
-                    )
-                })
-                .and_then(|b| {
-                    b.set_buckets_for_metric(
-                        Matcher::Full(idem_outbox::PUBLISH_LAG.into()),
-                        CLAIM_LATENCY_BUCKETS,
-                    )
-                })
-                .unwrap_or_else(|_| PrometheusBuilder::new());
+            let builder = builder(idem_core::labels::FORGET_AFTER);
             let recorder = builder.build_recorder();
             let handle = recorder.handle();
             if metrics::set_global_recorder(recorder).is_err() {
@@ -70,20 +61,54 @@ pub fn install() -> PrometheusHandle {
             }
             describe();
             // Histograms are drained into their buckets by upkeep; a scrape
-            // does it too, this bounds the memory between scrapes.
+            // does it too, this bounds the memory between scrapes. Idle
+            // series are dropped when the recorder renders: once a minute
+            // here, so they go even when nobody scrapes.
             let upkeep = handle.clone();
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
                 rt.spawn(async move {
                     let mut every = tokio::time::interval(Duration::from_secs(5));
-                    loop {
+                    for tick in 1u64.. {
                         every.tick().await;
-                        upkeep.run_upkeep();
+                        if tick % 12 == 0 {
+                            drop(upkeep.render());
+                        } else {
+                            upkeep.run_upkeep();
+                        }
                     }
                 });
             }
             handle
         })
         .clone()
+}
+
+/// The recorder's settings: the buckets, and counters and histograms
+/// dropped once idle for `idle` (a series labelled with a request's name
+/// goes with the name; it comes back, from 0, when it moves again).
+fn builder(idle: Duration) -> PrometheusBuilder {
+    let buckets = PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Suffix("_duration_seconds".into()),
+            DURATION_BUCKETS,
+        )
+        .and_then(|b| {
+            b.set_buckets_for_metric(
+                Matcher::Full(idem_tasks::CLAIM_LATENCY.into()),
+                CLAIM_LATENCY_BUCKETS,
+            )
+        })
+        .and_then(|b| {
+            b.set_buckets_for_metric(
+                Matcher::Full(idem_outbox::PUBLISH_LAG.into()),
+                CLAIM_LATENCY_BUCKETS,
+            )
+        })
+        .unwrap_or_else(|_| PrometheusBuilder::new());
+    buckets.idle_timeout(
+        MetricKindMask::COUNTER | MetricKindMask::HISTOGRAM,
+        Some(idle),
+    )
 }
 
 /// `# HELP` lines for the metrics every scrape shows.
@@ -97,6 +122,16 @@ fn describe() {
         idem_http::REQUEST_DURATION,
         metrics::Unit::Seconds,
         "Time to answer a request, by operation and outcome"
+    );
+    describe_gauge!(
+        idem_http::BODY_BYTES_BUFFERED,
+        metrics::Unit::Bytes,
+        "Request body bytes held now (--max-buffered-bytes)"
+    );
+    describe_counter!(
+        idem_http::BODY_BUDGET_REFUSALS,
+        "Request bodies refused for want of buffered bytes, by bound (peer: the \
+         client address held its share; total)"
     );
     describe_counter!(
         idem_webhooks::DELIVERIES_TOTAL,
@@ -154,17 +189,17 @@ fn describe() {
         metrics::Unit::Seconds,
         "How long claimed tasks had been due when claimed, by queue"
     );
-    describe_gauge!(TASKS, "Tasks, by queue and state");
     describe_gauge!(RUNS, "Multi-step runs, by state");
-    describe_gauge!(RECEIPTS, "Stored webhook receipts, by endpoint and state");
+    describe_counter!(
+        idem_core::labels::DROPPED_TOTAL,
+        "Values of a label named by requests recorded as (other): the label had its 500 values"
+    );
 }
 
 const OUTBOX_PENDING: &str = "idem_outbox_pending";
 const OUTBOX_OLDEST_AGE: &str = "idem_outbox_oldest_pending_age_seconds";
 const OUTBOX_DEAD: &str = "idem_outbox_dead";
 const RUNS: &str = "idem_runs";
-const TASKS: &str = "idem_tasks";
-const RECEIPTS: &str = "idem_webhook_receipts";
 
 /// Who may scrape.
 #[derive(Clone)]
@@ -180,13 +215,6 @@ struct Scrape<S> {
     store: S,
     access: Access,
     handle: PrometheusHandle,
-    /// The `(endpoint, state)` pairs of receipts set before, so a pair
-    /// that has none any more is set to 0 rather than left at its last
-    /// value.
-    receipt_labels: Mutex<BTreeSet<(String, &'static str)>>,
-    /// The queues whose task counts were set before: each keeps a value for
-    /// every state, 0 once it has none.
-    task_queues: Mutex<BTreeSet<String>>,
 }
 
 /// `GET /metrics` over `store`.
@@ -198,8 +226,6 @@ where
         store,
         access,
         handle,
-        receipt_labels: Mutex::new(BTreeSet::new()),
-        task_queues: Mutex::new(BTreeSet::new()),
     });
     Router::new()
         .route(PATH, get(metrics_text::<S>))
@@ -215,12 +241,16 @@ where
     {
         return refusal;
     }
-    if let Err(e) = scrape.gauges().await {
-        // The counters are still worth a scrape; the gauges keep their last
-        // values and the log says why.
+    let gauges = scrape.gauges().await.unwrap_or_else(|e| {
+        // The counters are still worth a scrape; the recorder's gauges keep
+        // their last values, the store's rows are left out, and the log says
+        // why.
         tracing::warn!(error = %idem_core::ErrorChain(&e), "metrics gauges not refreshed");
-    }
-    let mut res = (StatusCode::OK, scrape.handle.render()).into_response();
+        String::new()
+    });
+    let mut text = scrape.handle.render();
+    text.push_str(&gauges);
+    let mut res = (StatusCode::OK, text).into_response();
     res.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
@@ -229,8 +259,9 @@ where
 }
 
 impl<S: OutboxStore + RunStore + WebhookStore + TaskStore> Scrape<S> {
-    /// Sets the gauges from the store: four grouped queries.
-    async fn gauges(&self) -> Result<(), idem_core::StoreError> {
+    /// Sets the recorder's gauges from the store and writes the store's
+    /// rows (receipts, tasks) as text: four grouped queries.
+    async fn gauges(&self) -> Result<String, idem_core::StoreError> {
         let outbox = self.store.stats().await?;
         // By the store's clock, which stamped the messages.
         let now = idem_core::Clock::now_ms(&self.store.clock());
@@ -247,48 +278,129 @@ impl<S: OutboxStore + RunStore + WebhookStore + TaskStore> Scrape<S> {
             metrics::gauge!(RUNS, "state" => state.as_str()).set(n as f64);
         }
 
+        let mut text = String::new();
         let receipts = self.store.count_receipts().await?;
-        {
-            let mut seen = self
-                .receipt_labels
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            let now_set: BTreeSet<(String, &'static str)> = receipts
-                .iter()
-                .map(|(e, s, _)| (e.clone(), s.as_str()))
-                .collect();
-            for (endpoint, state) in seen.difference(&now_set) {
-                metrics::gauge!(RECEIPTS, "endpoint" => endpoint.clone(), "state" => *state)
-                    .set(0.0);
-            }
-            for (endpoint, state, n) in receipts {
-                metrics::gauge!(RECEIPTS, "endpoint" => endpoint, "state" => state.as_str())
-                    .set(n as f64);
-            }
-            seen.extend(now_set);
-        }
-
+        let receipts = receipts.into_iter().map(|(endpoint, state, n)| {
+            (
+                [("endpoint", endpoint), ("state", state.as_str().into())],
+                n,
+            )
+        });
+        family(
+            &mut text,
+            "idem_webhook_receipts",
+            "Stored webhook receipts, by endpoint and state",
+            receipts,
+        );
         let tasks = self.store.count_tasks().await?;
-        self.set_task_gauges(&tasks);
-        Ok(())
+        family(
+            &mut text,
+            "idem_tasks",
+            "Tasks, by queue and state (the queues that have tasks)",
+            task_rows(tasks),
+        );
+        Ok(text)
+    }
+}
+
+/// Every state of each queue that has tasks, counted under the queue's
+/// label value ([`idem_tasks::QUEUE_LABELS`]: 500 queues, the rest summed
+/// under `(other)`).
+fn task_rows(
+    tasks: Vec<(String, TaskState, u64)>,
+) -> impl Iterator<Item = ([(&'static str, String); 2], u64)> {
+    let mut by_label: BTreeMap<String, [u64; TaskState::ALL.len()]> = BTreeMap::new();
+    for (queue, state, n) in tasks {
+        let label = idem_tasks::QUEUE_LABELS.value(&queue);
+        let i = TaskState::ALL.iter().position(|s| *s == state).unwrap_or(0);
+        by_label.entry(label).or_default()[i] += n;
+    }
+    by_label.into_iter().flat_map(|(queue, counts)| {
+        TaskState::ALL
+            .into_iter()
+            .zip(counts)
+            .map(move |(state, n)| {
+                (
+                    [("queue", queue.clone()), ("state", state.as_str().into())],
+                    n,
+                )
+            })
+    })
+}
+
+/// One gauge family in the text format: its `# HELP` and `# TYPE` lines and
+/// a line per sample (none at all without samples).
+fn family<const N: usize>(
+    out: &mut String,
+    name: &str,
+    help: &str,
+    samples: impl Iterator<Item = ([(&'static str, String); N], u64)>,
+) {
+    let mut samples = samples.peekable();
+    if samples.peek().is_none() {
+        return;
+    }
+    let _ = write!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n");
+    for (labels, n) in samples {
+        let labels: Vec<String> = labels
+            .iter()
+            .map(|(k, v)| format!("{k}=\"{}\"", escaped(v)))
+            .collect();
+        let _ = writeln!(out, "{name}{{{}}} {n}", labels.join(","));
+    }
+    out.push('\n');
+}
+
+/// A label value as the text format writes it.
+fn escaped(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_counter_that_stops_moving_is_dropped_after_the_idle_time() {
+        let recorder = builder(Duration::from_millis(200)).build_recorder();
+        let handle = recorder.handle();
+        let count = |queue: &'static str| {
+            metrics::with_local_recorder(&recorder, || {
+                metrics::counter!("t_claimed_total", "queue" => queue).increment(1);
+            });
+        };
+        count("gone");
+        count("busy");
+        assert!(handle.render().contains("queue=\"gone\""));
+        std::thread::sleep(Duration::from_millis(300));
+        count("busy");
+        let text = handle.render();
+        assert!(!text.contains("queue=\"gone\""), "{text}");
+        assert!(text.contains("t_claimed_total{queue=\"busy\"} 2"), "{text}");
     }
 
-    /// `idem_tasks{queue, state}` for every queue seen so far.
-    fn set_task_gauges(&self, tasks: &[(String, TaskState, u64)]) {
-        let mut queues = self
-            .task_queues
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        queues.extend(tasks.iter().map(|(q, _, _)| q.clone()));
-        for queue in queues.iter() {
-            for state in TaskState::ALL {
-                let n = tasks
-                    .iter()
-                    .find(|(q, s, _)| q == queue && *s == state)
-                    .map_or(0, |(_, _, n)| *n);
-                metrics::gauge!(TASKS, "queue" => queue.clone(), "state" => state.as_str())
-                    .set(n as f64);
-            }
-        }
+    #[test]
+    fn task_gauges_keep_500_queues_and_sum_the_rest_under_other() {
+        let rows = (0..502)
+            .map(|i| (format!("q{i:03}"), TaskState::Ready, 1))
+            .collect();
+        let mut text = String::new();
+        family(&mut text, "idem_tasks", "Tasks", task_rows(rows));
+        let ready: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("state=\"ready\""))
+            .collect();
+        assert_eq!(ready.len(), 501, "500 queues and (other)");
+        assert!(
+            ready.contains(&"idem_tasks{queue=\"(other)\",state=\"ready\"} 2"),
+            "{text}"
+        );
+        assert!(
+            ready.contains(&"idem_tasks{queue=\"q000\",state=\"ready\"} 1"),
+            "{text}"
+        );
+        assert_eq!(escaped("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
     }
 }

@@ -1,7 +1,8 @@
 //! What a process manager and a load balancer ask a process: `/healthz`
 //! (liveness: the process answers; always `ok`), `/readyz` (readiness: the
 //! database answered a query within two seconds and, for a relay or a
-//! consumer, JetStream answered a request — an API reports NATS without
+//! consumer, JetStream answered about the events stream within a second
+//! and a majority of its copies is live — an API reports NATS without
 //! depending on it) — and, for `idem relay` and `idem consume`, which serve
 //! no API, a side listener (`--metrics-listen`) with both and `/metrics`.
 //!
@@ -30,11 +31,19 @@ use crate::shutdown::stopped;
 /// are ready (`None` until then).
 pub type Broker = watch::Receiver<Option<idem_nats::Context>>;
 
-/// How long `/readyz` waits for the database and for JetStream.
+/// How long `/readyz` waits for the database.
 pub const DATABASE_WAIT: Duration = Duration::from_secs(2);
 
+/// How long `/readyz` waits for JetStream's answer about the events
+/// stream: its leader answers in milliseconds; a node left without the
+/// leader answers nothing until an election it cannot win.
+const JETSTREAM_WAIT: Duration = Duration::from_secs(1);
+
 /// How long an answer of `/readyz` is reused: probes (which need no token)
-/// cost the database one query a second at most, however many arrive.
+/// cost the database and JetStream one request a second at most, however
+/// many arrive. NATS's answer is reused no longer than it holds
+/// ([`idem_nats::StreamQuorum::holds_for`]), and not at all once the
+/// connection is lost.
 const REUSE: Duration = Duration::from_secs(1);
 
 /// Readiness over `store` and, when the process uses NATS, `broker`.
@@ -44,7 +53,22 @@ struct Ready<B> {
     /// Whether the process is not ready without NATS (a relay, a consumer)
     /// or only reports it (an API: its events wait in the outbox).
     nats_gates: bool,
-    last: tokio::sync::Mutex<Option<(tokio::time::Instant, &'static str, &'static str)>>,
+    /// The last answers (one check at a time; the others wait for it).
+    last: tokio::sync::Mutex<Last>,
+}
+
+/// One dependency's state, and until when it is reused.
+#[derive(Clone, Copy)]
+struct Answer {
+    state: &'static str,
+    until: tokio::time::Instant,
+}
+
+/// The answers `/readyz` gave last.
+#[derive(Default)]
+struct Last {
+    database: Option<Answer>,
+    nats: Option<Answer>,
 }
 
 /// `GET /readyz` over `store` and, when the process uses NATS, `broker`:
@@ -58,7 +82,7 @@ pub fn router<B: Backend>(store: B, broker: Option<Broker>, nats_gates: bool) ->
             store,
             broker,
             nats_gates,
-            last: tokio::sync::Mutex::new(None),
+            last: tokio::sync::Mutex::new(Last::default()),
         }))
 }
 
@@ -77,48 +101,81 @@ fn database_state(
     }
 }
 
-/// What NATS says: connected, JetStream answers a request about the events
-/// stream, and the stream has a quorum. A cluster that lost two of three
-/// nodes keeps the connection up, and the node left may still answer
-/// about the stream (as its stalled leader): its answer says how many of
-/// the stream's copies are current.
-async fn nats_state(broker: Option<&Broker>) -> &'static str {
-    let js = match broker {
-        None => return "not used",
+/// The link to NATS as it is now, read without asking the broker: the
+/// context to ask, or the state that answers for it.
+fn link(broker: Option<&Broker>) -> Result<idem_nats::Context, &'static str> {
+    match broker {
+        None => Err("not used"),
         Some(b) => match &*b.borrow() {
-            None => return "connecting",
-            Some(js) if idem_nats::is_connected(js) => js.clone(),
-            Some(_) => return "disconnected",
+            None => Err("connecting"),
+            Some(js) if idem_nats::is_connected(js) => Ok(js.clone()),
+            Some(_) => Err("disconnected"),
         },
-    };
-    let quorum = idem_nats::stream_has_quorum(&js, crate::messaging::STREAM);
-    match tokio::time::timeout(DATABASE_WAIT, quorum).await {
-        Ok(Ok(true)) => "ok",
-        Ok(Ok(false)) => "no quorum",
+    }
+}
+
+/// What JetStream says about the events stream, and how long that holds: a
+/// cluster that lost two of three nodes keeps the connection up, and the
+/// node left may still answer as the stream's stalled leader (its answer
+/// says which copies it has heard from lately) or not answer at all.
+async fn nats_state(js: &idem_nats::Context) -> (&'static str, Duration) {
+    let quorum = idem_nats::stream_quorum(js, crate::messaging::STREAM);
+    match tokio::time::timeout(JETSTREAM_WAIT, quorum).await {
+        Ok(Ok(q)) if q.held => ("ok", q.holds_for),
+        Ok(Ok(_)) => ("no quorum", REUSE),
         Ok(Err(e)) => {
             tracing::warn!(error = %e, "readiness: JetStream refused");
-            "unavailable"
+            ("unavailable", REUSE)
         }
-        Err(_) => "no answer",
+        Err(_) => ("no answer", REUSE),
     }
 }
 
 async fn readyz<B: Backend>(State(ready): State<Arc<Ready<B>>>) -> Response {
     let (database, nats) = {
-        // One check at a time; the others wait for it and take its answer.
         let mut last = ready.last.lock().await;
-        match *last {
-            Some((at, database, nats)) if at.elapsed() < REUSE => (database, nats),
-            _ => {
-                let (database, nats) = tokio::join!(
-                    tokio::time::timeout(DATABASE_WAIT, ready.store.ping()),
-                    nats_state(ready.broker.as_ref())
-                );
-                let database = database_state(database);
-                *last = Some((tokio::time::Instant::now(), database, nats));
-                (database, nats)
+        let now = tokio::time::Instant::now();
+        let link = link(ready.broker.as_ref());
+        let reused = |a: Option<Answer>| a.filter(|a| a.until > now);
+        let database = reused(last.database);
+        // An answer given before the connection broke says nothing now.
+        let nats = reused(last.nats).filter(|_| link.is_ok());
+        let (database, nats) = tokio::join!(
+            async {
+                match database {
+                    Some(a) => a,
+                    None => Answer {
+                        state: database_state(
+                            tokio::time::timeout(DATABASE_WAIT, ready.store.ping()).await,
+                        ),
+                        until: tokio::time::Instant::now() + REUSE,
+                    },
+                }
+            },
+            async {
+                match (nats, link) {
+                    (Some(a), _) => a,
+                    // Read afresh at every probe: it costs nothing.
+                    (None, Err(state)) => Answer { state, until: now },
+                    (None, Ok(js)) => {
+                        let (state, holds_for) = nats_state(&js).await;
+                        // "ok" holds from when it was asked, no longer
+                        // than the stream's leader says; anything else
+                        // from when it was known.
+                        let until = match state {
+                            "ok" => now + holds_for.min(REUSE),
+                            _ => tokio::time::Instant::now() + REUSE,
+                        };
+                        Answer { state, until }
+                    }
+                }
             }
-        }
+        );
+        *last = Last {
+            database: Some(database),
+            nats: Some(nats),
+        };
+        (database.state, nats.state)
     };
     let nats_ok = !ready.nats_gates || matches!(nats, "ok" | "not used");
     if database == "ok" && nats_ok {
@@ -214,6 +271,7 @@ impl SideListener {
         let limits = Limits {
             max_connections: 64,
             max_buffered_bytes: 1 << 20,
+            max_buffered_bytes_per_peer: 1 << 17,
             ..Limits::default()
         };
         tokio::spawn(async move {

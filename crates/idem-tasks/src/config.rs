@@ -135,8 +135,8 @@ impl TasksConfig {
 /// priority and its attempts.
 #[derive(Clone, Debug)]
 pub struct TaskSpec {
-    /// The payload.
-    pub payload: serde_json::Value,
+    /// The payload: JSON, kept with every digit of its numbers.
+    pub payload: crate::JsonText,
     /// Not claimed before (unix ms); now when `None`.
     pub run_at_ms: Option<i64>,
     /// Higher first (default 0).
@@ -148,9 +148,9 @@ pub struct TaskSpec {
 
 impl TaskSpec {
     /// A task with `payload`, now, at priority 0, with the default attempts.
-    pub fn new(payload: serde_json::Value) -> Self {
+    pub fn new(payload: impl Into<crate::JsonText>) -> Self {
         Self {
-            payload,
+            payload: payload.into(),
             run_at_ms: None,
             priority: 0,
             max_attempts: None,

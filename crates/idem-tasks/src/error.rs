@@ -18,7 +18,8 @@ pub enum TasksError {
     /// `409 cursor-moved`, with where it is (`None`: it has none).
     #[error("the cursor moved")]
     CursorMoved {
-        /// The cursor as stored: canonical JSON text.
+        /// The cursor as stored: JSON text, as the poller that moved it
+        /// there wrote it.
         current: Option<String>,
     },
     /// The fence is not the task's, or its lease ended: `409 lease-lost`.

@@ -61,9 +61,11 @@ mod config;
 mod error;
 #[cfg(feature = "http")]
 pub mod http;
+mod json;
 mod service;
 
 pub use config::{TaskSpec, TasksConfig};
+pub use json::JsonText;
 
 /// Tasks claimed, by queue (a counter).
 pub const CLAIMED_TOTAL: &str = "idem_tasks_claimed_total";
@@ -79,5 +81,10 @@ pub const CLAIM_LATENCY: &str = "idem_tasks_claim_latency_seconds";
 /// Writes refused because the writer's fence was not the task's live claim
 /// (a counter).
 pub const FENCED_OUT_TOTAL: &str = "idem_tasks_fenced_out_total";
+/// The values of the `queue` label, which requests name: recorded only for
+/// a claim that got tasks (and, by `idem`, for queues with tasks in the
+/// store), 500 at a time, the rest as `(other)` ([`idem_core::labels`]).
+pub static QUEUE_LABELS: idem_core::labels::LabelValues =
+    idem_core::labels::LabelValues::new("queue");
 pub use error::TasksError;
 pub use service::{Observation, Observed, Tasks};

@@ -210,7 +210,10 @@ impl Drop for NatsServer {
     }
 }
 
+pub use cluster::NatsCluster;
 pub use proxy::Proxy;
+
+mod cluster;
 
 mod proxy {
     use std::net::SocketAddr;

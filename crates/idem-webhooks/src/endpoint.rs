@@ -3,9 +3,11 @@
 //! a delivery id becomes the dedupe key stored.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::time::Duration;
 
 use serde::Deserialize;
+use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
 use crate::scheme::{Scheme, Secret, Verifier};
@@ -198,30 +200,68 @@ impl Endpoint {
         })
     }
 
-    /// The entity id and version a body names, when the endpoint declares them.
+    /// The entity id and version a body names, when the endpoint declares
+    /// them. A numeric id is its text as the body writes it, every digit
+    /// of it (two ids that differ in their 30th digit are two entities); a
+    /// numeric version is an integer within `i64`.
     pub fn entity_of(&self, body: &[u8]) -> (Option<String>, Option<i64>) {
         let Some((id_ptr, version_ptr)) = &self.entity else {
             return (None, None);
         };
-        let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) else {
-            return (None, None);
-        };
-        let id = match v.pointer(id_ptr) {
-            Some(serde_json::Value::String(s)) => short_text(s),
-            Some(serde_json::Value::Number(n)) => Some(n.to_string()),
-            _ => None,
-        };
-        let version = version_ptr.as_ref().and_then(|p| match v.pointer(p)? {
-            serde_json::Value::Number(n) => n.as_i64(),
-            serde_json::Value::String(s) => s.parse().ok().or_else(|| {
-                let t = humantime::parse_rfc3339_weak(s).ok()?;
+        let id = json_at(body, id_ptr).and_then(|raw| match raw {
+            Json::String(s) => short_text(&s),
+            Json::Number(n) => short_text(n),
+        });
+        let version = version_ptr.as_ref().and_then(|p| match json_at(body, p)? {
+            Json::Number(n) => n.parse().ok(),
+            Json::String(s) => s.parse().ok().or_else(|| {
+                let t = humantime::parse_rfc3339_weak(&s).ok()?;
                 let d = t.duration_since(std::time::UNIX_EPOCH).ok()?;
                 i64::try_from(d.as_millis()).ok()
             }),
-            _ => None,
         });
         let version = version.filter(|_| id.is_some());
         (id, version)
+    }
+}
+
+/// A string or a number of a JSON body.
+enum Json<'a> {
+    String(String),
+    /// As the body writes it.
+    Number(&'a str),
+}
+
+/// The string or number at the JSON pointer `pointer` (RFC 6901) of
+/// `body`; `None` when the body is not JSON or holds something else there.
+/// Read through [`RawValue`], so no number goes through an `f64` (which
+/// rounds `123456789012345678901234567890` and refuses `1e400`); of
+/// duplicated keys the last counts, as with a `serde_json::Value`.
+fn json_at<'a>(body: &'a [u8], pointer: &str) -> Option<Json<'a>> {
+    let mut at: &'a RawValue = serde_json::from_slice(body).ok()?;
+    for step in pointer.split('/').skip(1) {
+        let step = step.replace("~1", "/").replace("~0", "~");
+        let text = at.get().trim_start();
+        at = match text.as_bytes().first()? {
+            b'{' => serde_json::from_str::<HashMap<String, &'a RawValue>>(text)
+                .ok()?
+                .remove(&step)?,
+            b'[' => {
+                // An index as RFC 6901 writes it: `0`, `17`, not `01` or `+1`.
+                let canonical = step == "0" || !step.starts_with(['0', '+']);
+                let i: usize = step.parse().ok().filter(|_| canonical)?;
+                *serde_json::from_str::<Vec<&'a RawValue>>(text)
+                    .ok()?
+                    .get(i)?
+            }
+            _ => return None,
+        };
+    }
+    let text = at.get().trim();
+    match text.as_bytes().first()? {
+        b'"' => serde_json::from_str(text).ok().map(Json::String),
+        b'-' | b'0'..=b'9' => Some(Json::Number(text)),
+        _ => None,
     }
 }
 
@@ -401,5 +441,43 @@ mod tests {
             "event types with control characters are absent"
         );
         assert_eq!(short_text("push").as_deref(), Some("push"));
+    }
+
+    #[test]
+    fn entity_ids_keep_every_digit() {
+        let endpoint = Endpoint::from_config(
+            "orders",
+            EndpointConfig {
+                entity_id: Some("/order/id".into()),
+                entity_version: Some("/order/version".into()),
+                ..config(Scheme::Github)
+            },
+        )
+        .unwrap();
+        let of = |body: &str| endpoint.entity_of(body.as_bytes());
+        let big = r#"{"order":{"id":123456789012345678901234567890,"version":2}}"#;
+        let next = r#"{"order":{"id":123456789012345678901234567891,"version":1}}"#;
+        assert_eq!(
+            of(big),
+            (Some("123456789012345678901234567890".into()), Some(2))
+        );
+        assert_eq!(
+            of(next),
+            (Some("123456789012345678901234567891".into()), Some(1))
+        );
+        // Ordinary ids as they always were; a number no f64 holds elsewhere
+        // in the body does not hide the entity.
+        assert_eq!(
+            of(r#"{"order":{"id":4242,"version":"7"}}"#),
+            (Some("4242".into()), Some(7))
+        );
+        assert_eq!(
+            of(r#"{"fee":1e400,"order":{"id":"o-1","version":3}}"#),
+            (Some("o-1".into()), Some(3))
+        );
+        assert_eq!(
+            of(r#"{"order":{"id":{"nested":1},"version":3}}"#),
+            (None, None)
+        );
     }
 }

@@ -17,7 +17,6 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::Response;
 use axum::routing::post;
-use http_body_util::{BodyExt, Limited};
 use idem_core::Clock;
 use idem_core::webhooks::WebhookStore;
 use idem_http::Rejection;
@@ -68,10 +67,11 @@ async fn receive<S: WebhookStore, C: Clock>(
     let Some(endpoint) = receiver.endpoint(&name) else {
         return unknown_endpoint();
     };
-    // The limit applies while reading: a large body is never buffered.
-    let body = match Limited::new(body, endpoint.max_body_bytes).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+    // A body announced over the endpoint's limit is refused unread, one
+    // that grows past it while read is cut: a large body is never buffered.
+    let body = match idem_http::read_body(body, endpoint.max_body_bytes).await {
+        Ok(b) => b,
+        Err(Rejection::BodyTooLarge) => {
             receiver.note_too_large(&name);
             return Rejection::BodyTooLarge.into_response();
         }

@@ -102,12 +102,16 @@ impl Agent {
     /// Reads the feed after the cursor and reports it; `true` when it saw
     /// something new.
     async fn observe(&self) -> Result<bool, Error> {
-        let cursor = self.tasks.poller(&self.tenant, &self.poller).await?;
-        let expected = cursor
-            .map(|c| serde_json::from_str::<Value>(&c.cursor))
-            .transpose()?;
+        // Sent back as it is stored: no number of it rounded.
+        let expected = self
+            .tasks
+            .poller(&self.tenant, &self.poller)
+            .await?
+            .map(|c| c.cursor);
         let after = expected
-            .as_ref()
+            .as_deref()
+            .map(serde_json::from_str::<Value>)
+            .transpose()?
             .and_then(|c| c["after"].as_i64())
             .unwrap_or(0);
         let changes = self.changes(after, 50)?;
@@ -121,8 +125,8 @@ impl Agent {
             tasks.push((self.queue.clone(), key, spec));
         }
         let observation = Observation {
-            expected,
-            value: json!({ "after": last }),
+            expected: expected.map(idemkit::tasks::JsonText::new),
+            value: json!({ "after": last }).into(),
             tasks,
         };
         match self

@@ -40,7 +40,7 @@ use idem_core::{Operation, Tenant};
 use idem_http::{IdempotencyLayer, RouteConfig, TenantSource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::auth::Actor;
 use crate::backend::AdminBackend;
@@ -100,26 +100,35 @@ pub fn action<B: AdminBackend>(store: &B, name: &'static str) -> IdempotencyLaye
 
 /// A page: `{"items": …, "next_cursor": …}`. `rows` holds up to `limit`
 /// rows; a full page carries the cursor of its last row.
-pub fn page<T, K: Serialize>(
+pub fn page<T, I: Serialize, K: Serialize>(
     rows: &[T],
     limit: u32,
-    item: impl Fn(&T) -> Value,
+    item: impl Fn(&T) -> I,
     cursor: impl Fn(&T) -> K,
 ) -> Response {
-    let next = (rows.len() as u32 >= limit)
+    /// Items as they serialize themselves (a task's payload as stored).
+    #[derive(Serialize)]
+    struct Page<I> {
+        items: Vec<I>,
+        next_cursor: Option<String>,
+    }
+    let next_cursor = (rows.len() as u32 >= limit)
         .then(|| rows.last().map(|r| encode_cursor(&cursor(r))))
         .flatten();
-    ok(&json!({"items": rows.iter().map(item).collect::<Vec<_>>(), "next_cursor": next}))
+    ok(&Page {
+        items: rows.iter().map(item).collect(),
+        next_cursor,
+    })
 }
 
 /// A list route's answer: the query's `400` when it was refused, else one
 /// page of the rows `fetch` reads (within the read timeout) and the cursor
 /// of the next.
-pub async fn list_page<F, T, K: Serialize, Fut>(
+pub async fn list_page<F, T, I: Serialize, K: Serialize, Fut>(
     filter: Result<F, Response>,
     limit: fn(&F) -> u32,
     fetch: impl FnOnce(F) -> Fut,
-    item: impl Fn(&T) -> Value,
+    item: impl Fn(&T) -> I,
     cursor: impl Fn(&T) -> K,
 ) -> Response
 where

@@ -10,7 +10,7 @@ use axum::routing::{get, post};
 use axum::{Extension, Router};
 use idem_core::tasks::{ActionName, QueueName, TaskFilter, TaskId, TaskRecord, TaskState};
 use idem_http::IdemTx;
-use idem_tasks::http::{event_json, task_json};
+use idem_tasks::http::{Shown, event_json, task_json};
 use idem_tasks::{Tasks, TasksConfig, TasksError};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -35,11 +35,10 @@ pub fn routes<B: AdminBackend>(store: &B) -> Router<V1<B>> {
         )
 }
 
-/// A task as listed: the API's view, with its tenant.
-fn listed(t: &TaskRecord) -> Value {
-    let mut v = task_json(t);
-    v["tenant"] = t.tenant.clone().into();
-    v
+/// A task as listed: the API's view (payload and result as stored), with
+/// its tenant.
+fn listed(t: &TaskRecord) -> Shown<'_> {
+    task_json(t).with("tenant", t.tenant.as_str())
 }
 
 #[derive(Debug, Deserialize)]
@@ -74,7 +73,8 @@ async fn list<B: AdminBackend>(State(st): State<V1<B>>, Query(q): Query<ListQuer
         filter,
         |f| f.limit,
         fetch,
-        listed,
+        // Owned (the page outlives no row): the same JSON text.
+        |t| serde_json::value::to_raw_value(&listed(t)).ok(),
         |t| (t.created_at_ms, t.id.clone()),
     )
     .await
@@ -99,9 +99,8 @@ async fn show<B: AdminBackend>(State(st): State<V1<B>>, Path(id): Path<String>) 
     };
     match read(found).await {
         Ok((Some(t), events)) => {
-            let mut v = listed(&t);
-            v["timeline"] = events.iter().map(event_json).collect();
-            ok(&v)
+            let timeline: Vec<Value> = events.iter().map(event_json).collect();
+            ok(&listed(&t).with("timeline", timeline))
         }
         Ok((None, _)) => not_found("No such task"),
         Err(r) => r,

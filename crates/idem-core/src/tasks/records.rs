@@ -332,7 +332,8 @@ pub struct PollerRecord {
     pub tenant: String,
     /// Its name.
     pub poller: String,
-    /// The cursor: canonical JSON text.
+    /// The cursor: JSON text, as the poller that moved it there wrote it
+    /// (compared as a JSON value, never as text, by `idem_tasks`).
     pub cursor: String,
     /// How many times it moved.
     pub version: i64,

@@ -79,7 +79,8 @@ pub trait TaskStore: KeyStore {
     ) -> impl Future<Output = Result<(TaskRecord, bool), StoreError>> + Send + 'a;
 
     /// In `tx`: moves poller `poller`'s cursor from `expected` (`None`: it
-    /// has none) to `value`, only if it is at `expected`.
+    /// has none) to `value`, only if it is at `expected` — the same text
+    /// (the caller judges JSON values written otherwise).
     fn move_cursor<'a>(
         tx: &'a mut Self::Tx,
         tenant: &'a str,

@@ -65,8 +65,9 @@ pub struct DrillArgs {
     /// (plus 1 s; at most 24h).
     #[arg(long)]
     ttl: Option<String>,
-    /// Rounds of the lost-response, abandoned-request and concurrency drills, each with fresh
-    /// keys; the worst decides (1 to 100) [default: 5].
+    /// Rounds of every contract drill but baseline, each with fresh keys
+    /// and every request on a new connection; the worst decides (1 to 100)
+    /// [default: 5].
     #[arg(long)]
     rounds: Option<u32>,
     /// How keys look: `token` (idem-drill-…), `uuid`, or a template with

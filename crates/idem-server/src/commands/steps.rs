@@ -7,7 +7,8 @@ use idem_core::steps::{RunFilter, RunId, RunRecord, RunState, StepRecord};
 use idem_steps::{Resolution, ResolveError, resolve};
 use serde_json::{Value, json};
 
-use super::{CheckoutArgs, DbArgs};
+use super::DbArgs;
+use super::checkout::CheckoutArgs;
 use crate::backend::{Backend, Job};
 use crate::respond::rfc3339;
 use crate::shutdown::{self, stopped};

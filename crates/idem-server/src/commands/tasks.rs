@@ -151,10 +151,11 @@ impl Job for TasksAction {
             TasksAction::Show { task, .. } => {
                 let id = task_id(&task)?;
                 let t = tasks.task_any(&id).await.map_err(refused)?;
-                let mut shown = task_json(&t);
-                shown["tenant"] = t.tenant.clone().into();
                 let events = store.task_events(id.as_str()).await?;
-                shown["timeline"] = events.iter().map(event_json).collect();
+                let timeline: Vec<_> = events.iter().map(event_json).collect();
+                let shown = task_json(&t)
+                    .with("tenant", t.tenant.as_str())
+                    .with("timeline", timeline);
                 println!("{}", serde_json::to_string_pretty(&shown)?);
             }
             TasksAction::Retry {

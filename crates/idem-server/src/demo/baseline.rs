@@ -13,7 +13,6 @@ use axum::Router;
 use axum::extract::{Request, State};
 use axum::response::Response;
 use axum::routing::post;
-use http_body_util::{BodyExt, Limited};
 use idem_http::Rejection;
 
 use super::handlers::{App, pay};
@@ -38,12 +37,9 @@ async fn create<S: DemoSql>(State(app): State<App<S>>, req: Request) -> Response
         Ok(t) => t,
         Err(r) => return r.into_response(),
     };
-    let body = match Limited::new(body, app.max_body_bytes).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-            return Rejection::BodyTooLarge.into_response();
-        }
-        Err(_) => return Rejection::UnreadableBody.into_response(),
+    let body = match idem_http::read_body(body, app.max_body_bytes).await {
+        Ok(b) => b,
+        Err(rejection) => return rejection.into_response(),
     };
     let run = async {
         let mut tx = match app.store.begin().await {

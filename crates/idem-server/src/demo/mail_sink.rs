@@ -118,6 +118,7 @@ pub fn router(sink: Sink) -> Router {
         .route("/messages", post(accept).get(list))
         .route("/messages/{id}", get(lookup))
         .layer(DefaultBodyLimit::max(64 << 10))
+        .layer(idem_http::DeclaredLimitLayer::new(64 << 10))
         .with_state(sink)
 }
 

@@ -1,45 +1,50 @@
 //! The request body guard: the body read deadline and the buffered-bytes
-//! budget.
+//! budget with its share per peer ([`idem_http::BodyBudget`]).
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::Request;
+use axum::extract::{ConnectInfo, Request};
 use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http_body::Frame;
+use idem_http::{BodyBudget, OverBudget, Peer, Rejection, Reservation};
 use pin_project_lite::pin_project;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// Why a request body was cut off.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Cut {
     /// It did not arrive within the body read timeout.
     Timeout,
-    /// The buffered-bytes budget was spent.
-    Budget,
+    /// The buffered-bytes budget, or the peer's share of it, was spent.
+    Budget(OverBudget),
 }
 
 #[derive(Debug, Clone)]
 pub(super) struct BodyGuard {
-    pub(super) budget: Arc<Semaphore>,
-    /// The whole budget: a declared length above it cannot be reserved.
-    pub(super) capacity: usize,
+    pub(super) budget: BodyBudget,
     pub(super) timeout: Duration,
 }
 
-fn server_busy() -> Response {
+fn server_busy(why: OverBudget) -> Response {
+    let detail = match why {
+        OverBudget::Peer => {
+            "too many request bytes are being received from this address at once; retry later"
+        }
+        OverBudget::Total => "too many request bytes are being received at once; retry later",
+    };
     idem_http::problem::<Body>(
         StatusCode::SERVICE_UNAVAILABLE,
         "server-busy",
         "The server is busy",
-        Some("too many request bytes are being received at once; retry later"),
+        Some(detail),
         Some(1),
     )
     .into_response()
@@ -50,43 +55,43 @@ fn server_busy() -> Response {
 /// handler made of the unreadable body (it never got a complete one, so it
 /// could not have acted on it).
 ///
-/// A body with a declared length reserves all of it before the handler
-/// runs, or is answered 503 at once: uploads arriving together then cannot
-/// each take a share and all fail half-read. A chunked body pays as it
-/// arrives.
+/// Nothing is reserved before the route reads the body: a route refuses a
+/// declared length over its own limit (413) without reading it, so such a
+/// body costs nothing. At the first read a declared length is reserved
+/// whole from the peer's share, or the body is cut (503): uploads arriving
+/// together then cannot each take a part and all fail half-read. A chunked
+/// body pays as it arrives, from the same share. A declared length over a
+/// whole share is over every route's limit (the share is at least the
+/// largest body accepted): 413 here, before routing.
 pub(super) async fn guard_body(guard: &BodyGuard, req: Request, next: Next) -> Response {
     if http_body::Body::is_end_stream(req.body()) {
         // No body (a GET, `Content-Length: 0`): nothing to bound.
         return next.run(req).await;
     }
+    if idem_http::declared_over(req.body(), guard.budget.per_peer()) {
+        return Rejection::BodyTooLarge.into_response();
+    }
+    // Within a share, so it fits a `usize`.
     let declared = http_body::Body::size_hint(req.body())
         .exact()
         .and_then(|n| usize::try_from(n).ok())
-        // Longer than the whole budget: the route's own limit answers 413
-        // before reading it; the budget then only counts what is read.
-        .filter(|&n| n <= guard.capacity);
-    let mut prepaid = 0;
-    let mut reserved = None;
-    if let Some(n) = declared {
-        let permit = u32::try_from(n)
-            .ok()
-            .and_then(|p| guard.budget.clone().try_acquire_many_owned(p).ok());
-        let Some(permit) = permit else {
-            return server_busy();
-        };
-        prepaid = n;
-        reserved = Some(permit);
-    }
+        .unwrap_or(0);
+    let peer = req
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0.ip());
     let cut = Arc::new(OnceLock::new());
     // Bytes read stay counted until the answer is ready: the handler holds
     // them until then, whatever happened to the body object.
-    let held = Arc::new(Mutex::new(reserved));
+    let held = Arc::new(Mutex::new(None));
     let req = req.map(|body| {
         Body::new(Guarded {
             inner: body,
             deadline: tokio::time::sleep(guard.timeout),
             budget: guard.budget.clone(),
-            prepaid,
+            peer: Peer::of(peer),
+            declared: Some(declared),
+            prepaid: 0,
             held: held.clone(),
             cut: cut.clone(),
         })
@@ -106,7 +111,7 @@ pub(super) async fn guard_body(guard: &BodyGuard, req: Request, next: Next) -> R
             None,
         )
         .into_response(),
-        Some(Cut::Budget) => server_busy(),
+        Some(Cut::Budget(why)) => server_busy(*why),
     }
 }
 
@@ -116,10 +121,13 @@ pin_project! {
         inner: Body,
         #[pin]
         deadline: tokio::time::Sleep,
-        budget: Arc<Semaphore>,
+        budget: BodyBudget,
+        peer: Peer,
+        // The declared length, until the first read reserves it.
+        declared: Option<usize>,
         // Bytes still covered by the reservation made for a declared length.
         prepaid: usize,
-        held: Arc<Mutex<Option<OwnedSemaphorePermit>>>,
+        held: Arc<Mutex<Option<Reservation>>>,
         cut: Arc<OnceLock<Cut>>,
     }
 }
@@ -127,6 +135,11 @@ pin_project! {
 #[derive(Debug, thiserror::Error)]
 #[error("request body cut off: {0:?}")]
 struct CutOff(Cut);
+
+fn cut_off(cut: &OnceLock<Cut>, why: Cut) -> Poll<Option<Result<Frame<Bytes>, axum::BoxError>>> {
+    let _ = cut.set(why);
+    Poll::Ready(Some(Err(CutOff(why).into())))
+}
 
 impl http_body::Body for Guarded {
     type Data = Bytes;
@@ -140,6 +153,17 @@ impl http_body::Body for Guarded {
         if let Some(cut) = this.cut.get() {
             return Poll::Ready(Some(Err(CutOff(*cut).into())));
         }
+        if let Some(declared) = this.declared.take() {
+            // The first read: the declared length, whole, from the peer's
+            // share (nothing for a chunked body).
+            match this.budget.reserve(*this.peer, declared) {
+                Ok(r) => {
+                    *this.prepaid = r.bytes();
+                    *this.held.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+                }
+                Err(why) => return cut_off(this.cut, Cut::Budget(why)),
+            }
+        }
         match this.inner.poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 let read = frame.data_ref().map_or(0, Bytes::len);
@@ -147,17 +171,13 @@ impl http_body::Body for Guarded {
                 *this.prepaid -= covered;
                 let n = read - covered;
                 if n > 0 {
-                    let permit = u32::try_from(n)
-                        .ok()
-                        .and_then(|n| this.budget.clone().try_acquire_many_owned(n).ok());
-                    let Some(permit) = permit else {
-                        let _ = this.cut.set(Cut::Budget);
-                        return Poll::Ready(Some(Err(CutOff(Cut::Budget).into())));
-                    };
                     let mut held = this.held.lock().unwrap_or_else(|e| e.into_inner());
-                    match held.as_mut() {
-                        Some(p) => p.merge(permit),
-                        None => *held = Some(permit),
+                    let grown = match held.as_mut() {
+                        Some(r) => r.grow(n),
+                        None => this.budget.reserve(*this.peer, n).map(|r| *held = Some(r)),
+                    };
+                    if let Err(why) = grown {
+                        return cut_off(this.cut, Cut::Budget(why));
                     }
                 }
                 Poll::Ready(Some(Ok(frame)))
@@ -166,8 +186,7 @@ impl http_body::Body for Guarded {
             Poll::Ready(None) => Poll::Ready(None),
             Poll::Pending => {
                 if this.deadline.poll(cx).is_ready() {
-                    let _ = this.cut.set(Cut::Timeout);
-                    return Poll::Ready(Some(Err(CutOff(Cut::Timeout).into())));
+                    return cut_off(this.cut, Cut::Timeout);
                 }
                 Poll::Pending
             }

@@ -14,9 +14,13 @@
 //!   server-busy` with `Retry-After` and closed, instead of waiting in the
 //!   accept queue until the file descriptors run out.
 //! - **Buffered bytes cap**: request bodies being read at once share one
-//!   budget; a body that would exceed it is answered `503 server-busy` with
-//!   `Retry-After`, so many slow large uploads cannot exhaust memory. A
-//!   declared `Content-Length` is reserved whole before the handler runs.
+//!   budget, and one peer (an IPv4 address, an IPv6 /64) holds at most its
+//!   share of it; a body that would exceed either is answered `503
+//!   server-busy` with `Retry-After`, so many slow large uploads cannot
+//!   exhaust memory and one address cannot shut out the others. A declared
+//!   `Content-Length` is checked against the route's limit before anything
+//!   is reserved (`413`), then reserved whole when the route first reads
+//!   the body; a chunked body is counted as it arrives.
 //!
 //! Every value is bounded ([`Limits::validate`]).
 
@@ -54,6 +58,8 @@ pub struct Limits {
     pub max_connections: usize,
     /// Request body bytes buffered at once, over all requests. Default 64 MiB.
     pub max_buffered_bytes: usize,
+    /// Of those, the most one peer holds at once. Default 8 MiB (an eighth).
+    pub max_buffered_bytes_per_peer: usize,
 }
 
 impl Default for Limits {
@@ -64,6 +70,7 @@ impl Default for Limits {
             body_read_timeout: Duration::from_secs(30),
             max_connections: 1024,
             max_buffered_bytes: 64 << 20,
+            max_buffered_bytes_per_peer: 8 << 20,
         }
     }
 }
@@ -74,8 +81,9 @@ pub const MAX_CONNECTIONS_LIMIT: usize = 100_000;
 pub const MAX_BUFFERED_BYTES_LIMIT: usize = 16 << 30;
 
 impl Limits {
-    /// Checks every bound, and that one request body of `max_body_bytes` fits
-    /// in the buffered-bytes budget. The error names the flag.
+    /// Checks every bound, and that one request body of `max_body_bytes`
+    /// (the largest any route accepts) fits in one peer's share of the
+    /// buffered-bytes budget. The error names the flag.
     pub fn validate(&self, max_body_bytes: usize) -> Result<(), String> {
         use crate::flags::within;
         let second = Duration::from_secs(1);
@@ -112,7 +120,25 @@ impl Limits {
                 self.max_buffered_bytes
             ));
         }
+        if self.max_buffered_bytes_per_peer < max_body_bytes
+            || self.max_buffered_bytes_per_peer > self.max_buffered_bytes
+        {
+            return Err(format!(
+                "--max-buffered-bytes-per-peer must be between the largest body accepted \
+                 ({max_body_bytes}) and --max-buffered-bytes ({}), got {}",
+                self.max_buffered_bytes, self.max_buffered_bytes_per_peer
+            ));
+        }
         Ok(())
+    }
+
+    /// The default share of one peer: an eighth of `max_buffered_bytes`, but
+    /// at least `max_body_bytes` (one body of the largest size a route
+    /// accepts) and at most the whole.
+    pub fn default_share(max_buffered_bytes: usize, max_body_bytes: usize) -> usize {
+        (max_buffered_bytes / 8)
+            .max(max_body_bytes)
+            .min(max_buffered_bytes)
     }
 }
 
@@ -166,13 +192,22 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) {
     check_descriptors(limits.max_connections);
-    let budget = Arc::new(Semaphore::new(limits.max_buffered_bytes));
+    // Validated by `Limits::validate` where a user sets them; a share over
+    // the whole is the whole.
+    let total = limits.max_buffered_bytes.max(1);
+    let share = limits.max_buffered_bytes_per_peer.clamp(1, total);
+    let budget = match idem_http::BodyBudget::new(total, share) {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::error!(error = %e, "not serving: the buffered-bytes budget is invalid");
+            return;
+        }
+    };
     // The log outside the body guard, so it records the 408 or 503 the
     // guard answered.
     // Around the router, not on each of its routes (see `routes::service`).
     let guard = BodyGuard {
         budget,
-        capacity: limits.max_buffered_bytes,
         timeout: limits.body_read_timeout,
     };
     let app = tower::Layer::layer(&axum::middleware::from_fn_with_state(guard, edge), app);

@@ -197,6 +197,10 @@ try {
   const steps = await page.locator("#task-timeline li").count();
   check(steps >= 6, "the task's timeline of claims and actions is shown (" + steps + " entries)");
   check((await page.textContent("#task-state")).includes("needs_attention"), "the task needs attention");
+  const payload = await page.locator("table.kv tr", { has: page.locator("th", { hasText: /^Payload$/ }) })
+    .locator("td").textContent();
+  check(payload.includes("123456789012345678901234567890"),
+    "the task's payload is shown with every digit (" + payload.replace(/\s+/g, " ") + ")");
   await snap(page, "task");
   await page.click("#task-resolve-sent");
   await page.waitForFunction(() => document.getElementById("notice")?.textContent.includes("done"));

@@ -455,7 +455,7 @@ async fn console_in_chromium(db: ShopDb) {
         "POST",
         "/v1/queues/mail/tasks",
         Some("console-task"),
-        r#"{"payload":{"issue":7}}"#,
+        r#"{"payload":{"issue":7,"ref":123456789012345678901234567890}}"#,
     )
     .await;
     let task = made.json()["id"].as_str().unwrap().to_owned();
@@ -530,6 +530,7 @@ async fn console_in_chromium(db: ShopDb) {
         "the replayed receipt is shown as processed",
         "the resolved run's new state is shown",
         "the task's timeline of claims and actions is shown",
+        "the task's payload is shown with every digit",
         "the resolved task is ready again",
         "a POST without the CSRF token gets 403 csrf",
         "a release says a running forward may still land upstream",

@@ -77,6 +77,10 @@ struct Behaviour {
     /// Each replay queues a job that makes a second payment a little later
     /// (the answer itself is right).
     late_duplicate: bool,
+    /// A finished key answers every later request with this status and the
+    /// first body, whatever the payload (as `django-idempotency-key` does by
+    /// default with `409`): a retry never gets its answer.
+    replay_status: Option<u16>,
 }
 
 /// The defaults: a correct server with the usual conventions.
@@ -94,6 +98,7 @@ const CORRECT: Behaviour = Behaviour {
     work: Duration::from_millis(20),
     release_on_disconnect: false,
     late_duplicate: false,
+    replay_status: None,
 };
 
 enum Entry {
@@ -330,7 +335,9 @@ fn claim(peer: &Peer, key: &str, fingerprint: &[u8], customer: &str) -> Option<R
             status,
             body,
             gzip,
-        }) => Some(if f != fingerprint {
+        }) => Some(if let Some(refused) = b.replay_status {
+            answer(refused, body, *gzip && b.gzip == Gzip::On, None)
+        } else if f != fingerprint {
             problem(b.mismatch_status, "another request under this key")
         } else {
             if b.late_duplicate {
@@ -381,11 +388,18 @@ async fn run(addr: SocketAddr, extra: &[&str]) -> (Option<i32>, Value) {
     (out.status.code(), report(&out))
 }
 
-/// Every round of the race and lost-response drills: a contract FAIL
-/// exactly where the server's own count is other than one effect, and the
-/// effects the drill reports are the server's.
+/// Every round of the drills run in rounds that count one case's effects
+/// after a retry: a contract FAIL exactly where the server's own count is
+/// other than one effect, and the effects the drill reports are the
+/// server's.
 fn assert_rounds_agree_with_the_probe(peer: &Peer, r: &Value) {
-    for name in ["lost-response", "abandoned-request", "concurrency"] {
+    for name in [
+        "lost-response",
+        "abandoned-request",
+        "concurrency",
+        "key-reuse",
+        "reordered-fields",
+    ] {
         let rounds = &drill_named(r, name)["rounds"];
         let each = rounds["each"].as_array().unwrap();
         assert_eq!(each.len() as u64, rounds["run"].as_u64().unwrap());
@@ -615,4 +629,119 @@ async fn a_duplicate_made_after_the_answers_is_caught_by_counting_again() {
     let (code, r) = run(addr, &["--rounds", "2", "--settle", "0s"]).await;
     assert_eq!(code, Some(0), "{r:#}");
     assert!(r["settled"].is_null());
+}
+
+/// A server that answers `409` with the first body to every request after
+/// the first with a key, forever (`django-idempotency-key`'s default): the
+/// first request finished — the target began answering before the drill's
+/// proxy dropped the answer — so the `409` is no "still in flight", and a
+/// retrying client never gets its answer: a contract FAIL, with one effect.
+/// While the first request is still running (the client gave up before any
+/// answer), the same `409`s stay inconclusive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_answered_409_forever_fails_lost_response() {
+    let forever = Behaviour {
+        replay_status: Some(409),
+        ..CORRECT
+    };
+    let (peer, addr) = Peer::start(forever).await;
+    let (code, r) = run(addr, &["--rounds", "2"]).await;
+    let lost = drill_named(&r, "lost-response");
+    assert_eq!(lost["outcome"], "fail", "{lost:#}");
+    assert_eq!(code, Some(1), "{r:#}");
+    let summary = lost["summary"].as_str().unwrap();
+    assert!(
+        summary.contains("began answering") && summary.contains("409"),
+        "{summary}"
+    );
+    let evidence = lost["evidence"].to_string();
+    assert!(
+        evidence.contains("the target started answering"),
+        "{evidence}"
+    );
+    for name in ["lost-response", "abandoned-request", "concurrency"] {
+        for round in drill_named(&r, name)["rounds"]["each"].as_array().unwrap() {
+            let probe = peer.effects(round["unique"].as_str().unwrap());
+            assert_eq!(probe, 1, "one effect: the answer is what is lost: {round}");
+            assert_eq!(round["effects"], probe, "{name}: {round}");
+        }
+    }
+    for round in lost["rounds"]["each"].as_array().unwrap() {
+        assert_eq!(round["outcome"], "fail", "{round}");
+    }
+    // abandoned-request: the 20 ms payment answers before the client's
+    // 50 ms patience runs out, so a round is a lost answer again (FAIL);
+    // a round where the client gave up first stays inconclusive (WARN).
+    for round in drill_named(&r, "abandoned-request")["rounds"]["each"]
+        .as_array()
+        .unwrap()
+    {
+        let s = round["summary"].as_str().unwrap();
+        match round["outcome"].as_str().unwrap() {
+            "fail" => assert!(s.contains("began answering"), "{round}"),
+            "warn" => assert!(s.contains("inconclusive"), "{round}"),
+            other => panic!("{other}: {round}"),
+        }
+    }
+    // The race answered one 2xx: the retry after it, 409 forever, is the
+    // same lost answer.
+    assert_eq!(outcome(&r, "concurrency"), "fail", "{r:#}");
+    for name in ["lost-response", "abandoned-request", "concurrency"] {
+        println!(
+            "409 forever: {name} {}",
+            drill_named(&r, name)["summary"].as_str().unwrap()
+        );
+    }
+
+    // A slow payment (300 ms): the client of abandoned-request gives up
+    // before any answer, while it runs; its retries' 409s cannot tell a
+    // request still running from one that will never answer: WARN, as
+    // before. lost-response waits for the answer to begin: FAIL.
+    let (peer, addr) = Peer::start(Behaviour {
+        work: Duration::from_millis(300),
+        ..forever
+    })
+    .await;
+    let (code, r) = run(addr, &["--rounds", "1"]).await;
+    assert_eq!(code, Some(1), "{r:#}");
+    assert_eq!(outcome(&r, "lost-response"), "fail", "{r:#}");
+    let abandoned = drill_named(&r, "abandoned-request");
+    assert_eq!(abandoned["outcome"], "warn", "{abandoned:#}");
+    assert!(
+        abandoned["summary"]
+            .as_str()
+            .unwrap()
+            .contains("inconclusive"),
+        "{abandoned:#}"
+    );
+    for round in abandoned["rounds"]["each"].as_array().unwrap() {
+        assert_eq!(peer.effects(round["unique"].as_str().unwrap()), 1);
+    }
+}
+
+/// A `409` followed by the first answer is a PASS, however late within the
+/// retries: a payment of 4.5 s outlasts the first retry's pauses (about
+/// 3.1 s) after the client of abandoned-request gave up at 50 ms; the second
+/// retry gets the answer, and a third is compared with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_409_followed_by_the_first_answer_passes_even_late() {
+    let (peer, addr) = Peer::start(Behaviour {
+        work: Duration::from_millis(4500),
+        ..CORRECT
+    })
+    .await;
+    let (code, r) = run(addr, &["--rounds", "1", "--settle", "0s"]).await;
+    assert_eq!(code, Some(0), "{r:#}");
+    let abandoned = drill_named(&r, "abandoned-request");
+    assert_eq!(abandoned["outcome"], "pass", "{abandoned:#}");
+    let evidence = abandoned["evidence"].to_string();
+    assert!(
+        evidence.contains("the client gave up") && evidence.contains("retry 1: 409 "),
+        "the first retry ended on a 409: {evidence}"
+    );
+    assert!(
+        evidence.contains("retry 3: the same status and body"),
+        "{evidence}"
+    );
+    assert_rounds_agree_with_the_probe(&peer, &r);
 }

@@ -491,7 +491,7 @@ pub async fn every_spelling_of_a_keyed_path_is_keyed(db: ShopDb) {
 }
 
 /// The resident memory of a process, in bytes.
-fn rss(pid: u32) -> u64 {
+pub(crate) fn rss(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let kb: u64 = status
         .lines()

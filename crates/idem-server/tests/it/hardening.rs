@@ -436,9 +436,9 @@ async fn bodies_over_the_buffered_bytes_budget_are_503_not_memory() {
         statuses.push(r.status);
     }
     statuses.sort();
-    // Each declared length is reserved whole when its head arrives, so
-    // exactly one fits (and times out, stalled); the other two are refused
-    // at once rather than all three failing half-read.
+    // Each declared length is reserved whole when the route starts reading
+    // it, so exactly one fits (and times out, stalled); the other two are
+    // refused at once rather than all three failing half-read.
     assert_eq!(
         statuses,
         [408, 503, 503],

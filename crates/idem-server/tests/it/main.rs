@@ -27,6 +27,7 @@ macro_rules! on_both {
 }
 
 mod admin_api;
+mod announced;
 mod checkout;
 mod checkout_page;
 mod clock;
@@ -35,17 +36,22 @@ mod console;
 mod console_guard;
 mod drill_peers;
 mod drill_runner;
+mod drill_workers;
 mod fakes;
 mod fleet;
 mod gateway;
+mod gateway_paths;
 mod gateway_unknown;
 mod hardening;
 mod history;
 mod messaging;
+mod metric_labels;
 mod metrics;
+mod numbers;
 mod operate;
 mod process;
 mod provider_libraries;
+mod quorum;
 mod real_clients;
 mod tasks;
 mod tasks_history;

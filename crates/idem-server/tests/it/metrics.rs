@@ -13,19 +13,19 @@ use crate::Reply;
 use crate::process::Server;
 use crate::webhooks::{deliver, now_s, payment, sign};
 
-const TOKEN: &str = "e9c9eb468bc0aca7aefe58c195f0d1f7";
+pub(crate) const TOKEN: &str = "e9c9eb468bc0aca7aefe58c195f0d1f7";
 
 /// One sample of the exposition text: name, labels, value.
 #[derive(Debug)]
-struct Sample {
-    name: String,
-    labels: BTreeMap<String, String>,
-    value: f64,
+pub(crate) struct Sample {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub value: f64,
 }
 
 /// Parses the Prometheus text format (0.0.4): comment lines skipped, label
 /// values unescaped (`\\`, `\"`, `\n`), every other line one sample.
-fn parse(text: &str) -> Vec<Sample> {
+pub(crate) fn parse(text: &str) -> Vec<Sample> {
     let mut out = Vec::new();
     for line in text.lines() {
         let line = line.trim();
@@ -86,11 +86,11 @@ fn parse(text: &str) -> Vec<Sample> {
 }
 
 /// The scraped samples, with lookups by name and exact label set.
-struct Scraped(Vec<Sample>);
+pub(crate) struct Scraped(pub Vec<Sample>);
 
 impl Scraped {
     /// The value of the sample `name{labels}` (exactly these labels).
-    fn get(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    pub fn get(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
         let want: BTreeMap<String, String> = labels
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -105,14 +105,14 @@ impl Scraped {
     }
 
     /// Like `get`, 0 when absent (a counter never incremented is not shown).
-    fn count(&self, name: &str, labels: &[(&str, &str)]) -> u64 {
+    pub fn count(&self, name: &str, labels: &[(&str, &str)]) -> u64 {
         let v = self.get(name, labels).unwrap_or(0.0);
         assert!(v >= 0.0 && v.fract() == 0.0, "{name} = {v}");
         v as u64
     }
 
     /// The sum of every sample of `name` whose labels include `labels`.
-    fn sum(&self, name: &str, labels: &[(&str, &str)]) -> u64 {
+    pub fn sum(&self, name: &str, labels: &[(&str, &str)]) -> u64 {
         self.0
             .iter()
             .filter(|s| {
@@ -127,7 +127,7 @@ impl Scraped {
 }
 
 /// `GET /metrics`, with `Authorization: Bearer <token>` when given.
-async fn get_metrics(addr: SocketAddr, token: Option<&str>) -> Reply {
+pub(crate) async fn get_metrics(addr: SocketAddr, token: Option<&str>) -> Reply {
     let auth = token
         .map(|t| format!("Authorization: Bearer {t}\r\n"))
         .unwrap_or_default();
@@ -136,7 +136,7 @@ async fn get_metrics(addr: SocketAddr, token: Option<&str>) -> Reply {
     crate::exchange(addr, &req).await
 }
 
-async fn scrape(addr: SocketAddr) -> Scraped {
+pub(crate) async fn scrape(addr: SocketAddr) -> Scraped {
     let r = get_metrics(addr, Some(TOKEN)).await;
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     assert!(

@@ -479,6 +479,28 @@ fn bad_settings_are_clear_errors_and_nothing_starts() {
             "--max-buffered-bytes must be between the largest body accepted (1048576)",
         ),
         (
+            &[
+                "serve",
+                "--database-url",
+                &db,
+                "--max-buffered-bytes-per-peer",
+                "1000",
+            ],
+            "--max-buffered-bytes-per-peer must be between the largest body accepted (1048576) \
+             and --max-buffered-bytes (67108864), got 1000",
+        ),
+        (
+            &[
+                "serve",
+                "--database-url",
+                &db,
+                "--max-buffered-bytes-per-peer",
+                "67108865",
+            ],
+            "--max-buffered-bytes-per-peer must be between the largest body accepted (1048576) \
+             and --max-buffered-bytes (67108864), got 67108865",
+        ),
+        (
             &["serve", "--database-url", &db, "--handler-timeout", "0s"],
             "--handler-timeout must be between 1s and 10min, got 0s",
         ),

@@ -493,6 +493,44 @@ macro_rules! webhook_suite {
                 assert_eq!(processed.len(), 2);
             }
 
+            /// Entity ids are compared with every digit: two orders whose
+            /// numeric ids differ in the last of 30 digits are two entities,
+            /// so the first version of one is not stale after the second
+            /// version of the other.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn numeric_entity_ids_keep_every_digit() {
+                let (store, _db) = $store.await;
+                let rig = Rig::new(store, "").await;
+                let send = |id: &str, version: u32| {
+                    let body = format!(
+                        r#"{{"amount":{},"currency":"EUR","customer":"cus_big","order":{{"id":{id},"version":{version}}}}}"#,
+                        version * 100
+                    );
+                    let h = sign::github("github-secret", &format!("big-{version}"), &body);
+                    let addr = rig.addr;
+                    async move { deliver(addr, "orders", &h, &body).await.status }
+                };
+                assert_eq!(send("123456789012345678901234567890", 2).await, 202);
+                assert_eq!(send("123456789012345678901234567891", 1).await, 202);
+                let mut stale = 0;
+                for _ in 0..2 {
+                    stale += rig.processor.run_once().await.unwrap().stale;
+                }
+                assert_eq!(stale, 0, "another order's version is not this one's");
+                let mut amounts: Vec<i64> = payments_of(rig.upstream, "cus_big")
+                    .await
+                    .iter()
+                    .map(|p| p["amount"].as_i64().unwrap())
+                    .collect();
+                amounts.sort();
+                assert_eq!(amounts, [100, 200], "both orders' deliveries forwarded");
+                let receipt = rig.store.get_receipt("orders", "4242:big-1").await.unwrap().unwrap();
+                assert_eq!(
+                    receipt.receipt.entity_id.as_deref(),
+                    Some("123456789012345678901234567891")
+                );
+            }
+
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn rust_handler_runs_once_per_delivery_and_rejects_go_dead() {
                 let (store, _db) = $store.await;

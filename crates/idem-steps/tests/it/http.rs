@@ -127,6 +127,33 @@ pub async fn the_key_contract_holds_for_runs<S: TestStore>(db: Db) {
         "{}",
         String::from_utf8_lossy(&valid.body)
     );
+
+    // An input is the client's bytes, every digit kept; a number one digit
+    // off under the key is another request, the same value written
+    // otherwise the same.
+    let big = r#"{"x": 123456789012345678901234567890}"#;
+    assert_eq!(
+        post(&app, Some("h-4"), big).await.status,
+        StatusCode::CREATED
+    );
+    let run = store
+        .load_run(&RunId::of(&store.namespace().await.unwrap(), &scope("h-4")))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(run.input, big.as_bytes(), "the run's input as sent");
+    let spelled = post(
+        &app,
+        Some("h-4"),
+        r#"{"x":1.2345678901234567890123456789e29}"#,
+    )
+    .await;
+    assert_eq!(spelled.headers["idempotent-replayed"], "true");
+    let next = post(&app, Some("h-4"), r#"{"x":123456789012345678901234567891}"#).await;
+    assert_eq!(
+        (next.status, next.problem().as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, "idempotency-key-reused")
+    );
 }
 
 /// A run that outlives the request: 202 for the request that started it,

@@ -1,6 +1,8 @@
 //! The answers of the task API: the JSON views of a task and its timeline,
 //! and the problem document of every refusal.
 
+use std::collections::BTreeMap;
+use std::fmt;
 use std::time::{Duration, UNIX_EPOCH};
 
 use axum::http::{HeaderValue, StatusCode, header};
@@ -8,8 +10,10 @@ use axum::response::{IntoResponse, Response};
 use idem_core::StoreError;
 use idem_core::tasks::{TaskEvent, TaskRecord};
 use idem_http::{problem, problem_with};
-use serde::Deserialize;
-use serde_json::{Value, json};
+use serde::ser::SerializeMap;
+use serde::{Deserialize, Serialize, Serializer};
+use serde_json::value::RawValue;
+use serde_json::{Map, Value, json};
 
 use crate::TasksError;
 
@@ -35,18 +39,20 @@ pub(super) fn refused(e: TasksError) -> Response {
             None,
         ),
         TasksError::CursorMoved { current } => {
-            let current = current
-                .and_then(|c| serde_json::from_str::<Value>(&c).ok())
-                .unwrap_or(Value::Null);
-            let mut extra = serde_json::Map::new();
-            extra.insert("current".into(), current);
-            problem_with(
-                StatusCode::CONFLICT,
-                "cursor-moved",
-                "The cursor is not where the observation expected",
-                Some("read the cursor again (current) and observe from there; nothing was written"),
-                extra,
-            )
+            let status = StatusCode::CONFLICT;
+            let body = Shown::new(json!({
+                "type": format!("{}cursor-moved", idem_http::TYPE_BASE),
+                "title": "The cursor is not where the observation expected",
+                "status": status.as_u16(),
+                "detail": "read the cursor again (current) and observe from there; nothing was written",
+            }))
+            .text("current", current.as_deref());
+            let mut res = answer(status, &body);
+            res.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/problem+json"),
+            );
+            res
         }
         TasksError::LeaseLost {
             fence,
@@ -134,14 +140,14 @@ pub fn rfc3339(ms: i64) -> String {
     humantime::format_rfc3339_millis(at).to_string()
 }
 
-/// A task as the API, the admin API and `idem tasks` show it.
-pub fn task_json(t: &TaskRecord) -> Value {
-    json!({
+/// A task as the API, the admin API and `idem tasks` show it: its
+/// `payload` and `result` are the stored JSON text, every digit of it.
+pub fn task_json(t: &TaskRecord) -> Shown<'_> {
+    Shown::new(json!({
         "id": t.id,
         "queue": t.queue,
         "key": t.key,
         "state": t.state.as_str(),
-        "payload": serde_json::from_str::<Value>(&t.payload).unwrap_or(Value::Null),
         "priority": t.priority,
         "run_at": rfc3339(t.run_at_ms),
         "attempt": t.attempt,
@@ -149,11 +155,74 @@ pub fn task_json(t: &TaskRecord) -> Value {
         "fence": t.fence,
         "holder": t.holder,
         "lease_expires_at": t.lease_expires_at_ms.map(rfc3339),
-        "result": t.result.as_deref().and_then(|r| serde_json::from_str::<Value>(r).ok()),
         "last_error": t.last_error,
         "created_at": rfc3339(t.created_at_ms),
         "finished_at": t.finished_at_ms.map(rfc3339),
-    })
+    }))
+    .text("payload", Some(&t.payload))
+    .text("result", t.result.as_deref())
+}
+
+/// A JSON object as an answer shows it: values, and stored JSON texts (a
+/// payload, a result, a cursor) written as they are stored, so no number
+/// goes through an `f64` — a [`Value`] would round
+/// `123456789012345678901234567890`. It serializes as that object (with
+/// `serde_json`: the texts verbatim) and displays as its JSON.
+#[derive(Clone, Debug)]
+pub struct Shown<'a> {
+    members: Map<String, Value>,
+    texts: BTreeMap<&'static str, Option<&'a RawValue>>,
+}
+
+impl<'a> Shown<'a> {
+    /// The members of `object` (a JSON object; any other value has none).
+    pub(crate) fn new(object: Value) -> Self {
+        let members = match object {
+            Value::Object(members) => members,
+            _ => Map::new(),
+        };
+        Self {
+            members,
+            texts: BTreeMap::new(),
+        }
+    }
+
+    /// With member `name` the stored JSON `text` as it is (`null` when
+    /// there is none, or it is not JSON — no text Idem stored).
+    pub(crate) fn text(mut self, name: &'static str, text: Option<&'a str>) -> Self {
+        let raw = text.and_then(|t| serde_json::from_str::<&RawValue>(t).ok());
+        self.members.insert(name.to_owned(), Value::Null);
+        self.texts.insert(name, raw);
+        self
+    }
+
+    /// With member `name` set to `value` (the tenant, a timeline). A
+    /// stored text of that name (`payload`, `result`) stays.
+    pub fn with(mut self, name: &str, value: impl Into<Value>) -> Self {
+        if !self.texts.contains_key(name) {
+            self.members.insert(name.to_owned(), value.into());
+        }
+        self
+    }
+}
+
+impl Serialize for Shown<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(self.members.len()))?;
+        for (name, value) in &self.members {
+            match self.texts.get(name.as_str()) {
+                Some(text) => map.serialize_entry(name, text)?,
+                None => map.serialize_entry(name, value)?,
+            }
+        }
+        map.end()
+    }
+}
+
+impl fmt::Display for Shown<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&serde_json::to_string(self).map_err(|_| fmt::Error)?)
+    }
 }
 
 /// An entry of a task's timeline as it is shown.
@@ -168,13 +237,20 @@ pub fn event_json(e: &TaskEvent) -> Value {
     })
 }
 
-pub(super) fn answer(status: StatusCode, body: &Value) -> Response {
-    (
-        status,
-        [(header::CONTENT_TYPE, "application/json")],
-        body.to_string(),
-    )
-        .into_response()
+pub(super) fn answer(status: StatusCode, body: &impl Serialize) -> Response {
+    match serde_json::to_string(body) {
+        Ok(text) => (status, [(header::CONTENT_TYPE, "application/json")], text).into_response(),
+        Err(e) => {
+            tracing::error!(error = %e, "an answer did not serialize");
+            problem(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "Internal error",
+                None,
+                None,
+            )
+        }
+    }
 }
 
 pub(super) fn replayed(mut res: Response) -> Response {

@@ -16,6 +16,7 @@
 // A refusal is the answer itself: handlers return it as they get it.
 #![allow(clippy::result_large_err)]
 
+use std::collections::BTreeMap;
 use std::time::{Duration, UNIX_EPOCH};
 
 use axum::Router;
@@ -34,12 +35,12 @@ use idem_http::{IdemTx, IdempotencyLayer, RouteConfig, TenantSource, problem};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::{Observation, TaskSpec, Tasks, TasksError};
+use crate::{JsonText, Observation, TaskSpec, Tasks, TasksError};
 
 mod answers;
 
+pub use answers::{Shown, event_json, rfc3339, task_json};
 use answers::{answer, body, duration, invalid, name, not_found, refused, replayed, store_error};
-pub use answers::{event_json, rfc3339, task_json};
 
 /// How the routes find the tenant and bound a request.
 #[derive(Clone, Debug)]
@@ -118,6 +119,7 @@ pub fn router<S: TaskStore + RunStore>(
             post(action_result::<S>),
         )
         .layer(DefaultBodyLimit::max(config.max_body_bytes))
+        .layer(idem_http::DeclaredLimitLayer::new(config.max_body_bytes))
         .with_state(app))
 }
 
@@ -138,7 +140,7 @@ macro_rules! tri {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct NewTaskBody {
-    payload: Value,
+    payload: JsonText,
     run_at: Option<String>,
     priority: Option<i64>,
     max_attempts: Option<u32>,
@@ -201,22 +203,18 @@ async fn create<S: TaskStore + RunStore>(
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct CursorBody {
-    expected: Option<Value>,
-    value: Value,
+    expected: Option<JsonText>,
+    value: JsonText,
 }
 
+/// A task of an observation: its queue and key, and a task's fields (not
+/// flattened: a payload read as written cannot go through serde's buffer).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ObservedTask {
     queue: String,
     key: String,
-    #[serde(flatten)]
-    task: ObservedSpec,
-}
-
-#[derive(Deserialize)]
-struct ObservedSpec {
-    payload: Value,
+    payload: JsonText,
     run_at: Option<String>,
     priority: Option<i64>,
     max_attempts: Option<u32>,
@@ -249,30 +247,30 @@ async fn observe<S: TaskStore + RunStore>(
         let queue = tri!(QueueName::new(t.queue).map_err(|e| at(e.to_string())));
         let key = tri!(IdempotencyKey::new(t.key).map_err(|e| at(format!("key: {e}"))));
         let spec = NewTaskBody {
-            payload: t.task.payload,
-            run_at: t.task.run_at,
-            priority: t.task.priority,
-            max_attempts: t.task.max_attempts,
+            payload: t.payload,
+            run_at: t.run_at,
+            priority: t.priority,
+            max_attempts: t.max_attempts,
         };
         tasks.push((queue, key, tri!(spec.spec())));
     }
     let observation = Observation {
-        expected: b.cursor.expected.filter(|v| !v.is_null()),
-        value: b.cursor.value.clone(),
+        expected: b.cursor.expected,
+        value: b.cursor.value,
         tasks,
     };
     match app.tasks.observe(&tenant, &poller, &observation).await {
         Ok(observed) => answer(
             StatusCode::OK,
-            &json!({
+            &Shown::new(json!({
                 "poller": poller.as_str(),
-                "cursor": b.cursor.value,
                 "repeated": observed.repeated,
                 "tasks": observed.tasks.iter().map(|(t, created)| json!({
                     "id": t.id, "queue": t.queue, "key": t.key,
                     "state": t.state.as_str(), "created": created,
                 })).collect::<Vec<_>>(),
-            }),
+            }))
+            .text("cursor", Some(&observed.cursor)),
         ),
         Err(e) => refused(e),
     }
@@ -288,12 +286,12 @@ async fn poller<S: TaskStore + RunStore>(
     match app.tasks.poller(&tenant, &poller).await {
         Ok(Some(p)) => answer(
             StatusCode::OK,
-            &json!({
+            &Shown::new(json!({
                 "poller": p.poller,
-                "cursor": serde_json::from_str::<Value>(&p.cursor).unwrap_or(Value::Null),
                 "version": p.version,
                 "updated_at": rfc3339(p.updated_at_ms),
-            }),
+            }))
+            .text("cursor", Some(&p.cursor)),
         ),
         Ok(None) => problem(
             StatusCode::NOT_FOUND,
@@ -329,14 +327,9 @@ async fn long_poll<S: TaskStore + RunStore>(
     next: axum::middleware::Next,
 ) -> Response {
     let (parts, body) = req.into_parts();
-    let Ok(bytes) = axum::body::to_bytes(body, app.max_body_bytes).await else {
-        return problem(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "payload-too-large",
-            "The request body is too large",
-            Some(&format!("at most {} bytes", app.max_body_bytes)),
-            None,
-        );
+    let bytes = match idem_http::read_body(body, app.max_body_bytes).await {
+        Ok(b) => b,
+        Err(rejection) => return rejection.into_response(),
     };
     let wait = serde_json::from_slice::<Value>(&bytes)
         .ok()
@@ -411,14 +404,22 @@ async fn claim<S: TaskStore + RunStore>(
     {
         Ok(claimed) => answer(
             StatusCode::OK,
-            &json!({"tasks": claimed.iter().map(|t| json!({
-                "id": t.id,
-                "key": t.key,
-                "payload": serde_json::from_str::<Value>(&t.payload).unwrap_or(Value::Null),
-                "attempt": t.attempt,
-                "fence": t.fence,
-                "lease_expires_at": t.lease_expires_at_ms.map(rfc3339),
-            })).collect::<Vec<_>>()}),
+            &BTreeMap::from([(
+                "tasks",
+                claimed
+                    .iter()
+                    .map(|t| {
+                        Shown::new(json!({
+                            "id": t.id,
+                            "key": t.key,
+                            "attempt": t.attempt,
+                            "fence": t.fence,
+                            "lease_expires_at": t.lease_expires_at_ms.map(rfc3339),
+                        }))
+                        .text("payload", Some(&t.payload))
+                    })
+                    .collect::<Vec<_>>(),
+            )]),
         ),
         Err(e) => refused(e),
     }
@@ -478,7 +479,7 @@ async fn heartbeat<S: TaskStore + RunStore>(
 struct CompleteBody {
     fence: i64,
     #[serde(default)]
-    result: Value,
+    result: JsonText,
 }
 
 async fn complete<S: TaskStore + RunStore>(
@@ -488,7 +489,7 @@ async fn complete<S: TaskStore + RunStore>(
     bytes: Bytes,
 ) -> Response {
     let (tenant, id, b): (_, _, CompleteBody) = tri!(fenced(&app, &headers, &id, &bytes));
-    match app.tasks.complete(&tenant, &id, b.fence, &b.result).await {
+    match app.tasks.complete(&tenant, &id, b.fence, b.result).await {
         Ok((t, false)) => answer(StatusCode::OK, &task_json(&t)),
         Ok((t, true)) => replayed(answer(StatusCode::OK, &task_json(&t))),
         Err(e) => refused(e),

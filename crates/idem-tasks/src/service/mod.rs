@@ -6,24 +6,24 @@ use std::time::Duration;
 use idem_core::steps::{Namespace, RunStore};
 use idem_core::tasks::{
     ActionAttempt, ActionClaim, ActionDecision, ActionKey, ActionMode, ActionName, ActionOutcome,
-    ClaimRequest, CursorMove, Fenced, NewTask, PollerName, PollerRecord, QueueName, Settle, TaskId,
-    TaskRecord, TaskStore, WorkerName,
+    ClaimRequest, Fenced, NewTask, PollerName, PollerRecord, QueueName, Settle, TaskId, TaskRecord,
+    TaskStore, WorkerName,
 };
-use idem_core::{Clock, FingerprintSpec, IdempotencyKey, Tenant};
-use serde_json::Value;
+use idem_core::{Clock, IdempotencyKey, Tenant};
 use sha2::{Digest, Sha256};
 
-use crate::{TaskSpec, TasksConfig, TasksError};
+use crate::{JsonText, TaskSpec, TasksConfig, TasksError};
 
+mod cursor;
 mod operators;
 
 /// An observation: the cursor it moves and the tasks it creates.
 #[derive(Clone, Debug)]
 pub struct Observation {
     /// The cursor the poller read (`None`: it had none).
-    pub expected: Option<Value>,
+    pub expected: Option<JsonText>,
     /// The cursor after this observation.
-    pub value: Value,
+    pub value: JsonText,
     /// The tasks it creates: queue, key, spec.
     pub tasks: Vec<(QueueName, IdempotencyKey, TaskSpec)>,
 }
@@ -35,6 +35,8 @@ pub struct Observed {
     pub tasks: Vec<(TaskRecord, bool)>,
     /// The cursor was at the value already: a repeat of the observation.
     pub repeated: bool,
+    /// The cursor as stored: JSON text (on a repeat, as the first wrote it).
+    pub cursor: String,
 }
 
 /// The task operations over one store: create, observe, claim, settle and
@@ -61,22 +63,6 @@ impl<S> std::fmt::Debug for Tasks<S> {
             .field("namespace", &self.namespace.as_str())
             .finish_non_exhaustive()
     }
-}
-
-/// Canonical JSON of `value` (keys sorted, numbers normalised): one text per
-/// meaning, so a repeat spelled otherwise is the same payload.
-fn canonical(value: &Value, limit: usize, what: &str) -> Result<String, TasksError> {
-    let raw = serde_json::to_vec(value).map_err(TasksError::invalid)?;
-    if raw.len() > limit {
-        return Err(TasksError::invalid(format!(
-            "{what} is {} bytes of JSON; at most {limit}",
-            raw.len()
-        )));
-    }
-    let canonical = FingerprintSpec::default()
-        .canonical_body(&raw)
-        .ok_or_else(|| TasksError::invalid(format!("{what} is not JSON")))?;
-    String::from_utf8(canonical).map_err(TasksError::invalid)
 }
 
 fn hash(text: &str) -> String {
@@ -173,7 +159,9 @@ impl<S: TaskStore + RunStore> Tasks<S> {
         key: &IdempotencyKey,
         spec: &TaskSpec,
     ) -> Result<(TaskRecord, bool), TasksError> {
-        let payload = canonical(&spec.payload, self.config.max_payload_bytes, "payload")?;
+        let payload = spec
+            .payload
+            .check(self.config.max_payload_bytes, "payload")?;
         let max_attempts = spec
             .max_attempts
             .unwrap_or(self.config.default_max_attempts);
@@ -183,7 +171,7 @@ impl<S: TaskStore + RunStore> Tasks<S> {
                 self.config.max_attempts_limit
             )));
         }
-        let payload_hash = hash(&payload);
+        let payload_hash = hash(&payload.canonical);
         let id = self.task_id(tenant, queue, key);
         let now_ms = self.now_ms();
         let task = NewTask {
@@ -191,7 +179,7 @@ impl<S: TaskStore + RunStore> Tasks<S> {
             tenant: tenant.as_str(),
             queue: queue.as_str(),
             key: key.as_str(),
-            payload: &payload,
+            payload: &payload.text,
             payload_hash: &payload_hash,
             priority: spec.priority,
             run_at_ms: spec.run_at_ms.unwrap_or(now_ms),
@@ -249,13 +237,13 @@ impl<S: TaskStore + RunStore> Tasks<S> {
         let expected = observation
             .expected
             .as_ref()
-            .map(|v| canonical(v, limit, "cursor.expected"))
+            .map(|v| v.check(limit, "cursor.expected"))
             .transpose()?;
-        if observation.value.is_null() {
+        let value = observation.value.check(limit, "cursor.value")?;
+        if value.canonical == "null" {
             // `expected: null` means "no cursor yet": a null cursor could never move on.
             return Err(TasksError::invalid("cursor.value must not be null"));
         }
-        let value = canonical(&observation.value, limit, "cursor.value")?;
         if observation.tasks.len() > self.config.max_tasks_per_observation {
             return Err(TasksError::invalid(format!(
                 "an observation creates at most {} tasks",
@@ -266,21 +254,12 @@ impl<S: TaskStore + RunStore> Tasks<S> {
             let mut tx = self.store.begin().await?;
             let result = async {
                 let now_ms = self.now_ms();
-                let moved = S::move_cursor(
-                    &mut tx,
-                    tenant.as_str(),
-                    poller.as_str(),
-                    expected.as_deref(),
-                    &value,
-                    now_ms,
-                )
-                .await?;
-                let repeated = match moved {
-                    CursorMove::Moved => false,
-                    CursorMove::AlreadyThere => true,
-                    CursorMove::Conflict(current) => {
-                        return Err(TasksError::CursorMoved { current });
-                    }
+                let moved =
+                    Self::move_cursor(&mut tx, (tenant, poller), expected.as_ref(), &value, now_ms)
+                        .await?;
+                let (repeated, cursor) = match moved {
+                    Ok(moved) => moved,
+                    Err(current) => return Err(TasksError::CursorMoved { current }),
                 };
                 // Rows locked in one order by every poller: two observations
                 // sharing keys never wait on each other in a circle.
@@ -296,7 +275,11 @@ impl<S: TaskStore + RunStore> Tasks<S> {
                     made[i] = Some(self.create_in(&mut tx, tenant, queue, key, spec).await?);
                 }
                 let tasks = made.into_iter().flatten().collect();
-                Ok(Observed { tasks, repeated })
+                Ok(Observed {
+                    tasks,
+                    repeated,
+                    cursor,
+                })
             }
             .await;
             self.finish(tx, result).await
@@ -387,25 +370,10 @@ impl<S: TaskStore + RunStore> Tasks<S> {
             now_ms: self.now_ms(),
         };
         let claimed = S::claim_tasks(tx, &request).await?;
-        for t in &claimed {
-            let due_ms = (request.now_ms - t.run_at_ms).max(0);
-            metrics::histogram!(crate::CLAIM_LATENCY, "queue" => queue.as_str().to_owned())
-                .record(due_ms as f64 / 1000.0);
-        }
-        metrics::counter!(crate::CLAIMED_TOTAL, "queue" => queue.as_str().to_owned())
-            .increment(claimed.len() as u64);
-        let again = claimed.iter().filter(|t| t.attempt > 1).count();
-        if again > 0 {
-            metrics::counter!(crate::RECLAIMED_TOTAL, "queue" => queue.as_str().to_owned())
-                .increment(again as u64);
-        }
-        let taken_over = claimed
-            .iter()
-            .filter(|t| t.claim_kind.as_deref() == Some("taken_over"))
-            .count();
-        if taken_over > 0 {
-            metrics::counter!(crate::TAKEOVERS_TOTAL, "queue" => queue.as_str().to_owned())
-                .increment(taken_over as u64);
+        // The queue is a request's name: a claim that got nothing records
+        // nothing, and the label's values are bounded.
+        if !claimed.is_empty() {
+            count_claimed(queue, request.now_ms, &claimed);
         }
         Ok(claimed)
     }
@@ -483,18 +451,21 @@ impl<S: TaskStore + RunStore> Tasks<S> {
     }
 
     /// The holder of `fence` completes the task with `result`. Repeated with
-    /// the same fence and result it answers the same (then `true`).
+    /// the same fence and result (compared as JSON values) it answers the
+    /// same (then `true`).
     pub async fn complete(
         &self,
         tenant: &Tenant,
         task: &TaskId,
         fence: i64,
-        result: &Value,
+        result: impl Into<JsonText>,
     ) -> Result<(TaskRecord, bool), TasksError> {
-        let text = canonical(result, self.config.max_payload_bytes, "result")?;
-        let result_hash = hash(&text);
+        let result = result
+            .into()
+            .check(self.config.max_payload_bytes, "result")?;
+        let result_hash = hash(&result.canonical);
         let how = Settle::Complete {
-            result: &text,
+            result: &result.text,
             result_hash: &result_hash,
         };
         let out = self.settle(tenant, task, fence, &how).await?;
@@ -674,5 +645,29 @@ impl<S: TaskStore + RunStore> Tasks<S> {
             Some(t) if t.tenant == tenant.as_str() => Ok(t),
             _ => Err(TasksError::NotFound),
         }
+    }
+}
+
+/// The claim counters and latencies of `claimed` (not empty: a queue with
+/// tasks), under the queue's label value ([`crate::QUEUE_LABELS`]).
+fn count_claimed(queue: &QueueName, now_ms: i64, claimed: &[TaskRecord]) {
+    let label = crate::QUEUE_LABELS.value(queue.as_str());
+    for t in claimed {
+        let due_ms = (now_ms - t.run_at_ms).max(0);
+        metrics::histogram!(crate::CLAIM_LATENCY, "queue" => label.clone())
+            .record(due_ms as f64 / 1000.0);
+    }
+    metrics::counter!(crate::CLAIMED_TOTAL, "queue" => label.clone())
+        .increment(claimed.len() as u64);
+    let again = claimed.iter().filter(|t| t.attempt > 1).count();
+    if again > 0 {
+        metrics::counter!(crate::RECLAIMED_TOTAL, "queue" => label.clone()).increment(again as u64);
+    }
+    let taken_over = claimed
+        .iter()
+        .filter(|t| t.claim_kind.as_deref() == Some("taken_over"))
+        .count();
+    if taken_over > 0 {
+        metrics::counter!(crate::TAKEOVERS_TOTAL, "queue" => label).increment(taken_over as u64);
     }
 }

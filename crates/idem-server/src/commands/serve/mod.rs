@@ -7,7 +7,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use super::{CheckoutArgs, ConsumerArgs, DbArgs, StreamArgs};
+use super::checkout::CheckoutArgs;
+use super::{ConsumerArgs, DbArgs, StreamArgs};
 use crate::config;
 use crate::flags;
 use crate::http_server::{self, Limits};
@@ -62,9 +63,15 @@ pub struct ServeArgs {
     #[arg(long, env = "IDEM_MAX_CONNECTIONS", default_value_t = 1024)]
     max_connections: usize,
     /// Request body bytes buffered at once over all requests; 503 beyond.
-    /// At least --max-body-bytes, at most 16 GiB.
+    /// At least the largest body a route accepts (--max-body-bytes, a
+    /// webhook endpoint's or a gateway route's limit), at most 16 GiB.
     #[arg(long, env = "IDEM_MAX_BUFFERED_BYTES", default_value_t = 64 << 20)]
     max_buffered_bytes: usize,
+    /// Of those, the most one client address (an IPv4 address, an IPv6
+    /// /64) holds at once; 503 beyond. Default: an eighth of
+    /// --max-buffered-bytes, at least the largest body accepted.
+    #[arg(long, env = "IDEM_MAX_BUFFERED_BYTES_PER_PEER")]
+    max_buffered_bytes_per_peer: Option<usize>,
     /// How long a handler may run before it is rolled back with 503
     /// handler-timeout (1s to 10min).
     #[arg(long, env = "IDEM_HANDLER_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
@@ -188,16 +195,18 @@ impl ServeArgs {
                 consume: self.consume.then_some(consume),
             }),
         };
+        let largest = settings::largest_body(&app, webhooks.as_ref());
         let limits = Limits {
             header_read_timeout: self.header_read_timeout,
             idle_timeout: self.idle_timeout,
             body_read_timeout: self.body_read_timeout,
             max_connections: self.max_connections,
             max_buffered_bytes: self.max_buffered_bytes,
+            max_buffered_bytes_per_peer: self
+                .max_buffered_bytes_per_peer
+                .unwrap_or(Limits::default_share(self.max_buffered_bytes, largest)),
         };
-        limits
-            .validate(self.max_body_bytes)
-            .map_err(anyhow::Error::msg)?;
+        limits.validate(largest).map_err(anyhow::Error::msg)?;
         Ok(ServerConfig {
             listen: self.listen,
             limits,

@@ -52,6 +52,22 @@ pub enum App {
     Gateway(idem_gateway::GatewayConfig),
 }
 
+/// The largest request body a route of this server accepts: the demo's and
+/// the task API's `--max-body-bytes`, or the gateway's largest; and every
+/// webhook endpoint's `max_body_bytes`. One peer's share of the buffered
+/// bytes is at least this.
+pub fn largest_body(app: &App, webhooks: Option<&WebhookConfig>) -> usize {
+    let app = match app {
+        App::Demo(d) => d.demo.max_body_bytes,
+        App::Gateway(g) => g.largest_body(),
+    };
+    webhooks
+        .into_iter()
+        .flat_map(|w| &w.endpoints)
+        .map(|e| e.max_body_bytes)
+        .fold(app, usize::max)
+}
+
 /// The demo apps' settings.
 #[derive(Debug)]
 pub struct DemoApp {

@@ -79,13 +79,15 @@ impl Job for Own<'_> {
             false,
         );
         // The task API's paths are /v1/…: a gateway's /v1 is its upstream's.
-        let tasks = match config.app {
+        let tasks = match &config.app {
             App::Gateway(_) => axum::Router::new(),
-            App::Demo(_) => {
+            App::Demo(demo) => {
                 let tasks =
                     idem_tasks::Tasks::new(store.clone(), idem_tasks::TasksConfig::default())
                         .await?;
-                let http = idem_tasks::http::HttpConfig::new(trusted_tenant());
+                let mut http = idem_tasks::http::HttpConfig::new(trusted_tenant());
+                // Bounded like the demo's routes (`--max-body-bytes`).
+                http.max_body_bytes = demo.demo.max_body_bytes;
                 idem_tasks::http::router(tasks, http)?
             }
         };

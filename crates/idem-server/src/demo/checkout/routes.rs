@@ -324,7 +324,8 @@ pub fn router<S: Store>(
             "/v1/inventory/{sku}",
             get(show_stock::<S>).put(put_stock::<S>),
         )
-        .layer(DefaultBodyLimit::max(config.max_body_bytes));
+        .layer(DefaultBodyLimit::max(config.max_body_bytes))
+        .layer(idem_http::DeclaredLimitLayer::new(config.max_body_bytes));
     let orders = runs.is_some();
     if let Some(runs) = runs {
         let mut route = RouteConfig::required(super::Checkout::operation()?, tenant);

@@ -49,6 +49,7 @@ pub fn app(up: Upstream) -> Router {
         .route("/v1/payments/{id}", get(show).patch(patch))
         .route("/_upstream/stats", get(stats))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(idem_http::DeclaredLimitLayer::new(MAX_BODY_BYTES))
         .with_state(up.clone());
     crate::routes::service(
         routes,
