@@ -19,6 +19,11 @@ as docs/tasks.md describes it. Three modes:
       reports it, completes. An attempt whose outcome is unknown (a worker
       died between sending and reporting) is checked at the sink by its key
       in verify mode; in at-most-once mode the task is parked for an operator.
+      Its claim and ask keys carry a nonce drawn at start (WORKER:NONCE:…):
+      restarted under the same --worker, it never passes for the process it
+      replaces — a claim of that one is not replayed to it, and an ask under
+      a claim that was told go is told unknown (checked at the sink), never
+      go. It sends only while the lease the ask's answer reports lasts.
 
   agent.py source --file changes.jsonl [--listen 127.0.0.1:8090]
       A tiny source for the README tour: serves GET /changes?after=N from a
@@ -154,17 +159,20 @@ class Worker:
         if self.margin >= self.lease:
             sys.exit("--send-margin must be shorter than --lease")
         self.name = args.worker or f"py-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        # This process's own: the same --worker restarted draws another, so
+        # its keys are never taken for the keys of the process it replaces.
+        self.nonce = uuid.uuid4().hex[:12]
         self.claims = 0
+        self.asks = 0
 
     def claim(self):
         """Claims under one Idempotency-Key, retried (the same key) until an
         answer comes: a claim whose answer was lost is answered again, it
         never claims a second task."""
         self.claims += 1
-        key = f"{self.name}:claim:{self.claims}"
+        key = f"{self.name}:{self.nonce}:claim:{self.claims:04d}"
         body = {"worker": self.name, "lease": self.args.lease, "max": 1}
         while True:
-            started = time.monotonic()
             try:
                 status, answer = self.idem.call(
                     "POST", f"/v1/queues/{self.args.queue}/claims", body, key
@@ -174,39 +182,59 @@ class Worker:
                 time.sleep(0.2 + random.random() * 0.3)
                 continue
             if status == 200:
-                return started, answer["tasks"]
+                return answer["tasks"]
             if status >= 500:
                 log("claim retried", key, status)
                 time.sleep(0.2)
                 continue
             log("claim refused", key, status, answer)
-            return started, []
+            return []
 
     def run(self):
         log("worker", self.name, "mode", self.args.mode)
         while True:
-            started, tasks = self.claim()
+            tasks = self.claim()
             if not tasks:
                 time.sleep(self.args.interval)
                 continue
             for task in tasks:
-                # The lease ends by the database's clock after the claim
-                # started; this process's clock gives a conservative bound.
-                deadline = started + self.lease
                 try:
-                    self.handle(task, deadline)
+                    self.handle(task)
                 except OSError as e:
                     log("task dropped", task["id"], e)
 
     def task_call(self, task, path, body):
         return self.idem.call("POST", f"/v1/tasks/{task['id']}/{path}", body)
 
-    def handle(self, task, deadline):
+    def ask(self, task, body, key):
+        """(when it was asked, status, answer): asked under the ask's own
+        Idempotency-Key, retried with the same key and body until an answer
+        comes — the exact replay of an ask told go is told go again; any
+        other ask under the claim, unknown."""
+        path = f"/v1/tasks/{task['id']}/actions/notify"
+        for _ in range(10):
+            asked = time.monotonic()
+            try:
+                status, answer = self.idem.call("POST", path, body, key)
+            except OSError as e:
+                log("ask retried", key, e)
+                time.sleep(0.2)
+                continue
+            if status >= 500:
+                log("ask retried", key, status)
+                time.sleep(0.2)
+                continue
+            return asked, status, answer
+        raise OSError(f"no answer to the ask {key}")
+
+    def handle(self, task):
         fence = task["fence"]
         log("claimed", task["id"], task["key"], "fence", fence)
         ask = {"fence": fence, "mode": self.args.mode}
+        self.asks += 1
+        ask_key = f"{self.name}:{self.nonce}:ask:{self.asks:04d}"
         for _ in range(3):
-            status, answer = self.task_call(task, "actions/notify", ask)
+            asked, status, answer = self.ask(task, ask, ask_key)
             if status == 409:
                 log("lease lost", task["id"], "fence", fence)
                 return
@@ -215,7 +243,11 @@ class Worker:
                 return
             decision, key = answer["do"], answer["key"]
             if decision == "go":
-                if not self.send(task, key, deadline):
+                # The lease as the database's clock left it when answering:
+                # measured from when this process asked, on its own clock
+                # (never compared with the database's), it ends no earlier.
+                left = answer.get("lease_remaining_ms") or 0
+                if not self.send(task, key, asked + left / 1000):
                     return
                 outcome = "done"
             elif decision == "done":
@@ -253,7 +285,8 @@ class Worker:
 
     def send(self, task, key, deadline):
         """Posts the message; False (nothing sent) when the lease may have
-        ended: past it another worker may hold the task and send.
+        ended by `deadline` (this process's monotonic clock): past it another
+        worker may hold the task and send.
 
         The request goes out whole but for its last byte; the lease is
         checked; then the last byte. A worker paused between the check and

@@ -11,7 +11,7 @@
 //! | `inbox` | [`InboxStore`](idem_core::inbox::InboxStore) | once per subscriber, concurrent duplicates, collection |
 //! | `webhooks` | [`WebhookStore`](idem_core::webhooks::WebhookStore) | stored once, entity order, counts, replay, content dedupe |
 //! | `runs`, `send_once` | [`RunStore`](idem_core::steps::RunStore) | runs created with their key, fenced writes, takeovers only after the lease, claims never shared, listing; the send-once ledger |
-//! | `tasks` | [`TaskStore`](idem_core::tasks::TaskStore) | tasks once per key, cursors moved only from where they are, fenced claims and settles, actions once |
+//! | `tasks`, `task_asks` | [`TaskStore`](idem_core::tasks::TaskStore) | tasks once per key, cursors moved only from where they are, fenced claims and settles, actions once; `go` once per fence whoever asks |
 //! | `leased` | [`LeasedKeyStore`](idem_core::leased::LeasedKeyStore) | leased claims, token-fenced writes, takeovers of abandoned records, resolution, unknown outcomes |
 //! | `admin` | [`AdminStore`](idem_core::admin::AdminStore) | keyset pages, literal prefixes, actions and audit rows in the caller's transaction |
 //! | `patterns` | [`PatternExec`](idem_sql::patterns::PatternExec) | upserts, versioned updates and transitions on a real table |
@@ -42,6 +42,7 @@ mod patterns;
 mod runs;
 mod send_once;
 mod support;
+mod task_asks;
 mod tasks;
 mod webhooks;
 
@@ -57,5 +58,6 @@ pub use patterns::*;
 pub use runs::*;
 pub use send_once::*;
 pub use support::{fingerprint, response, scope};
+pub use task_asks::*;
 pub use tasks::*;
 pub use webhooks::*;

@@ -11,7 +11,7 @@ use idem_core::tasks::{
     TaskId, TaskRecord, TaskState, TaskStore,
 };
 
-const T0: i64 = 1_000_000;
+pub(crate) const T0: i64 = 1_000_000;
 const LEASE: i64 = 30_000;
 
 fn id(key: &str) -> String {
@@ -26,7 +26,7 @@ fn id(key: &str) -> String {
 }
 
 /// Creates task `key` in queue `q` of tenant `t1` with `payload`.
-async fn create<S: TaskStore>(
+pub(crate) async fn create<S: TaskStore>(
     store: &S,
     key: &str,
     payload: &str,
@@ -51,7 +51,12 @@ async fn create<S: TaskStore>(
     made
 }
 
-async fn claim<S: TaskStore>(store: &S, worker: &str, max: u32, now_ms: i64) -> Vec<TaskRecord> {
+pub(crate) async fn claim<S: TaskStore>(
+    store: &S,
+    worker: &str,
+    max: u32,
+    now_ms: i64,
+) -> Vec<TaskRecord> {
     let request = ClaimRequest {
         tenant: "t1",
         queue: "q",
@@ -348,13 +353,13 @@ pub async fn only_the_live_holder_settles<S: TaskStore>(store: S) {
     assert_eq!(page.len(), 1);
 }
 
-/// Asks about action `notify` of `task` as the holder of `fence` (`report`:
-/// reports its outcome instead).
+/// Asks about action `notify` of `task` as the holder of `fence`, under
+/// the ask's key `asked` (`report`: reports its outcome instead).
 async fn ask<S: TaskStore>(
     store: &S,
     task: &TaskRecord,
     fence: i64,
-    mode: ActionMode,
+    (mode, asked): (ActionMode, Option<&str>),
     now_ms: i64,
     report: Option<ActionOutcome>,
 ) -> ActionClaim {
@@ -370,6 +375,7 @@ async fn ask<S: TaskStore>(
         action: "notify",
         key: key.as_str(),
         mode,
+        ask: asked,
         now_ms,
         expires_at_ms: now_ms + 86_400_000,
         detail: None,
@@ -383,17 +389,29 @@ async fn ask<S: TaskStore>(
     out.unwrap()
 }
 
-async fn action<S: TaskStore>(
+pub(crate) async fn action<S: TaskStore>(
     store: &S,
     task: &TaskRecord,
     fence: i64,
     mode: ActionMode,
     now_ms: i64,
 ) -> ActionClaim {
-    ask(store, task, fence, mode, now_ms, None).await
+    ask(store, task, fence, (mode, None), now_ms, None).await
 }
 
-async fn report<S: TaskStore>(
+/// [`action`], the ask under its own key `asked`.
+pub(crate) async fn action_as<S: TaskStore>(
+    store: &S,
+    task: &TaskRecord,
+    fence: i64,
+    mode: ActionMode,
+    now_ms: i64,
+    asked: &str,
+) -> ActionClaim {
+    ask(store, task, fence, (mode, Some(asked)), now_ms, None).await
+}
+
+pub(crate) async fn report<S: TaskStore>(
     store: &S,
     task: &TaskRecord,
     fence: i64,
@@ -404,21 +422,21 @@ async fn report<S: TaskStore>(
         store,
         task,
         fence,
-        ActionMode::Verify,
+        (ActionMode::Verify, None),
         now_ms,
         Some(outcome),
     )
     .await
 }
 
-fn decision(claim: &ActionClaim) -> ActionDecision {
+pub(crate) fn decision(claim: &ActionClaim) -> ActionDecision {
     match claim {
         ActionClaim::Decided(d, _) => *d,
         other => panic!("expected a decision, got {other:?}"),
     }
 }
 
-/// Actions: the holder is told to go (again, on a retry of its request);
+/// Actions: the holder is told to go (again, on a retry of its ask);
 /// once reported done it is done for every later claim; an attempt whose
 /// outcome never came back is unknown to the next holder — verified and
 /// reported not sent it may go again, or in at-most-once mode the task
@@ -427,13 +445,13 @@ pub async fn actions_happen_once<S: TaskStore>(store: S) {
     let (task, _) = create(&store, "act", "{}", 0).await;
     let h1 = claim(&store, "w1", 1, T0).await.remove(0);
     assert_eq!(
-        decision(&action(&store, &task, 1, ActionMode::Verify, T0).await),
+        decision(&action_as(&store, &task, 1, ActionMode::Verify, T0, "w1:ask:1").await),
         ActionDecision::Go
     );
     assert_eq!(
-        decision(&action(&store, &task, 1, ActionMode::Verify, T0 + 1).await),
+        decision(&action_as(&store, &task, 1, ActionMode::Verify, T0 + 1, "w1:ask:1").await),
         ActionDecision::Go,
-        "the same claim asking again (its answer was lost) may go"
+        "the same ask again (its answer was lost) may go"
     );
     // w1 dies; w2 takes over and finds the outcome unknown.
     let h2 = claim(&store, "w2", 1, T0 + LEASE).await.remove(0);
@@ -449,7 +467,7 @@ pub async fn actions_happen_once<S: TaskStore>(store: S) {
         decision(&action(&store, &task, h2.fence, ActionMode::Verify, T0 + LEASE + 1).await),
         ActionDecision::Unknown
     );
-    // Verified downstream: it was not sent. Then w2 may go.
+    // Verified downstream: it was not sent. Then w2's next ask may go.
     assert_eq!(
         decision(
             &report(
@@ -461,7 +479,7 @@ pub async fn actions_happen_once<S: TaskStore>(store: S) {
             )
             .await
         ),
-        ActionDecision::Go
+        ActionDecision::Ask
     );
     assert_eq!(
         decision(&action(&store, &task, h2.fence, ActionMode::Verify, T0 + LEASE + 3).await),

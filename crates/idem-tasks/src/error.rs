@@ -38,6 +38,10 @@ pub enum TasksError {
     /// A result for an action that was never attempted: `409 no-attempt`.
     #[error("the action was never attempted under this task")]
     NoAttempt,
+    /// The ask's `Idempotency-Key` was told `go` under this fence with
+    /// another body: `422 idempotency-key-reused`.
+    #[error("the ask's key was used under this claim with another body")]
+    AskKeyReused,
     /// An operator's action does not apply to the task in its state (retry:
     /// dead or needs attention; resolve: needs attention with an unknown
     /// action): `409 not-applicable`.

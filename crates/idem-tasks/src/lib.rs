@@ -41,7 +41,12 @@
 //! for task in tasks.claim(&tenant, &queue, &worker, Duration::from_secs(30), 1).await? {
 //!     let id = idem_core::tasks::TaskId::parse(&task.id)?;
 //!     let notify = ActionName::new("notify")?;
-//!     let (key, decision, _) = tasks.action(&tenant, &id, task.fence, &notify, ActionMode::Verify).await?;
+//!     // The ask's own key: a retry of this ask (its answer lost) is told
+//!     // what it was told; any other ask under this claim, `unknown`.
+//!     let ask = IdempotencyKey::new(format!("agent-3:7f3a:ask:{}:{}", task.id, task.fence))?;
+//!     let (key, decision, _) = tasks
+//!         .action(&tenant, &id, task.fence, &notify, ActionMode::Verify, Some(&ask))
+//!         .await?;
 //!     if decision == ActionDecision::Go {
 //!         // send the notification with `Idempotency-Key: {key}`, then:
 //!         tasks.action_result(&tenant, &id, task.fence, &notify,

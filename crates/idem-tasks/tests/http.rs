@@ -726,7 +726,10 @@ async fn a_claim_looks_past_tasks_that_died_on_postgres() {
 /// Found by attacking the API: a `not-sent` result answered `go` without
 /// recording the attempt, and a `done` after it was dropped — so a worker
 /// that sent as told and died before completing left the action to be
-/// sent again by the next claim (`go`, not `done` or `unknown`).
+/// sent again by the next claim (`go`, not `done` or `unknown`). Since
+/// issue 36 a `not-sent` result answers `ask` (no go: the next ask is told
+/// go, recorded as that ask's), and a `done` is recorded whatever came
+/// before.
 async fn a_go_after_not_sent_is_recorded(app: Router) {
     let made = call(
         &app,
@@ -783,14 +786,15 @@ async fn a_go_after_not_sent_is_recorded(app: Router) {
     tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
     let f2 = claim(2).await;
     assert_eq!(ask(f2).await, "unknown");
-    assert_eq!(report(f2, "not-sent").await, "go", "checked: never sent");
+    assert_eq!(report(f2, "not-sent").await, "ask", "checked: never sent");
+    assert_eq!(ask(f2).await, "go", "the next ask");
     assert_eq!(report(f2, "done").await, "done", "sent as told");
     // The worker dies before completing; the next claim skips the action.
     tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
     let f3 = claim(3).await;
     assert_eq!(ask(f3).await, "done", "a done report is kept");
 
-    // Told go by a not-sent result, sent, died before reporting: unknown.
+    // Told go after a not-sent result, sent, died before reporting: unknown.
     let made = call(
         &app,
         "POST",
@@ -833,7 +837,16 @@ async fn a_go_after_not_sent_is_recorded(app: Router) {
                 json!({"fence": fence, "outcome": "not-sent"}),
             )
             .await;
-            assert_eq!(r.body["do"], "go");
+            assert_eq!(r.body["do"], "ask");
+            let go = call(
+                &app,
+                "POST",
+                &path,
+                None,
+                json!({"fence": fence, "mode": "verify"}),
+            )
+            .await;
+            assert_eq!(go.body["do"], "go");
         }
         tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
     }
@@ -853,4 +866,204 @@ async fn a_go_after_not_sent_is_recorded_on_sqlite() {
 async fn a_go_after_not_sent_is_recorded_on_postgres() {
     let (app, _db) = on_postgres("idem_tasks_http_notsent").await;
     a_go_after_not_sent_is_recorded(app).await;
+}
+
+/// Issue 36: after an ask was answered `go` under a fence, the only other
+/// `go` for the action under that fence is the exact replay of that ask
+/// (its `Idempotency-Key` and body); any other ask — another key, no key, a
+/// restarted process holding the replayed claim — is told `unknown`. In
+/// verify mode its report is accepted; in at-most-once mode the task needs
+/// an operator; a `not-sent` report frees the action for the next ask.
+async fn an_action_goes_once_per_fence_whoever_asks(app: Router) {
+    let made = |key: &'static str| {
+        let app = app.clone();
+        async move {
+            let t = call(
+                &app,
+                "POST",
+                &format!("/v1/queues/{key}/tasks"),
+                Some(key),
+                json!({"payload": {"k": key}}),
+            )
+            .await;
+            assert_eq!(t.status, StatusCode::CREATED, "{}", t.body);
+            t.body["id"].as_str().unwrap().to_owned()
+        }
+    };
+    let claim = |queue: &'static str, key: &'static str| {
+        let app = app.clone();
+        async move {
+            let body = json!({"worker": "agent-3", "lease": "30s"});
+            let path = format!("/v1/queues/{queue}/claims");
+            let got = call(&app, "POST", &path, Some(key), body).await;
+            assert_eq!(got.status, StatusCode::OK, "{}", got.body);
+            got.body["tasks"][0].clone()
+        }
+    };
+    let ask = |id: String, key: Option<&'static str>, body: Value| {
+        let app = app.clone();
+        async move {
+            let path = format!("/v1/tasks/{id}/actions/notify");
+            call(&app, "POST", &path, key, body).await
+        }
+    };
+    let report = |id: String, fence: i64, outcome: &'static str| {
+        let app = app.clone();
+        async move {
+            let path = format!("/v1/tasks/{id}/actions/notify/result");
+            let body = json!({"fence": fence, "outcome": outcome});
+            call(&app, "POST", &path, None, body).await
+        }
+    };
+
+    // Verify mode: one go, its exact replay, unknown for anyone else.
+    let id = made("once").await;
+    let held = claim("once", "agent-3:n1:claim:1").await;
+    let fence = held["fence"].as_i64().unwrap();
+    let verify = json!({"fence": fence, "mode": "verify"});
+    let first = ask(id.clone(), Some("agent-3:n1:ask:1"), verify.clone()).await;
+    assert_eq!(
+        (first.status, first.body["do"].clone()),
+        (StatusCode::OK, json!("go")),
+        "{}",
+        first.body
+    );
+    let replay = ask(id.clone(), Some("agent-3:n1:ask:1"), verify.clone()).await;
+    assert_eq!(
+        replay.body["do"], "go",
+        "the exact replay (its answer lost)"
+    );
+    let respelled = ask(
+        id.clone(),
+        Some("agent-3:n1:ask:1"),
+        json!({"mode": "verify", "fence": fence}),
+    )
+    .await;
+    assert_eq!(respelled.body["do"], "go", "the same body, keys reordered");
+    let other = ask(id.clone(), Some("agent-3:n2:ask:1"), verify.clone()).await;
+    assert_eq!(
+        (other.status, other.body["do"].clone()),
+        (StatusCode::OK, json!("unknown")),
+        "another key under the fence that was told go: {}",
+        other.body
+    );
+    let keyless = ask(id.clone(), None, verify.clone()).await;
+    assert_eq!(keyless.body["do"], "unknown", "no key: never a replay");
+    let left = first.body["lease_remaining_ms"].as_i64();
+    assert!(
+        left.is_some_and(|ms| ms > 0 && ms <= 30_000),
+        "the answer says how long the lease has left: {}",
+        first.body
+    );
+    assert_eq!(
+        first.body["task"]["lease_expires_at"], held["lease_expires_at"],
+        "{}",
+        first.body
+    );
+    let reused = ask(
+        id.clone(),
+        Some("agent-3:n1:ask:1"),
+        json!({"fence": fence, "mode": "at-most-once"}),
+    )
+    .await;
+    assert_eq!(
+        reused.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{}",
+        reused.body
+    );
+    assert!(reused.problem);
+    assert_eq!(
+        reused.body["type"],
+        "https://idem.dev/problems/idempotency-key-reused"
+    );
+    let bad = "k".repeat(300);
+    let bad_key = call(
+        &app,
+        "POST",
+        &format!("/v1/tasks/{id}/actions/notify"),
+        Some(&bad),
+        verify.clone(),
+    )
+    .await;
+    assert_eq!(bad_key.status, StatusCode::BAD_REQUEST, "{}", bad_key.body);
+    assert!(bad_key.problem);
+    let shown = call(&app, "GET", &format!("/v1/tasks/{id}"), None, Value::Null).await;
+    assert_eq!(
+        shown.body["state"], "claimed",
+        "refused asks changed nothing"
+    );
+    // A restarted process: its claim's key is replayed (the same fence),
+    // its ask has a key of its own.
+    let again = claim("once", "agent-3:n1:claim:1").await;
+    assert_eq!(again["fence"], held["fence"]);
+    let restarted = ask(id.clone(), Some("agent-3:n3:ask:1"), verify.clone()).await;
+    assert_eq!(restarted.body["do"], "unknown", "{}", restarted.body);
+    let checked = report(id.clone(), fence, "done").await;
+    assert_eq!(
+        (checked.status, checked.body["do"].clone()),
+        (StatusCode::OK, json!("done")),
+        "verified downstream, its report is accepted: {}",
+        checked.body
+    );
+    let done = call(
+        &app,
+        "POST",
+        &format!("/v1/tasks/{id}/complete"),
+        None,
+        json!({"fence": fence, "result": {}}),
+    )
+    .await;
+    assert_eq!(done.status, StatusCode::OK, "{}", done.body);
+
+    // At-most-once: another ask under the fence parks the task.
+    let id = made("amo").await;
+    let fence = claim("amo", "agent-3:n1:claim:2").await["fence"]
+        .as_i64()
+        .unwrap();
+    let amo = json!({"fence": fence, "mode": "at-most-once"});
+    let go = ask(id.clone(), Some("agent-3:n1:ask:2"), amo.clone()).await;
+    assert_eq!(go.body["do"], "go");
+    let second = ask(id.clone(), Some("agent-3:n4:ask:1"), amo).await;
+    assert_eq!(
+        (
+            second.body["do"].clone(),
+            second.body["task"]["state"].clone()
+        ),
+        (json!("unknown"), json!("needs_attention")),
+        "{}",
+        second.body
+    );
+
+    // A not-sent report frees the action for the next ask.
+    let id = made("freed").await;
+    let fence = claim("freed", "agent-3:n1:claim:3").await["fence"]
+        .as_i64()
+        .unwrap();
+    let verify = json!({"fence": fence, "mode": "verify"});
+    let a = ask(id.clone(), Some("agent-3:n1:ask:3"), verify.clone()).await;
+    assert_eq!(a.body["do"], "go");
+    let b = ask(id.clone(), Some("agent-3:n5:ask:1"), verify.clone()).await;
+    assert_eq!(b.body["do"], "unknown");
+    let freed = report(id.clone(), fence, "not-sent").await;
+    assert_eq!(freed.status, StatusCode::OK, "{}", freed.body);
+    assert_ne!(freed.body["do"], "go", "a report is no go: {}", freed.body);
+    let b = ask(id.clone(), Some("agent-3:n5:ask:1"), verify.clone()).await;
+    assert_eq!(b.body["do"], "go", "the next ask after not-sent");
+    let a = ask(id.clone(), Some("agent-3:n1:ask:3"), verify.clone()).await;
+    assert_eq!(a.body["do"], "unknown", "the earlier go was given up");
+    let sent = report(id.clone(), fence, "done").await;
+    assert_eq!(sent.body["do"], "done");
+}
+
+#[tokio::test]
+async fn an_action_goes_once_per_fence_whoever_asks_on_sqlite() {
+    let (app, _dir) = on_sqlite("tasks-http-asks").await;
+    an_action_goes_once_per_fence_whoever_asks(app).await;
+}
+
+#[tokio::test]
+async fn an_action_goes_once_per_fence_whoever_asks_on_postgres() {
+    let (app, _db) = on_postgres("idem_tasks_http_asks").await;
+    an_action_goes_once_per_fence_whoever_asks(app).await;
 }

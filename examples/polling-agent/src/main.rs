@@ -7,7 +7,10 @@
 //! one task whichever copy sees it first, a copy that dies holding a task
 //! loses it when its lease ends, and the notification is never written
 //! twice — its line carries the action's key, so an attempt whose outcome is
-//! unknown is verified by looking for the key before writing again.
+//! unknown is verified by looking for the key before writing again. Its
+//! asks carry a key of their own with a nonce drawn at start, so a copy
+//! restarted under the same `IDEM_WORKER` is never taken for the one it
+//! replaces; it writes only while the lease the ask's answer left lasts.
 //!
 //! Each round: observe (the feed after the cursor → tasks, and the cursor
 //! moved, in one transaction), claim one task, act, complete.
@@ -56,7 +59,13 @@ struct Agent {
     lease: Duration,
     crash_after: Option<u32>,
     sent: u32,
+    /// Drawn at start: this process's asks are its own.
+    nonce: String,
+    asks: u32,
 }
+
+/// The lease a notification needs left to be written.
+const SEND_MARGIN: Duration = Duration::from_millis(200);
 
 fn env(name: &str, default: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| default.into())
@@ -167,51 +176,69 @@ impl Agent {
         };
         let id = TaskId::parse(&task.id)?;
         let fence = task.fence;
-        let ask = self
-            .tasks
-            .action(&self.tenant, &id, fence, &self.notify, ActionMode::Verify)
-            .await;
-        let (key, decision) = match ask {
-            Ok((key, decision, _)) => (key, decision),
-            // Lost the lease already (paused too long): another copy has it.
-            Err(TasksError::LeaseLost { .. }) => return Ok(true),
-            Err(e) => return Err(e.into()),
-        };
-        let key = key.as_str().to_owned();
-        let decision = match decision {
-            ActionDecision::Unknown => {
+        // This ask's own key, with this process's nonce: a retry of it (its
+        // answer lost) is told what it was told; any other ask under the
+        // claim — a copy restarted under the same IDEM_WORKER — `unknown`.
+        self.asks += 1;
+        let ask = IdempotencyKey::new(format!(
+            "{}:{}:ask:{}",
+            self.worker.as_str(),
+            self.nonce,
+            self.asks
+        ))?;
+        let mut key = String::new();
+        // Asked again only after a `not-sent` report freed the action.
+        for _ in 0..3 {
+            let asked = self
+                .tasks
+                .action(
+                    &self.tenant,
+                    &id,
+                    fence,
+                    &self.notify,
+                    ActionMode::Verify,
+                    Some(&ask),
+                )
+                .await;
+            let (action_key, decision, held) = match asked {
+                Ok(answer) => answer,
+                // Lost the lease already (paused too long): another copy has it.
+                Err(TasksError::LeaseLost { .. }) => return Ok(true),
+                Err(e) => return Err(e.into()),
+            };
+            key = action_key.as_str().to_owned();
+            let outcome = match decision {
+                ActionDecision::Go => {
+                    // Only while the lease lasts, on the database's clock:
+                    // past it another copy may hold the task and write.
+                    let left = self.tasks.lease_left(&held).unwrap_or_default();
+                    if left < SEND_MARGIN {
+                        return Ok(true);
+                    }
+                    self.send(&key, &task.payload)?;
+                    ActionOutcome::Done
+                }
+                ActionDecision::Done => break,
                 // An earlier attempt may have written it: look before acting.
-                let outcome = match self.notified(&key)? {
+                _ => match self.notified(&key)? {
                     true => ActionOutcome::Done,
                     false => ActionOutcome::NotSent,
-                };
-                let (_, d, _) = self
-                    .tasks
-                    .action_result(
-                        &self.tenant,
-                        &id,
-                        fence,
-                        &self.notify,
-                        outcome,
-                        Some("verified in the log"),
-                    )
-                    .await?;
-                d
-            }
-            d => d,
-        };
-        if decision == ActionDecision::Go {
-            self.send(&key, &task.payload)?;
-            self.tasks
+                },
+            };
+            let (_, reported, _) = self
+                .tasks
                 .action_result(
                     &self.tenant,
                     &id,
                     fence,
                     &self.notify,
-                    ActionOutcome::Done,
-                    None,
+                    outcome,
+                    (decision != ActionDecision::Go).then_some("verified in the log"),
                 )
                 .await?;
+            if reported == ActionDecision::Done {
+                break;
+            }
         }
         match self
             .tasks
@@ -239,6 +266,14 @@ fn transient(e: &(dyn std::error::Error + 'static)) -> bool {
                 | StoreError::OutcomeUnknown { .. }
         )
     )
+}
+
+/// A nonce for this process: its id and the time it started, in hex.
+fn nonce() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("{:x}{:x}", std::process::id(), nanos & 0xffff_ffff_ffff)
 }
 
 async fn open(db: &Path) -> Result<SqliteStore, Error> {
@@ -287,6 +322,8 @@ async fn main() -> Result<(), Error> {
         lease: Duration::from_millis(lease_ms),
         crash_after,
         sent: 0,
+        nonce: nonce(),
+        asks: 0,
     };
     let exit_when_idle = std::env::var("IDEM_EXIT_WHEN_IDLE").is_ok_and(|v| v == "1");
     let mut idle: u64 = 0;

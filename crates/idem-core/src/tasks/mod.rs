@@ -17,7 +17,8 @@
 //! action's name ([`ActionKey`]) and an entry in the steps' send-once
 //! ledger: a worker is told to perform it (`go`), that it was done, or that
 //! an earlier attempt's outcome is unknown — to verify by the key, or to
-//! leave to an operator ([`ActionMode`]).
+//! leave to an operator ([`ActionMode`]). Under one fence `go` is told once,
+//! whoever asks: again only to the exact replay of that ask ([`AskHolder`]).
 //!
 //! This module holds the types and the [`TaskStore`] a backend implements;
 //! the service and its HTTP routes are the `idem-tasks` crate.
@@ -39,6 +40,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod asks;
 mod decide;
 mod names;
 mod records;
@@ -46,6 +48,7 @@ mod store;
 #[cfg(test)]
 mod tests;
 
+pub use asks::{AskAnswer, AskHolder, decide_ask, held_by_claim};
 pub use decide::{Refusal, SettlePlan, SettleWrite, holds, plan_settle};
 pub use names::{ActionKey, ActionName, PollerName, QueueName, TaskId, TaskNameError, WorkerName};
 pub use records::{

@@ -97,15 +97,19 @@ pub enum ActionDecision {
     /// An earlier attempt's outcome is unknown: verify it by the key
     /// (`verify`), or leave it to an operator (`at-most-once`).
     Unknown,
+    /// Free to be attempted again (the answer to a `not-sent` report): ask,
+    /// and the first ask is told [`ActionDecision::Go`].
+    Ask,
 }
 
 impl ActionDecision {
-    /// `go`, `done` or `unknown`.
+    /// `go`, `done`, `unknown` or `ask`.
     pub fn as_str(self) -> &'static str {
         match self {
             ActionDecision::Go => "go",
             ActionDecision::Done => "done",
             ActionDecision::Unknown => "unknown",
+            ActionDecision::Ask => "ask",
         }
     }
 }

@@ -24,6 +24,10 @@ pub struct ActionAttempt<'a> {
     pub key: &'a str,
     /// What an unknown earlier outcome leads to.
     pub mode: ActionMode,
+    /// The ask's own key (`Idempotency-Key`), if it has one: an ask told
+    /// `go` is told so again only when repeated with the same key and body
+    /// ([`AskHolder`](super::AskHolder)); a keyless ask is never a repeat.
+    pub ask: Option<&'a str>,
     /// Now (the database's clock).
     pub now_ms: i64,
     /// When the ledger may forget it.
@@ -42,6 +46,9 @@ pub enum ActionClaim {
     LeaseLost(TaskRecord),
     /// A result reported for an action never attempted: nothing written.
     NoAttempt(TaskRecord),
+    /// The ask's key was told `go` under this fence with another body:
+    /// nothing written.
+    KeyReused(TaskRecord),
     /// No such task.
     Missing,
 }
@@ -112,7 +119,10 @@ pub trait TaskStore: KeyStore {
     ) -> impl Future<Output = Result<Fenced, StoreError>> + Send + 'a;
 
     /// In `tx`: records an attempt of an action in the send-once ledger
-    /// for the holder of `attempt.fence`, and decides.
+    /// for the holder of `attempt.fence`, and decides: `go` once per fence
+    /// (and again only for the exact replay of the ask told `go`,
+    /// [`decide_ask`](super::decide_ask)), `done` once it was reported done,
+    /// `unknown` for every other ask while an attempt's outcome is open.
     fn claim_action<'a>(
         tx: &'a mut Self::Tx,
         attempt: &'a ActionAttempt<'a>,
@@ -121,7 +131,8 @@ pub trait TaskStore: KeyStore {
     /// In `tx`: the holder of `fence` reports what became of an action it
     /// attempted or verified: `done` marks its ledger entry sent (answered
     /// [`ActionDecision::Done`]), `not-sent` frees it for another attempt
-    /// ([`ActionDecision::Go`]; `Done` when it was marked sent before).
+    /// ([`ActionDecision::Ask`]: the next ask is told `go`; `Done` when it
+    /// was marked sent before).
     fn record_action<'a>(
         tx: &'a mut Self::Tx,
         attempt: &'a ActionAttempt<'a>,

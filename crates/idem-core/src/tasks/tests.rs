@@ -205,3 +205,72 @@ fn failures_retry_until_the_attempts_run_out() {
         SettlePlan::Refuse(Refusal::LeaseLost)
     );
 }
+
+#[test]
+fn an_ask_is_told_go_again_only_when_it_is_the_same_ask() {
+    use crate::steps::MessageState::{NotSent, Sending, Sent};
+    let ask = |key: Option<&str>, mode| AskHolder::new("tsk_1", 3, key, mode);
+    let a = ask(Some("agent-3:n1:ask:1"), ActionMode::Verify);
+    assert_eq!(a, ask(Some("agent-3:n1:ask:1"), ActionMode::Verify));
+    assert!(a.as_str().starts_with("tsk_1@3#k"), "{}", a.as_str());
+    assert!(
+        !a.as_str().contains("agent-3"),
+        "the key is kept as a digest"
+    );
+    let told = |entry: &AskHolder, asker: &AskHolder| decide_ask(Sending, entry.as_str(), asker);
+    assert_eq!(told(&a, &a), AskAnswer::Decided(ActionDecision::Go));
+    let other = ask(Some("agent-3:n2:ask:1"), ActionMode::Verify);
+    assert_eq!(
+        told(&a, &other),
+        AskAnswer::Decided(ActionDecision::Unknown)
+    );
+    let keyless = ask(None, ActionMode::Verify);
+    assert_ne!(keyless, ask(None, ActionMode::Verify), "never a replay");
+    assert_eq!(
+        told(&keyless, &ask(None, ActionMode::Verify)),
+        AskAnswer::Decided(ActionDecision::Unknown)
+    );
+    assert_eq!(
+        told(&keyless, &a),
+        AskAnswer::Decided(ActionDecision::Unknown)
+    );
+    assert_eq!(
+        told(&a, &ask(Some("agent-3:n1:ask:1"), ActionMode::AtMostOnce)),
+        AskAnswer::KeyReused,
+        "the same key with another body"
+    );
+    let next_fence = AskHolder::new("tsk_1", 4, Some("agent-3:n1:ask:1"), ActionMode::Verify);
+    assert_eq!(
+        told(&a, &next_fence),
+        AskAnswer::Decided(ActionDecision::Unknown),
+        "the same key under another claim is another ask"
+    );
+    // An entry written before asks were told apart is no ask's.
+    assert_eq!(
+        decide_ask(Sending, "tsk_1@3", &a),
+        AskAnswer::Decided(ActionDecision::Unknown)
+    );
+    assert_eq!(
+        decide_ask(Sent, a.as_str(), &other),
+        AskAnswer::Decided(ActionDecision::Done)
+    );
+    assert_eq!(
+        decide_ask(NotSent, a.as_str(), &other),
+        AskAnswer::Decided(ActionDecision::Go)
+    );
+    for (holder, fence, held) in [
+        (a.as_str(), 3, true),
+        (keyless.as_str(), 3, true),
+        ("tsk_1@3", 3, true),
+        (a.as_str(), 4, false),
+        ("tsk_1@33#nabc", 3, false),
+        ("tsk_12@3#nabc", 3, false),
+        ("run_1", 3, false),
+    ] {
+        assert_eq!(
+            held_by_claim(holder, "tsk_1", fence),
+            held,
+            "{holder} {fence}"
+        );
+    }
+}

@@ -131,6 +131,7 @@ conformance! {
     claims_are_fenced_and_taken_over_after_the_lease;
     only_the_live_holder_settles;
     actions_happen_once;
+    an_action_goes_once_per_fence_whoever_asks;
     operators_steer_what_workers_cannot;
     concurrent_claims_never_share_a_task, 8;
     runs_are_listed_by_state;

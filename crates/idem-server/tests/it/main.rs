@@ -55,6 +55,7 @@ mod quorum;
 mod real_clients;
 mod tasks;
 mod tasks_history;
+mod tasks_restart;
 mod webhooks;
 
 use std::net::SocketAddr;

@@ -128,7 +128,7 @@ fn key_of(change: &Value) -> String {
 
 /// One `python3 agent.py …` process; SIGKILLed on drop, its log printed
 /// when the test fails.
-struct Agent {
+pub(crate) struct Agent {
     args: Vec<String>,
     child: Child,
     log: PathBuf,
@@ -136,7 +136,7 @@ struct Agent {
 }
 
 impl Agent {
-    fn spawn(dir: &TempDir, name: &str, args: Vec<String>) -> Self {
+    pub(crate) fn spawn(dir: &TempDir, name: &str, args: Vec<String>) -> Self {
         let log = dir.path().join(format!("{name}.log"));
         let python = std::env::var("IDEM_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
         let script = concat!(
@@ -167,9 +167,13 @@ impl Agent {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-    fn restart(&mut self, dir: &TempDir, name: &str) {
+    pub(crate) fn restart(&mut self, dir: &TempDir, name: &str) {
         self.kill9();
         *self = Self::spawn(dir, name, self.args.clone());
+    }
+    /// What it printed so far.
+    pub(crate) fn output(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
     fn signal(&self, sig: &str) {
         let ok = Command::new("kill")
@@ -257,7 +261,7 @@ async fn tasks_of(url: &str, queue: &str) -> BTreeMap<String, (String, i64)> {
 }
 
 /// The sink's messages: subject (the task's key) → message ids.
-async fn sink_messages(sink: SocketAddr) -> BTreeMap<String, Vec<String>> {
+pub(crate) async fn sink_messages(sink: SocketAddr) -> BTreeMap<String, Vec<String>> {
     let r = call(sink, "GET", "/messages", None, "").await;
     assert_eq!(r.status, 200);
     let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();

@@ -7,9 +7,10 @@
 //! decides with [`idem_core::tasks::plan_settle`] on the row as it stands,
 //! and writes conditional on the fence. Actions use the steps' send-once
 //! ledger (`idem_send_once`) through its own claim statement: the entry's
-//! `run_id` is `<task>@<fence>`, so a retried request of one claim is
-//! claimed again and another claim's unfinished attempt is an unknown
-//! outcome.
+//! `run_id` names the claim and the ask told go
+//! ([`AskHolder`](idem_core::tasks::AskHolder): `<task>@<fence>#…`), so the
+//! exact replay of that ask is told go again and any other ask — of this
+//! claim or another — meets an unknown outcome.
 
 use std::sync::LazyLock;
 
@@ -118,9 +119,12 @@ pub const CURSOR: &str = "SELECT tenant_id, poller, cursor, version, updated_at_
     FROM idem_pollers WHERE tenant_id = $1 AND poller = $2";
 
 /// An action's ledger entry marked sent: `$1` key, `$2` now.
+/// Whatever its state: a worker (or an operator) saying it happened is
+/// the last word, even after a `not-sent` freed it — else the next ask
+/// would be told go.
 pub const MARK_SENT: &str = "UPDATE idem_send_once \
     SET state = 'sent', sent_at_ms = COALESCE(sent_at_ms, $2), updated_at_ms = $2 \
-    WHERE message_id = $1 AND state IN ('sending', 'sent')";
+    WHERE message_id = $1";
 
 /// An action's ledger entry freed for another attempt: `$1` key, `$2` now.
 pub const MARK_NOT_SENT: &str = "UPDATE idem_send_once \

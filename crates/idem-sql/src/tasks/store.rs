@@ -11,10 +11,10 @@ macro_rules! task_store {
             use idem_core::StoreError;
             use idem_core::steps::MessageState;
             use idem_core::tasks::{
-                ActionAttempt, ActionClaim, ActionDecision, ActionMode, ActionOutcome,
-                ClaimRequest, CursorMove, Fenced, NewTask, PollerRecord, Settle, SettlePlan,
-                SettleWrite, Steer, Steered, TaskEvent, TaskFilter, TaskRecord, TaskState,
-                TaskStore, holds, plan_settle,
+                ActionAttempt, ActionClaim, ActionDecision, ActionMode, ActionOutcome, AskAnswer,
+                AskHolder, ClaimRequest, CursorMove, Fenced, NewTask, PollerRecord, Settle,
+                SettlePlan, SettleWrite, Steer, Steered, TaskEvent, TaskFilter, TaskRecord,
+                TaskState, TaskStore, decide_ask, held_by_claim, holds, plan_settle,
             };
             use $crate::decode;
             use $crate::tasks as sql;
@@ -298,10 +298,13 @@ macro_rules! task_store {
                     if !holds(&t, a.fence, a.now_ms) {
                         return Ok(ActionClaim::LeaseLost(t));
                     }
-                    let attempt = format!("{}@{}", a.task, a.fence);
+                    // The entry names the ask told go: only its exact
+                    // replay is told go again (the ledger's claim takes a
+                    // not-sent entry for this ask, or leaves it as it is).
+                    let asker = AskHolder::new(a.task, a.fence, a.ask, a.mode);
                     let row = sqlx::query($crate::runs::$d::CLAIM_MESSAGE)
                         .bind(a.key)
-                        .bind(&attempt)
+                        .bind(asker.as_str())
                         .bind(a.action)
                         .bind(a.now_ms)
                         .bind(a.expires_at_ms)
@@ -309,11 +312,9 @@ macro_rules! task_store {
                         .await
                         .map_err(map_err)?;
                     let entry = decode::message(&row)?;
-                    let decision = match entry.state {
-                        MessageState::Sent => ActionDecision::Done,
-                        MessageState::Sending if entry.run_id == attempt => ActionDecision::Go,
-                        MessageState::Sending => ActionDecision::Unknown,
-                        MessageState::NotSent => ActionDecision::Go,
+                    let decision = match decide_ask(entry.state, &entry.run_id, &asker) {
+                        AskAnswer::Decided(d) => d,
+                        AskAnswer::KeyReused => return Ok(ActionClaim::KeyReused(t)),
                     };
                     let detail = format!("{} {}: {}", a.mode.as_str(), a.action, decision.as_str());
                     event(
@@ -364,7 +365,8 @@ macro_rules! task_store {
                     if !holds(&t, a.fence, a.now_ms) {
                         return Ok(ActionClaim::LeaseLost(t));
                     }
-                    // Only what this claim attempted, or was asked to verify.
+                    // Only what this claim attempted (any of its asks),
+                    // or was asked to verify.
                     let entry = sqlx::query(&$crate::runs::MESSAGE)
                         .bind(a.key)
                         .fetch_optional(&mut **tx)
@@ -373,7 +375,7 @@ macro_rules! task_store {
                     let Some(entry) = entry.as_ref().map(decode::message).transpose()? else {
                         return Ok(ActionClaim::NoAttempt(t));
                     };
-                    if entry.run_id != format!("{}@{}", a.task, a.fence) {
+                    if !held_by_claim(&entry.run_id, a.task, a.fence) {
                         let asked: bool = sqlx::query_scalar(sql::ASKED_TO_VERIFY)
                             .bind(a.task)
                             .bind(a.fence)
@@ -389,10 +391,14 @@ macro_rules! task_store {
                             return Ok(ActionClaim::NoAttempt(t));
                         }
                     }
+                    // Not sent frees the entry for the next ask (told go
+                    // then, recorded as that ask's): the report itself is
+                    // no go, or a worker acting on it and the next ask
+                    // would both send.
                     let (sql_text, name, answer) = match outcome {
                         ActionOutcome::Done => (sql::MARK_SENT, "done", ActionDecision::Done),
                         ActionOutcome::NotSent => {
-                            (sql::MARK_NOT_SENT, "not-sent", ActionDecision::Go)
+                            (sql::MARK_NOT_SENT, "not-sent", ActionDecision::Ask)
                         }
                     };
                     let marked = sqlx::query(sql_text)
@@ -402,8 +408,13 @@ macro_rules! task_store {
                         .await
                         .map_err(map_err)?;
                     if marked.rows_affected() == 0 {
-                        // Reported not sent, recorded sent: it was done.
-                        return Ok(ActionClaim::Decided(ActionDecision::Done, t));
+                        // Reported not sent, recorded sent: it was done;
+                        // reported not sent again: free still.
+                        let was = match entry.state {
+                            MessageState::NotSent => ActionDecision::Ask,
+                            _ => ActionDecision::Done,
+                        };
+                        return Ok(ActionClaim::Decided(was, t));
                     }
                     let detail = match a.detail {
                         Some(d) => format!("{}: {name} ({d})", a.action),
@@ -419,19 +430,6 @@ macro_rules! task_store {
                         Some(&detail),
                     )
                     .await?;
-                    if outcome == ActionOutcome::NotSent {
-                        // The answer is go: this claim's attempt is
-                        // recorded before it, as an asked go is.
-                        sqlx::query($crate::runs::$d::CLAIM_MESSAGE)
-                            .bind(a.key)
-                            .bind(format!("{}@{}", a.task, a.fence))
-                            .bind(a.action)
-                            .bind(a.now_ms)
-                            .bind(a.expires_at_ms)
-                            .fetch_one(&mut **tx)
-                            .await
-                            .map_err(map_err)?;
-                    }
                     Ok(ActionClaim::Decided(answer, t))
                 }
 

@@ -86,6 +86,16 @@ pub(super) fn refused(e: TasksError) -> Response {
             Some("ask POST /v1/tasks/{id}/actions/{name} before reporting its result"),
             None,
         ),
+        TasksError::AskKeyReused => problem(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "idempotency-key-reused",
+            "The ask's key was used with another body",
+            Some(
+                "this Idempotency-Key asked about the action under this claim with another mode; \
+                 nothing was written: another ask needs another key",
+            ),
+            None,
+        ),
         TasksError::NotApplicable { state, what } => problem(
             StatusCode::CONFLICT,
             "not-applicable",

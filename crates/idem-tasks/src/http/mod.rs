@@ -10,8 +10,8 @@
 //! | `POST /v1/queues/{queue}/claims` | claims up to `max` tasks for `worker` for `lease` (`Idempotency-Key` required: a retried claim is answered as the first); with `wait`, a long poll |
 //! | `GET /v1/tasks/{id}` | the task |
 //! | `POST /v1/tasks/{id}/heartbeat`, `…/complete`, `…/fail` | the holder of `fence` renews, completes, fails (`409 lease-lost` for anyone else) |
-//! | `POST /v1/tasks/{id}/actions/{name}` | the action's key and `go`, `done` or `unknown` |
-//! | `POST /v1/tasks/{id}/actions/{name}/result` | `done` or `not-sent` |
+//! | `POST /v1/tasks/{id}/actions/{name}` | the action's key and `go`, `done` or `unknown` (`go` once per fence: again only for the exact replay of that ask, its `Idempotency-Key` and body) |
+//! | `POST /v1/tasks/{id}/actions/{name}/result` | `done` or `not-sent` (answered `ask`: the next ask goes) |
 
 // A refusal is the answer itself: handlers return it as they get it.
 #![allow(clippy::result_large_err)]
@@ -532,13 +532,24 @@ struct ActionBody {
     mode: String,
 }
 
-fn action_answer(key: &str, decision: ActionDecision, t: &TaskRecord) -> Response {
+/// An action's answer; with the lease's end and how long it has left on
+/// the database's clock (`lease_remaining_ms`), so a worker bounds its act
+/// by the time it asked plus that, whatever its own clock says.
+fn action_answer<S: TaskStore + RunStore>(
+    app: &App<S>,
+    key: &str,
+    decision: ActionDecision,
+    t: &TaskRecord,
+) -> Response {
+    let left = app.tasks.lease_left(t).map(|d| d.as_millis() as u64);
     answer(
         StatusCode::OK,
         &json!({
             "key": key,
             "do": decision.as_str(),
-            "task": {"id": t.id, "state": t.state.as_str(), "fence": t.fence},
+            "task": {"id": t.id, "state": t.state.as_str(), "fence": t.fence,
+                     "lease_expires_at": t.lease_expires_at_ms.map(rfc3339)},
+            "lease_remaining_ms": left,
         }),
     )
 }
@@ -554,8 +565,16 @@ async fn action<S: TaskStore + RunStore>(
     let Some(mode) = ActionMode::parse(&b.mode) else {
         return invalid("mode: at-most-once or verify");
     };
-    match app.tasks.action(&tenant, &id, b.fence, &action, mode).await {
-        Ok((key, decision, t)) => action_answer(key.as_str(), decision, &t),
+    let ask = match headers.get("idempotency-key") {
+        None => None,
+        Some(v) => Some(tri!(name(IdempotencyKey::from_header(v.as_bytes())))),
+    };
+    match app
+        .tasks
+        .action(&tenant, &id, b.fence, &action, mode, ask.as_ref())
+        .await
+    {
+        Ok((key, decision, t)) => action_answer(&app, key.as_str(), decision, &t),
         Err(e) => refused(e),
     }
 }
@@ -588,7 +607,7 @@ async fn action_result<S: TaskStore + RunStore>(
         .action_result(&tenant, &id, b.fence, &action, outcome, b.detail.as_deref())
         .await
     {
-        Ok((key, decision, t)) => action_answer(key.as_str(), decision, &t),
+        Ok((key, decision, t)) => action_answer(&app, key.as_str(), decision, &t),
         Err(e) => refused(e),
     }
 }

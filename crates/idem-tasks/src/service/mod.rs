@@ -118,6 +118,16 @@ impl<S: TaskStore + RunStore> Tasks<S> {
         self.store.clock().now_ms()
     }
 
+    /// How long `task`'s lease has left now, on the store's clock (`None`:
+    /// it is not claimed): a worker's bound for acting is the time it
+    /// asked plus this, measured on its own clock — the clocks are never
+    /// compared.
+    pub fn lease_left(&self, task: &TaskRecord) -> Option<Duration> {
+        let until = task.lease_expires_at_ms?;
+        let left = until.saturating_sub(self.now_ms()).max(0);
+        Some(Duration::from_millis(u64::try_from(left).unwrap_or(0)))
+    }
+
     /// `op` within [`TasksConfig::deadline`]; past it, its transaction is
     /// dropped (rolled back unless its commit was under way) and the
     /// outcome is unknown to the caller, who repeats the request.
@@ -507,6 +517,7 @@ impl<S: TaskStore + RunStore> Tasks<S> {
         Self::written(fence, out)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn attempt<'a>(
         &self,
         tenant: &'a Tenant,
@@ -515,6 +526,7 @@ impl<S: TaskStore + RunStore> Tasks<S> {
         action: &'a ActionName,
         key: &'a ActionKey,
         mode: ActionMode,
+        ask: Option<&'a IdempotencyKey>,
     ) -> ActionAttempt<'a> {
         let now_ms = self.now_ms();
         ActionAttempt {
@@ -524,6 +536,7 @@ impl<S: TaskStore + RunStore> Tasks<S> {
             action: action.as_str(),
             key: key.as_str(),
             mode,
+            ask: ask.map(IdempotencyKey::as_str),
             now_ms,
             expires_at_ms: now_ms.saturating_add(millis(self.config.action_retention)),
             detail: None,
@@ -549,6 +562,7 @@ impl<S: TaskStore + RunStore> Tasks<S> {
                         TasksError::lease_lost(fence, t.fence, t.state)
                     }
                     ActionClaim::NoAttempt(_) => TasksError::NoAttempt,
+                    ActionClaim::KeyReused(_) => TasksError::AskKeyReused,
                     _ => TasksError::NotFound,
                 })
             }
@@ -565,6 +579,15 @@ impl<S: TaskStore + RunStore> Tasks<S> {
     /// outcome (`Unknown`: in [`ActionMode::Verify`] check the other system
     /// by the key and report; in [`ActionMode::AtMostOnce`] the task now
     /// needs an operator).
+    ///
+    /// `Go` is answered once per fence, whoever asks: after it, the only
+    /// other `Go` under that fence is the exact replay of that ask — the
+    /// same `ask` key and `mode` (a retry whose answer was lost). Any other
+    /// ask, keyless ones included, is told `Unknown`; the same `ask` key
+    /// with another mode is [`TasksError::AskKeyReused`]. Give each ask a
+    /// key of its own process (a per-process nonce in it), so that a
+    /// restarted process never passes for the one it replaces.
+    #[allow(clippy::too_many_arguments)]
     pub async fn action(
         &self,
         tenant: &Tenant,
@@ -572,9 +595,10 @@ impl<S: TaskStore + RunStore> Tasks<S> {
         fence: i64,
         action: &ActionName,
         mode: ActionMode,
+        ask: Option<&IdempotencyKey>,
     ) -> Result<(ActionKey, ActionDecision, TaskRecord), TasksError> {
         let key = self.action_key(task, action);
-        let attempt = self.attempt(tenant, task, fence, action, &key, mode);
+        let attempt = self.attempt(tenant, task, fence, action, &key, mode, ask);
         self.bounded(async {
             let mut tx = self.store.begin().await?;
             let out = S::claim_action(&mut tx, &attempt).await;
@@ -585,8 +609,10 @@ impl<S: TaskStore + RunStore> Tasks<S> {
     }
 
     /// The holder of `fence` reports what became of `action`: `Done` marks
-    /// it done for good; `NotSent` (the other system says it never
-    /// happened) lets it be attempted again.
+    /// it done for good (whatever was recorded before); `NotSent` (the
+    /// other system says it never happened) lets it be attempted again —
+    /// answered [`ActionDecision::Ask`], no go itself: the next
+    /// [`Tasks::action`] is told `Go`.
     /// `detail` (what the worker learnt, at most 4 KiB) is kept in the
     /// task's timeline.
     pub async fn action_result(
@@ -602,7 +628,7 @@ impl<S: TaskStore + RunStore> Tasks<S> {
             return Err(TasksError::invalid("detail: at most 4096 bytes"));
         }
         let key = self.action_key(task, action);
-        let mut attempt = self.attempt(tenant, task, fence, action, &key, ActionMode::Verify);
+        let mut attempt = self.attempt(tenant, task, fence, action, &key, ActionMode::Verify, None);
         attempt.detail = detail;
         self.bounded(async {
             let mut tx = self.store.begin().await?;
