@@ -366,6 +366,14 @@ mod tests {
             "/v1/payments%2500",
             "/v1/payments%25252500",
             "/v1/payments%C0%80",
+            // An overlong NUL escaped again, and C1 control characters
+            // (U+0080 to U+009F: NEL is a line end to some readers).
+            "/v1/payments%25C0%2580",
+            "/v1/payments%25c0%25%38%30",
+            "/v1/payments%C2%85",
+            "/v1/payments%c2%80",
+            "/v1/payments%25C2%2585",
+            "/v1/payments\u{85}",
             "/v1/payments%ff",
             "/v1/payments%",
             "/v1/payments%0",
