@@ -873,7 +873,8 @@ async fn a_go_after_not_sent_is_recorded_on_postgres() {
 /// (its `Idempotency-Key` and body); any other ask — another key, no key, a
 /// restarted process holding the replayed claim — is told `unknown`. In
 /// verify mode its report is accepted; in at-most-once mode the task needs
-/// an operator; a `not-sent` report frees the action for the next ask.
+/// an operator; a `not-sent` report by the ask told go frees the action for
+/// the next ask.
 async fn an_action_goes_once_per_fence_whoever_asks(app: Router) {
     let made = |key: &'static str| {
         let app = app.clone();
@@ -1045,7 +1046,24 @@ async fn an_action_goes_once_per_fence_whoever_asks(app: Router) {
     assert_eq!(a.body["do"], "go");
     let b = ask(id.clone(), Some("agent-3:n5:ask:1"), verify.clone()).await;
     assert_eq!(b.body["do"], "unknown");
-    let freed = report(id.clone(), fence, "not-sent").await;
+    // Given back by the ask told go (its key); B's look proved nothing.
+    let by_b = call(
+        &app,
+        "POST",
+        &format!("/v1/tasks/{id}/actions/notify/result"),
+        Some("agent-3:n5:ask:1"),
+        json!({"fence": fence, "outcome": "not-sent"}),
+    )
+    .await;
+    assert_eq!(by_b.status, StatusCode::CONFLICT, "{}", by_b.body);
+    let freed = call(
+        &app,
+        "POST",
+        &format!("/v1/tasks/{id}/actions/notify/result"),
+        Some("agent-3:n1:ask:3"),
+        json!({"fence": fence, "outcome": "not-sent"}),
+    )
+    .await;
     assert_eq!(freed.status, StatusCode::OK, "{}", freed.body);
     assert_ne!(freed.body["do"], "go", "a report is no go: {}", freed.body);
     let b = ask(id.clone(), Some("agent-3:n5:ask:1"), verify.clone()).await;
@@ -1109,7 +1127,10 @@ async fn a_go_is_not_taken_back_by_another_ask_of_its_claim(app: Router) {
     )
     .await;
     let fence = a.body["tasks"][0]["fence"].as_i64().unwrap();
-    assert_eq!(b.body["tasks"][0]["fence"], fence, "the claim replayed to B");
+    assert_eq!(
+        b.body["tasks"][0]["fence"], fence,
+        "the claim replayed to B"
+    );
     let verify = json!({"fence": fence, "mode": "verify"});
     let ask = |key: &'static str| {
         let (app, path, body) = (
