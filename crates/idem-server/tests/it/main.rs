@@ -43,6 +43,7 @@ mod gateway;
 mod gateway_paths;
 mod gateway_unknown;
 mod hardening;
+mod keepalive;
 mod history;
 mod messaging;
 mod metric_labels;
