@@ -36,6 +36,7 @@ mod console;
 mod console_guard;
 mod drill_peers;
 mod drill_runner;
+mod drill_streamed;
 mod drill_workers;
 mod fakes;
 mod fleet;
