@@ -203,8 +203,8 @@ class Worker:
                 except OSError as e:
                     log("task dropped", task["id"], e)
 
-    def task_call(self, task, path, body):
-        return self.idem.call("POST", f"/v1/tasks/{task['id']}/{path}", body)
+    def task_call(self, task, path, body, key=None):
+        return self.idem.call("POST", f"/v1/tasks/{task['id']}/{path}", body, key)
 
     def ask(self, task, body, key):
         """(when it was asked, status, answer): asked under the ask's own
@@ -258,9 +258,16 @@ class Worker:
                 return
             else:
                 outcome = self.verify(key)
+            # Under the ask's key: a go is given back (not-sent) only by
+            # the ask it was told to.
             status, answer = self.task_call(
-                task, "actions/notify/result", {"fence": fence, "outcome": outcome}
+                task, "actions/notify/result", {"fence": fence, "outcome": outcome}, ask_key
             )
+            if status == 409 and (answer or {}).get("type", "").endswith("/attempt-in-flight"):
+                # Another ask of this claim was told go and may still send:
+                # leave the task; its next claim checks again.
+                log("attempt in flight", task["id"], key, "fence", fence)
+                return
             if status == 409:
                 log("lease lost", task["id"], "fence", fence)
                 return

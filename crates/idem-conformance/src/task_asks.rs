@@ -5,15 +5,17 @@ use idem_core::tasks::{
     ActionClaim, ActionDecision, ActionMode, ActionOutcome, TaskState, TaskStore,
 };
 
-use crate::tasks::{T0, action, action_as, claim, create, decision, report};
+use crate::tasks::{T0, action, action_as, claim, create, decision, report, report_as};
 
 /// Asked once (issue 36): under a fence that was told `go`, only the exact
 /// replay of that ask (its key, its mode) is told `go` again; another key,
 /// or none — a restarted process holding the replayed claim — is told
 /// `unknown`: in verify mode its report is accepted, in at-most-once mode
 /// the task needs an operator. The same key with another mode is refused,
-/// nothing written. A `not-sent` report frees the action: the next ask,
-/// whichever, is told `go` — and it alone.
+/// nothing written. A `not-sent` report by the ask told `go` (its key)
+/// frees the action: the next ask, whichever, is told `go` — and it alone;
+/// from any other ask of the fence (it may have looked before the one told
+/// `go` acted) it is refused, nothing written.
 pub async fn an_action_goes_once_per_fence_whoever_asks<S: TaskStore>(store: S) {
     use ActionDecision::{Done, Go, Unknown};
     use ActionMode::{AtMostOnce, Verify};
@@ -82,7 +84,23 @@ pub async fn an_action_goes_once_per_fence_whoever_asks<S: TaskStore>(store: S) 
     let ask_b = |now| action_as(&store, &freed, h.fence, Verify, now, "w1:b:ask:9");
     assert_eq!(decision(&ask_a(T0).await), Go);
     assert_eq!(decision(&ask_b(T0 + 1).await), Unknown);
-    let not_sent = report(&store, &freed, h.fence, ActionOutcome::NotSent, T0 + 2).await;
+    let report_by =
+        |by: &'static str, outcome, now| report_as(&store, &freed, h.fence, outcome, now, by);
+    for refused in [
+        report_by("w1:b:ask:9", ActionOutcome::NotSent, T0 + 2).await,
+        report(&store, &freed, h.fence, ActionOutcome::NotSent, T0 + 2).await,
+    ] {
+        assert!(
+            matches!(refused, ActionClaim::InFlight(ref t) if t.state == TaskState::Claimed),
+            "not-sent from an ask not told go, while the one told go may send: {refused:?}"
+        );
+    }
+    assert_eq!(
+        decision(&ask_a(T0 + 2).await),
+        Go,
+        "refused reports changed nothing"
+    );
+    let not_sent = report_by("w1:a:ask:9", ActionOutcome::NotSent, T0 + 2).await;
     assert_eq!(
         decision(&not_sent),
         ActionDecision::Ask,
@@ -105,7 +123,15 @@ pub async fn an_action_goes_once_per_fence_whoever_asks<S: TaskStore>(store: S) 
     assert_eq!(l.id, late.id);
     let go = action_as(&store, &late, l.fence, Verify, T0, "w1:a:ask:8").await;
     assert_eq!(decision(&go), Go);
-    let free = report(&store, &late, l.fence, ActionOutcome::NotSent, T0 + 1).await;
+    let free = report_as(
+        &store,
+        &late,
+        l.fence,
+        ActionOutcome::NotSent,
+        T0 + 1,
+        "w1:a:ask:8",
+    )
+    .await;
     assert_eq!(decision(&free), ActionDecision::Ask);
     let sent = report(&store, &late, l.fence, ActionOutcome::Done, T0 + 2).await;
     assert_eq!(decision(&sent), Done);

@@ -429,6 +429,19 @@ pub(crate) async fn report<S: TaskStore>(
     .await
 }
 
+/// [`report`], for the ask under its own key `asked`.
+pub(crate) async fn report_as<S: TaskStore>(
+    store: &S,
+    task: &TaskRecord,
+    fence: i64,
+    outcome: ActionOutcome,
+    now_ms: i64,
+    asked: &str,
+) -> ActionClaim {
+    let how = (ActionMode::Verify, Some(asked));
+    ask(store, task, fence, how, now_ms, Some(outcome)).await
+}
+
 pub(crate) fn decision(claim: &ActionClaim) -> ActionDecision {
     match claim {
         ActionClaim::Decided(d, _) => *d,

@@ -87,11 +87,11 @@ pub const DRILLS: &[(&str, &str)] = &[
     ),
     (
         "lost-response",
-        "--rounds times: a proxy of the runner's own drops the answer once the target starts answering; the retry with the same key (Accept-Encoding: gzip, bodies compared decoded): a 2xx, one effect, and a second retry the same status and body; retries still answered 409 (or 425, 429, 503) at the end of their pauses FAIL, the first request having finished",
+        "--rounds times: a proxy of the runner's own drops the answer once the target starts answering and reads it on to its end; the retry with the same key (Accept-Encoding: gzip, bodies compared decoded): a 2xx, one effect, and a second retry the same status and body; retries still answered 409 (or 425, 429, 503) at the end of their pauses FAIL when the whole answer had come (the first request had finished), WARN when it had not",
     ),
     (
         "abandoned-request",
-        "--rounds times: the client gives up 50 ms after sending, before any answer, while the target may still be working (a middleware must not release the key on a disconnect); retries with the key (409 retried, as clients do): a 2xx, one effect, the same answer twice; retries refused to the end FAIL when the target had begun answering first, WARN (inconclusive) when the first request may still be running",
+        "--rounds times: the client gives up 50 ms after sending, before any answer, while the target may still be working (a middleware must not release the key on a disconnect); retries with the key (409 retried, as clients do): a 2xx, one effect, the same answer twice; retries refused to the end FAIL when the target's whole answer had come first, WARN (inconclusive) when the first request may still be running",
     ),
     (
         "concurrency",

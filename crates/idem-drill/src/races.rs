@@ -118,12 +118,19 @@ impl Runner {
                     "the client gave up {} ms after sending, before any answer",
                     GIVE_UP.as_millis()
                 )
-            } else if log.answered {
+            } else if log.began_after.is_some() {
                 format!(
-                    "the target started answering{} and the answer was dropped",
-                    log.answered_after
+                    "the target started answering{} and the answer was dropped; {}",
+                    log.began_after
                         .map(|d| format!(" after {} ms", d.as_millis()))
-                        .unwrap_or_default()
+                        .unwrap_or_default(),
+                    match log.answered_after {
+                        Some(d) => format!("its whole answer had come after {} ms", d.as_millis()),
+                        None => format!(
+                            "its answer had not ended within {}",
+                            idem_core::duration_text(self.client.timeout())
+                        ),
+                    }
                 )
             } else {
                 format!(
@@ -143,14 +150,14 @@ impl Runner {
         Ok(if n != 1 {
             (Outcome::Fail, format!("{} for one intent", effects_text(n)))
         } else if refused(&first) && log.answered {
-            // The target began answering: the first request had finished,
-            // so these refusals are not "still in flight" — they are all a
-            // retrying client will ever get.
+            // The target's whole answer came: the first request had
+            // finished, so these refusals are not "still in flight" — they
+            // are all a retrying client will ever get.
             (
                 Outcome::Fail,
                 format!(
-                    "one effect, but its answer is never given back: the first request had finished (the target began answering it{}), yet all {} retries over {:.1} s were answered {} (try again) instead of the first answer",
-                    log.answered_after
+                    "one effect, but its answer is never given back: the first request had finished (the target began answering it{} and its whole answer came), yet all {} retries over {:.1} s were answered {} (try again) instead of the first answer",
+                    log.began_after
                         .map(|d| format!(" after {} ms", d.as_millis()))
                         .unwrap_or_default(),
                     retried.sent,
@@ -162,8 +169,13 @@ impl Runner {
             (
                 Outcome::Warn,
                 format!(
-                    "inconclusive: one effect, but every retry was answered {} (try again) while the first request may still have been running (no answer had begun); the answer was never seen",
-                    statuses(&first, &second)
+                    "inconclusive: one effect, but every retry was answered {} (try again) while the first request may still have been running ({}); the answer was never seen",
+                    statuses(&first, &second),
+                    if log.began_after.is_some() {
+                        "its answer had begun but not ended"
+                    } else {
+                        "no answer had begun"
+                    }
                 ),
             )
         } else if first.status >= 500 {

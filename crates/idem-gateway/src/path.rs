@@ -151,17 +151,21 @@ impl PathPattern {
 const MAX_DECODINGS: usize = 8;
 
 /// Why `path` cannot be read the same way by every server, if it cannot:
-/// a control character (NUL, CR, LF, TAB, DEL, …), raw or escaped — once
-/// or more (`%2500` decodes to `%00`, then to NUL) —, a `%` that does not
-/// start an escape (`%0`, `%zz`, `%u0000`), or escapes that do not decode
-/// to UTF-8 (an overlong `%C0%80` is a NUL to some decoders). An upstream
-/// that stops reading a path at NUL reads `/v1/payments%00` as
-/// `/v1/payments`: such a path would slip past the route's key, so it is
-/// refused, never passed through.
+/// a control character (NUL, CR, LF, TAB, DEL, …, and the C1 controls
+/// U+0080 to U+009F such as NEL), raw or escaped — once or more (`%2500`
+/// decodes to `%00`, then to NUL) —, a `%` that does not start an escape
+/// (`%0`, `%zz`, `%u0000`), or escapes that do not decode to UTF-8, however
+/// often decoded (an overlong `%C0%80`, or `%25C0%2580` read twice, is a
+/// NUL to some decoders). An upstream that stops reading a path at NUL
+/// reads `/v1/payments%00` as `/v1/payments`: such a path would slip past
+/// the route's key, so it is refused, never passed through.
 pub(crate) fn unreadable(path: &str) -> Option<&'static str> {
     let mut bytes = path.as_bytes().to_vec();
     for depth in 0..=MAX_DECODINGS {
-        if bytes.iter().any(u8::is_ascii_control) {
+        // Each decoding is UTF-8 (the path itself is, and so is each
+        // decoding checked below): its characters are what a reader sees.
+        let text = String::from_utf8_lossy(&bytes);
+        if text.chars().any(char::is_control) {
             return Some(
                 "the path holds a control character (NUL, CR, LF, TAB, DEL and the like), raw or \
                  %-escaped",
@@ -173,7 +177,7 @@ pub(crate) fn unreadable(path: &str) -> Option<&'static str> {
         if decoded.len() == bytes.len() {
             return None;
         }
-        if depth == 0 && std::str::from_utf8(&decoded).is_err() {
+        if std::str::from_utf8(&decoded).is_err() {
             return Some("the path's escapes do not decode to UTF-8");
         }
         bytes = decoded;
@@ -366,6 +370,14 @@ mod tests {
             "/v1/payments%2500",
             "/v1/payments%25252500",
             "/v1/payments%C0%80",
+            // An overlong NUL escaped again, and C1 control characters
+            // (U+0080 to U+009F: NEL is a line end to some readers).
+            "/v1/payments%25C0%2580",
+            "/v1/payments%25c0%25%38%30",
+            "/v1/payments%C2%85",
+            "/v1/payments%c2%80",
+            "/v1/payments%25C2%2585",
+            "/v1/payments\u{85}",
             "/v1/payments%ff",
             "/v1/payments%",
             "/v1/payments%0",

@@ -42,6 +42,11 @@ pub enum TasksError {
     /// another body: `422 idempotency-key-reused`.
     #[error("the ask's key was used under this claim with another body")]
     AskKeyReused,
+    /// A `not-sent` report under the fence whose `go` went to another ask
+    /// (one the report's key does not name), which may still be performing
+    /// the action: `409 attempt-in-flight`, nothing written.
+    #[error("the action was told go to another ask of this claim")]
+    AttemptInFlight,
     /// An operator's action does not apply to the task in its state (retry:
     /// dead or needs attention; resolve: needs attention with an unknown
     /// action): `409 not-applicable`.

@@ -50,7 +50,7 @@
 //!     if decision == ActionDecision::Go {
 //!         // send the notification with `Idempotency-Key: {key}`, then:
 //!         tasks.action_result(&tenant, &id, task.fence, &notify,
-//!                             idem_core::tasks::ActionOutcome::Done, None).await?;
+//!                             idem_core::tasks::ActionOutcome::Done, Some(&ask), None).await?;
 //!     }
 //!     tasks.complete(&tenant, &id, task.fence, &serde_json::json!({"notified": true})).await?;
 //! }

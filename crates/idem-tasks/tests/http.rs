@@ -873,7 +873,8 @@ async fn a_go_after_not_sent_is_recorded_on_postgres() {
 /// (its `Idempotency-Key` and body); any other ask — another key, no key, a
 /// restarted process holding the replayed claim — is told `unknown`. In
 /// verify mode its report is accepted; in at-most-once mode the task needs
-/// an operator; a `not-sent` report frees the action for the next ask.
+/// an operator; a `not-sent` report by the ask told go frees the action for
+/// the next ask.
 async fn an_action_goes_once_per_fence_whoever_asks(app: Router) {
     let made = |key: &'static str| {
         let app = app.clone();
@@ -1045,7 +1046,24 @@ async fn an_action_goes_once_per_fence_whoever_asks(app: Router) {
     assert_eq!(a.body["do"], "go");
     let b = ask(id.clone(), Some("agent-3:n5:ask:1"), verify.clone()).await;
     assert_eq!(b.body["do"], "unknown");
-    let freed = report(id.clone(), fence, "not-sent").await;
+    // Given back by the ask told go (its key); B's look proved nothing.
+    let by_b = call(
+        &app,
+        "POST",
+        &format!("/v1/tasks/{id}/actions/notify/result"),
+        Some("agent-3:n5:ask:1"),
+        json!({"fence": fence, "outcome": "not-sent"}),
+    )
+    .await;
+    assert_eq!(by_b.status, StatusCode::CONFLICT, "{}", by_b.body);
+    let freed = call(
+        &app,
+        "POST",
+        &format!("/v1/tasks/{id}/actions/notify/result"),
+        Some("agent-3:n1:ask:3"),
+        json!({"fence": fence, "outcome": "not-sent"}),
+    )
+    .await;
     assert_eq!(freed.status, StatusCode::OK, "{}", freed.body);
     assert_ne!(freed.body["do"], "go", "a report is no go: {}", freed.body);
     let b = ask(id.clone(), Some("agent-3:n5:ask:1"), verify.clone()).await;
@@ -1066,4 +1084,121 @@ async fn an_action_goes_once_per_fence_whoever_asks_on_sqlite() {
 async fn an_action_goes_once_per_fence_whoever_asks_on_postgres() {
     let (app, _db) = on_postgres("idem_tasks_http_asks").await;
     an_action_goes_once_per_fence_whoever_asks(app).await;
+}
+
+/// Found by attacking issue 36's "asked once": two processes hold one
+/// claim (a process restarted under the same worker name whose claim key
+/// was replayed while the first still runs — the case docs/tasks.md names).
+/// A asks and is told `go`; B asks and is told `unknown`, checks the other
+/// system, finds nothing there yet (A has not sent) and reports
+/// `not-sent`, as the verify protocol says. If that report freed the
+/// action, B's next ask would be told `go` while A, told `go` too and never
+/// told otherwise, sends: two messages under one fence. Under the fence
+/// that told it `go`, the check of another ask proves nothing — the
+/// asker told `go` may still send — so only that ask (its
+/// `Idempotency-Key` on the report) may say it did not send; a `done`
+/// from anyone is taken.
+async fn a_go_is_not_taken_back_by_another_ask_of_its_claim(app: Router) {
+    let made = call(
+        &app,
+        "POST",
+        "/v1/queues/twice/tasks",
+        Some("twice:1"),
+        json!({"payload": {"n": 1}}),
+    )
+    .await;
+    assert_eq!(made.status, StatusCode::CREATED, "{}", made.body);
+    let id = made.body["id"].as_str().unwrap().to_owned();
+    let claim = json!({"worker": "agent-3", "lease": "30s"});
+    let a = call(
+        &app,
+        "POST",
+        "/v1/queues/twice/claims",
+        Some("agent-3:claim:1"),
+        claim.clone(),
+    )
+    .await;
+    let b = call(
+        &app,
+        "POST",
+        "/v1/queues/twice/claims",
+        Some("agent-3:claim:1"),
+        claim,
+    )
+    .await;
+    let fence = a.body["tasks"][0]["fence"].as_i64().unwrap();
+    assert_eq!(
+        b.body["tasks"][0]["fence"], fence,
+        "the claim replayed to B"
+    );
+    let verify = json!({"fence": fence, "mode": "verify"});
+    let ask = |key: &'static str| {
+        let (app, path, body) = (
+            app.clone(),
+            format!("/v1/tasks/{id}/actions/notify"),
+            verify.clone(),
+        );
+        async move { call(&app, "POST", &path, Some(key), body).await }
+    };
+    let report = |key: Option<&'static str>, outcome: &'static str| {
+        let (app, path) = (app.clone(), format!("/v1/tasks/{id}/actions/notify/result"));
+        let body = json!({"fence": fence, "outcome": outcome});
+        async move { call(&app, "POST", &path, key, body).await }
+    };
+
+    let go = ask("agent-3:a:ask:1").await;
+    assert_eq!(go.body["do"], "go", "A: {}", go.body);
+    let told = ask("agent-3:b:ask:1").await;
+    assert_eq!(told.body["do"], "unknown", "B: {}", told.body);
+    // B looks the key up downstream: A has not sent yet.
+    let b_report = report(Some("agent-3:b:ask:1"), "not-sent").await;
+    let again = ask("agent-3:b:ask:1").await;
+    assert_ne!(
+        again.body["do"], "go",
+        "B told go under the fence A was told go under, A never told otherwise: two sends \
+         (B's not-sent report was answered {} {})",
+        b_report.status, b_report.body
+    );
+    assert_eq!(
+        (b_report.status, b_report.body["type"].clone()),
+        (
+            StatusCode::CONFLICT,
+            json!("https://idem.dev/problems/attempt-in-flight")
+        ),
+        "{}",
+        b_report.body
+    );
+    assert!(b_report.problem);
+    let keyless = report(None, "not-sent").await;
+    assert_eq!(keyless.status, StatusCode::CONFLICT, "{}", keyless.body);
+    assert_eq!(
+        ask("agent-3:a:ask:1").await.body["do"],
+        "go",
+        "refused reports changed nothing: A's replay is still its go"
+    );
+    // A itself may give its go back; then the next ask, and it alone, goes.
+    let freed = report(Some("agent-3:a:ask:1"), "not-sent").await;
+    assert_eq!(
+        (freed.status, freed.body["do"].clone()),
+        (StatusCode::OK, json!("ask")),
+        "{}",
+        freed.body
+    );
+    assert_eq!(ask("agent-3:b:ask:1").await.body["do"], "go");
+    assert_eq!(ask("agent-3:a:ask:1").await.body["do"], "unknown");
+    // A done is taken from any ask of the claim.
+    let done = report(Some("agent-3:a:ask:1"), "done").await;
+    assert_eq!(done.body["do"], "done", "{}", done.body);
+}
+
+#[tokio::test]
+async fn a_go_is_not_taken_back_by_another_ask_of_its_claim_on_sqlite() {
+    let (app, _dir) = on_sqlite("tasks-http-taken-back").await;
+    a_go_is_not_taken_back_by_another_ask_of_its_claim(app).await;
+}
+
+#[tokio::test]
+async fn a_go_is_not_taken_back_by_another_ask_of_its_claim_on_postgres() {
+    let (app, _db) = on_postgres("idem_tasks_http_taken_back").await;
+    a_go_is_not_taken_back_by_another_ask_of_its_claim(app).await;
 }

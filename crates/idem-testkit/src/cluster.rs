@@ -80,12 +80,39 @@ impl NatsCluster {
             .unwrap_or_else(|| panic!("no node {name} in the cluster"))
     }
 
-    /// Kills the node `name` with SIGKILL (no goodbye to its peers).
+    /// Kills the node `name` with SIGKILL (no goodbye to its peers); a
+    /// paused one too.
     pub fn kill(&mut self, name: &str) {
         if let Some(mut child) = self.node(name).child.take() {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+
+    /// Stops the node `name` with SIGSTOP: its process and sockets stay,
+    /// it answers nothing (a node paused by its host, swapping, or frozen
+    /// by a debugger) until [`NatsCluster::resume`].
+    pub fn pause(&mut self, name: &str) {
+        self.signal(name, "-STOP");
+    }
+
+    /// Lets a node paused by [`NatsCluster::pause`] run again (SIGCONT).
+    pub fn resume(&mut self, name: &str) {
+        self.signal(name, "-CONT");
+    }
+
+    fn signal(&mut self, name: &str, signal: &str) {
+        let node = self.node(name);
+        let pid = node
+            .child
+            .as_ref()
+            .unwrap_or_else(|| panic!("node {name} is not running"))
+            .id();
+        let status = Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .unwrap_or_else(|e| panic!("kill {signal} {pid}: {e}"));
+        assert!(status.success(), "kill {signal} {pid}: {status}");
     }
 
     /// Starts the node `name` again on its ports and store (its JetStream

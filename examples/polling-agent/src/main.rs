@@ -225,7 +225,7 @@ impl Agent {
                     false => ActionOutcome::NotSent,
                 },
             };
-            let (_, reported, _) = self
+            let reported = self
                 .tasks
                 .action_result(
                     &self.tenant,
@@ -233,9 +233,19 @@ impl Agent {
                     fence,
                     &self.notify,
                     outcome,
+                    Some(&ask),
                     (decision != ActionDecision::Go).then_some("verified in the log"),
                 )
-                .await?;
+                .await;
+            let reported = match reported {
+                Ok((_, reported, _)) => reported,
+                // Another ask of this claim was told go and may still
+                // send: leave the task, its next claim looks again.
+                Err(TasksError::AttemptInFlight | TasksError::LeaseLost { .. }) => {
+                    return Ok(true);
+                }
+                Err(e) => return Err(e.into()),
+            };
             if reported == ActionDecision::Done {
                 break;
             }

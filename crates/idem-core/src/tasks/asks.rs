@@ -56,6 +56,29 @@ pub fn held_by_claim(holder: &str, task: &str, fence: i64) -> bool {
         .is_some_and(|f| f == fence.to_string())
 }
 
+/// Whether a `not-sent` report by `reporter` (the report's own key, the
+/// ask's it reports for) may give back the attempt recorded for ledger
+/// holder `holder` by a worker holding `fence` of `task`. An attempt told
+/// `go` under this very fence is given back only by the ask told `go` (its
+/// key): while that ask's claim lasts it may still be performing the
+/// action, so another ask's look at the other system proves nothing. An
+/// earlier claim's attempt is another matter (its lease is over): see the
+/// ledger's own check.
+pub fn may_give_back(holder: &str, task: &str, fence: i64, reporter: Option<&str>) -> bool {
+    if !held_by_claim(holder, task, fence) {
+        return true;
+    }
+    let Some(told) = AskHolder::keyed(holder) else {
+        // Told go without a key (or before asks were told apart): no
+        // report can show it is that ask's.
+        return false;
+    };
+    reporter.is_some_and(|key| {
+        let asker = AskHolder::new(task, fence, Some(key), ActionMode::Verify);
+        AskHolder::keyed(asker.as_str()) == Some(told)
+    })
+}
+
 /// What an ask is answered, from its action's ledger entry as the ledger's
 /// claim statement left it (`state`, `holder`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

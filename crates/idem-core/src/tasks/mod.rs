@@ -48,7 +48,7 @@ mod store;
 #[cfg(test)]
 mod tests;
 
-pub use asks::{AskAnswer, AskHolder, decide_ask, held_by_claim};
+pub use asks::{AskAnswer, AskHolder, decide_ask, held_by_claim, may_give_back};
 pub use decide::{Refusal, SettlePlan, SettleWrite, holds, plan_settle};
 pub use names::{ActionKey, ActionName, PollerName, QueueName, TaskId, TaskNameError, WorkerName};
 pub use records::{

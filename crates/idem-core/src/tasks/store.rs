@@ -27,6 +27,8 @@ pub struct ActionAttempt<'a> {
     /// The ask's own key (`Idempotency-Key`), if it has one: an ask told
     /// `go` is told so again only when repeated with the same key and body
     /// ([`AskHolder`](super::AskHolder)); a keyless ask is never a repeat.
+    /// On a report, the key of the ask it reports for: only the ask told
+    /// `go` under a fence gives that `go` back ([`may_give_back`](super::may_give_back)).
     pub ask: Option<&'a str>,
     /// Now (the database's clock).
     pub now_ms: i64,
@@ -49,6 +51,10 @@ pub enum ActionClaim {
     /// The ask's key was told `go` under this fence with another body:
     /// nothing written.
     KeyReused(TaskRecord),
+    /// A `not-sent` report under the fence whose `go` went to another ask
+    /// (or to one the report does not name): that ask may still be
+    /// performing the action, so nothing written.
+    InFlight(TaskRecord),
     /// No such task.
     Missing,
 }

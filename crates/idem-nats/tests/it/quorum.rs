@@ -128,3 +128,145 @@ async fn a_stream_has_a_quorum_only_while_a_majority_of_its_copies_is_heard_from
         lost.as_secs_f64()
     );
 }
+
+/// Paused rather than killed (SIGSTOP: the processes and their sockets
+/// stay, nothing answers): the leader's two followers paused, the leader
+/// left says it has no quorum within 3 s; resumed, it has one again. Then
+/// the leader itself paused: a question through it gets no answer within
+/// the second readiness waits (not a yes), and once resumed the stream has
+/// a quorum again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_nodes_count_as_gone_until_they_run_again() {
+    let mut cluster = NatsCluster::start(3);
+    let js = idem_nats::connect(&cluster.urls(), "quorum-pause", false)
+        .await
+        .unwrap();
+    let name = idem_testkit::unique_name("PAUSED");
+    create_r3(&js, &name).await;
+    let lead = leader(&js, &name).await;
+    let at_leader = idem_nats::connect(&cluster.url(&lead), "quorum-pause-leader", false)
+        .await
+        .unwrap();
+    assert_eq!(has_quorum(&at_leader, &name).await, Ok(true));
+    let followers: Vec<String> = cluster.names().into_iter().filter(|n| *n != lead).collect();
+    for f in &followers {
+        cluster.pause(f);
+    }
+    let paused = Instant::now();
+    let lost = loop {
+        if has_quorum(&at_leader, &name).await != Ok(true) {
+            break paused.elapsed();
+        }
+        assert!(
+            paused.elapsed() < Duration::from_secs(15),
+            "the leader still has a quorum 15 s after its followers were paused"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        lost < Duration::from_secs(3),
+        "the leader said it had a quorum for {:.1} s after its followers were paused",
+        lost.as_secs_f64()
+    );
+    for f in &followers {
+        cluster.resume(f);
+    }
+    let resumed = Instant::now();
+    while has_quorum(&js, &name).await != Ok(true) {
+        assert!(
+            resumed.elapsed() < Duration::from_secs(30),
+            "no quorum 30 s after the followers ran again"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let lead = leader(&js, &name).await;
+    let at_leader = idem_nats::connect(&cluster.url(&lead), "quorum-pause-leader-2", false)
+        .await
+        .unwrap();
+    cluster.pause(&lead);
+    for _ in 0..5 {
+        let answer = has_quorum(&at_leader, &name).await;
+        assert_ne!(answer, Ok(true), "a paused leader's node answered yes");
+    }
+    cluster.resume(&lead);
+    let back = Instant::now();
+    while has_quorum(&js, &name).await != Ok(true) {
+        assert!(
+            back.elapsed() < Duration::from_secs(30),
+            "no quorum 30 s after the leader ran again"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    println!(
+        "paused: no quorum {:.1} s after the followers stopped; back after they ran again",
+        lost.as_secs_f64()
+    );
+}
+
+/// A healthy cluster whose stream is written as fast as publishers can
+/// (a relay draining a backlog): followers acknowledge entries all the
+/// time but may trail the leader by a few; asked every 100 ms for 10 s,
+/// not one answer says the quorum is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_written_flat_out_keeps_its_quorum() {
+    let cluster = NatsCluster::start(3);
+    let js = idem_nats::connect(&cluster.urls(), "quorum-busy", false)
+        .await
+        .unwrap();
+    let name = idem_testkit::unique_name("BUSY");
+    create_r3(&js, &name).await;
+    let lead = leader(&js, &name).await;
+    let at_leader = idem_nats::connect(&cluster.url(&lead), "quorum-busy-leader", false)
+        .await
+        .unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writers: Vec<_> = (0..8)
+        .map(|w| {
+            let (js, subject, stop) = (js.clone(), format!("{name}.w{w}"), stop.clone());
+            tokio::spawn(async move {
+                let mut sent = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    // 32 in flight, then their acks.
+                    let mut acks = Vec::with_capacity(32);
+                    for _ in 0..32 {
+                        acks.push(
+                            js.publish(subject.clone(), vec![b'x'; 512].into())
+                                .await
+                                .unwrap(),
+                        );
+                    }
+                    for ack in acks {
+                        ack.await.unwrap();
+                        sent += 1;
+                    }
+                }
+                sent
+            })
+        })
+        .collect();
+    let started = Instant::now();
+    let (mut asked, mut wrong) = (0usize, Vec::new());
+    while started.elapsed() < Duration::from_secs(10) {
+        asked += 1;
+        let answer = has_quorum(&at_leader, &name).await;
+        if answer != Ok(true) {
+            wrong.push((started.elapsed(), answer));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut sent = 0;
+    for w in writers {
+        sent += w.await.unwrap();
+    }
+    println!(
+        "busy: {sent} messages written over 10 s; {asked} questions, {} not yes",
+        wrong.len()
+    );
+    assert_eq!(
+        wrong,
+        Vec::new(),
+        "a healthy cluster written flat out ({sent} messages) answered otherwise in {} of {asked} questions",
+        wrong.len()
+    );
+}

@@ -4,6 +4,7 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -63,13 +64,18 @@ fn server_busy(why: OverBudget) -> Response {
 /// body pays as it arrives, from the same share. A declared length over a
 /// whole share is over every route's limit (the share is at least the
 /// largest body accepted): 413 here, before routing.
+///
+/// An answer made before its request's body was read to the end says
+/// `connection: close`: the connection cannot serve another request (the
+/// rest of the body is still coming), and a client told nothing would send
+/// its next request on a connection that is being closed.
 pub(super) async fn guard_body(guard: &BodyGuard, req: Request, next: Next) -> Response {
     if http_body::Body::is_end_stream(req.body()) {
         // No body (a GET, `Content-Length: 0`): nothing to bound.
         return next.run(req).await;
     }
     if idem_http::declared_over(req.body(), guard.budget.per_peer()) {
-        return Rejection::BodyTooLarge.into_response();
+        return closing(Rejection::BodyTooLarge.into_response());
     }
     // Within a share, so it fits a `usize`.
     let declared = http_body::Body::size_hint(req.body())
@@ -81,6 +87,7 @@ pub(super) async fn guard_body(guard: &BodyGuard, req: Request, next: Next) -> R
         .get::<ConnectInfo<SocketAddr>>()
         .map(|c| c.0.ip());
     let cut = Arc::new(OnceLock::new());
+    let ended = Arc::new(AtomicBool::new(false));
     // Bytes read stay counted until the answer is ready: the handler holds
     // them until then, whatever happened to the body object.
     let held = Arc::new(Mutex::new(None));
@@ -94,11 +101,12 @@ pub(super) async fn guard_body(guard: &BodyGuard, req: Request, next: Next) -> R
             prepaid: 0,
             held: held.clone(),
             cut: cut.clone(),
+            ended: ended.clone(),
         })
     });
     let res = next.run(req).await;
     drop(held);
-    match cut.get() {
+    let res = match cut.get() {
         None => res,
         Some(Cut::Timeout) => idem_http::problem::<Body>(
             StatusCode::REQUEST_TIMEOUT,
@@ -112,7 +120,21 @@ pub(super) async fn guard_body(guard: &BodyGuard, req: Request, next: Next) -> R
         )
         .into_response(),
         Some(Cut::Budget(why)) => server_busy(*why),
+    };
+    if ended.load(Ordering::Acquire) {
+        res
+    } else {
+        closing(res)
     }
+}
+
+/// `res`, saying that the connection closes after it.
+fn closing(mut res: Response) -> Response {
+    res.headers_mut().insert(
+        axum::http::header::CONNECTION,
+        axum::http::HeaderValue::from_static("close"),
+    );
+    res
 }
 
 pin_project! {
@@ -129,6 +151,8 @@ pin_project! {
         prepaid: usize,
         held: Arc<Mutex<Option<Reservation>>>,
         cut: Arc<OnceLock<Cut>>,
+        // Whether the body was read to its end.
+        ended: Arc<AtomicBool>,
     }
 }
 
@@ -164,7 +188,8 @@ impl http_body::Body for Guarded {
                 Err(why) => return cut_off(this.cut, Cut::Budget(why)),
             }
         }
-        match this.inner.poll_frame(cx) {
+        let mut inner = this.inner;
+        match inner.as_mut().poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 let read = frame.data_ref().map_or(0, Bytes::len);
                 let covered = read.min(*this.prepaid);
@@ -180,10 +205,16 @@ impl http_body::Body for Guarded {
                         return cut_off(this.cut, Cut::Budget(why));
                     }
                 }
+                if inner.is_end_stream() {
+                    this.ended.store(true, Ordering::Release);
+                }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
-            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Ready(None) => {
+                this.ended.store(true, Ordering::Release);
+                Poll::Ready(None)
+            }
             Poll::Pending => {
                 if this.deadline.poll(cx).is_ready() {
                     return cut_off(this.cut, Cut::Timeout);

@@ -43,6 +43,8 @@ async fn paths_with_control_bytes_are_refused_and_never_forwarded(db: ShopDb) {
         "/v1/payments%2500",
         "/v1/payments%252500",
         "/v1/payments%C0%80",
+        "/v1/payments%25C0%2580",
+        "/v1/payments%C2%85",
         "/v1/payments%",
         "/v1/payments%0",
         "/v1/payments%zz",

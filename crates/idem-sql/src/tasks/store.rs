@@ -14,7 +14,7 @@ macro_rules! task_store {
                 ActionAttempt, ActionClaim, ActionDecision, ActionMode, ActionOutcome, AskAnswer,
                 AskHolder, ClaimRequest, CursorMove, Fenced, NewTask, PollerRecord, Settle,
                 SettlePlan, SettleWrite, Steer, Steered, TaskEvent, TaskFilter, TaskRecord,
-                TaskState, TaskStore, decide_ask, held_by_claim, holds, plan_settle,
+                TaskState, TaskStore, decide_ask, held_by_claim, holds, may_give_back, plan_settle,
             };
             use $crate::decode;
             use $crate::tasks as sql;
@@ -375,6 +375,14 @@ macro_rules! task_store {
                     let Some(entry) = entry.as_ref().map(decode::message).transpose()? else {
                         return Ok(ActionClaim::NoAttempt(t));
                     };
+                    // A go under this fence is given back by its own ask
+                    // alone: any other may look before that one sends.
+                    if outcome == ActionOutcome::NotSent
+                        && entry.state == MessageState::Sending
+                        && !may_give_back(&entry.run_id, a.task, a.fence, a.ask)
+                    {
+                        return Ok(ActionClaim::InFlight(t));
+                    }
                     if !held_by_claim(&entry.run_id, a.task, a.fence) {
                         let asked: bool = sqlx::query_scalar(sql::ASKED_TO_VERIFY)
                             .bind(a.task)

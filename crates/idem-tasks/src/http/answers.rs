@@ -86,6 +86,18 @@ pub(super) fn refused(e: TasksError) -> Response {
             Some("ask POST /v1/tasks/{id}/actions/{name} before reporting its result"),
             None,
         ),
+        TasksError::AttemptInFlight => problem(
+            StatusCode::CONFLICT,
+            "attempt-in-flight",
+            "Another ask of this claim was told go",
+            Some(
+                "the action was told go under this claim to another ask (or one this report's \
+                 Idempotency-Key does not name), which may still be performing it: only that \
+                 ask reports not-sent; nothing was written. Report done if the other system has \
+                 it; else leave the task: its next claim checks again",
+            ),
+            None,
+        ),
         TasksError::AskKeyReused => problem(
             StatusCode::UNPROCESSABLE_ENTITY,
             "idempotency-key-reused",

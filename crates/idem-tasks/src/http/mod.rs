@@ -602,9 +602,22 @@ async fn action_result<S: TaskStore + RunStore>(
     if b.detail.as_ref().is_some_and(|d| d.len() > 4096) {
         return invalid("detail: at most 4096 bytes");
     }
+    // The key of the ask reported for: the one told go gives it back.
+    let ask = match headers.get("idempotency-key") {
+        None => None,
+        Some(v) => Some(tri!(name(IdempotencyKey::from_header(v.as_bytes())))),
+    };
     match app
         .tasks
-        .action_result(&tenant, &id, b.fence, &action, outcome, b.detail.as_deref())
+        .action_result(
+            &tenant,
+            &id,
+            b.fence,
+            &action,
+            outcome,
+            ask.as_ref(),
+            b.detail.as_deref(),
+        )
         .await
     {
         Ok((key, decision, t)) => action_answer(&app, key.as_str(), decision, &t),

@@ -563,6 +563,7 @@ impl<S: TaskStore + RunStore> Tasks<S> {
                     }
                     ActionClaim::NoAttempt(_) => TasksError::NoAttempt,
                     ActionClaim::KeyReused(_) => TasksError::AskKeyReused,
+                    ActionClaim::InFlight(_) => TasksError::AttemptInFlight,
                     _ => TasksError::NotFound,
                 })
             }
@@ -613,8 +614,15 @@ impl<S: TaskStore + RunStore> Tasks<S> {
     /// other system says it never happened) lets it be attempted again —
     /// answered [`ActionDecision::Ask`], no go itself: the next
     /// [`Tasks::action`] is told `Go`.
+    /// `ask` is the key of the ask reported for. A `go` told under this
+    /// very fence is given back (`NotSent`) only by that ask, under its key:
+    /// any other ask of the claim may have looked before the one told `go`
+    /// acted, so its `NotSent` is [`TasksError::AttemptInFlight`], nothing
+    /// written. (An earlier claim's attempt can no longer be under way: a
+    /// `NotSent` after checking it is taken from an ask told `Unknown`.)
     /// `detail` (what the worker learnt, at most 4 KiB) is kept in the
     /// task's timeline.
+    #[allow(clippy::too_many_arguments)]
     pub async fn action_result(
         &self,
         tenant: &Tenant,
@@ -622,13 +630,14 @@ impl<S: TaskStore + RunStore> Tasks<S> {
         fence: i64,
         action: &ActionName,
         outcome: ActionOutcome,
+        ask: Option<&IdempotencyKey>,
         detail: Option<&str>,
     ) -> Result<(ActionKey, ActionDecision, TaskRecord), TasksError> {
         if detail.is_some_and(|d| d.len() > 4096) {
             return Err(TasksError::invalid("detail: at most 4096 bytes"));
         }
         let key = self.action_key(task, action);
-        let mut attempt = self.attempt(tenant, task, fence, action, &key, ActionMode::Verify, None);
+        let mut attempt = self.attempt(tenant, task, fence, action, &key, ActionMode::Verify, ask);
         attempt.detail = detail;
         self.bounded(async {
             let mut tx = self.store.begin().await?;
