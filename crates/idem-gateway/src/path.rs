@@ -113,14 +113,14 @@ impl PathPattern {
     /// Whether any reading of `path` (as sent, without its query)
     /// matches.
     pub fn covers(&self, path: &str) -> bool {
-        readings(path).iter().any(|r| self.matches(r))
+        all_readings(path).iter().any(|r| self.matches(r))
     }
 
     /// The value of the `{name}` segment of `path` (as sent), percent-decoded
     /// as the upstream reads it: the same in every reading that matches, or
     /// an error saying why it cannot be told.
     pub fn param(&self, name: &str, path: &str) -> Result<String, String> {
-        let mut values = readings(path)
+        let mut values = all_readings(path)
             .into_iter()
             .filter(|r| self.matches(r))
             .filter_map(|r| self.segment(name, &r).map(percent_decoded));
@@ -218,6 +218,10 @@ fn decode_once(bytes: &[u8], strict: bool) -> Option<Vec<u8>> {
 /// the root: an upstream with a base path (`http://host/api`) would read it
 /// outside what the routes name, so it is refused, never passed through.
 pub(crate) fn climbs_above_root(path: &str) -> bool {
+    decodings(path).iter().any(|path| climbs(path))
+}
+
+fn climbs(path: &str) -> bool {
     [true, false].into_iter().any(|slashes| {
         let decoded = slashes_read(path, slashes);
         let mut depth = 0usize;
@@ -231,6 +235,43 @@ pub(crate) fn climbs_above_root(path: &str) -> bool {
         }
         false
     })
+}
+
+/// The path as sent, then as read by servers that decode it more than
+/// once (a proxy that decodes before forwarding, a framework that decodes
+/// again): each decoding that still holds a `%` (`/v1/pay%256Dents` is
+/// `/v1/pay%6Dents` once decoded, which reads `/v1/payments`), at most
+/// [`MAX_DECODINGS`] deep. A path whose decodings are not UTF-8 is refused
+/// before it is matched ([`unreadable`]).
+fn decodings(path: &str) -> Vec<String> {
+    let mut out = vec![path.to_owned()];
+    let mut bytes = path.as_bytes().to_vec();
+    for _ in 0..MAX_DECODINGS {
+        let Some(decoded) = decode_once(&bytes, false) else {
+            break;
+        };
+        if decoded.len() == bytes.len() || !decoded.contains(&b'%') {
+            break;
+        }
+        out.push(String::from_utf8_lossy(&decoded).into_owned());
+        bytes = decoded;
+    }
+    out
+}
+
+/// [`readings`] of every one of `path`'s [`decodings`]: a keyed route
+/// covers a spelling that reaches it only once decoded twice, so such a
+/// path is keyed, never passed through unkeyed.
+fn all_readings(path: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for decoded in decodings(path) {
+        for r in readings(&decoded) {
+            if !out.contains(&r) {
+                out.push(r);
+            }
+        }
+    }
+    out
 }
 
 /// Every way a server may read `path`: percent-encoded unreserved
@@ -414,6 +455,9 @@ mod tests {
             "/v1/../../api/v1/payments",
             "/v1%2F..%2F..%2Fapi",
             "/..;x/api",
+            // Climbing once decoded twice.
+            "/%252e%252e/api",
+            "/v1/%252E%252E/%252e%252e/x",
         ] {
             assert!(climbs_above_root(path), "{path}");
         }
@@ -444,10 +488,21 @@ mod tests {
             "/v1%2Fpayments",
             "/v1\\payments",
             "/v1%5Cpayments",
+            // What a server that decodes twice reads as the route.
+            "/v1/pay%256Dents",
+            "/v1/x/%252e%252e/payments",
+            "/v1%252Fpayments",
+            "/v1/%25%37%30ayments",
         ] {
-            assert!(p.covers(path), "{path} -> {:?}", readings(path));
+            assert!(p.covers(path), "{path} -> {:?}", all_readings(path));
         }
-        for path in ["/v1/payments/x", "/v1/pay%20ments", "/v2/payments", "/"] {
+        for path in [
+            "/v1/payments/x",
+            "/v1/pay%20ments",
+            "/v1/pay%2520ments",
+            "/v2/payments",
+            "/",
+        ] {
             assert!(!p.covers(path), "{path}");
         }
         assert_eq!(readings(""), ["/"]);

@@ -4,7 +4,8 @@
 //! reading a path at NUL), escaped twice, an escape that is not one, an
 //! escape that does not decode to UTF-8 (an overlong `%C0%80` is a NUL to
 //! some decoders). Keyed or not, with a key already used or a new one:
-//! `400 invalid-path` and the upstream sees nothing.
+//! `400 invalid-path` and the upstream sees nothing. A spelling that reads
+//! as a keyed route only once decoded twice is that route's: keyed.
 
 use crate::checkout::ShopDb;
 use crate::exchange;
@@ -95,6 +96,32 @@ async fn paths_with_control_bytes_are_refused_and_never_forwarded(db: ShopDb) {
     );
     let spaced = post(gw.addr, "/v1/pay%20ments", None, body).await;
     assert_eq!(spaced.status, 404, "an unlisted path passes through");
+    // Spellings that reach the route at a server decoding twice are the
+    // route's: keyed (no key: 400, the key used: 422), never passed
+    // through; climbing above the root once decoded twice is refused.
+    let seen = up.seen().len();
+    for path in [
+        "/v1/pay%256Dents",
+        "/v1/x/%252e%252e/payments",
+        "/v1%252Fpayments",
+    ] {
+        let unkeyed = post(gw.addr, path, None, body).await;
+        assert_eq!(
+            (unkeyed.status, unkeyed.problem_type().as_str()),
+            (400, "https://idem.dev/problems/missing-idempotency-key"),
+            "{path} without a key: {}",
+            String::from_utf8_lossy(&unkeyed.body)
+        );
+        let keyed = post(gw.addr, path, Some("pk"), body).await;
+        assert_eq!(keyed.status, 422, "{path} under the used key");
+    }
+    let climbing = post(gw.addr, "/%252e%252e/v1/payments", None, body).await;
+    assert_eq!(
+        (climbing.status, climbing.problem_type().as_str()),
+        (400, INVALID_PATH)
+    );
+    assert_eq!(up.seen().len(), seen, "none of them reached the upstream");
+    assert_eq!(up.effects(), 1, "one payment");
     println!(
         "{} escaped paths x 3 keys and 5 raw bytes x 2 refused with 400; upstream saw {} request(s)",
         escaped.len(),
