@@ -55,8 +55,9 @@ pub const TENANT: &str = "admin";
 pub const DEFAULT_LIMIT: u32 = 50;
 /// The longest cursor accepted.
 const MAX_CURSOR: usize = 1024;
-/// The largest admin request body.
-const MAX_BODY: usize = 64 << 10;
+/// The largest admin request body (a server's buffered-bytes budget and
+/// each peer's share must hold one).
+pub const MAX_BODY: usize = 64 << 10;
 /// How long a read may take.
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
 

@@ -479,6 +479,20 @@ fn bad_settings_are_clear_errors_and_nothing_starts() {
             "--max-buffered-bytes must be between the largest body accepted (1048576)",
         ),
         (
+            // The admin API takes bodies of 64 KiB whatever --max-body-bytes
+            // says: a budget that cannot hold one is refused.
+            &[
+                "serve",
+                "--database-url",
+                &db,
+                "--max-body-bytes",
+                "1000",
+                "--max-buffered-bytes",
+                "4000",
+            ],
+            "--max-buffered-bytes must be between the largest body accepted (65536)",
+        ),
+        (
             &[
                 "serve",
                 "--database-url",

@@ -53,14 +53,15 @@ pub enum App {
 }
 
 /// The largest request body a route of this server accepts: the demo's and
-/// the task API's `--max-body-bytes`, or the gateway's largest; and every
-/// webhook endpoint's `max_body_bytes`. One peer's share of the buffered
-/// bytes is at least this.
+/// the task API's `--max-body-bytes`, or the gateway's largest; every
+/// webhook endpoint's `max_body_bytes`; and the admin API's 64 KiB. One
+/// peer's share of the buffered bytes is at least this.
 pub fn largest_body(app: &App, webhooks: Option<&WebhookConfig>) -> usize {
     let app = match app {
         App::Demo(d) => d.demo.max_body_bytes,
         App::Gateway(g) => g.largest_body(),
-    };
+    }
+    .max(idem_admin::v1::MAX_BODY);
     webhooks
         .into_iter()
         .flat_map(|w| &w.endpoints)
