@@ -415,7 +415,7 @@ def main():
                     help="an unknown earlier attempt: look the key up at the sink (verify) "
                          "or leave the task to an operator (at-most-once)")
     wo.add_argument("--lease", default="2s", help="how long a claim holds a task (default: 2s)")
-    wo.add_argument("--worker", help="the worker's name (default: worker-<pid>)")
+    wo.add_argument("--worker", help="the worker's name (default: py-<pid>-<random>)")
     wo.add_argument("--send-margin", default="500ms",
                     help="the lease left that a send needs; longer than the relay's body read "
                          "timeout makes a paused worker unable to send late (default: 500ms)")
