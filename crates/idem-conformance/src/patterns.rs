@@ -150,3 +150,30 @@ where
         "set with the move"
     );
 }
+
+/// A pattern's read that asks a column for the wrong type is the caller's
+/// SQL refused ([`StoreError::Database`](idem_core::StoreError::Database)),
+/// never reported as a corrupt record of Idem's.
+pub async fn a_pattern_read_of_the_wrong_type_is_a_database_error<S>(store: S)
+where
+    S: RunStore<Tx: PatternExec>,
+{
+    use idem_core::StoreError;
+    use idem_sql::patterns::Value;
+    let mut tx = store.begin().await.unwrap();
+    let as_int = tx
+        .fetch_int("SELECT $1", &[Value::Text("not a number")])
+        .await;
+    store.rollback(tx).await.unwrap();
+    assert!(
+        matches!(as_int, Err(StoreError::Database { .. })),
+        "text read as an integer: {as_int:?}"
+    );
+    let mut tx = store.begin().await.unwrap();
+    let as_text = tx.fetch_text("SELECT 1 + $1", &[Value::Int(1)]).await;
+    store.rollback(tx).await.unwrap();
+    assert!(
+        matches!(as_text, Err(StoreError::Database { .. })),
+        "an integer read as text: {as_text:?}"
+    );
+}

@@ -1,4 +1,4 @@
-//! [`KeyStore`](idem_core::KeyStore) for [`PgStore`], from
+//! [`KeyStore`](idem_core::KeyStore) for [`PgStore`] (this backend's part of what idem-sql writes once), from
 //! [`idem_sql::keys`]: the claim reads first on a reader connection, then
 //! opens the transaction and inserts the claim in one message on a writer
 //! (see [`inline`](crate::inline)), waiting (bounded by `lock_timeout`) for
@@ -16,25 +16,20 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use idem_core::keys::Claim;
-use idem_core::{ClaimMode, Completion, Scope, SharedClock, StoreError, StoredRecord};
+use idem_core::{ClaimMode, Completion, Scope, StoreError, StoredRecord};
 use idem_sql::decode::record;
+use idem_sql::dialect::{Dialect, Stmt};
 use idem_sql::keys::postgres as sql;
-use idem_sql::keys::{ClaimRequest, INSERT_COMPLETED, Refused, SELECT_RECORD, UPDATE_COMPLETE};
+use idem_sql::keys::{
+    ClaimRequest, INSERT_COMPLETED, Refused, SELECT_RECORD, UPDATE_COMPLETE, completed, outcome,
+    scoped,
+};
 use idem_sql::store::KEEP_AFTER_MESSAGE_BYTES;
-use sqlx::Postgres;
 
+use crate::dialect::query;
 use crate::errors::map_err_waited;
 use crate::inline::{Lit, guarded, inline, is_guard};
-use crate::{PgStore, PgTx, map_err};
-
-idem_sql::binders!(Postgres, i32);
-idem_sql::key_store!(PgStore, PgTx, postgres;
-    /// The database server's clock ([`PgStore::database_clock`]): processes
-    /// on hosts whose clocks disagree judge this store's leases alike.
-    fn clock(&self) -> SharedClock {
-        self.shared_clock.clone()
-    }
-);
+use crate::{PgDialect, PgTx, map_err};
 
 /// The scope's three values, first in every key statement.
 fn scope_lits(scope: &Scope) -> [Lit<'_>; 3] {
@@ -45,7 +40,7 @@ fn scope_lits(scope: &Scope) -> [Lit<'_>; 3] {
     ]
 }
 
-/// The outcome's six columns, as [`idem_sql::binders!`]'s `outcome` binds them.
+/// The outcome's six columns, as [`idem_sql::keys::outcome`] binds them.
 fn outcome_lits<'a>(c: &'a Completion, headers: &'a str) -> [Lit<'a>; 6] {
     let (kind, id) = c.resource_columns();
     [
@@ -121,13 +116,13 @@ fn complete_statement(
     inline(&EXECUTE_COMPLETE, &values)
 }
 
-impl PgStore {
+impl PgDialect {
     /// The optimistic claim's completed record, inserted at the end of the
     /// operation's transaction in one message with `COMMIT`; it waits for an
     /// uncommitted duplicate as a claim does. A live record of the key makes
     /// the insert fail (the message's `COMMIT` never runs): the transaction
     /// is rolled back, for `live_record` to read the record.
-    async fn insert_completed_message(
+    pub(crate) async fn insert_commit(
         &self,
         tx: PgTx,
         scope: &Scope,
@@ -142,7 +137,7 @@ impl PgStore {
             other => other,
         };
         if completion.response.body.len() > INLINE_BODY_BYTES {
-            let insert = completed(&GUARDED_INSERT_COMPLETED, scope, r, completion);
+            let insert = completed(GUARDED_INSERT_COMPLETED.as_str(), scope, r, completion);
             return self
                 .bound_then_commit(tx, insert, deadline)
                 .await
@@ -168,17 +163,17 @@ impl PgStore {
     async fn bound_then_commit(
         &self,
         mut tx: PgTx,
-        write: sqlx::query::Query<'_, Postgres, sqlx::postgres::PgArguments>,
+        write: Stmt<'_>,
         deadline: Duration,
     ) -> Result<(), Refused<()>> {
-        let written = tokio::time::timeout(deadline, write.execute(&mut *tx)).await;
+        let written = tokio::time::timeout(deadline, query(&write).execute(&mut *tx)).await;
         match written {
             Ok(Ok(_)) => {
                 tx.close_after();
                 self.commit_with(tx, "COMMIT".into(), deadline).await
             }
             Ok(Err(e)) if is_guard(&e) => {
-                self.rollback_here(tx).await?;
+                self.rollback_writer(tx).await?;
                 Err(Refused::Guard(()))
             }
             // Dropped, the transaction is rolled back (see `PgTx`).
@@ -191,8 +186,11 @@ impl PgStore {
 
     /// The live record that refused an optimistic insert, read after its
     /// transaction rolled back.
-    async fn live_record(&self, (): (), scope: &Scope) -> Result<StoredRecord, StoreError> {
-        match self.bounded(self.read_first(scope)).await? {
+    pub(crate) async fn live_record_after(
+        &self,
+        scope: &Scope,
+    ) -> Result<StoredRecord, StoreError> {
+        match self.bounded(self.read_first_here(scope)).await? {
             Some(record) => Ok(record),
             // Collected between the two: the caller's retry claims it.
             None => Err(StoreError::Busy {
@@ -204,7 +202,7 @@ impl PgStore {
     /// The claimed record completed and the transaction committed, in one
     /// message; a record no longer pending fails the message before its
     /// `COMMIT`.
-    async fn complete_message(
+    pub(crate) async fn complete_commit(
         &self,
         tx: PgTx,
         scope: &Scope,
@@ -212,7 +210,7 @@ impl PgStore {
         now_ms: i64,
     ) -> Result<(), Refused<()>> {
         if completion.response.body.len() > INLINE_BODY_BYTES {
-            let update = outcome(scoped(&GUARDED_COMPLETE, scope), completion).bind(now_ms);
+            let update = outcome(scoped(GUARDED_COMPLETE.as_str(), scope), completion).bind(now_ms);
             return self.bound_then_commit(tx, update, self.deadline()).await;
         }
         let mut message = complete_statement(scope, completion, now_ms)?;
@@ -220,13 +218,13 @@ impl PgStore {
         self.commit_with(tx, message, self.deadline()).await
     }
 
-    async fn commit_here(&self, tx: PgTx) -> Result<(), StoreError> {
+    pub(crate) async fn commit_writer(&self, tx: PgTx) -> Result<(), StoreError> {
         self.commit_with(tx, "COMMIT".into(), self.deadline())
             .await
             .map_err(Refused::unguarded)
     }
 
-    async fn rollback_here(&self, tx: PgTx) -> Result<(), StoreError> {
+    pub(crate) async fn rollback_writer(&self, tx: PgTx) -> Result<(), StoreError> {
         let writers = tx.writers().clone();
         let mut lease = tx.into_lease();
         let done = self
@@ -243,7 +241,7 @@ impl PgStore {
     }
 
     /// A transaction for business writes, waiting the pool's `lock_timeout`.
-    async fn begin_here(&self) -> Result<PgTx, StoreError> {
+    pub(crate) async fn begin_business(&self) -> Result<PgTx, StoreError> {
         self.bounded(async {
             let (tx, _) = self.begin_writer("BEGIN".into(), self.lock_timeout).await?;
             Ok(tx)
@@ -253,7 +251,7 @@ impl PgStore {
 
     /// The claim's first step: one indexed read of the committed record,
     /// on a reader connection (no ping when it goes back; see `conns`).
-    pub(crate) async fn read_first(
+    pub(crate) async fn read_first_here(
         &self,
         scope: &Scope,
     ) -> Result<Option<StoredRecord>, StoreError> {
@@ -271,8 +269,8 @@ impl PgStore {
     }
 
     /// The claim after the read-first step (both under
-    /// [`PgStore::bounded_claim`]'s deadline).
-    async fn claim_here(
+    /// `Dialect::bounded_claim`'s deadline).
+    pub(crate) async fn claim_writer(
         &self,
         scope: &Scope,
         r: ClaimRequest<'_>,
@@ -308,7 +306,7 @@ impl PgStore {
         // turns settle it. Usually the first statement decides.
         for turn in 0..3 {
             if turn > 0 {
-                let inserted = claim(sql::INSERT_CLAIM)
+                let inserted = query(&claim(sql::INSERT_CLAIM))
                     .fetch_optional(&mut *tx)
                     .await
                     .map_err(|e| map_err_waited(e, policy.wait))?;
@@ -318,17 +316,17 @@ impl PgStore {
             }
             // READ COMMITTED: this statement sees the row the conflicting
             // transaction committed while our INSERT waited for it.
-            let row = scoped(SELECT_RECORD, scope)
+            let row = query(&scoped(SELECT_RECORD, scope))
                 .fetch_optional(&mut *tx)
                 .await
                 .map_err(map_err)?;
             let Some(row) = row else { continue };
             let record = record(&row)?;
             if record.expires_at_ms > now_ms {
-                self.rollback_here(tx).await?;
+                self.rollback_writer(tx).await?;
                 return Ok(Claim::Existing(record));
             }
-            let taken = claim(sql::TAKE_OVER_EXPIRED)
+            let taken = query(&claim(sql::TAKE_OVER_EXPIRED))
                 .fetch_optional(&mut *tx)
                 .await
                 .map_err(|e| map_err_waited(e, policy.wait))?;
@@ -336,14 +334,14 @@ impl PgStore {
                 return Ok(Claim::Claimed(tx));
             }
         }
-        self.rollback_here(tx).await?;
+        self.rollback_writer(tx).await?;
         Err(StoreError::Busy {
             waited: policy.wait,
         })
     }
 }
 
-impl PgStore {
+impl PgDialect {
     /// Sends `message` — statements ending in `COMMIT` — on `tx`'s
     /// connection under `deadline`. Once it may have been sent, a broken
     /// connection or a missing answer leaves the outcome unknown; an error

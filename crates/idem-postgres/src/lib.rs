@@ -4,6 +4,19 @@
 //! is written in the caller's transaction, so it commits if and only if the
 //! business writes commit.
 //!
+//! ## What is here
+//! The store code is written once, for both backends, in [`idem_sql`]:
+//! [`PgStore`] is [`idem_sql::SqlStore`] on [`PgDialect`], which implements
+//! [`idem_sql::Dialect`] (see `dialect`): PostgreSQL's driver primitives (an
+//! `INTEGER` bound as 32 bits, a list as an array), the client-side
+//! deadlines, its error mapping by SQLSTATE, the database server's clock
+//! ([`clock`]), and what only PostgreSQL has — the key messages with their
+//! values written in as literals (`inline`) and Idem's statements prepared
+//! on each writer (`keys`, `conns`), the writes that are one autocommit
+//! statement each (a leased claim, a run's fenced write and takeover, a
+//! webhook's acceptance: `leased`, `runs`, `webhooks`), and the outbox's
+//! `LISTEN`/`NOTIFY` wake-up ([`outbox`]).
+//!
 //! ## What the guarantees assume
 //! - `READ COMMITTED` (the default). A claim is one `INSERT … ON CONFLICT DO
 //!   NOTHING`; a concurrent claim of the same key blocks on the unique index
@@ -65,12 +78,11 @@
 //! gateway's `with_clock`). With it, a host whose wall clock is off takes
 //! over no live lease; NTP is not needed on the application hosts.
 
-mod admin;
 pub mod clock;
 mod config;
 mod conns;
+mod dialect;
 mod errors;
-mod inbox;
 mod inline;
 mod keys;
 mod leased;
@@ -79,7 +91,6 @@ pub mod outbox;
 pub mod patterns;
 mod pool;
 mod runs;
-mod tasks;
 mod tx;
 mod webhooks;
 
@@ -87,5 +98,11 @@ pub use clock::PgClock;
 pub use config::PgConfig;
 pub use errors::map_err;
 pub use migrate::{MIGRATIONS, migrate_component};
-pub use pool::PgStore;
+pub use pool::PgDialect;
 pub use tx::PgTx;
+
+/// The PostgreSQL store: [`idem_sql::SqlStore`] on [`PgDialect`], which implements
+/// every store trait of `idem-core` once for both backends. Cheap to clone;
+/// clones share the pool. What only this backend has is on its dialect:
+/// `store.dialect()`.
+pub type PgStore = idem_sql::SqlStore<PgDialect>;

@@ -1,5 +1,5 @@
 //! The outbox on PostgreSQL: [`enqueue`] in the caller's transaction, and the
-//! dispatcher's side as [`OutboxStore`](idem_core::outbox::OutboxStore) for [`PgStore`], from
+//! dispatcher's side as [`OutboxStore`](idem_core::outbox::OutboxStore) for [`PgStore`](crate::PgStore) (this backend's part of what idem-sql writes once), from
 //! [`idem_sql::outbox`].
 //!
 //! Several dispatchers may share one database: claims take rows with
@@ -10,25 +10,27 @@
 
 use std::time::Duration;
 
+use idem_core::StoreError;
+use idem_core::outbox::OutboxMessage;
 use sqlx::PgConnection;
 use sqlx::postgres::PgListener;
 
-use crate::pool::id_list;
-use crate::{PgStore, PgTx, map_err};
+use crate::PgDialect;
 
 /// The notification channel enqueues signal.
 pub const CHANNEL: &str = "idem_outbox";
 
-idem_sql::outbox_store!(
-    /// Writes `message` to the outbox on `conn`, normally the open transaction of
-    /// the business write it belongs to (a [`PgTx`] derefs to one).
-    /// It is published only if that transaction commits. One round trip, the
-    /// wake-up notification included. Returns the message's outbox id.
-    PgStore,
-    PgTx,
-    PgConnection,
-    postgres
-);
+/// Writes `message` to the outbox on `conn`, normally the open transaction
+/// of the business write it belongs to (a [`PgTx`](crate::PgTx) derefs to
+/// one). It is published only if that transaction commits. One round trip,
+/// the wake-up notification included. Returns the message's outbox id.
+pub async fn enqueue(
+    conn: &mut PgConnection,
+    message: &OutboxMessage,
+    now_ms: i64,
+) -> Result<i64, StoreError> {
+    idem_sql::outbox::enqueue::<PgDialect>(conn, message, now_ms).await
+}
 
 /// Wakes a dispatcher when messages are written (a hint: notifications can be
 /// missed across reconnects, so the dispatcher also polls).
@@ -65,12 +67,12 @@ impl idem_core::outbox::Wake for OutboxListener {
     }
 }
 
-impl PgStore {
+impl PgDialect {
     /// A listener on [`CHANNEL`]. When it cannot connect, it degrades to
     /// sleeping (the dispatcher polls either way).
     pub async fn outbox_listener(&self) -> OutboxListener {
         let listener = async {
-            let mut l = PgListener::connect_with(self.pool()).await?;
+            let mut l = PgListener::connect_with(&self.pool).await?;
             l.listen(CHANNEL).await?;
             Ok::<_, sqlx::Error>(l)
         }

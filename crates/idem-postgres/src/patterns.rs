@@ -1,4 +1,4 @@
-//! [`PatternExec`](idem_sql::patterns::PatternExec) for [`PgTx`], so the patterns of
+//! [`PatternExec`] for [`PgTx`], so the patterns of
 //! [`idem_sql::patterns`] run in the transaction of a key, a run's phase,
 //! or one from [`KeyStore::begin`](idem_core::KeyStore::begin). The same
 //! spec runs unchanged on SQLite (`idem_sqlite::patterns` has an example):
@@ -18,8 +18,33 @@
 //! # Ok(()) }
 //! ```
 
-use sqlx::Postgres;
+use idem_core::{BoxFuture, StoreError};
+use idem_sql::patterns::{self, PatternExec, Value};
 
-use crate::{PgTx, map_err};
+use crate::{PgDialect, PgTx};
 
-idem_sql::pattern_exec!(PgTx, Postgres);
+impl PatternExec for PgTx {
+    fn fetch_text<'a>(
+        &'a mut self,
+        sql: &'a str,
+        binds: &'a [Value<'a>],
+    ) -> BoxFuture<'a, Result<Option<String>, StoreError>> {
+        Box::pin(patterns::fetch_text::<PgDialect>(self, sql, binds))
+    }
+
+    fn fetch_int<'a>(
+        &'a mut self,
+        sql: &'a str,
+        binds: &'a [Value<'a>],
+    ) -> BoxFuture<'a, Result<Option<i64>, StoreError>> {
+        Box::pin(patterns::fetch_int::<PgDialect>(self, sql, binds))
+    }
+
+    fn execute<'a>(
+        &'a mut self,
+        sql: &'a str,
+        binds: &'a [Value<'a>],
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(patterns::execute::<PgDialect>(self, sql, binds))
+    }
+}

@@ -1,4 +1,4 @@
-//! [`PgStore`]: connection setup, the pool, the client-side deadline of
+//! [`PgDialect`](crate::PgDialect): connection setup, the pool, the client-side deadline of
 //! every call, `BEGIN` (with its lock wait) and `COMMIT`, and the glue the
 //! shared statements of [`idem_sql`] run through (`map`, `bounded`,
 //! `bounded_write`, `purge`).
@@ -13,12 +13,16 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 use crate::conns::{Conns, Lease};
 use crate::errors::{connection_lost, map_err_waited};
-use crate::{PgClock, PgConfig, PgTx, map_err, migrate_component};
+use crate::{PgClock, PgConfig, PgTx, map_err};
 
-/// The PostgreSQL key store. Cheap to clone; clones share the pool.
+/// PostgreSQL as [`idem_sql::SqlStore`] runs on it ([`Dialect`](idem_sql::Dialect)):
+/// the pool, the key transactions' writers and the claims' readers (kept
+/// beside the pool, with Idem's statements prepared), the client-side
+/// deadlines and the database server's clock. [`PgStore`](crate::PgStore)
+/// is the store on it. Cheap to clone; clones share the pool.
 #[derive(Debug, Clone)]
-pub struct PgStore {
-    pool: PgPool,
+pub struct PgDialect {
+    pub(crate) pool: PgPool,
     /// The claims' read-first connections.
     pub(crate) readers: std::sync::Arc<Conns>,
     /// The key transactions' connections ([`PgTx`]).
@@ -37,9 +41,9 @@ fn millis(d: Duration) -> String {
     format!("{}ms", d.as_millis().max(1))
 }
 
-impl PgStore {
+impl PgDialect {
     /// Connects to `url` (`postgres://…`).
-    pub async fn connect(url: &str, config: PgConfig) -> Result<Self, StoreError> {
+    pub(crate) async fn open(url: &str, config: PgConfig) -> Result<Self, StoreError> {
         config
             .validate()
             .map_err(|e| StoreError::Database { source: e.into() })?;
@@ -119,27 +123,6 @@ impl PgStore {
         self.statement_timeout + NETWORK_MARGIN
     }
 
-    /// Runs one store call under [`PgStore::deadline`]; past it the call is
-    /// abandoned — its transaction, if any, rolls back when the connection is
-    /// dropped — and reported as `Unavailable`. Not for a message with
-    /// `COMMIT`, whose outcome is unknown when its answer is lost (the keys'
-    /// `commit_with`).
-    pub(crate) async fn bounded<T>(
-        &self,
-        call: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        self.within(self.deadline(), call).await
-    }
-
-    /// A claim, under [`PgStore::deadline_waiting`] its policy's wait.
-    pub(crate) async fn bounded_claim<T>(
-        &self,
-        wait: Duration,
-        call: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        self.within(self.deadline_waiting(wait), call).await
-    }
-
     /// The deadline of a store call that may wait `wait` for a row lock: a
     /// wait past the statement timeout raises it for the transaction (see
     /// `begin_waiting`), and the deadline follows.
@@ -151,6 +134,13 @@ impl PgStore {
         }
     }
 
+    /// Runs one store call under `deadline` (a store call's
+    /// [`Dialect::bounded`](idem_sql::dialect::Dialect::bounded) is this with [`PgStore::deadline`], a claim's
+    /// [`Dialect::bounded_claim`](idem_sql::dialect::Dialect::bounded_claim) with [`PgStore::deadline_waiting`] its
+    /// policy's wait); past it the call is abandoned — its transaction, if
+    /// any, rolls back when the connection is dropped — and reported as
+    /// `Unavailable`. Not for a message with `COMMIT`, whose outcome is
+    /// unknown when its answer is lost (the keys' `commit_with`).
     pub(crate) async fn within<T>(
         &self,
         deadline: Duration,
@@ -167,7 +157,7 @@ impl PgStore {
     /// One autocommit statement that writes (it is its own transaction),
     /// under the deadline. Like a `COMMIT`: once it may have been sent, a
     /// broken connection or a missing answer leaves its outcome unknown.
-    pub(crate) async fn bounded_write<T>(
+    pub(crate) async fn write_within<T>(
         &self,
         statement: impl Future<Output = Result<T, sqlx::Error>>,
     ) -> Result<T, StoreError> {
@@ -190,8 +180,6 @@ impl PgStore {
     pub fn database_clock(&self) -> &PgClock {
         &self.clock
     }
-
-    idem_sql::store_common!(PgPool, crate::MIGRATIONS);
 
     /// `BEGIN`, with the `SET LOCAL`s a lock wait other than the pool's
     /// needs, as one simple-query message (no extra round trip).
@@ -246,21 +234,6 @@ impl PgStore {
             }),
         }
     }
-
-    /// A driver error as the shared statements of [`idem_sql`] report it.
-    pub(crate) fn map(&self, e: sqlx::Error) -> StoreError {
-        map_err(e)
-    }
-}
-
-/// Ids as PostgreSQL binds a list: an array (`= ANY($n)`).
-pub(crate) fn id_list(ids: &[i64]) -> &[i64] {
-    ids
-}
-
-/// Texts as PostgreSQL binds a list: an array (`= ANY($n)`).
-pub(crate) fn text_list(items: Vec<String>) -> Vec<String> {
-    items
 }
 
 /// `message` on a writer: the lease and whether a row came back. A server

@@ -98,4 +98,21 @@ pub(crate) async fn roll_back(mut lease: Lease, writers: Arc<Conns>, deadline: D
     }
 }
 
-idem_sql::tx_guard!(PgTx, PgConnection, conn, conn_mut);
+impl std::fmt::Debug for PgTx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgTx").finish_non_exhaustive()
+    }
+}
+
+impl std::ops::Deref for PgTx {
+    type Target = PgConnection;
+    fn deref(&self) -> &PgConnection {
+        self.conn()
+    }
+}
+
+impl std::ops::DerefMut for PgTx {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        self.conn_mut()
+    }
+}

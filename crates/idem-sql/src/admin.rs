@@ -1,6 +1,5 @@
 //! The operator's queries and actions ([`AdminStore`](idem_core::admin::AdminStore)):
-//! the statements, and [`admin_store!`](crate::admin_store) that implements
-//! the trait for a backend's store. The listings differ by dialect
+//! the statements, and the store's methods, written once. The listings differ by dialect
 //! (PostgreSQL types its NULL tests and orders text by byte, `COLLATE "C"`;
 //! its actions lock the row they decide on, `FOR UPDATE`, where SQLite's
 //! `BEGIN IMMEDIATE` already holds the write lock): [`sqlite`] and
@@ -8,7 +7,21 @@
 
 use std::sync::LazyLock;
 
+use idem_core::admin::{
+    AuditEntry, AuditFilter, InboxEntry, InboxFilter, KeyDetail, KeyFilter, KeyRelease, KeySummary,
+    LeaseEnd, NewAudit, OutboxEntry, OutboxFilter, OutboxRequeue, OutboxState, ReceiptFilter,
+    ReleaseColumns, ReleaseRequest, ReleaseRow, RunPageFilter, StateCounts, like_prefix, page,
+    release_decision,
+};
+use idem_core::steps::{RunId, RunRecord, RunState};
+use idem_core::webhooks::{Receipt, ReceiptState, Requeue};
+use idem_core::{RecordState, Scope, StoreError};
+
 use crate::columns::{KEY_COLUMNS, OUTBOX_ENTRY_COLUMNS, RECEIPT_COLUMNS, RUN_COLUMNS};
+use crate::decode;
+use crate::dialect::{Dialect, On, Stmt, fetch_one};
+use crate::keys::scoped;
+use crate::row::{self, Columns};
 
 /// A key record as the operator sees it (`$1`..`$3` the scope).
 pub static KEY_DETAIL: LazyLock<String> = LazyLock::new(|| {
@@ -124,6 +137,20 @@ ORDER BY id DESC LIMIT ?3";
     pub const END_RUN_LEASE: &str = "\
 UPDATE idem_runs SET locked_until_ms = min(locked_until_ms, $2), updated_at_ms = $2
 WHERE id = $1";
+    /// What the shared code reads.
+    pub const TEXTS: Texts = Texts {
+        list_keys: &LIST_KEYS,
+        list_outbox: &LIST_OUTBOX,
+        list_inbox: LIST_INBOX,
+        list_receipts: &LIST_RECEIPTS,
+        list_runs: &LIST_RUNS,
+        list_audit: LIST_AUDIT,
+        release_select: || RELEASE_SELECT,
+        outbox_state: OUTBOX_STATE,
+        receipt_state: RECEIPT_STATE,
+        run_state: RUN_STATE,
+        end_run_lease: END_RUN_LEASE,
+    };
 }
 
 /// PostgreSQL's texts: typed NULL tests, byte order (`COLLATE "C"`) for
@@ -213,357 +240,461 @@ ORDER BY id DESC LIMIT $3";
     pub const END_RUN_LEASE: &str = "\
 UPDATE idem_runs SET locked_until_ms = LEAST(locked_until_ms, $2), updated_at_ms = $2
 WHERE id = $1";
+    /// What the shared code reads.
+    pub const TEXTS: Texts = Texts {
+        list_keys: &LIST_KEYS,
+        list_outbox: &LIST_OUTBOX,
+        list_inbox: LIST_INBOX,
+        list_receipts: &LIST_RECEIPTS,
+        list_runs: &LIST_RUNS,
+        list_audit: LIST_AUDIT,
+        release_select: || RELEASE_SELECT.as_str(),
+        outbox_state: OUTBOX_STATE,
+        receipt_state: RECEIPT_STATE,
+        run_state: RUN_STATE,
+        end_run_lease: END_RUN_LEASE,
+    };
 }
 
-/// Implements [`AdminStore`](idem_core::admin::AdminStore) for a backend's
-/// store: `admin_store!(Store, Tx, dialect)`, `dialect` being `sqlite` or
-/// `postgres` (the module of [`crate::admin`] whose texts differ). The
-/// store provides what every macro of this crate uses (see the crate
-/// docs): `pool()`, `map`, `bounded`; the crate a `map_err` function.
-#[macro_export]
-macro_rules! admin_store {
-    ($store:ty, $tx:ty, $d:ident) => {
-        const _: () = {
-            use idem_core::StoreError;
-            use idem_core::admin::{
-                AdminStore, AuditEntry, AuditFilter, InboxEntry, InboxFilter, KeyDetail, KeyFilter,
-                KeyRelease, KeySummary, LeaseEnd, NewAudit, OutboxEntry, OutboxFilter,
-                OutboxRequeue, OutboxState, ReceiptFilter, ReleaseColumns, ReleaseRequest,
-                ReleaseRow, RunPageFilter, StateCounts, like_prefix, page, release_decision,
-            };
-            use idem_core::steps::{RunId, RunRecord, RunState};
-            use idem_core::webhooks::{Receipt, ReceiptState, Requeue};
-            use idem_core::{RecordState, Scope};
-            use $crate::admin::$d as sql;
-            use $crate::decode;
+/// One dialect's admin texts.
+#[derive(Debug)]
+pub struct Texts {
+    /// The key listing (no stored response).
+    pub list_keys: &'static LazyLock<String>,
+    /// The outbox listing.
+    pub list_outbox: &'static LazyLock<String>,
+    /// The inbox listing.
+    pub list_inbox: &'static str,
+    /// The receipt listing.
+    pub list_receipts: &'static LazyLock<String>,
+    /// The run listing.
+    pub list_runs: &'static LazyLock<String>,
+    /// The audit listing.
+    pub list_audit: &'static str,
+    /// The release's read (`ReleaseRow`), with the dialect's row lock.
+    pub release_select: fn() -> &'static str,
+    /// An outbox message's state, locked.
+    pub outbox_state: &'static str,
+    /// A receipt's state, locked.
+    pub receipt_state: &'static str,
+    /// A run's state, locked.
+    pub run_state: &'static str,
+    /// A run's lease ended.
+    pub end_run_lease: &'static str,
+}
 
-            fn counts(rows: Vec<(String, i64)>) -> Vec<(String, u64)> {
-                rows.into_iter()
-                    .map(|(s, n)| (s, u64::try_from(n).unwrap_or(0)))
-                    .collect()
-            }
+/// This capability's text in `D`'s SQL family.
+pub(crate) fn texts<D: Dialect>() -> &'static Texts {
+    D::FAMILY.pick(&sqlite::TEXTS, &postgres::TEXTS)
+}
 
-            impl AdminStore for $store {
-                async fn list_keys(&self, f: &KeyFilter) -> Result<Vec<KeySummary>, StoreError> {
-                    self.bounded(async {
-                        let (after_t, after_o, after_k) = match &f.after {
-                            Some((t, o, k)) => {
-                                (Some(t.as_str()), Some(o.as_str()), Some(k.as_str()))
-                            }
-                            None => (None, None, None),
-                        };
-                        let rows = sqlx::query(&sql::LIST_KEYS)
-                            .bind(f.tenant.as_ref().map(|t| t.as_str()))
-                            .bind(f.operation.as_ref().map(|o| o.as_str()))
-                            .bind(f.prefix.as_deref().map(like_prefix))
-                            .bind(f.prefix.as_deref())
-                            .bind(f.state.map(RecordState::as_str))
-                            .bind(after_t)
-                            .bind(after_o)
-                            .bind(after_k)
-                            .bind(page(f.limit))
-                            .fetch_all(self.pool())
-                            .await
-                            .map_err(|e| self.map(e))?;
-                        rows.iter()
-                            .map(|r| decode::key_detail(r).map(|d| d.summary))
-                            .collect()
-                    })
-                    .await
-                }
+fn counts<R: Columns>(rows: &[R]) -> Result<Vec<(String, u64)>, StoreError> {
+    rows.iter()
+        .map(|r| {
+            let state: String = row::get_at(r, 0)?;
+            let n: i64 = row::get_at(r, 1)?;
+            Ok((state, u64::try_from(n).unwrap_or(0)))
+        })
+        .collect()
+}
 
-                async fn key_detail(&self, scope: &Scope) -> Result<Option<KeyDetail>, StoreError> {
-                    self.bounded(async {
-                        let row = sqlx::query(&$crate::admin::KEY_DETAIL)
-                            .bind(scope.tenant.as_str())
-                            .bind(scope.operation.as_str())
-                            .bind(scope.key.as_str())
-                            .fetch_optional(self.pool())
-                            .await
-                            .map_err(|e| self.map(e))?;
-                        row.as_ref().map(decode::key_detail).transpose()
-                    })
-                    .await
-                }
+/// Runs `s` on the pool under the deadline: its rows.
+async fn rows<D: Dialect>(d: &D, s: Stmt<'_>) -> Result<Vec<D::Row>, StoreError> {
+    d.bounded(async {
+        D::fetch_all(On::Pool(d.pool()), s)
+            .await
+            .map_err(|e| d.map(e))
+    })
+    .await
+}
 
-                async fn release_key<'a>(
-                    tx: &'a mut $tx,
-                    scope: &'a Scope,
-                    request: ReleaseRequest,
-                    now_ms: i64,
-                ) -> Result<KeyRelease, StoreError> {
-                    let row: Option<ReleaseRow> = sqlx::query_as(&sql::RELEASE_SELECT)
-                        .bind(scope.tenant.as_str())
-                        .bind(scope.operation.as_str())
-                        .bind(scope.key.as_str())
-                        .fetch_optional(&mut **tx)
-                        .await
-                        .map_err(map_err)?;
-                    let Some(row) = row else {
-                        return Ok(KeyRelease::NotFound);
-                    };
-                    let token = match release_decision(ReleaseColumns::from(row), request, now_ms)?
-                    {
-                        Ok(token) => token,
-                        Err(answer) => return Ok(answer),
-                    };
-                    let done = sqlx::query($crate::keys::RELEASE_DELETE)
-                        .bind(scope.tenant.as_str())
-                        .bind(scope.operation.as_str())
-                        .bind(scope.key.as_str())
-                        .bind(token)
-                        .execute(&mut **tx)
-                        .await
-                        .map_err(map_err)?;
-                    Ok(if done.rows_affected() == 1 {
-                        KeyRelease::Released
-                    } else {
-                        KeyRelease::NotFound
-                    })
-                }
+/// The first column of the row `s` answers on the transaction, as text.
+async fn state_in<D: Dialect>(tx: &mut D::Tx, s: Stmt<'_>) -> Result<Option<String>, StoreError> {
+    match D::fetch_optional(On::Conn(&mut **tx), s)
+        .await
+        .map_err(D::map_err)?
+    {
+        Some(row) => row::get_at(&row, 0).map(Some),
+        None => Ok(None),
+    }
+}
 
-                async fn state_counts(&self) -> Result<StateCounts, StoreError> {
-                    self.bounded(async {
-                        let mut conn = self.pool().acquire().await.map_err(|e| self.map(e))?;
-                        let mut out = StateCounts::default();
-                        let [keys, runs, receipts] = $crate::admin::STATE_COUNTS;
-                        for (statement, into) in [
-                            (keys, &mut out.keys),
-                            (runs, &mut out.runs),
-                            (receipts, &mut out.receipts),
-                        ] {
-                            let rows: Vec<(String, i64)> = sqlx::query_as(statement)
-                                .fetch_all(&mut *conn)
-                                .await
-                                .map_err(|e| self.map(e))?;
-                            *into = counts(rows);
-                        }
-                        Ok(out)
-                    })
-                    .await
-                }
-
-                async fn list_outbox(
-                    &self,
-                    f: &OutboxFilter,
-                ) -> Result<Vec<OutboxEntry>, StoreError> {
-                    self.bounded(async {
-                        let rows = sqlx::query(&sql::LIST_OUTBOX)
-                            .bind(f.state.map(OutboxState::as_str))
-                            .bind(f.topic.as_deref())
-                            .bind(f.before_id)
-                            .bind(page(f.limit))
-                            .fetch_all(self.pool())
-                            .await
-                            .map_err(|e| self.map(e))?;
-                        rows.iter().map(decode::outbox_entry).collect()
-                    })
-                    .await
-                }
-
-                async fn requeue_outbox<'a>(
-                    tx: &'a mut $tx,
-                    message_id: &'a str,
-                    now_ms: i64,
-                ) -> Result<OutboxRequeue, StoreError> {
-                    let state: Option<String> = sqlx::query_scalar(sql::OUTBOX_STATE)
-                        .bind(message_id)
-                        .fetch_optional(&mut **tx)
-                        .await
-                        .map_err(map_err)?;
-                    let Some(state) = state else {
-                        return Ok(OutboxRequeue::NotFound);
-                    };
-                    let state = OutboxState::parse(&state).ok_or_else(|| StoreError::Corrupt {
-                        detail: format!("outbox state {state:?}"),
-                    })?;
-                    if state != OutboxState::Dead {
-                        return Ok(OutboxRequeue::NotDead(state));
-                    }
-                    sqlx::query($crate::admin::REQUEUE_OUTBOX)
-                        .bind(message_id)
-                        .bind(now_ms)
-                        .execute(&mut **tx)
-                        .await
-                        .map_err(map_err)?;
-                    Ok(OutboxRequeue::Requeued)
-                }
-
-                async fn inbox_entry(
-                    &self,
-                    subscriber: &str,
-                    message_id: &str,
-                ) -> Result<Option<InboxEntry>, StoreError> {
-                    self.bounded(async {
-                        let row = sqlx::query($crate::admin::INBOX_ENTRY)
-                            .bind(subscriber)
-                            .bind(message_id)
-                            .fetch_optional(self.pool())
-                            .await
-                            .map_err(|e| self.map(e))?;
-                        row.as_ref().map(decode::inbox_entry).transpose()
-                    })
-                    .await
-                }
-
-                async fn list_inbox(&self, f: &InboxFilter) -> Result<Vec<InboxEntry>, StoreError> {
-                    self.bounded(async {
-                        let (at, sub, msg) = match &f.before {
-                            Some((at, s, m)) => (Some(*at), Some(s.as_str()), Some(m.as_str())),
-                            None => (None, None, None),
-                        };
-                        let rows = sqlx::query(sql::LIST_INBOX)
-                            .bind(f.subscriber.as_deref())
-                            .bind(at)
-                            .bind(sub)
-                            .bind(msg)
-                            .bind(page(f.limit))
-                            .fetch_all(self.pool())
-                            .await
-                            .map_err(|e| self.map(e))?;
-                        rows.iter().map(decode::inbox_entry).collect()
-                    })
-                    .await
-                }
-
-                async fn list_receipts_page(
-                    &self,
-                    f: &ReceiptFilter,
-                ) -> Result<Vec<Receipt>, StoreError> {
-                    self.bounded(async {
-                        let rows = sqlx::query(&sql::LIST_RECEIPTS)
-                            .bind(f.endpoint.as_deref())
-                            .bind(f.state.map(ReceiptState::as_str))
-                            .bind(f.before_id)
-                            .bind(page(f.limit))
-                            .fetch_all(self.pool())
-                            .await
-                            .map_err(|e| self.map(e))?;
-                        rows.iter().map(decode::receipt).collect()
-                    })
-                    .await
-                }
-
-                async fn replay_receipt_in<'a>(
-                    tx: &'a mut $tx,
-                    endpoint: &'a str,
-                    delivery_id: &'a str,
-                    now_ms: i64,
-                ) -> Result<Requeue, StoreError> {
-                    let state: Option<String> = sqlx::query_scalar(sql::RECEIPT_STATE)
-                        .bind(endpoint)
-                        .bind(delivery_id)
-                        .fetch_optional(&mut **tx)
-                        .await
-                        .map_err(map_err)?;
-                    let Some(state) = state else {
-                        return Ok(Requeue::NotFound);
-                    };
-                    let state = ReceiptState::parse(&state).ok_or_else(|| StoreError::Corrupt {
-                        detail: format!("receipt state {state:?}"),
-                    })?;
-                    match state {
-                        ReceiptState::Received => Ok(Requeue::AlreadyQueued),
-                        ReceiptState::Processed | ReceiptState::Stale => {
-                            Ok(Requeue::AlreadyFinished(state))
-                        }
-                        ReceiptState::Failed | ReceiptState::Dead => {
-                            sqlx::query($crate::admin::REPLAY_RECEIPT)
-                                .bind(endpoint)
-                                .bind(delivery_id)
-                                .bind(now_ms)
-                                .execute(&mut **tx)
-                                .await
-                                .map_err(map_err)?;
-                            Ok(Requeue::Requeued)
-                        }
-                    }
-                }
-
-                async fn list_runs_page(
-                    &self,
-                    f: &RunPageFilter,
-                ) -> Result<Vec<RunRecord>, StoreError> {
-                    self.bounded(async {
-                        let (at, id) = match &f.before {
-                            Some((at, id)) => (Some(*at), Some(id.as_str())),
-                            None => (None, None),
-                        };
-                        let rows = sqlx::query(&sql::LIST_RUNS)
-                            .bind(f.state.map(RunState::as_str))
-                            .bind(f.operation.as_ref().map(|o| o.as_str()))
-                            .bind(at)
-                            .bind(id)
-                            .bind(page(f.limit))
-                            .fetch_all(self.pool())
-                            .await
-                            .map_err(|e| self.map(e))?;
-                        rows.iter().map(decode::run).collect()
-                    })
-                    .await
-                }
-
-                async fn end_run_lease<'a>(
-                    tx: &'a mut $tx,
-                    id: &'a RunId,
-                    now_ms: i64,
-                ) -> Result<LeaseEnd, StoreError> {
-                    let state: Option<String> = sqlx::query_scalar(sql::RUN_STATE)
-                        .bind(id.as_str())
-                        .fetch_optional(&mut **tx)
-                        .await
-                        .map_err(map_err)?;
-                    let Some(state) = state else {
-                        return Ok(LeaseEnd::NotFound);
-                    };
-                    let state = RunState::parse(&state).ok_or_else(|| StoreError::Corrupt {
-                        detail: format!("run state {state:?}"),
-                    })?;
-                    if state == RunState::NeedsAttention {
-                        return Ok(LeaseEnd::NeedsAttention);
-                    }
-                    if !state.is_live() {
-                        return Ok(LeaseEnd::Final(state));
-                    }
-                    sqlx::query(sql::END_RUN_LEASE)
-                        .bind(id.as_str())
-                        .bind(now_ms)
-                        .execute(&mut **tx)
-                        .await
-                        .map_err(map_err)?;
-                    Ok(LeaseEnd::Ended)
-                }
-
-                async fn insert_audit<'a>(
-                    tx: &'a mut $tx,
-                    e: &'a NewAudit<'a>,
-                ) -> Result<i64, StoreError> {
-                    sqlx::query_scalar($crate::admin::INSERT_AUDIT)
-                        .bind(e.at_ms)
-                        .bind(e.actor)
-                        .bind(e.action)
-                        .bind(e.target)
-                        .bind(e.detail)
-                        .bind(e.idempotency_key)
-                        .fetch_one(&mut **tx)
-                        .await
-                        .map_err(map_err)
-                }
-
-                async fn list_audit(&self, f: &AuditFilter) -> Result<Vec<AuditEntry>, StoreError> {
-                    self.bounded(async {
-                        let rows = sqlx::query(sql::LIST_AUDIT)
-                            .bind(f.action.as_deref())
-                            .bind(f.before_id)
-                            .bind(page(f.limit))
-                            .fetch_all(self.pool())
-                            .await
-                            .map_err(|e| self.map(e))?;
-                        rows.iter().map(decode::audit_entry).collect()
-                    })
-                    .await
-                }
-            }
-        };
+/// [`AdminStore::list_keys`](idem_core::admin::AdminStore::list_keys).
+pub async fn list_keys<D: Dialect>(d: &D, f: &KeyFilter) -> Result<Vec<KeySummary>, StoreError> {
+    let (after_t, after_o, after_k) = match &f.after {
+        Some((t, o, k)) => (Some(t.as_str()), Some(o.as_str()), Some(k.as_str())),
+        None => (None, None, None),
     };
+    let s = Stmt::new(texts::<D>().list_keys.as_str())
+        .bind(f.tenant.as_ref().map(|t| t.as_str()))
+        .bind(f.operation.as_ref().map(|o| o.as_str()))
+        .bind(f.prefix.as_deref().map(like_prefix))
+        .bind(f.prefix.as_deref())
+        .bind(f.state.map(RecordState::as_str))
+        .bind(after_t)
+        .bind(after_o)
+        .bind(after_k)
+        .bind(page(f.limit));
+    rows(d, s)
+        .await?
+        .iter()
+        .map(|r| decode::key_detail(r).map(|d| d.summary))
+        .collect()
+}
+
+/// [`AdminStore::key_detail`](idem_core::admin::AdminStore::key_detail).
+pub async fn key_detail<D: Dialect>(d: &D, scope: &Scope) -> Result<Option<KeyDetail>, StoreError> {
+    d.bounded(async {
+        let s = scoped(KEY_DETAIL.as_str(), scope);
+        let row = D::fetch_optional(On::Pool(d.pool()), s)
+            .await
+            .map_err(|e| d.map(e))?;
+        row.as_ref().map(decode::key_detail).transpose()
+    })
+    .await
+}
+
+/// [`AdminStore::release_key`](idem_core::admin::AdminStore::release_key),
+/// in the caller's transaction.
+pub async fn release_key<D: Dialect>(
+    tx: &mut D::Tx,
+    scope: &Scope,
+    request: ReleaseRequest,
+    now_ms: i64,
+) -> Result<KeyRelease, StoreError> {
+    let select = scoped((texts::<D>().release_select)(), scope);
+    let Some(row) = D::fetch_optional(On::Conn(&mut **tx), select)
+        .await
+        .map_err(D::map_err)?
+    else {
+        return Ok(KeyRelease::NotFound);
+    };
+    let row: ReleaseRow = (
+        row::get_at(&row, 0)?,
+        row::get_at(&row, 1)?,
+        row::get_at(&row, 2)?,
+        row::get_at(&row, 3)?,
+    );
+    let token = match release_decision(ReleaseColumns::from(row), request, now_ms)? {
+        Ok(token) => token,
+        Err(answer) => return Ok(answer),
+    };
+    let delete = scoped(crate::keys::RELEASE_DELETE, scope).bind(token);
+    let done = D::execute(On::Conn(&mut **tx), delete)
+        .await
+        .map_err(D::map_err)?;
+    Ok(if done == 1 {
+        KeyRelease::Released
+    } else {
+        KeyRelease::NotFound
+    })
+}
+
+/// [`AdminStore::state_counts`](idem_core::admin::AdminStore::state_counts),
+/// on one pooled connection.
+pub async fn state_counts<D: Dialect>(d: &D) -> Result<StateCounts, StoreError> {
+    d.bounded(async {
+        let mut conn = d.pool().acquire().await.map_err(|e| d.map(e))?;
+        let mut out = StateCounts::default();
+        let [keys, runs, receipts] = STATE_COUNTS;
+        for (statement, into) in [
+            (keys, &mut out.keys),
+            (runs, &mut out.runs),
+            (receipts, &mut out.receipts),
+        ] {
+            let rows = D::fetch_all(On::Conn(&mut *conn), Stmt::new(statement))
+                .await
+                .map_err(|e| d.map(e))?;
+            *into = counts(&rows)?;
+        }
+        Ok(out)
+    })
+    .await
+}
+
+/// [`AdminStore::list_outbox`](idem_core::admin::AdminStore::list_outbox).
+pub async fn list_outbox<D: Dialect>(
+    d: &D,
+    f: &OutboxFilter,
+) -> Result<Vec<OutboxEntry>, StoreError> {
+    let s = Stmt::new(texts::<D>().list_outbox.as_str())
+        .bind(f.state.map(OutboxState::as_str))
+        .bind(f.topic.as_deref())
+        .bind(f.before_id)
+        .bind(page(f.limit));
+    rows(d, s).await?.iter().map(decode::outbox_entry).collect()
+}
+
+/// [`AdminStore::requeue_outbox`](idem_core::admin::AdminStore::requeue_outbox),
+/// in the caller's transaction.
+pub async fn requeue_outbox<D: Dialect>(
+    tx: &mut D::Tx,
+    message_id: &str,
+    now_ms: i64,
+) -> Result<OutboxRequeue, StoreError> {
+    let read = Stmt::new(texts::<D>().outbox_state).bind(message_id);
+    let Some(state) = state_in::<D>(tx, read).await? else {
+        return Ok(OutboxRequeue::NotFound);
+    };
+    let state = OutboxState::parse(&state).ok_or_else(|| StoreError::Corrupt {
+        detail: format!("outbox state {state:?}"),
+    })?;
+    if state != OutboxState::Dead {
+        return Ok(OutboxRequeue::NotDead(state));
+    }
+    let requeue = Stmt::new(REQUEUE_OUTBOX).bind(message_id).bind(now_ms);
+    D::execute(On::Conn(&mut **tx), requeue)
+        .await
+        .map_err(D::map_err)?;
+    Ok(OutboxRequeue::Requeued)
+}
+
+/// [`AdminStore::inbox_entry`](idem_core::admin::AdminStore::inbox_entry).
+pub async fn inbox_entry<D: Dialect>(
+    d: &D,
+    subscriber: &str,
+    message_id: &str,
+) -> Result<Option<InboxEntry>, StoreError> {
+    d.bounded(async {
+        let s = Stmt::new(INBOX_ENTRY).bind(subscriber).bind(message_id);
+        let row = D::fetch_optional(On::Pool(d.pool()), s)
+            .await
+            .map_err(|e| d.map(e))?;
+        row.as_ref().map(decode::inbox_entry).transpose()
+    })
+    .await
+}
+
+/// [`AdminStore::list_inbox`](idem_core::admin::AdminStore::list_inbox).
+pub async fn list_inbox<D: Dialect>(d: &D, f: &InboxFilter) -> Result<Vec<InboxEntry>, StoreError> {
+    let (at, sub, msg) = match &f.before {
+        Some((at, s, m)) => (Some(*at), Some(s.as_str()), Some(m.as_str())),
+        None => (None, None, None),
+    };
+    let s = Stmt::new(texts::<D>().list_inbox)
+        .bind(f.subscriber.as_deref())
+        .bind(at)
+        .bind(sub)
+        .bind(msg)
+        .bind(page(f.limit));
+    rows(d, s).await?.iter().map(decode::inbox_entry).collect()
+}
+
+/// [`AdminStore::list_receipts_page`](idem_core::admin::AdminStore::list_receipts_page).
+pub async fn list_receipts_page<D: Dialect>(
+    d: &D,
+    f: &ReceiptFilter,
+) -> Result<Vec<Receipt>, StoreError> {
+    let s = Stmt::new(texts::<D>().list_receipts.as_str())
+        .bind(f.endpoint.as_deref())
+        .bind(f.state.map(ReceiptState::as_str))
+        .bind(f.before_id)
+        .bind(page(f.limit));
+    rows(d, s).await?.iter().map(decode::receipt).collect()
+}
+
+/// [`AdminStore::replay_receipt_in`](idem_core::admin::AdminStore::replay_receipt_in),
+/// in the caller's transaction.
+pub async fn replay_receipt_in<D: Dialect>(
+    tx: &mut D::Tx,
+    endpoint: &str,
+    delivery_id: &str,
+    now_ms: i64,
+) -> Result<Requeue, StoreError> {
+    let read = Stmt::new(texts::<D>().receipt_state)
+        .bind(endpoint)
+        .bind(delivery_id);
+    let Some(state) = state_in::<D>(tx, read).await? else {
+        return Ok(Requeue::NotFound);
+    };
+    let state = ReceiptState::parse(&state).ok_or_else(|| StoreError::Corrupt {
+        detail: format!("receipt state {state:?}"),
+    })?;
+    match state {
+        ReceiptState::Received => Ok(Requeue::AlreadyQueued),
+        ReceiptState::Processed | ReceiptState::Stale => Ok(Requeue::AlreadyFinished(state)),
+        ReceiptState::Failed | ReceiptState::Dead => {
+            let replay = Stmt::new(REPLAY_RECEIPT)
+                .bind(endpoint)
+                .bind(delivery_id)
+                .bind(now_ms);
+            D::execute(On::Conn(&mut **tx), replay)
+                .await
+                .map_err(D::map_err)?;
+            Ok(Requeue::Requeued)
+        }
+    }
+}
+
+/// [`AdminStore::list_runs_page`](idem_core::admin::AdminStore::list_runs_page).
+pub async fn list_runs_page<D: Dialect>(
+    d: &D,
+    f: &RunPageFilter,
+) -> Result<Vec<RunRecord>, StoreError> {
+    let (at, id) = match &f.before {
+        Some((at, id)) => (Some(*at), Some(id.as_str())),
+        None => (None, None),
+    };
+    let s = Stmt::new(texts::<D>().list_runs.as_str())
+        .bind(f.state.map(RunState::as_str))
+        .bind(f.operation.as_ref().map(|o| o.as_str()))
+        .bind(at)
+        .bind(id)
+        .bind(page(f.limit));
+    rows(d, s).await?.iter().map(decode::run).collect()
+}
+
+/// [`AdminStore::end_run_lease`](idem_core::admin::AdminStore::end_run_lease),
+/// in the caller's transaction.
+pub async fn end_run_lease<D: Dialect>(
+    tx: &mut D::Tx,
+    id: &RunId,
+    now_ms: i64,
+) -> Result<LeaseEnd, StoreError> {
+    let read = Stmt::new(texts::<D>().run_state).bind(id.as_str());
+    let Some(state) = state_in::<D>(tx, read).await? else {
+        return Ok(LeaseEnd::NotFound);
+    };
+    let state = RunState::parse(&state).ok_or_else(|| StoreError::Corrupt {
+        detail: format!("run state {state:?}"),
+    })?;
+    if state == RunState::NeedsAttention {
+        return Ok(LeaseEnd::NeedsAttention);
+    }
+    if !state.is_live() {
+        return Ok(LeaseEnd::Final(state));
+    }
+    let end = Stmt::new(texts::<D>().end_run_lease)
+        .bind(id.as_str())
+        .bind(now_ms);
+    D::execute(On::Conn(&mut **tx), end)
+        .await
+        .map_err(D::map_err)?;
+    Ok(LeaseEnd::Ended)
+}
+
+/// [`AdminStore::insert_audit`](idem_core::admin::AdminStore::insert_audit),
+/// in the caller's transaction: the entry's id.
+pub async fn insert_audit<D: Dialect>(tx: &mut D::Tx, e: &NewAudit<'_>) -> Result<i64, StoreError> {
+    let s = Stmt::new(INSERT_AUDIT)
+        .bind(e.at_ms)
+        .bind(e.actor)
+        .bind(e.action)
+        .bind(e.target)
+        .bind(e.detail)
+        .bind(e.idempotency_key);
+    let row = fetch_one::<D>(On::Conn(&mut **tx), s)
+        .await
+        .map_err(D::map_err)?;
+    row::get_at(&row, 0)
+}
+
+/// [`AdminStore::list_audit`](idem_core::admin::AdminStore::list_audit).
+pub async fn list_audit<D: Dialect>(d: &D, f: &AuditFilter) -> Result<Vec<AuditEntry>, StoreError> {
+    let s = Stmt::new(texts::<D>().list_audit)
+        .bind(f.action.as_deref())
+        .bind(f.before_id)
+        .bind(page(f.limit));
+    rows(d, s).await?.iter().map(decode::audit_entry).collect()
+}
+
+/// [`AdminStore`](idem_core::admin::AdminStore) for [`SqlStore`](crate::SqlStore):
+/// each method is this module's function of the same name (or the
+/// `Dialect` method it names).
+mod sql_store {
+    use crate::dialect::Dialect;
+    use crate::store::SqlStore;
+
+    use crate::admin as a;
+    use idem_core::admin::{
+        AdminStore, AuditEntry, AuditFilter, InboxEntry, InboxFilter, KeyDetail, KeyFilter,
+        KeyRelease, KeySummary, LeaseEnd, NewAudit, OutboxEntry, OutboxFilter, OutboxRequeue,
+        ReceiptFilter, ReleaseRequest, RunPageFilter, StateCounts,
+    };
+    use idem_core::steps::{RunId, RunRecord};
+    use idem_core::webhooks::{Receipt, Requeue};
+    use idem_core::{Scope, StoreError};
+
+    impl<D: Dialect> AdminStore for SqlStore<D> {
+        async fn list_keys(&self, f: &KeyFilter) -> Result<Vec<KeySummary>, StoreError> {
+            a::list_keys(&self.0, f).await
+        }
+
+        async fn key_detail(&self, scope: &Scope) -> Result<Option<KeyDetail>, StoreError> {
+            a::key_detail(&self.0, scope).await
+        }
+
+        async fn release_key<'a>(
+            tx: &'a mut D::Tx,
+            scope: &'a Scope,
+            request: ReleaseRequest,
+            now_ms: i64,
+        ) -> Result<KeyRelease, StoreError> {
+            a::release_key::<D>(tx, scope, request, now_ms).await
+        }
+
+        async fn state_counts(&self) -> Result<StateCounts, StoreError> {
+            a::state_counts(&self.0).await
+        }
+
+        async fn list_outbox(&self, f: &OutboxFilter) -> Result<Vec<OutboxEntry>, StoreError> {
+            a::list_outbox(&self.0, f).await
+        }
+
+        async fn requeue_outbox<'a>(
+            tx: &'a mut D::Tx,
+            message_id: &'a str,
+            now_ms: i64,
+        ) -> Result<OutboxRequeue, StoreError> {
+            a::requeue_outbox::<D>(tx, message_id, now_ms).await
+        }
+
+        async fn inbox_entry(
+            &self,
+            subscriber: &str,
+            message_id: &str,
+        ) -> Result<Option<InboxEntry>, StoreError> {
+            a::inbox_entry(&self.0, subscriber, message_id).await
+        }
+
+        async fn list_inbox(&self, f: &InboxFilter) -> Result<Vec<InboxEntry>, StoreError> {
+            a::list_inbox(&self.0, f).await
+        }
+
+        async fn list_receipts_page(&self, f: &ReceiptFilter) -> Result<Vec<Receipt>, StoreError> {
+            a::list_receipts_page(&self.0, f).await
+        }
+
+        async fn replay_receipt_in<'a>(
+            tx: &'a mut D::Tx,
+            endpoint: &'a str,
+            delivery_id: &'a str,
+            now_ms: i64,
+        ) -> Result<Requeue, StoreError> {
+            a::replay_receipt_in::<D>(tx, endpoint, delivery_id, now_ms).await
+        }
+
+        async fn list_runs_page(&self, f: &RunPageFilter) -> Result<Vec<RunRecord>, StoreError> {
+            a::list_runs_page(&self.0, f).await
+        }
+
+        async fn end_run_lease<'a>(
+            tx: &'a mut D::Tx,
+            id: &'a RunId,
+            now_ms: i64,
+        ) -> Result<LeaseEnd, StoreError> {
+            a::end_run_lease::<D>(tx, id, now_ms).await
+        }
+
+        async fn insert_audit<'a>(
+            tx: &'a mut D::Tx,
+            e: &'a NewAudit<'a>,
+        ) -> Result<i64, StoreError> {
+            a::insert_audit::<D>(tx, e).await
+        }
+
+        async fn list_audit(&self, f: &AuditFilter) -> Result<Vec<AuditEntry>, StoreError> {
+            a::list_audit(&self.0, f).await
+        }
+    }
 }

@@ -1,7 +1,13 @@
 //! The key record's statements shared by the engine's store and the
 //! operator's release (`$1`..`$3` always the scope: tenant, operation, key).
 
-use idem_core::StoreError;
+use std::borrow::Cow;
+
+use idem_core::keys::{Claim, Settled, answered_by_read};
+use idem_core::{Completion, Fingerprint, Policy, Scope, StoreError, StoredRecord};
+
+pub use crate::calls::{ClaimRequest, Refused};
+use crate::dialect::{Dialect, Stmt};
 
 /// The key record's columns every decoder of `idem_core::keys::RecordColumns` reads, and
 /// the statement that selects them (`$1`..`$3` the scope), for every
@@ -46,65 +52,37 @@ UPDATE idem_keys SET state = $4, status_code = $5, response_headers = $6, respon
        resource_type = $8, resource_id = $9, locked_until_ms = NULL, updated_at_ms = $10
 WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND state = 'pending'";
 
-/// The scope and outcome binders of a driver: `binders!(Database, int)`
-/// defines `scoped(sql, scope)` (the scope bound as `$1`..`$3`) and
-/// `outcome(query, completion)` (the outcome's six columns, the status as
-/// `int`, the width of the driver's `INTEGER`) and `completed(sql, scope,
-/// request, completion)` (the twelve values of [`INSERT_COMPLETED`]).
-#[macro_export]
-macro_rules! binders {
-    ($db:ty, $int:ty) => {
-        /// `sql` with the scope bound as `$1`, `$2`, `$3`.
-        pub(crate) fn scoped<'q>(
-            sql: &'q str,
-            scope: &'q idem_core::Scope,
-        ) -> sqlx::query::Query<'q, $db, <$db as sqlx::Database>::Arguments<'q>> {
-            sqlx::query(sql)
-                .bind(scope.tenant.as_str())
-                .bind(scope.operation.as_str())
-                .bind(scope.key.as_str())
-        }
-
-        /// The outcome's columns after the parameters before them.
-        pub(crate) fn outcome<'q>(
-            q: sqlx::query::Query<'q, $db, <$db as sqlx::Database>::Arguments<'q>>,
-            c: &'q idem_core::Completion,
-        ) -> sqlx::query::Query<'q, $db, <$db as sqlx::Database>::Arguments<'q>> {
-            let (kind, id) = c.resource_columns();
-            q.bind(c.state.as_str())
-                .bind(<$int>::from(c.response.status))
-                .bind(c.response.headers_json())
-                .bind(&c.response.body[..])
-                .bind(kind)
-                .bind(id)
-        }
-
-        /// `sql` ([`INSERT_COMPLETED`](idem_sql::keys::INSERT_COMPLETED)'s
-        /// parameters) with the optimistic record's twelve values bound.
-        pub(crate) fn completed<'q>(
-            sql: &'q str,
-            scope: &'q idem_core::Scope,
-            r: idem_sql::keys::ClaimRequest<'q>,
-            c: &'q idem_core::Completion,
-        ) -> sqlx::query::Query<'q, $db, <$db as sqlx::Database>::Arguments<'q>> {
-            outcome(scoped(sql, scope).bind(&r.fingerprint.as_bytes()[..]), c)
-                .bind(r.now_ms)
-                .bind(r.policy.expires_at_ms(r.now_ms))
-        }
-    };
+/// `sql` with the scope bound as `$1`, `$2`, `$3`.
+pub fn scoped<'a>(sql: impl Into<Cow<'a, str>>, scope: &'a Scope) -> Stmt<'a> {
+    Stmt::new(sql)
+        .bind(scope.tenant.as_str())
+        .bind(scope.operation.as_str())
+        .bind(scope.key.as_str())
 }
 
-/// What a claim asks for besides the scope: the parameters of
-/// [`KeyStore::claim`](idem_core::KeyStore::claim) as a backend's own
-/// `claim_here` and `insert_completed_message` take them.
-#[derive(Debug, Clone, Copy)]
-pub struct ClaimRequest<'a> {
-    /// The request's fingerprint.
-    pub fingerprint: &'a idem_core::Fingerprint,
-    /// The operation's policy.
-    pub policy: &'a idem_core::Policy,
-    /// Now.
-    pub now_ms: i64,
+/// The outcome's six columns after the parameters before them (the status
+/// an `INTEGER`).
+pub fn outcome<'a>(s: Stmt<'a>, c: &'a Completion) -> Stmt<'a> {
+    let (kind, id) = c.resource_columns();
+    s.bind(c.state.as_str())
+        .int(c.response.status)
+        .bind(c.response.headers_json())
+        .bind(&c.response.body[..])
+        .bind(kind)
+        .bind(id)
+}
+
+/// `sql` ([`INSERT_COMPLETED`]'s parameters) with the optimistic record's
+/// twelve values bound.
+pub fn completed<'a>(
+    sql: impl Into<Cow<'a, str>>,
+    scope: &'a Scope,
+    r: ClaimRequest<'a>,
+    c: &'a Completion,
+) -> Stmt<'a> {
+    outcome(scoped(sql, scope).bind(&r.fingerprint.as_bytes()[..]), c)
+        .bind(r.now_ms)
+        .bind(r.policy.expires_at_ms(r.now_ms))
 }
 
 /// SQLite's claim: under the write lock, a fresh claim or the claim of a
@@ -155,39 +133,6 @@ WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND expires_at_
 RETURNING 1";
 }
 
-/// Why a message that ends in `COMMIT` did not commit: what a backend's
-/// `complete_message` and `insert_completed_message` answer, which
-/// [`key_store!`] turns into the key store's answer.
-pub enum Refused<T> {
-    /// Its guarded write matched no row, so the message failed before its
-    /// `COMMIT`. `T` is what is left of the transaction: still open on
-    /// SQLite's writer (the conflicting record is read in it), nothing on
-    /// PostgreSQL (the server rolled it back).
-    Guard(T),
-    /// Anything else, as the store reports it; the transaction ended.
-    Store(StoreError),
-}
-
-impl<T> From<StoreError> for Refused<T> {
-    fn from(e: StoreError) -> Self {
-        Refused::Store(e)
-    }
-}
-
-impl<T> Refused<T> {
-    /// For a message without a guarded write (a bare `COMMIT`): the store's
-    /// error. A guard refusal cannot come from such a message; if one did,
-    /// the store answered something it should not have, and says so.
-    pub fn unguarded(self) -> StoreError {
-        match self {
-            Refused::Store(e) => e,
-            Refused::Guard(_) => StoreError::Corrupt {
-                detail: "a COMMIT without a guarded write was refused as guarded".into(),
-            },
-        }
-    }
-}
-
 /// The claimed record could not be completed: another process took it over
 /// or collected it. Nothing of the operation committed.
 pub fn no_longer_pending() -> StoreError {
@@ -196,128 +141,167 @@ pub fn no_longer_pending() -> StoreError {
     }
 }
 
-/// Implements [`KeyStore`](idem_core::KeyStore) for a backend's store:
-/// `key_store!(Store, Tx, dialect; extra trait items)`. The read, the purge
-/// and what a refused message means are written here; the claim, `BEGIN`,
-/// the record's messages, `COMMIT` and `ROLLBACK`, which each backend sends
-/// its own way, are the store's own:
-/// - `claim_here(scope, ClaimRequest)`: the claim after the read-first step
-///   found no record that answers it, and `begin_here()`;
-/// - `complete_message(tx, scope, completion, now_ms)`: the claimed
-///   record's update, guarded, and `COMMIT`, answering
-///   `Result<(), Refused<()>>` (the transaction ended either way);
-/// - `insert_completed_message(tx, scope, ClaimRequest, completion)`: the
-///   optimistic claim's record inserted, guarded, and `COMMIT`, answering
-///   `Result<(), Refused<Left>>`, and `live_record(left, scope)`: the record
-///   that refused it;
-/// - `commit_here(tx)`, `rollback_here(tx)` and `read_first(scope)`.
-#[macro_export]
-macro_rules! key_store {
-    ($store:ty, $tx:ty, $d:ident $(; $($extra:tt)*)?) => {
-        const _: () = {
-            use idem_core::keys::{Claim, Settled};
-            use idem_core::{
-                Completion, Fingerprint, KeyStore, Policy, Scope, StoreError, StoredRecord,
-            };
-            use $crate::keys::{ClaimRequest, Refused};
-
-            impl KeyStore for $store {
-                type Tx = $tx;
-
-                async fn claim(
-                    &self,
-                    scope: &Scope,
-                    fingerprint: &Fingerprint,
-                    policy: &Policy,
-                    now_ms: i64,
-                ) -> Result<Claim<$tx>, StoreError> {
-                    let request = ClaimRequest {
-                        fingerprint,
-                        policy,
-                        now_ms,
-                    };
-                    // One deadline for the read and the claim.
-                    self.bounded_claim(policy.wait, async {
-                        // Read first: a replay, a conflict or a request in
-                        // flight is answered by the committed record,
-                        // without a write.
-                        if let Some(record) = self.read_first(scope).await?
-                            && idem_core::keys::answered_by_read(
-                                &record,
-                                fingerprint,
-                                policy,
-                                now_ms,
-                            )
-                        {
-                            return Ok(Claim::Existing(record));
-                        }
-                        self.claim_here(scope, request).await
-                    })
-                    .await
-                }
-
-                async fn complete(
-                    &self,
-                    tx: $tx,
-                    scope: &Scope,
-                    completion: &Completion,
-                    now_ms: i64,
-                ) -> Result<(), StoreError> {
-                    match self.complete_message(tx, scope, completion, now_ms).await {
-                        Ok(()) => Ok(()),
-                        Err(Refused::Guard(())) => Err($crate::keys::no_longer_pending()),
-                        Err(Refused::Store(e)) => Err(e),
-                    }
-                }
-
-                async fn insert_completed(
-                    &self,
-                    tx: $tx,
-                    scope: &Scope,
-                    fingerprint: &Fingerprint,
-                    completion: &Completion,
-                    policy: &Policy,
-                    now_ms: i64,
-                ) -> Result<Settled, StoreError> {
-                    let request = ClaimRequest {
-                        fingerprint,
-                        policy,
-                        now_ms,
-                    };
-                    match self
-                        .insert_completed_message(tx, scope, request, completion)
-                        .await
-                    {
-                        Ok(()) => Ok(Settled::Committed),
-                        Err(Refused::Guard(left)) => {
-                            self.live_record(left, scope).await.map(Settled::Existing)
-                        }
-                        Err(Refused::Store(e)) => Err(e),
-                    }
-                }
-
-                async fn begin(&self) -> Result<$tx, StoreError> {
-                    self.begin_here().await
-                }
-
-                async fn commit(&self, tx: $tx) -> Result<(), StoreError> {
-                    self.commit_here(tx).await
-                }
-
-                async fn rollback(&self, tx: $tx) -> Result<(), StoreError> {
-                    self.rollback_here(tx).await
-                }
-
-                async fn fetch(&self, scope: &Scope) -> Result<Option<StoredRecord>, StoreError> {
-                    self.bounded(self.read_first(scope)).await
-                }
-
-                async fn purge_expired(&self, now_ms: i64, limit: u32) -> Result<u64, StoreError> {
-                    self.purge($crate::purge::$d::KEYS, now_ms, limit).await
-                }
-
-                $($($extra)*)?
-            }
-        };
+/// [`KeyStore::claim`](idem_core::KeyStore::claim): the read first, then
+/// the dialect's claim, under one deadline.
+pub async fn claim<D: Dialect>(
+    d: &D,
+    scope: &Scope,
+    fingerprint: &Fingerprint,
+    policy: &Policy,
+    now_ms: i64,
+) -> Result<Claim<D::Tx>, StoreError> {
+    let request = ClaimRequest {
+        fingerprint,
+        policy,
+        now_ms,
     };
+    // One deadline for the read and the claim.
+    d.bounded_claim(policy.wait, async {
+        // Read first: a replay, a conflict or a request in flight is
+        // answered by the committed record, without a write.
+        if let Some(record) = d.read_first(scope).await?
+            && answered_by_read(&record, fingerprint, policy, now_ms)
+        {
+            return Ok(Claim::Existing(record));
+        }
+        d.claim_here(scope, request).await
+    })
+    .await
+}
+
+/// [`KeyStore::complete`](idem_core::KeyStore::complete): the dialect's
+/// message, a guard refusal as [`no_longer_pending`].
+pub async fn complete<D: Dialect>(
+    d: &D,
+    tx: D::Tx,
+    scope: &Scope,
+    completion: &Completion,
+    now_ms: i64,
+) -> Result<(), StoreError> {
+    match d.complete_message(tx, scope, completion, now_ms).await {
+        Ok(()) => Ok(()),
+        Err(Refused::Guard(())) => Err(no_longer_pending()),
+        Err(Refused::Store(e)) => Err(e),
+    }
+}
+
+/// [`KeyStore::insert_completed`](idem_core::KeyStore::insert_completed):
+/// the dialect's message; a guard refusal answers the live record.
+pub async fn insert_completed<D: Dialect>(
+    d: &D,
+    tx: D::Tx,
+    scope: &Scope,
+    fingerprint: &Fingerprint,
+    completion: &Completion,
+    policy: &Policy,
+    now_ms: i64,
+) -> Result<Settled, StoreError> {
+    let request = ClaimRequest {
+        fingerprint,
+        policy,
+        now_ms,
+    };
+    match d
+        .insert_completed_message(tx, scope, request, completion)
+        .await
+    {
+        Ok(()) => Ok(Settled::Committed),
+        Err(Refused::Guard(left)) => d.live_record(left, scope).await.map(Settled::Existing),
+        Err(Refused::Store(e)) => Err(e),
+    }
+}
+
+/// [`KeyStore::fetch`](idem_core::KeyStore::fetch): the read first, under
+/// the deadline.
+pub async fn fetch<D: Dialect>(d: &D, scope: &Scope) -> Result<Option<StoredRecord>, StoreError> {
+    d.bounded(d.read_first(scope)).await
+}
+
+/// [`KeyStore::purge_expired`](idem_core::KeyStore::purge_expired).
+pub async fn purge_expired<D: Dialect>(d: &D, now_ms: i64, limit: u32) -> Result<u64, StoreError> {
+    crate::purge::purge(d, crate::purge::batches::<D>().keys, now_ms, limit).await
+}
+
+/// [`KeyStore`](idem_core::KeyStore) for [`SqlStore`](crate::SqlStore):
+/// each method is this module's function of the same name (or the
+/// `Dialect` method it names).
+mod sql_store {
+    use crate::dialect::Dialect;
+    use crate::store::SqlStore;
+
+    impl<D: Dialect> idem_core::KeyStore for SqlStore<D> {
+        type Tx = D::Tx;
+
+        async fn claim(
+            &self,
+            scope: &idem_core::Scope,
+            fingerprint: &idem_core::Fingerprint,
+            policy: &idem_core::Policy,
+            now_ms: i64,
+        ) -> Result<idem_core::keys::Claim<Self::Tx>, idem_core::StoreError> {
+            crate::keys::claim(&self.0, scope, fingerprint, policy, now_ms).await
+        }
+
+        async fn complete(
+            &self,
+            tx: Self::Tx,
+            scope: &idem_core::Scope,
+            completion: &idem_core::Completion,
+            now_ms: i64,
+        ) -> Result<(), idem_core::StoreError> {
+            crate::keys::complete(&self.0, tx, scope, completion, now_ms).await
+        }
+
+        async fn insert_completed(
+            &self,
+            tx: Self::Tx,
+            scope: &idem_core::Scope,
+            fingerprint: &idem_core::Fingerprint,
+            completion: &idem_core::Completion,
+            policy: &idem_core::Policy,
+            now_ms: i64,
+        ) -> Result<idem_core::keys::Settled, idem_core::StoreError> {
+            crate::keys::insert_completed(
+                &self.0,
+                tx,
+                scope,
+                fingerprint,
+                completion,
+                policy,
+                now_ms,
+            )
+            .await
+        }
+
+        async fn begin(&self) -> Result<Self::Tx, idem_core::StoreError> {
+            crate::dialect::Dialect::begin_here(&self.0).await
+        }
+
+        async fn commit(&self, tx: Self::Tx) -> Result<(), idem_core::StoreError> {
+            crate::dialect::Dialect::commit_here(&self.0, tx).await
+        }
+
+        async fn rollback(&self, tx: Self::Tx) -> Result<(), idem_core::StoreError> {
+            crate::dialect::Dialect::rollback_here(&self.0, tx).await
+        }
+
+        async fn fetch(
+            &self,
+            scope: &idem_core::Scope,
+        ) -> Result<Option<idem_core::StoredRecord>, idem_core::StoreError> {
+            crate::keys::fetch(&self.0, scope).await
+        }
+
+        async fn purge_expired(
+            &self,
+            now_ms: i64,
+            limit: u32,
+        ) -> Result<u64, idem_core::StoreError> {
+            crate::keys::purge_expired(&self.0, now_ms, limit).await
+        }
+
+        fn clock(&self) -> idem_core::SharedClock {
+            crate::dialect::Dialect::clock(&self.0)
+        }
+    }
 }

@@ -3,8 +3,19 @@
 //! operation and the key). Every write after the claim is conditional on
 //! the token, or on the lease having run out.
 
+use idem_core::leased::{
+    LeaseToken, LeasedClaim, NextStep, OnUnknown, Resolution, UNRESOLVED_EXPIRES_AT_MS,
+    claim_expires_at_ms, next_step,
+};
+use idem_core::{Completion, Fingerprint, Policy, Scope, StoreError, StoredRecord};
+
+pub use crate::calls::LeaseClaim;
+use crate::dialect::{Dialect, On, Stmt};
+use crate::keys::{outcome, scoped};
+use crate::store::KEEP_AFTER_MESSAGE_BYTES;
+
 /// A fresh claim: `$4` request hash, `$5` lease deadline, `$6` token,
-/// `$7` now, `$8` expiry, `$9` the record's [`OnUnknown`](idem_core::leased::OnUnknown).
+/// `$7` now, `$8` expiry, `$9` the record's [`OnUnknown`].
 /// Nothing on a conflict (no row lock: a replay writes nothing).
 pub const INSERT: &str = "\
 INSERT INTO idem_keys (tenant_id, operation, idempotency_key, request_hash, state,
@@ -28,9 +39,9 @@ RETURNING 1";
 /// A takeover of an abandoned lease of the same request: `$4` request
 /// hash, `$5` new deadline, `$6` new token, `$7` now, `$8` the lease end
 /// the claimer read (so the end it reports is the one it took over),
-/// `$9` the claimer's [`OnUnknown`](idem_core::leased::OnUnknown) (never less strict
-/// than the record's: [`next_step`](idem_core::leased::next_step)), `$10` its claim expiry
-/// ([`claim_expires_at_ms`](idem_core::leased::claim_expires_at_ms)). A record taken over by a stricter
+/// `$9` the claimer's [`OnUnknown`] (never less strict
+/// than the record's: [`next_step`]), `$10` its claim expiry
+/// ([`claim_expires_at_ms`]). A record taken over by a stricter
 /// claimer is held as that claimer's would be.
 pub const TAKE_OVER: &str = "\
 UPDATE idem_keys SET locked_until_ms = $5, lock_token = $6, updated_at_ms = $7,
@@ -52,7 +63,7 @@ WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND lock_token 
 
 /// `$4` token, `$5` the lease's new end (at most now: the work's
 /// outcome is unknown from then on), `$6` a reason for operators (kept
-/// when NULL), `$7` now, `$8` [`UNRESOLVED_EXPIRES_AT_MS`](idem_core::leased::UNRESOLVED_EXPIRES_AT_MS). The
+/// when NULL), `$7` now, `$8` [`UNRESOLVED_EXPIRES_AT_MS`]. The
 /// record stays pending: a retry finds it abandoned. Unless its work may
 /// be repeated harmlessly (`reforward`), it no longer expires: an
 /// unknown outcome is held until it is verified or resolved, never
@@ -97,222 +108,247 @@ UPDATE idem_keys SET state = $5, status_code = $6, response_headers = $7, respon
 WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND state = 'pending'
   AND locked_until_ms IS NOT NULL AND locked_until_ms <= $4 AND expires_at_ms > $4";
 
-/// What a leased claim asks for: the parameters of
-/// [`LeasedKeyStore::claim_leased`](idem_core::leased::LeasedKeyStore::claim_leased)
-/// besides the scope and now, as the backend's own claim takes them.
-#[derive(Debug, Clone, Copy)]
-pub struct LeaseClaim<'a> {
-    /// The request's fingerprint.
-    pub fingerprint: &'a idem_core::Fingerprint,
-    /// The operation's policy (its expiry, its wait).
-    pub policy: &'a idem_core::Policy,
-    /// The claimer's token.
-    pub token: &'a idem_core::leased::LeaseToken,
-    /// The lease's end.
-    pub locked_until_ms: i64,
-    /// What an unknown outcome of the claimer's work allows.
-    pub on_unknown: idem_core::leased::OnUnknown,
+/// A claim's statement `sql` with `$1`..`$7` bound: the scope, request
+/// hash, lease end, token, now.
+fn claim_query<'a>(sql: &'a str, scope: &'a Scope, c: &LeaseClaim<'a>, now_ms: i64) -> Stmt<'a> {
+    scoped(sql, scope)
+        .bind(&c.fingerprint.as_bytes()[..])
+        .bind(c.locked_until_ms)
+        .bind(c.token.as_str())
+        .bind(now_ms)
 }
 
-/// Implements [`LeasedKeyStore`](idem_core::leased::LeasedKeyStore) for a
-/// backend's store: every write after the claim is one autocommit statement
-/// of this module (through the store's `bounded_write`, with the crate's
-/// `scoped` and `outcome` binders, [`binders!`](crate::binders)); the claim,
-/// whose locking differs, is the store's own `claim_leased_here(scope,
-/// LeaseClaim, now_ms)`, written with the two statement builders this
-/// macro defines: `claim_insert` (the fresh claim) and `claim_over` (what a
-/// claim writes over the record it found, if anything):
-/// `leased_store!(Store, Database)`.
-#[macro_export]
-macro_rules! leased_store {
-    ($store:ty, $db:ty) => {
-        /// A claim's statement `sql` with `$1`..`$7` bound: the scope,
-        /// request hash, lease end, token, now.
-        fn claim_query<'q>(
-            sql: &'q str,
-            scope: &'q idem_core::Scope,
-            c: &$crate::leased::LeaseClaim<'q>,
-            now_ms: i64,
-        ) -> sqlx::query::Query<'q, $db, <$db as sqlx::Database>::Arguments<'q>> {
-            scoped(sql, scope)
-                .bind(&c.fingerprint.as_bytes()[..])
-                .bind(c.locked_until_ms)
-                .bind(c.token.as_str())
-                .bind(now_ms)
-        }
+/// The fresh claim ([`INSERT`]).
+pub fn claim_insert<'a>(scope: &'a Scope, c: &LeaseClaim<'a>, now_ms: i64) -> Stmt<'a> {
+    let expiry = claim_expires_at_ms(c.policy, c.on_unknown, now_ms);
+    claim_query(INSERT, scope, c, now_ms)
+        .bind(expiry)
+        .bind(c.on_unknown.as_str())
+}
 
-        /// The fresh claim ([`idem_sql::leased::INSERT`]).
-        fn claim_insert<'q>(
-            scope: &'q idem_core::Scope,
-            c: &$crate::leased::LeaseClaim<'q>,
-            now_ms: i64,
-        ) -> sqlx::query::Query<'q, $db, <$db as sqlx::Database>::Arguments<'q>> {
-            let expiry = idem_core::leased::claim_expires_at_ms(c.policy, c.on_unknown, now_ms);
-            claim_query($crate::leased::INSERT, scope, c, now_ms)
+/// What a claim writes over `record`, which it found in its way: the
+/// reclaim of an expired record or the takeover of an abandoned lease, with
+/// what winning it answers; `None` when the record stays as it is (a
+/// replay, a live lease, another request).
+pub fn claim_over<'a>(
+    record: &StoredRecord,
+    scope: &'a Scope,
+    c: &LeaseClaim<'a>,
+    now_ms: i64,
+) -> Option<(Stmt<'a>, LeasedClaim)> {
+    let expiry = claim_expires_at_ms(c.policy, c.on_unknown, now_ms);
+    match next_step(record, c.fingerprint, c.on_unknown, now_ms) {
+        NextStep::Keep => None,
+        NextStep::Reclaim => Some((
+            claim_query(RECLAIM_EXPIRED, scope, c, now_ms)
                 .bind(expiry)
-                .bind(c.on_unknown.as_str())
+                .bind(c.on_unknown.as_str()),
+            LeasedClaim::Claimed,
+        )),
+        NextStep::TakeOver => {
+            let ended = record.locked_until_ms.unwrap_or(now_ms);
+            Some((
+                claim_query(TAKE_OVER, scope, c, now_ms)
+                    .bind(ended)
+                    .bind(c.on_unknown.as_str())
+                    .bind(expiry),
+                LeasedClaim::TakenOver {
+                    lease_ended_at_ms: ended,
+                },
+            ))
         }
+    }
+}
 
-        /// What a claim writes over `record`, which it found in its way:
-        /// the reclaim of an expired record or the takeover of an abandoned
-        /// lease, with what winning it answers; `None` when the record stays
-        /// as it is (a replay, a live lease, another request).
-        fn claim_over<'q>(
-            record: &idem_core::StoredRecord,
-            scope: &'q idem_core::Scope,
-            c: &$crate::leased::LeaseClaim<'q>,
-            now_ms: i64,
-        ) -> Option<(
-            sqlx::query::Query<'q, $db, <$db as sqlx::Database>::Arguments<'q>>,
-            idem_core::leased::LeasedClaim,
-        )> {
-            use idem_core::leased::{LeasedClaim, NextStep, claim_expires_at_ms, next_step};
-            let expiry = claim_expires_at_ms(c.policy, c.on_unknown, now_ms);
-            match next_step(record, c.fingerprint, c.on_unknown, now_ms) {
-                NextStep::Keep => None,
-                NextStep::Reclaim => Some((
-                    claim_query($crate::leased::RECLAIM_EXPIRED, scope, c, now_ms)
-                        .bind(expiry)
-                        .bind(c.on_unknown.as_str()),
-                    LeasedClaim::Claimed,
-                )),
-                NextStep::TakeOver => {
-                    let ended = record.locked_until_ms.unwrap_or(now_ms);
-                    Some((
-                        claim_query($crate::leased::TAKE_OVER, scope, c, now_ms)
-                            .bind(ended)
-                            .bind(c.on_unknown.as_str())
-                            .bind(expiry),
-                        LeasedClaim::TakenOver {
-                            lease_ended_at_ms: ended,
-                        },
-                    ))
-                }
-            }
-        }
+/// One autocommit write on the pool: whether it changed one row.
+async fn write_one<D: Dialect>(d: &D, s: Stmt<'_>) -> Result<bool, StoreError> {
+    let done = d.bounded_write(D::execute(On::Pool(d.pool()), s)).await?;
+    Ok(done == 1)
+}
 
-        const _: () = {
-            use idem_core::leased::{
-                LeaseToken, LeasedClaim, LeasedKeyStore, OnUnknown, Resolution,
-                UNRESOLVED_EXPIRES_AT_MS,
-            };
-            use idem_core::{Completion, Fingerprint, Policy, Scope, StoreError};
-            use $crate::leased as sql;
-
-            impl LeasedKeyStore for $store {
-                #[allow(clippy::too_many_arguments)]
-                async fn claim_leased(
-                    &self,
-                    scope: &Scope,
-                    fingerprint: &Fingerprint,
-                    policy: &Policy,
-                    token: &LeaseToken,
-                    locked_until_ms: i64,
-                    on_unknown: OnUnknown,
-                    now_ms: i64,
-                ) -> Result<LeasedClaim, StoreError> {
-                    let claim = $crate::leased::LeaseClaim {
-                        fingerprint,
-                        policy,
-                        token,
-                        locked_until_ms,
-                        on_unknown,
-                    };
-                    self.claim_leased_here(scope, claim, now_ms).await
-                }
-
-                async fn renew_leased(
-                    &self,
-                    scope: &Scope,
-                    token: &LeaseToken,
-                    locked_until_ms: i64,
-                    now_ms: i64,
-                ) -> Result<bool, StoreError> {
-                    let q = scoped(sql::RENEW, scope)
-                        .bind(token.as_str())
-                        .bind(locked_until_ms)
-                        .bind(now_ms);
-                    let done = self.bounded_write(q.execute(self.pool())).await?;
-                    Ok(done.rows_affected() == 1)
-                }
-
-                async fn abandon_leased(
-                    &self,
-                    scope: &Scope,
-                    token: &LeaseToken,
-                    until_ms: i64,
-                    reason: Option<&str>,
-                    now_ms: i64,
-                ) -> Result<bool, StoreError> {
-                    let q = scoped(sql::ABANDON, scope)
-                        .bind(token.as_str())
-                        .bind(until_ms.min(now_ms))
-                        .bind(reason)
-                        .bind(now_ms)
-                        .bind(UNRESOLVED_EXPIRES_AT_MS);
-                    let done = self.bounded_write(q.execute(self.pool())).await?;
-                    Ok(done.rows_affected() == 1)
-                }
-
-                async fn complete_leased(
-                    &self,
-                    scope: &Scope,
-                    token: &LeaseToken,
-                    completion: &Completion,
-                    now_ms: i64,
-                    expires_at_ms: i64,
-                ) -> Result<bool, StoreError> {
-                    let q = outcome(
-                        scoped(sql::COMPLETE, scope).bind(token.as_str()),
-                        completion,
-                    )
-                    .bind(now_ms)
-                    .bind(expires_at_ms);
-                    if completion.response.body.len() <= $crate::store::KEEP_AFTER_MESSAGE_BYTES {
-                        let done = self.bounded_write(q.execute(self.pool())).await?;
-                        return Ok(done.rows_affected() == 1);
-                    }
-                    // The driver keeps a connection's buffers as large as
-                    // its largest message: the connection that stored a
-                    // large answer is closed, not kept in the pool.
-                    let done = self
-                        .bounded_write(async {
-                            let mut conn = self.pool().acquire().await?;
-                            let done = q.execute(&mut *conn).await?;
-                            drop(conn.detach());
-                            Ok(done)
-                        })
-                        .await?;
-                    Ok(done.rows_affected() == 1)
-                }
-
-                async fn release_leased(
-                    &self,
-                    scope: &Scope,
-                    token: &LeaseToken,
-                ) -> Result<bool, StoreError> {
-                    let q = scoped(sql::RELEASE, scope).bind(token.as_str());
-                    let done = self.bounded_write(q.execute(self.pool())).await?;
-                    Ok(done.rows_affected() == 1)
-                }
-
-                async fn resolve_abandoned(
-                    &self,
-                    scope: &Scope,
-                    resolution: &Resolution,
-                    now_ms: i64,
-                ) -> Result<bool, StoreError> {
-                    let q = match resolution {
-                        Resolution::Release => scoped(sql::RESOLVE_RELEASE, scope).bind(now_ms),
-                        Resolution::Answer(c) => {
-                            outcome(scoped(sql::RESOLVE_ANSWER, scope).bind(now_ms), c)
-                                .bind(Policy::default().expires_at_ms(now_ms))
-                        }
-                    };
-                    let done = self.bounded_write(q.execute(self.pool())).await?;
-                    Ok(done.rows_affected() == 1)
-                }
-            }
-        };
+/// [`LeasedKeyStore::claim_leased`](idem_core::leased::LeasedKeyStore::claim_leased):
+/// the dialect's claim.
+#[allow(clippy::too_many_arguments)]
+pub async fn claim_leased<D: Dialect>(
+    d: &D,
+    scope: &Scope,
+    fingerprint: &Fingerprint,
+    policy: &Policy,
+    token: &LeaseToken,
+    locked_until_ms: i64,
+    on_unknown: OnUnknown,
+    now_ms: i64,
+) -> Result<LeasedClaim, StoreError> {
+    let claim = LeaseClaim {
+        fingerprint,
+        policy,
+        token,
+        locked_until_ms,
+        on_unknown,
     };
+    d.claim_leased_here(scope, claim, now_ms).await
+}
+
+/// [`LeasedKeyStore::renew_leased`](idem_core::leased::LeasedKeyStore::renew_leased).
+pub async fn renew_leased<D: Dialect>(
+    d: &D,
+    scope: &Scope,
+    token: &LeaseToken,
+    locked_until_ms: i64,
+    now_ms: i64,
+) -> Result<bool, StoreError> {
+    let s = scoped(RENEW, scope)
+        .bind(token.as_str())
+        .bind(locked_until_ms)
+        .bind(now_ms);
+    write_one(d, s).await
+}
+
+/// [`LeasedKeyStore::abandon_leased`](idem_core::leased::LeasedKeyStore::abandon_leased).
+pub async fn abandon_leased<D: Dialect>(
+    d: &D,
+    scope: &Scope,
+    token: &LeaseToken,
+    until_ms: i64,
+    reason: Option<&str>,
+    now_ms: i64,
+) -> Result<bool, StoreError> {
+    let s = scoped(ABANDON, scope)
+        .bind(token.as_str())
+        .bind(until_ms.min(now_ms))
+        .bind(reason)
+        .bind(now_ms)
+        .bind(UNRESOLVED_EXPIRES_AT_MS);
+    write_one(d, s).await
+}
+
+/// [`LeasedKeyStore::complete_leased`](idem_core::leased::LeasedKeyStore::complete_leased).
+pub async fn complete_leased<D: Dialect>(
+    d: &D,
+    scope: &Scope,
+    token: &LeaseToken,
+    completion: &Completion,
+    now_ms: i64,
+    expires_at_ms: i64,
+) -> Result<bool, StoreError> {
+    let s = outcome(scoped(COMPLETE, scope).bind(token.as_str()), completion)
+        .bind(now_ms)
+        .bind(expires_at_ms);
+    if completion.response.body.len() <= KEEP_AFTER_MESSAGE_BYTES {
+        return write_one(d, s).await;
+    }
+    // The driver keeps a connection's buffers as large as its largest
+    // message: the connection that stored a large answer is closed, not
+    // kept in the pool.
+    let done = d
+        .bounded_write(async {
+            let mut conn = d.pool().acquire().await?;
+            let done = D::execute(On::Conn(&mut *conn), s).await?;
+            drop(conn.detach());
+            Ok(done)
+        })
+        .await?;
+    Ok(done == 1)
+}
+
+/// [`LeasedKeyStore::release_leased`](idem_core::leased::LeasedKeyStore::release_leased).
+pub async fn release_leased<D: Dialect>(
+    d: &D,
+    scope: &Scope,
+    token: &LeaseToken,
+) -> Result<bool, StoreError> {
+    write_one(d, scoped(RELEASE, scope).bind(token.as_str())).await
+}
+
+/// [`LeasedKeyStore::resolve_abandoned`](idem_core::leased::LeasedKeyStore::resolve_abandoned).
+pub async fn resolve_abandoned<D: Dialect>(
+    d: &D,
+    scope: &Scope,
+    resolution: &Resolution,
+    now_ms: i64,
+) -> Result<bool, StoreError> {
+    let s = match resolution {
+        Resolution::Release => scoped(RESOLVE_RELEASE, scope).bind(now_ms),
+        Resolution::Answer(c) => outcome(scoped(RESOLVE_ANSWER, scope).bind(now_ms), c)
+            .bind(Policy::default().expires_at_ms(now_ms)),
+    };
+    write_one(d, s).await
+}
+
+/// [`LeasedKeyStore`](idem_core::leased::LeasedKeyStore) for [`SqlStore`](crate::SqlStore):
+/// each method is this module's function of the same name (or the
+/// `Dialect` method it names).
+mod sql_store {
+    use crate::dialect::Dialect;
+    use crate::store::SqlStore;
+
+    use crate::leased as l;
+    use idem_core::leased::{LeaseToken, LeasedClaim, OnUnknown, Resolution};
+    use idem_core::{Completion, Fingerprint, Policy, Scope, StoreError};
+
+    impl<D: Dialect> idem_core::leased::LeasedKeyStore for SqlStore<D> {
+        #[allow(clippy::too_many_arguments)]
+        async fn claim_leased(
+            &self,
+            scope: &Scope,
+            fingerprint: &Fingerprint,
+            policy: &Policy,
+            token: &LeaseToken,
+            locked_until_ms: i64,
+            on_unknown: OnUnknown,
+            now_ms: i64,
+        ) -> Result<LeasedClaim, StoreError> {
+            let (f, p, t) = (fingerprint, policy, token);
+            l::claim_leased(&self.0, scope, f, p, t, locked_until_ms, on_unknown, now_ms).await
+        }
+
+        async fn renew_leased(
+            &self,
+            scope: &Scope,
+            token: &LeaseToken,
+            locked_until_ms: i64,
+            now_ms: i64,
+        ) -> Result<bool, StoreError> {
+            l::renew_leased(&self.0, scope, token, locked_until_ms, now_ms).await
+        }
+
+        async fn abandon_leased(
+            &self,
+            scope: &Scope,
+            token: &LeaseToken,
+            until_ms: i64,
+            reason: Option<&str>,
+            now_ms: i64,
+        ) -> Result<bool, StoreError> {
+            l::abandon_leased(&self.0, scope, token, until_ms, reason, now_ms).await
+        }
+
+        async fn complete_leased(
+            &self,
+            scope: &Scope,
+            token: &LeaseToken,
+            completion: &Completion,
+            now_ms: i64,
+            expires_at_ms: i64,
+        ) -> Result<bool, StoreError> {
+            l::complete_leased(&self.0, scope, token, completion, now_ms, expires_at_ms).await
+        }
+
+        async fn release_leased(
+            &self,
+            scope: &Scope,
+            token: &LeaseToken,
+        ) -> Result<bool, StoreError> {
+            l::release_leased(&self.0, scope, token).await
+        }
+
+        async fn resolve_abandoned(
+            &self,
+            scope: &Scope,
+            resolution: &Resolution,
+            now_ms: i64,
+        ) -> Result<bool, StoreError> {
+            l::resolve_abandoned(&self.0, scope, resolution, now_ms).await
+        }
+    }
 }

@@ -2,12 +2,16 @@
 //!
 //! [`sqlite::MIGRATIONS`] and [`postgres::MIGRATIONS`] are the key store's
 //! own migrations (the files under `migrations/<dialect>/`).
-//! [`migrate_fn!`](crate::migrate_fn) defines a backend's
-//! `migrate_component`: each migration of a component that
+//! [`run`] is each backend's `migrate_component`: each migration of a component that
 //! `idem_schema_migrations` does not record is applied in a transaction of
 //! its own, with the record of it. Concurrent runners apply each once:
 //! SQLite's `BEGIN IMMEDIATE` serialises them, PostgreSQL's runners take an
 //! advisory lock first.
+
+use idem_core::StoreError;
+
+use crate::dialect::{Dialect, On, Stmt, fetch_one};
+use crate::row;
 
 /// Whether `$1` (component) has applied `$2` (version).
 pub const SEEN: &str =
@@ -107,6 +111,14 @@ pub mod sqlite {
     pub const RECORD: &str = "\
 INSERT INTO idem_schema_migrations (component, version, name, applied_at_ms)
 VALUES ($1, $2, $3, CAST(unixepoch('subsec') * 1000 AS INTEGER))";
+    /// The runner's statements.
+    pub const RUNNER: super::Runner = super::Runner {
+        begin: BEGIN,
+        prelude: PRELUDE,
+        table_exists: TABLE_EXISTS,
+        create_table: CREATE_TABLE,
+        record: RECORD,
+    };
 }
 
 /// PostgreSQL's schema and runner statements.
@@ -134,64 +146,85 @@ pub mod postgres {
     /// `$1` component, `$2` version, `$3` name applied now.
     pub const RECORD: &str =
         "INSERT INTO idem_schema_migrations (component, version, name) VALUES ($1, $2, $3)";
+    /// The runner's statements.
+    pub const RUNNER: super::Runner = super::Runner {
+        begin: BEGIN,
+        prelude: PRELUDE,
+        table_exists: TABLE_EXISTS,
+        create_table: CREATE_TABLE,
+        record: RECORD,
+    };
 }
 
-/// Defines a backend's `migrate_component(pool, component, migrations)`:
-/// `migrate_fn!(Pool, dialect)`, errors through the crate's `map_err`.
-#[macro_export]
-macro_rules! migrate_fn {
-    ($pool:ty, $d:ident) => {
-        /// Applies `migrations` of `component` that this database has not
-        /// recorded in `idem_schema_migrations`, each in a transaction of its
-        /// own with its record, so concurrent runners apply each once (see
-        /// [`idem_sql::migrate`]).
-        pub async fn migrate_component(
-            pool: &$pool,
-            component: &str,
-            migrations: &[idem_core::Migration],
-        ) -> Result<(), idem_core::StoreError> {
-            use $crate::migrate::$d as sql;
-            for m in migrations {
-                let mut tx = pool.begin_with(sql::BEGIN).await.map_err(map_err)?;
-                for statement in sql::PRELUDE {
-                    sqlx::raw_sql(statement)
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(map_err)?;
-                }
-                let exists: bool = sqlx::query_scalar(sql::TABLE_EXISTS)
-                    .fetch_one(&mut *tx)
-                    .await
-                    .map_err(map_err)?;
-                if !exists {
-                    sqlx::raw_sql(sql::CREATE_TABLE)
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(map_err)?;
-                }
-                let seen: Option<i64> = sqlx::query_scalar($crate::migrate::SEEN)
-                    .bind(component)
-                    .bind(m.version)
-                    .fetch_optional(&mut *tx)
-                    .await
-                    .map_err(map_err)?;
-                if seen.is_some() {
-                    continue;
-                }
-                sqlx::raw_sql(m.sql)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(map_err)?;
-                sqlx::query(sql::RECORD)
-                    .bind(component)
-                    .bind(m.version)
-                    .bind(m.name)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(map_err)?;
-                tx.commit().await.map_err(map_err)?;
-            }
-            Ok(())
+/// A dialect's runner statements.
+#[derive(Debug)]
+pub struct Runner {
+    /// A migration's transaction's `BEGIN`.
+    pub begin: &'static str,
+    /// Run (as simple queries) before the first read.
+    pub prelude: &'static [&'static str],
+    /// Whether the record of migrations exists (one boolean column).
+    pub table_exists: &'static str,
+    /// The record of migrations.
+    pub create_table: &'static str,
+    /// `$1` component, `$2` version, `$3` name applied now.
+    pub record: &'static str,
+}
+
+/// The key store's own migrations in `D`'s SQL family.
+pub(crate) fn migrations<D: Dialect>() -> &'static [idem_core::Migration] {
+    D::FAMILY.pick(sqlite::MIGRATIONS, postgres::MIGRATIONS)
+}
+
+/// This capability's text in `D`'s SQL family.
+pub(crate) fn runner<D: Dialect>() -> &'static Runner {
+    D::FAMILY.pick(&sqlite::RUNNER, &postgres::RUNNER)
+}
+
+/// Applies `migrations` of `component` that this database has not recorded
+/// in `idem_schema_migrations`, each in a transaction of its own with its
+/// record, so concurrent runners apply each once (see the module docs).
+/// Each backend's `migrate_component` is this with its dialect.
+pub async fn run<D: Dialect>(
+    pool: &sqlx::Pool<D::Db>,
+    component: &str,
+    migrations: &[idem_core::Migration],
+) -> Result<(), StoreError> {
+    let sql = runner::<D>();
+    for m in migrations {
+        let mut tx = pool.begin_with(sql.begin).await.map_err(D::map_err)?;
+        for statement in sql.prelude {
+            D::execute_raw(On::Conn(&mut *tx), statement)
+                .await
+                .map_err(D::map_err)?;
         }
-    };
+        let exists = fetch_one::<D>(On::Conn(&mut *tx), Stmt::new(sql.table_exists))
+            .await
+            .map_err(D::map_err)?;
+        if !row::get_at::<bool, _>(&exists, 0)? {
+            D::execute_raw(On::Conn(&mut *tx), sql.create_table)
+                .await
+                .map_err(D::map_err)?;
+        }
+        let seen = Stmt::new(SEEN).bind(component).bind(m.version);
+        if D::fetch_optional(On::Conn(&mut *tx), seen)
+            .await
+            .map_err(D::map_err)?
+            .is_some()
+        {
+            continue;
+        }
+        D::execute_raw(On::Conn(&mut *tx), m.sql)
+            .await
+            .map_err(D::map_err)?;
+        let record = Stmt::new(sql.record)
+            .bind(component)
+            .bind(m.version)
+            .bind(m.name);
+        D::execute(On::Conn(&mut *tx), record)
+            .await
+            .map_err(D::map_err)?;
+        tx.commit().await.map_err(D::map_err)?;
+    }
+    Ok(())
 }

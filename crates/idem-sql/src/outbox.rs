@@ -1,9 +1,16 @@
 //! The outbox: the statements of the write side and of the dispatcher
-//! ([`OutboxStore`](idem_core::outbox::OutboxStore)), and
-//! [`outbox_store!`](crate::outbox_store). The claim (PostgreSQL skips
+//! ([`OutboxStore`](idem_core::outbox::OutboxStore)), written once. The claim (PostgreSQL skips
 //! rows another dispatcher holds), the id lists (a JSON array on SQLite, an
 //! array on PostgreSQL), the statistics and the enqueue (PostgreSQL's
-//! notifies) differ by dialect.
+//! notifies) differ by dialect ([`Texts`]).
+
+use std::time::Duration;
+
+use idem_core::StoreError;
+use idem_core::outbox::{OutboxMessage, OutboxRecord, OutboxStats};
+
+use crate::dialect::{Dialect, On, Stmt, fetch_one};
+use crate::row;
 
 /// A failed attempt: `$1` id, `$2` error, `$3` next attempt, `$4` dead.
 pub const MARK_FAILED: &str = "\
@@ -59,6 +66,15 @@ SELECT coalesce(sum(state = 'pending'), 0),
        min(CASE WHEN state = 'pending' THEN created_at_ms END),
        coalesce(sum(state = 'dead'), 0)
 FROM idem_outbox WHERE state <> 'sent'";
+
+    /// All of them.
+    pub const TEXTS: super::Texts = super::Texts {
+        enqueue: ENQUEUE,
+        claim: CLAIM,
+        mark_sent: MARK_SENT,
+        release: RELEASE,
+        stats: STATS,
+    };
 }
 
 /// PostgreSQL's texts.
@@ -104,150 +120,213 @@ SELECT count(*) FILTER (WHERE state = 'pending'),
        min(created_at_ms) FILTER (WHERE state = 'pending'),
        count(*) FILTER (WHERE state = 'dead')
 FROM idem_outbox WHERE state <> 'sent'";
+
+    /// All of them.
+    pub const TEXTS: super::Texts = super::Texts {
+        enqueue: ENQUEUE,
+        claim: CLAIM,
+        mark_sent: MARK_SENT,
+        release: RELEASE,
+        stats: STATS,
+    };
 }
 
-/// Defines the backend's `enqueue(conn, message, now_ms)` (documented at the
-/// call site) and implements `OutboxWriter` and
-/// [`OutboxStore`](idem_core::outbox::OutboxStore) for its store:
-/// `outbox_store!(Store, Tx, Connection, dialect)`. The crate provides
-/// `id_list(&[i64])`, the ids as its dialect binds a list.
-#[macro_export]
-macro_rules! outbox_store {
-    ($(#[$doc:meta])* $store:ty, $tx:ty, $conn:ty, $d:ident) => {
-        $(#[$doc])*
-        pub async fn enqueue(
-            conn: &mut $conn,
-            message: &idem_core::outbox::OutboxMessage,
+/// One dialect's outbox texts.
+#[derive(Debug)]
+pub struct Texts {
+    /// `$1`..`$7`: message id, topic, key, payload, headers, now, due; the
+    /// id first in the row.
+    pub enqueue: &'static str,
+    /// `$1` now, `$2` lease, `$3` limit.
+    pub claim: &'static str,
+    /// `$1` the ids (a list), `$2` now.
+    pub mark_sent: &'static str,
+    /// `$1` the ids (a list), `$2` next attempt.
+    pub release: &'static str,
+    /// Pending, oldest pending, dead.
+    pub stats: &'static str,
+}
+
+/// This capability's text in `D`'s SQL family.
+pub(crate) fn texts<D: Dialect>() -> &'static Texts {
+    D::FAMILY.pick(&sqlite::TEXTS, &postgres::TEXTS)
+}
+
+/// Writes `message` to the outbox on `conn`, normally the open transaction
+/// of the business write it belongs to; its outbox id. Each backend's
+/// `outbox::enqueue` is this with its dialect.
+pub async fn enqueue<D: Dialect>(
+    conn: &mut <D::Db as sqlx::Database>::Connection,
+    message: &OutboxMessage,
+    now_ms: i64,
+) -> Result<i64, StoreError> {
+    let s = Stmt::new(texts::<D>().enqueue)
+        .bind(message.message_id.as_str())
+        .bind(message.topic.as_str())
+        .bind(&message.key)
+        .bind(&message.payload[..])
+        .bind(idem_core::headers::to_json(&message.headers))
+        .bind(now_ms)
+        .bind(message.available_at_ms.unwrap_or(now_ms));
+    let row = fetch_one::<D>(On::Conn(conn), s)
+        .await
+        .map_err(D::map_err)?;
+    row::get_at(&row, 0)
+}
+
+/// [`OutboxStore::claim_batch`](idem_core::outbox::OutboxStore::claim_batch).
+pub async fn claim_batch<D: Dialect>(
+    d: &D,
+    now_ms: i64,
+    lease: Duration,
+    limit: u32,
+) -> Result<Vec<OutboxRecord>, StoreError> {
+    d.bounded(async {
+        let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
+        let s = Stmt::new(texts::<D>().claim)
+            .bind(now_ms)
+            .bind(lease_ms)
+            .bind(i64::from(limit));
+        let rows = D::fetch_all(On::Pool(d.pool()), s)
+            .await
+            .map_err(|e| d.map(e))?;
+        let mut records = rows
+            .iter()
+            .map(crate::decode::outbox_record)
+            .collect::<Result<Vec<_>, _>>()?;
+        // RETURNING does not keep the subquery's order.
+        records.sort_by_key(|r| r.id);
+        Ok(records)
+    })
+    .await
+}
+
+/// One statement on the pool under the deadline; the rows it changed.
+async fn execute<D: Dialect>(d: &D, s: Stmt<'_>) -> Result<u64, StoreError> {
+    d.bounded(async {
+        D::execute(On::Pool(d.pool()), s)
+            .await
+            .map_err(|e| d.map(e))
+    })
+    .await
+}
+
+/// [`OutboxStore::mark_sent`](idem_core::outbox::OutboxStore::mark_sent).
+pub async fn mark_sent<D: Dialect>(d: &D, ids: &[i64], now_ms: i64) -> Result<u64, StoreError> {
+    execute(d, Stmt::new(texts::<D>().mark_sent).ids(ids).bind(now_ms)).await
+}
+
+/// [`OutboxStore::mark_failed`](idem_core::outbox::OutboxStore::mark_failed).
+pub async fn mark_failed<D: Dialect>(
+    d: &D,
+    id: i64,
+    error: &str,
+    retry_at_ms: i64,
+    dead: bool,
+) -> Result<(), StoreError> {
+    let s = Stmt::new(MARK_FAILED)
+        .bind(id)
+        .bind(error)
+        .bind(retry_at_ms)
+        .bind(dead);
+    execute(d, s).await.map(|_| ())
+}
+
+/// [`OutboxStore::release`](idem_core::outbox::OutboxStore::release).
+pub async fn release<D: Dialect>(d: &D, ids: &[i64], retry_at_ms: i64) -> Result<(), StoreError> {
+    let s = Stmt::new(texts::<D>().release).ids(ids).bind(retry_at_ms);
+    execute(d, s).await.map(|_| ())
+}
+
+/// [`OutboxStore::purge_sent`](idem_core::outbox::OutboxStore::purge_sent).
+pub async fn purge_sent<D: Dialect>(d: &D, before_ms: i64, limit: u32) -> Result<u64, StoreError> {
+    crate::purge::purge(
+        d,
+        crate::purge::batches::<D>().outbox_sent,
+        before_ms,
+        limit,
+    )
+    .await
+}
+
+/// [`OutboxStore::stats`](idem_core::outbox::OutboxStore::stats).
+pub async fn stats<D: Dialect>(d: &D) -> Result<OutboxStats, StoreError> {
+    d.bounded(async {
+        let row = fetch_one::<D>(On::Pool(d.pool()), Stmt::new(texts::<D>().stats))
+            .await
+            .map_err(|e| d.map(e))?;
+        let pending: i64 = row::get_at(&row, 0)?;
+        let oldest: Option<i64> = row::get_at(&row, 1)?;
+        let dead: i64 = row::get_at(&row, 2)?;
+        Ok(OutboxStats {
+            pending: pending.max(0) as u64,
+            oldest_pending_ms: oldest,
+            dead: dead.max(0) as u64,
+        })
+    })
+    .await
+}
+
+/// [`OutboxStore`](idem_core::outbox::OutboxStore) and `OutboxWriter` for [`SqlStore`](crate::SqlStore):
+/// each method is this module's function of the same name (or the
+/// `Dialect` method it names).
+mod sql_store {
+    use crate::dialect::Dialect;
+    use crate::store::SqlStore;
+
+    use std::time::Duration;
+
+    use crate::outbox as o;
+    use idem_core::StoreError;
+    use idem_core::outbox::{OutboxMessage, OutboxRecord, OutboxStats, OutboxStore};
+
+    /// The write side for `idem_outbox::Outbox`: `enqueue` on the
+    /// transaction.
+    impl<D: Dialect> idem_core::outbox::OutboxWriter for SqlStore<D> {
+        async fn enqueue(
+            &self,
+            tx: &mut D::Tx,
+            message: &OutboxMessage,
             now_ms: i64,
-        ) -> Result<i64, idem_core::StoreError> {
-            sqlx::query_scalar($crate::outbox::$d::ENQUEUE)
-                .bind(message.message_id.as_str())
-                .bind(message.topic.as_str())
-                .bind(&message.key)
-                .bind(&message.payload[..])
-                .bind(idem_core::headers::to_json(&message.headers))
-                .bind(now_ms)
-                .bind(message.available_at_ms.unwrap_or(now_ms))
-                .fetch_one(conn)
-                .await
-                .map_err(map_err)
+        ) -> Result<i64, StoreError> {
+            o::enqueue::<D>(&mut **tx, message, now_ms).await
+        }
+    }
+
+    impl<D: Dialect> OutboxStore for SqlStore<D> {
+        async fn claim_batch(
+            &self,
+            now_ms: i64,
+            lease: Duration,
+            limit: u32,
+        ) -> Result<Vec<OutboxRecord>, StoreError> {
+            o::claim_batch(&self.0, now_ms, lease, limit).await
         }
 
-        const _: () = {
-            use std::time::Duration;
+        async fn mark_sent(&self, ids: &[i64], now_ms: i64) -> Result<u64, StoreError> {
+            o::mark_sent(&self.0, ids, now_ms).await
+        }
 
-            use idem_core::StoreError;
-            use idem_core::outbox::{OutboxMessage, OutboxRecord, OutboxStats, OutboxStore};
-            use $crate::outbox::$d as sql;
+        async fn mark_failed(
+            &self,
+            id: i64,
+            error: &str,
+            retry_at_ms: i64,
+            dead: bool,
+        ) -> Result<(), StoreError> {
+            o::mark_failed(&self.0, id, error, retry_at_ms, dead).await
+        }
 
-            /// The write side for `idem_outbox::Outbox`: [`enqueue`] on the
-            /// transaction.
-            impl idem_core::outbox::OutboxWriter for $store {
-                async fn enqueue(
-                    &self,
-                    tx: &mut $tx,
-                    message: &OutboxMessage,
-                    now_ms: i64,
-                ) -> Result<i64, StoreError> {
-                    enqueue(tx, message, now_ms).await
-                }
-            }
+        async fn release(&self, ids: &[i64], retry_at_ms: i64) -> Result<(), StoreError> {
+            o::release(&self.0, ids, retry_at_ms).await
+        }
 
-            impl OutboxStore for $store {
-                async fn claim_batch(
-                    &self,
-                    now_ms: i64,
-                    lease: Duration,
-                    limit: u32,
-                ) -> Result<Vec<OutboxRecord>, StoreError> {
-                    self.bounded(async {
-                        let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
-                        let rows = sqlx::query(sql::CLAIM)
-                            .bind(now_ms)
-                            .bind(lease_ms)
-                            .bind(i64::from(limit))
-                            .fetch_all(self.pool())
-                            .await
-                            .map_err(|e| self.map(e))?;
-                        let mut records = rows
-                            .iter()
-                            .map($crate::decode::outbox_record)
-                            .collect::<Result<Vec<_>, _>>()?;
-                        // RETURNING does not keep the subquery's order.
-                        records.sort_by_key(|r| r.id);
-                        Ok(records)
-                    })
-                    .await
-                }
+        async fn purge_sent(&self, before_ms: i64, limit: u32) -> Result<u64, StoreError> {
+            o::purge_sent(&self.0, before_ms, limit).await
+        }
 
-                async fn mark_sent(&self, ids: &[i64], now_ms: i64) -> Result<u64, StoreError> {
-                    self.bounded(async {
-                        let done = sqlx::query(sql::MARK_SENT)
-                            .bind(id_list(ids))
-                            .bind(now_ms)
-                            .execute(self.pool())
-                            .await
-                            .map_err(|e| self.map(e))?;
-                        Ok(done.rows_affected())
-                    })
-                    .await
-                }
-
-                async fn mark_failed(
-                    &self,
-                    id: i64,
-                    error: &str,
-                    retry_at_ms: i64,
-                    dead: bool,
-                ) -> Result<(), StoreError> {
-                    self.bounded(async {
-                        sqlx::query($crate::outbox::MARK_FAILED)
-                            .bind(id)
-                            .bind(error)
-                            .bind(retry_at_ms)
-                            .bind(dead)
-                            .execute(self.pool())
-                            .await
-                            .map_err(|e| self.map(e))?;
-                        Ok(())
-                    })
-                    .await
-                }
-
-                async fn release(&self, ids: &[i64], retry_at_ms: i64) -> Result<(), StoreError> {
-                    self.bounded(async {
-                        sqlx::query(sql::RELEASE)
-                            .bind(id_list(ids))
-                            .bind(retry_at_ms)
-                            .execute(self.pool())
-                            .await
-                            .map_err(|e| self.map(e))?;
-                        Ok(())
-                    })
-                    .await
-                }
-
-                async fn purge_sent(&self, before_ms: i64, limit: u32) -> Result<u64, StoreError> {
-                    self.purge($crate::purge::$d::OUTBOX_SENT, before_ms, limit)
-                        .await
-                }
-
-                async fn stats(&self) -> Result<OutboxStats, StoreError> {
-                    self.bounded(async {
-                        let (pending, oldest, dead): (i64, Option<i64>, i64) =
-                            sqlx::query_as(sql::STATS)
-                                .fetch_one(self.pool())
-                                .await
-                                .map_err(|e| self.map(e))?;
-                        Ok(OutboxStats {
-                            pending: pending.max(0) as u64,
-                            oldest_pending_ms: oldest,
-                            dead: dead.max(0) as u64,
-                        })
-                    })
-                    .await
-                }
-            }
-        };
-    };
+        async fn stats(&self) -> Result<OutboxStats, StoreError> {
+            o::stats(&self.0).await
+        }
+    }
 }

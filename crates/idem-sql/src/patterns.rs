@@ -9,7 +9,7 @@
 //! built, so the SQL it writes can hold no injection; values are always
 //! bound. The logic — which statement, what its answer means — is here and
 //! runs through [`PatternExec`], which each backend implements for its
-//! connection (`idem_sqlite::SqliteTx` and `idem_postgres::PgTx` deref to
+//! connection with [`fetch_text`], [`fetch_int`] and [`execute`] (`idem_sqlite::SqliteTx` and `idem_postgres::PgTx` deref to
 //! one). The statements use `$n` placeholders, which both backends accept.
 //!
 //! ```
@@ -33,6 +33,8 @@
 //! ```
 
 use idem_core::{BoxFuture, StoreError};
+
+use crate::dialect::{Dialect, On, Stmt};
 
 /// A bound value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -431,80 +433,68 @@ impl Upsert {
     }
 }
 
-/// Implements [`PatternExec`] for a backend's transaction type:
-/// `pattern_exec!(Tx, Database)`, errors through the crate's `map_err`.
-#[macro_export]
-macro_rules! pattern_exec {
-    ($tx:ty, $db:ty) => {
-        const _: () = {
-            use idem_core::{BoxFuture, StoreError};
-            use sqlx::Arguments as _;
-            use $crate::patterns::{PatternExec, Value};
+/// A pattern's values as a statement's.
+fn stmt<'a>(sql: &'a str, binds: &'a [Value<'a>]) -> Stmt<'a> {
+    binds.iter().fold(Stmt::new(sql), |s, v| match *v {
+        Value::Text(t) => s.bind(t),
+        Value::Int(i) => s.bind(i),
+        Value::NullText => s.bind(None::<&str>),
+        Value::NullInt => s.bind(None::<i64>),
+    })
+}
 
-            fn arguments<'a>(
-                binds: &'a [Value<'a>],
-            ) -> Result<<$db as sqlx::Database>::Arguments<'a>, StoreError> {
-                let mut args = <$db as sqlx::Database>::Arguments::<'a>::default();
-                for v in binds {
-                    let added = match *v {
-                        Value::Text(s) => args.add(s),
-                        Value::Int(i) => args.add(i),
-                        Value::NullText => args.add(None::<&str>),
-                        Value::NullInt => args.add(None::<i64>),
-                    };
-                    added.map_err(|e| StoreError::Database { source: e })?;
-                }
-                Ok(args)
-            }
+/// [`PatternExec::fetch_text`] on a dialect's connection: the first column
+/// of the first row.
+pub async fn fetch_text<D: Dialect>(
+    conn: &mut <D::Db as sqlx::Database>::Connection,
+    sql: &str,
+    binds: &[Value<'_>],
+) -> Result<Option<String>, StoreError> {
+    match D::fetch_optional(On::Conn(conn), stmt(sql, binds))
+        .await
+        .map_err(D::map_err)?
+    {
+        Some(row) => crate::row::get_at(&row, 0).map(Some).map_err(caller_sql),
+        None => Ok(None),
+    }
+}
 
-            /// The first column of the first row, if any.
-            async fn scalar<'a, T>(
-                tx: &'a mut $tx,
-                sql: &'a str,
-                binds: &'a [Value<'a>],
-            ) -> Result<Option<T>, StoreError>
-            where
-                T: for<'r> sqlx::Decode<'r, $db> + sqlx::Type<$db> + Send + Unpin,
-            {
-                sqlx::query_scalar_with::<$db, T, _>(sql, arguments(binds)?)
-                    .fetch_optional(&mut **tx)
-                    .await
-                    .map_err(map_err)
-            }
+/// A first column that does not decode as asked is the caller's SQL asking
+/// for the wrong type ([`StoreError::Database`], as the driver says it), not
+/// a corrupt record of Idem's.
+fn caller_sql(e: StoreError) -> StoreError {
+    match e {
+        StoreError::Corrupt { detail } => StoreError::Database {
+            source: detail.into(),
+        },
+        other => other,
+    }
+}
 
-            impl PatternExec for $tx {
-                fn fetch_text<'a>(
-                    &'a mut self,
-                    sql: &'a str,
-                    binds: &'a [Value<'a>],
-                ) -> BoxFuture<'a, Result<Option<String>, StoreError>> {
-                    Box::pin(scalar(self, sql, binds))
-                }
+/// [`PatternExec::fetch_int`] on a dialect's connection.
+pub async fn fetch_int<D: Dialect>(
+    conn: &mut <D::Db as sqlx::Database>::Connection,
+    sql: &str,
+    binds: &[Value<'_>],
+) -> Result<Option<i64>, StoreError> {
+    match D::fetch_optional(On::Conn(conn), stmt(sql, binds))
+        .await
+        .map_err(D::map_err)?
+    {
+        Some(row) => crate::row::get_at(&row, 0).map(Some).map_err(caller_sql),
+        None => Ok(None),
+    }
+}
 
-                fn fetch_int<'a>(
-                    &'a mut self,
-                    sql: &'a str,
-                    binds: &'a [Value<'a>],
-                ) -> BoxFuture<'a, Result<Option<i64>, StoreError>> {
-                    Box::pin(scalar(self, sql, binds))
-                }
-
-                fn execute<'a>(
-                    &'a mut self,
-                    sql: &'a str,
-                    binds: &'a [Value<'a>],
-                ) -> BoxFuture<'a, Result<u64, StoreError>> {
-                    Box::pin(async move {
-                        sqlx::query_with::<$db, _>(sql, arguments(binds)?)
-                            .execute(&mut **self)
-                            .await
-                            .map(|r| r.rows_affected())
-                            .map_err(map_err)
-                    })
-                }
-            }
-        };
-    };
+/// [`PatternExec::execute`] on a dialect's connection.
+pub async fn execute<D: Dialect>(
+    conn: &mut <D::Db as sqlx::Database>::Connection,
+    sql: &str,
+    binds: &[Value<'_>],
+) -> Result<u64, StoreError> {
+    D::execute(On::Conn(conn), stmt(sql, binds))
+        .await
+        .map_err(D::map_err)
 }
 
 #[cfg(test)]

@@ -15,48 +15,54 @@ use sqlx::{ColumnIndex, Decode, Row, Type, ValueRef};
 pub trait Column<T> {
     /// The value of column `name`.
     fn column(&self, name: &str) -> Result<T, StoreError>;
+
+    /// The value of the column at `index` (0 the first).
+    fn column_at(&self, index: usize) -> Result<T, StoreError>;
 }
 
-fn corrupt(name: &str, e: sqlx::Error) -> StoreError {
+fn corrupt(name: impl std::fmt::Display, e: sqlx::Error) -> StoreError {
     StoreError::Corrupt {
         detail: format!("column {name}: {e}"),
     }
 }
 
-macro_rules! decoded {
-    ($($t:ty),* $(,)?) => {$(
-        impl<R: Row> Column<$t> for R
-        where
-            $t: for<'r> Decode<'r, R::Database> + Type<R::Database>,
-            for<'n> &'n str: ColumnIndex<R>,
-        {
-            fn column(&self, name: &str) -> Result<$t, StoreError> {
-                self.try_get(name).map_err(|e| corrupt(name, e))
-            }
-        }
-    )*};
-}
+/// A type read from a column as the driver decodes it; [`Int`], which
+/// widens, has its own impls below.
+pub trait Decoded {}
 
-decoded!(
-    String,
-    Option<String>,
-    i64,
-    Option<i64>,
-    bool,
-    Vec<u8>,
-    Option<Vec<u8>>,
-);
+impl Decoded for String {}
+impl Decoded for Option<String> {}
+impl Decoded for i64 {}
+impl Decoded for Option<i64> {}
+impl Decoded for bool {}
+impl Decoded for Vec<u8> {}
+impl Decoded for Option<Vec<u8>> {}
+
+impl<R: Row, T: Decoded> Column<T> for R
+where
+    T: for<'r> Decode<'r, R::Database> + Type<R::Database>,
+    for<'n> &'n str: ColumnIndex<R>,
+    usize: ColumnIndex<R>,
+{
+    fn column(&self, name: &str) -> Result<T, StoreError> {
+        self.try_get(name).map_err(|e| corrupt(name, e))
+    }
+
+    fn column_at(&self, index: usize) -> Result<T, StoreError> {
+        self.try_get(index).map_err(|e| corrupt(index, e))
+    }
+}
 
 /// An `INTEGER` column (64-bit on SQLite, 32-bit on PostgreSQL), widened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Int(pub i64);
 
-fn int_of<R>(row: &R, name: &str) -> Result<Option<i64>, StoreError>
+fn int_of<R, I>(row: &R, name: I) -> Result<Option<i64>, StoreError>
 where
     R: Row,
+    I: ColumnIndex<R> + std::fmt::Display + Copy,
     i64: for<'r> Decode<'r, R::Database> + Type<R::Database>,
     i32: for<'r> Decode<'r, R::Database> + Type<R::Database>,
-    for<'n> &'n str: ColumnIndex<R>,
 {
     let raw = row.try_get_raw(name).map_err(|e| corrupt(name, e))?;
     if raw.is_null() {
@@ -79,9 +85,14 @@ where
     i64: for<'r> Decode<'r, R::Database> + Type<R::Database>,
     i32: for<'r> Decode<'r, R::Database> + Type<R::Database>,
     for<'n> &'n str: ColumnIndex<R>,
+    usize: ColumnIndex<R>,
 {
     fn column(&self, name: &str) -> Result<Option<Int>, StoreError> {
         Ok(int_of(self, name)?.map(Int))
+    }
+
+    fn column_at(&self, index: usize) -> Result<Option<Int>, StoreError> {
+        Ok(int_of(self, index)?.map(Int))
     }
 }
 
@@ -90,14 +101,21 @@ where
     i64: for<'r> Decode<'r, R::Database> + Type<R::Database>,
     i32: for<'r> Decode<'r, R::Database> + Type<R::Database>,
     for<'n> &'n str: ColumnIndex<R>,
+    usize: ColumnIndex<R>,
 {
     fn column(&self, name: &str) -> Result<Int, StoreError> {
-        int_of(self, name)?
-            .map(Int)
-            .ok_or_else(|| StoreError::Corrupt {
-                detail: format!("column {name}: NULL"),
-            })
+        not_null(int_of(self, name)?, name)
     }
+
+    fn column_at(&self, index: usize) -> Result<Int, StoreError> {
+        not_null(int_of(self, index)?, index)
+    }
+}
+
+fn not_null(v: Option<i64>, name: impl std::fmt::Display) -> Result<Int, StoreError> {
+    v.map(Int).ok_or_else(|| StoreError::Corrupt {
+        detail: format!("column {name}: NULL"),
+    })
 }
 
 /// The column types Idem's tables hold, as one bound.
@@ -130,6 +148,11 @@ impl<R> Columns for R where
 /// Column `name` of `row` as `T`.
 pub fn get<T, R: Column<T> + ?Sized>(row: &R, name: &str) -> Result<T, StoreError> {
     row.column(name)
+}
+
+/// The column at `index` of `row` as `T` (0 the first).
+pub fn get_at<T, R: Column<T> + ?Sized>(row: &R, index: usize) -> Result<T, StoreError> {
+    row.column_at(index)
 }
 
 /// An `INTEGER` column, widened to `i64`.

@@ -1,5 +1,5 @@
 //! Runs, steps and the send-once ledger ([`RunStore`](idem_core::steps::RunStore)):
-//! the statements both dialects share, and [`run_store!`](crate::run_store).
+//! the statements both dialects share, and the store's methods, written once.
 //! The fenced write, the creation, the takeover and the due claim lock
 //! differently on each backend and stay there; the step listing (a JSON
 //! array on SQLite, an array on PostgreSQL), the message claim (`MAX` or
@@ -7,38 +7,19 @@
 
 use std::sync::LazyLock;
 
-use idem_core::steps::{Lease, RunChange, StepRecord};
+use idem_core::steps::{
+    MessageClaim, Namespace, NewRun, RunFilter, RunId, RunRecord, RunState, SentMessage,
+    attach_steps,
+};
+use idem_core::{Operation, StoreError};
 
+pub use crate::calls::{RunWrite, Takeover};
 use crate::columns::{MESSAGE_COLUMNS, RUN_COLUMNS, STEP_COLUMNS};
+use crate::dialect::{Dialect, On, Stmt, fetch_one};
+use crate::row;
 
 /// A key record's expiry while its run lives: never.
 pub const NEVER_MS: i64 = i64::MAX;
-
-/// One fenced write of a run, as a backend's `record_in` and
-/// `record_here` take it: the parameters of `RunStore::record_run`.
-#[derive(Clone, Copy)]
-pub struct RunWrite<'a> {
-    /// The lease the write is fenced by.
-    pub lease: &'a Lease,
-    /// What changes.
-    pub change: &'a RunChange<'a>,
-    /// The step written with it, if any.
-    pub step: Option<&'a StepRecord>,
-    /// Now.
-    pub now_ms: i64,
-}
-
-/// A takeover, as a backend's `take_over_here` and `claim_due_here` take
-/// it: who takes over, when, until when.
-#[derive(Debug, Clone, Copy)]
-pub struct Takeover<'a> {
-    /// The new holder.
-    pub holder: &'a str,
-    /// Now.
-    pub now_ms: i64,
-    /// The new lease's end.
-    pub locked_until_ms: i64,
-}
 
 /// The store's namespace, when drawn.
 pub const NAMESPACE: &str = "SELECT value FROM idem_meta WHERE name = 'namespace'";
@@ -194,6 +175,14 @@ VALUES ($1, $2, $3, $4, 'running', $5, $6, $7, $11, $8, $9, $10, $10)";
              ORDER BY created_at_ms DESC, id DESC LIMIT $2"
         )
     });
+
+    /// What the shared code reads.
+    pub const TEXTS: Texts = Texts {
+        claim_message: CLAIM_MESSAGE,
+        claim_due: &CLAIM_DUE,
+        steps_of: &STEPS_OF,
+        list: &LIST,
+    };
 }
 
 /// PostgreSQL's texts.
@@ -304,309 +293,352 @@ RETURNING fence";
              ORDER BY created_at_ms DESC, id DESC LIMIT $2"
         )
     });
+
+    /// What the shared code reads.
+    pub const TEXTS: Texts = Texts {
+        claim_message: CLAIM_MESSAGE,
+        claim_due: &CLAIM_DUE,
+        steps_of: &STEPS_OF,
+        list: &LIST,
+    };
 }
 
-/// Defines `steps_of(conn, runs)` (reads the steps of `runs` and attaches
-/// them), `change_query(sql, write)` (binds a fenced write's `$1`..`$14`)
-/// and `new_run_query(sql, run)` (binds a new run's `$1`..`$10`), and
-/// implements [`RunStore`](idem_core::steps::RunStore) for a backend's
-/// store: `run_store!(Store, Tx, Connection, Database, dialect)`. The
-/// writes that lock differently are the store's own: `create_run_here(tx,
-/// run)`, `record_in(tx, RunWrite)`, `record_here(RunWrite)`,
-/// `take_over_here(id, Takeover)` and `claim_due_here(operations, Takeover,
-/// limit)`. The crate provides `text_list(Vec<String>)`, texts as its
-/// dialect binds a list.
-#[macro_export]
-macro_rules! run_store {
-    ($store:ty, $tx:ty, $conn:ty, $db:ty, $d:ident) => {
-        /// A fenced write's `$1` (run) .. `$14` (now) of `sql`.
-        fn change_query<'q>(
-            sql: &'q str,
-            w: &$crate::runs::RunWrite<'q>,
-        ) -> sqlx::query::Query<'q, $db, <$db as sqlx::Database>::Arguments<'q>> {
-            let change = w.change;
-            let (set_block, blocked, why) = match change.attention {
-                None => (false, None, None),
-                Some(None) => (true, None, None),
-                Some(Some((step, why))) => (true, Some(step), Some(why)),
-            };
-            sqlx::query(sql)
-                .bind(w.lease.run.as_str())
-                .bind(w.lease.fence.0)
-                .bind(change.state.map(|s| s.as_str()))
-                .bind(change.recovery_point)
-                .bind(change.failure.map(|f| f.to_json()))
-                .bind(set_block)
-                .bind(blocked)
-                .bind(why)
-                .bind(change.no_return)
-                .bind(change.locked_until_ms)
-                .bind(change.release)
-                .bind(i64::from(change.bump_fence))
-                .bind(change.expires_at_ms)
-                .bind(w.now_ms)
-        }
+/// One dialect's texts the shared run code reads.
+#[derive(Debug)]
+pub struct Texts {
+    /// The ledger claim.
+    pub claim_message: &'static str,
+    /// The due runs, taken over: `$1` holder, `$2` now, `$3` lease end,
+    /// `$4` operations (a list), `$5` limit.
+    pub claim_due: &'static LazyLock<String>,
+    /// The steps of `$1` (a list of run ids).
+    pub steps_of: &'static LazyLock<String>,
+    /// A listing: `$1` state, `$2` limit.
+    pub list: &'static LazyLock<String>,
+}
 
-        /// The takeover of `id` ([`idem_sql::runs::TAKE_OVER`]).
-        fn take_over_query<'q>(
-            id: &'q idem_core::steps::RunId,
-            t: $crate::runs::Takeover<'q>,
-        ) -> sqlx::query::Query<'q, $db, <$db as sqlx::Database>::Arguments<'q>> {
-            sqlx::query(&$crate::runs::TAKE_OVER)
-                .bind(id.as_str())
-                .bind(t.holder)
-                .bind(t.now_ms)
-                .bind(t.locked_until_ms)
-        }
+/// This capability's text in `D`'s SQL family.
+pub(crate) fn texts<D: Dialect>() -> &'static Texts {
+    D::FAMILY.pick(&sqlite::TEXTS, &postgres::TEXTS)
+}
 
-        /// The claim of the due runs of `operations`, at most `limit` (the
-        /// dialect's `CLAIM_DUE`).
-        fn claim_due_query<'q>(
-            operations: &[idem_core::Operation],
-            t: $crate::runs::Takeover<'q>,
-            limit: u32,
-        ) -> sqlx::query::Query<'q, $db, <$db as sqlx::Database>::Arguments<'q>> {
-            let ops = operations.iter().map(|o| o.as_str().to_owned()).collect();
-            sqlx::query(&$crate::runs::$d::CLAIM_DUE)
-                .bind(t.holder)
-                .bind(t.now_ms)
-                .bind(t.locked_until_ms)
-                .bind(text_list(ops))
-                .bind(i64::from(limit))
-        }
-
-        /// A new run's `$1` (id) .. `$10` (now) of `sql`.
-        fn new_run_query<'q>(
-            sql: &'q str,
-            run: &'q idem_core::steps::NewRun<'q>,
-        ) -> sqlx::query::Query<'q, $db, <$db as sqlx::Database>::Arguments<'q>> {
-            sqlx::query(sql)
-                .bind(run.id.as_str())
-                .bind(run.scope.tenant.as_str())
-                .bind(run.scope.operation.as_str())
-                .bind(run.scope.key.as_str())
-                .bind(run.input)
-                .bind(run.holder)
-                .bind(run.locked_until_ms)
-                .bind(run.deadline_ms)
-                .bind(run.ttl_ms)
-                .bind(run.now_ms)
-        }
-
-        /// Reads the steps of `runs` on `conn` and attaches them.
-        async fn steps_of(
-            conn: &mut $conn,
-            runs: &mut [idem_core::steps::RunRecord],
-        ) -> Result<(), idem_core::StoreError> {
-            if runs.is_empty() {
-                return Ok(());
-            }
-            let ids = runs.iter().map(|r| r.id.as_str().to_owned()).collect();
-            let rows = sqlx::query(&$crate::runs::$d::STEPS_OF)
-                .bind(text_list(ids))
-                .fetch_all(&mut *conn)
-                .await
-                .map_err(map_err)?;
-            let steps = rows
-                .iter()
-                .map($crate::decode::step)
-                .collect::<Result<Vec<_>, _>>()?;
-            idem_core::steps::attach_steps(runs, steps);
-            Ok(())
-        }
-
-        const _: () = {
-            use idem_core::steps::{
-                Fence, Lease, MessageClaim, Namespace, NewRun, RunChange, RunFilter, RunId,
-                RunRecord, RunState, RunStore, SentMessage, StepRecord,
-            };
-            use idem_core::{Operation, StoreError};
-            use $crate::decode;
-            use $crate::runs as sql;
-
-            impl RunStore for $store {
-                async fn namespace(&self) -> Result<Namespace, StoreError> {
-                    // Read first: a read takes no write lock (the caller may hold it).
-                    let kept: Option<String> = self
-                        .bounded(async {
-                            sqlx::query_scalar(sql::NAMESPACE)
-                                .fetch_optional(self.pool())
-                                .await
-                                .map_err(|e| self.map(e))
-                        })
-                        .await?;
-                    if let Some(value) = kept {
-                        return Namespace::new(value).map_err(|e| StoreError::Corrupt {
-                            detail: e.to_string(),
-                        });
-                    }
-                    let drawn = Namespace::generate();
-                    let value: String = self
-                        .bounded_write(
-                            sqlx::query_scalar(sql::DRAW_NAMESPACE)
-                                .bind(drawn.as_str())
-                                .fetch_one(self.pool()),
-                        )
-                        .await?;
-                    Namespace::new(value).map_err(|e| StoreError::Corrupt {
-                        detail: e.to_string(),
-                    })
-                }
-
-                async fn create_run(tx: &mut $tx, run: &NewRun<'_>) -> Result<Fence, StoreError> {
-                    Self::create_run_here(tx, run).await
-                }
-
-                async fn record_run_in(
-                    tx: &mut $tx,
-                    lease: &Lease,
-                    change: &RunChange<'_>,
-                    step: Option<&StepRecord>,
-                    now_ms: i64,
-                ) -> Result<bool, StoreError> {
-                    let write = sql::RunWrite {
-                        lease,
-                        change,
-                        step,
-                        now_ms,
-                    };
-                    record_in(tx, write).await
-                }
-
-                async fn record_run(
-                    &self,
-                    lease: &Lease,
-                    change: &RunChange<'_>,
-                    step: Option<&StepRecord>,
-                    now_ms: i64,
-                ) -> Result<bool, StoreError> {
-                    let write = sql::RunWrite {
-                        lease,
-                        change,
-                        step,
-                        now_ms,
-                    };
-                    self.record_here(write).await
-                }
-
-                async fn claim_message(
-                    tx: &mut $tx,
-                    claim: &MessageClaim<'_>,
-                ) -> Result<SentMessage, StoreError> {
-                    let row = sqlx::query(sql::$d::CLAIM_MESSAGE)
-                        .bind(claim.message_id)
-                        .bind(claim.run.as_str())
-                        .bind(claim.step)
-                        .bind(claim.now_ms)
-                        .bind(claim.expires_at_ms)
-                        .fetch_one(&mut **tx)
-                        .await
-                        .map_err(map_err)?;
-                    decode::message(&row)
-                }
-
-                async fn message(
-                    &self,
-                    message_id: &str,
-                ) -> Result<Option<SentMessage>, StoreError> {
-                    self.bounded(async {
-                        let row = sqlx::query(&sql::MESSAGE)
-                            .bind(message_id)
-                            .fetch_optional(self.pool())
-                            .await
-                            .map_err(|e| self.map(e))?;
-                        row.as_ref().map(decode::message).transpose()
-                    })
-                    .await
-                }
-
-                async fn take_over(
-                    &self,
-                    id: &RunId,
-                    holder: &str,
-                    now_ms: i64,
-                    locked_until_ms: i64,
-                ) -> Result<Option<RunRecord>, StoreError> {
-                    let takeover = sql::Takeover {
-                        holder,
-                        now_ms,
-                        locked_until_ms,
-                    };
-                    self.take_over_here(id, takeover).await
-                }
-
-                async fn claim_due(
-                    &self,
-                    operations: &[Operation],
-                    holder: &str,
-                    now_ms: i64,
-                    locked_until_ms: i64,
-                    limit: u32,
-                ) -> Result<Vec<RunRecord>, StoreError> {
-                    let takeover = sql::Takeover {
-                        holder,
-                        now_ms,
-                        locked_until_ms,
-                    };
-                    self.claim_due_here(operations, takeover, limit).await
-                }
-
-                async fn load_run(&self, id: &RunId) -> Result<Option<RunRecord>, StoreError> {
-                    self.bounded(async {
-                        let mut conn = self.pool().acquire().await.map_err(|e| self.map(e))?;
-                        let row = sqlx::query(&sql::LOAD)
-                            .bind(id.as_str())
-                            .fetch_optional(&mut *conn)
-                            .await
-                            .map_err(|e| self.map(e))?;
-                        let Some(row) = row else { return Ok(None) };
-                        let mut runs = vec![decode::run(&row)?];
-                        steps_of(&mut conn, &mut runs).await?;
-                        Ok(runs.pop())
-                    })
-                    .await
-                }
-
-                async fn count_runs(&self) -> Result<Vec<(RunState, u64)>, StoreError> {
-                    self.bounded(async {
-                        let rows: Vec<(String, i64)> = sqlx::query_as(sql::COUNT)
-                            .fetch_all(self.pool())
-                            .await
-                            .map_err(|e| self.map(e))?;
-                        Ok(rows
-                            .into_iter()
-                            .filter_map(|(s, n)| {
-                                Some((RunState::parse(&s)?, u64::try_from(n).ok()?))
-                            })
-                            .collect())
-                    })
-                    .await
-                }
-
-                async fn list_runs(
-                    &self,
-                    filter: &RunFilter,
-                ) -> Result<Vec<RunRecord>, StoreError> {
-                    self.bounded(async {
-                        let rows = sqlx::query(&sql::$d::LIST)
-                            .bind(filter.state.map(|s| s.as_str()))
-                            .bind(i64::from(filter.limit.clamp(1, 1000)))
-                            .fetch_all(self.pool())
-                            .await
-                            .map_err(|e| self.map(e))?;
-                        rows.iter().map(decode::run).collect()
-                    })
-                    .await
-                }
-
-                async fn purge_runs(&self, now_ms: i64, limit: u32) -> Result<u64, StoreError> {
-                    self.purge($crate::purge::$d::RUNS, now_ms, limit).await
-                }
-
-                async fn purge_messages(&self, now_ms: i64, limit: u32) -> Result<u64, StoreError> {
-                    self.purge($crate::purge::$d::MESSAGES, now_ms, limit).await
-                }
-            }
-        };
+/// A fenced write's `$1` (run) .. `$14` (now) of `sql`.
+pub fn change_stmt<'a>(sql: &'a str, w: &RunWrite<'a>) -> Stmt<'a> {
+    let change = w.change;
+    let (set_block, blocked, why) = match change.attention {
+        None => (false, None, None),
+        Some(None) => (true, None, None),
+        Some(Some((step, why))) => (true, Some(step), Some(why)),
     };
+    Stmt::new(sql)
+        .bind(w.lease.run.as_str())
+        .bind(w.lease.fence.0)
+        .bind(change.state.map(|s| s.as_str()))
+        .bind(change.recovery_point)
+        .bind(change.failure.map(|f| f.to_json()))
+        .bind(set_block)
+        .bind(blocked)
+        .bind(why)
+        .bind(change.no_return)
+        .bind(change.locked_until_ms)
+        .bind(change.release)
+        .bind(i64::from(change.bump_fence))
+        .bind(change.expires_at_ms)
+        .bind(w.now_ms)
+}
+
+/// The takeover of `id` ([`TAKE_OVER`]).
+pub fn take_over_stmt<'a>(id: &'a RunId, t: Takeover<'a>) -> Stmt<'a> {
+    Stmt::new(TAKE_OVER.as_str())
+        .bind(id.as_str())
+        .bind(t.holder)
+        .bind(t.now_ms)
+        .bind(t.locked_until_ms)
+}
+
+/// The claim of the due runs of `operations`, at most `limit` (the
+/// dialect's `CLAIM_DUE`).
+pub fn claim_due_stmt<'a, D: Dialect>(
+    operations: &[Operation],
+    t: Takeover<'a>,
+    limit: u32,
+) -> Stmt<'a> {
+    let ops = operations.iter().map(|o| o.as_str().to_owned()).collect();
+    Stmt::new(texts::<D>().claim_due.as_str())
+        .bind(t.holder)
+        .bind(t.now_ms)
+        .bind(t.locked_until_ms)
+        .texts(ops)
+        .bind(i64::from(limit))
+}
+
+/// A new run's `$1` (id) .. `$10` (now) of `sql`.
+pub fn new_run_stmt<'a>(sql: &'a str, run: &'a NewRun<'a>) -> Stmt<'a> {
+    Stmt::new(sql)
+        .bind(run.id.as_str())
+        .bind(run.scope.tenant.as_str())
+        .bind(run.scope.operation.as_str())
+        .bind(run.scope.key.as_str())
+        .bind(run.input)
+        .bind(run.holder)
+        .bind(run.locked_until_ms)
+        .bind(run.deadline_ms)
+        .bind(run.ttl_ms)
+        .bind(run.now_ms)
+}
+
+/// Reads the steps of `runs` on `conn` and attaches them.
+pub async fn steps_of<D: Dialect>(
+    conn: &mut <D::Db as sqlx::Database>::Connection,
+    runs: &mut [RunRecord],
+) -> Result<(), StoreError> {
+    if runs.is_empty() {
+        return Ok(());
+    }
+    let ids = runs.iter().map(|r| r.id.as_str().to_owned()).collect();
+    let s = Stmt::new(texts::<D>().steps_of.as_str()).texts(ids);
+    let rows = D::fetch_all(On::Conn(conn), s).await.map_err(D::map_err)?;
+    let steps = rows
+        .iter()
+        .map(crate::decode::step)
+        .collect::<Result<Vec<_>, _>>()?;
+    attach_steps(runs, steps);
+    Ok(())
+}
+
+fn corrupt(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt {
+        detail: e.to_string(),
+    }
+}
+
+/// [`RunStore::namespace`](idem_core::steps::RunStore::namespace).
+pub async fn namespace<D: Dialect>(d: &D) -> Result<Namespace, StoreError> {
+    // Read first: a read takes no write lock (the caller may hold it).
+    let kept = d
+        .bounded(async {
+            D::fetch_optional(On::Pool(d.pool()), Stmt::new(NAMESPACE))
+                .await
+                .map_err(|e| d.map(e))
+        })
+        .await?;
+    if let Some(row) = kept {
+        return Namespace::new(row::get_at::<String, _>(&row, 0)?).map_err(corrupt);
+    }
+    let drawn = Namespace::generate();
+    let draw = Stmt::new(DRAW_NAMESPACE).bind(drawn.as_str());
+    let row = d
+        .bounded_write(fetch_one::<D>(On::Pool(d.pool()), draw))
+        .await?;
+    Namespace::new(row::get_at::<String, _>(&row, 0)?).map_err(corrupt)
+}
+
+/// [`RunStore::claim_message`](idem_core::steps::RunStore::claim_message).
+pub async fn claim_message<D: Dialect>(
+    tx: &mut D::Tx,
+    claim: &MessageClaim<'_>,
+) -> Result<SentMessage, StoreError> {
+    let s = Stmt::new(texts::<D>().claim_message)
+        .bind(claim.message_id)
+        .bind(claim.run.as_str())
+        .bind(claim.step)
+        .bind(claim.now_ms)
+        .bind(claim.expires_at_ms);
+    let row = fetch_one::<D>(On::Conn(&mut **tx), s)
+        .await
+        .map_err(D::map_err)?;
+    crate::decode::message(&row)
+}
+
+/// [`RunStore::message`](idem_core::steps::RunStore::message).
+pub async fn message<D: Dialect>(
+    d: &D,
+    message_id: &str,
+) -> Result<Option<SentMessage>, StoreError> {
+    d.bounded(async {
+        let s = Stmt::new(MESSAGE.as_str()).bind(message_id);
+        let row = D::fetch_optional(On::Pool(d.pool()), s)
+            .await
+            .map_err(|e| d.map(e))?;
+        row.as_ref().map(crate::decode::message).transpose()
+    })
+    .await
+}
+
+/// [`RunStore::load_run`](idem_core::steps::RunStore::load_run): the run
+/// and its steps, on one pooled connection.
+pub async fn load_run<D: Dialect>(d: &D, id: &RunId) -> Result<Option<RunRecord>, StoreError> {
+    d.bounded(async {
+        let mut conn = d.pool().acquire().await.map_err(|e| d.map(e))?;
+        let s = Stmt::new(LOAD.as_str()).bind(id.as_str());
+        let row = D::fetch_optional(On::Conn(&mut *conn), s)
+            .await
+            .map_err(|e| d.map(e))?;
+        let Some(row) = row else { return Ok(None) };
+        let mut runs = vec![crate::decode::run(&row)?];
+        steps_of::<D>(&mut conn, &mut runs).await?;
+        Ok(runs.pop())
+    })
+    .await
+}
+
+/// [`RunStore::count_runs`](idem_core::steps::RunStore::count_runs).
+pub async fn count_runs<D: Dialect>(d: &D) -> Result<Vec<(RunState, u64)>, StoreError> {
+    d.bounded(async {
+        let rows = D::fetch_all(On::Pool(d.pool()), Stmt::new(COUNT))
+            .await
+            .map_err(|e| d.map(e))?;
+        let mut counts = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let state: String = row::get_at(row, 0)?;
+            let n: i64 = row::get_at(row, 1)?;
+            if let (Some(state), Ok(n)) = (RunState::parse(&state), u64::try_from(n)) {
+                counts.push((state, n));
+            }
+        }
+        Ok(counts)
+    })
+    .await
+}
+
+/// [`RunStore::list_runs`](idem_core::steps::RunStore::list_runs).
+pub async fn list_runs<D: Dialect>(
+    d: &D,
+    filter: &RunFilter,
+) -> Result<Vec<RunRecord>, StoreError> {
+    d.bounded(async {
+        let s = Stmt::new(texts::<D>().list.as_str())
+            .bind(filter.state.map(|s| s.as_str()))
+            .bind(i64::from(filter.limit.clamp(1, 1000)));
+        let rows = D::fetch_all(On::Pool(d.pool()), s)
+            .await
+            .map_err(|e| d.map(e))?;
+        rows.iter().map(crate::decode::run).collect()
+    })
+    .await
+}
+
+/// [`RunStore`](idem_core::steps::RunStore) for [`SqlStore`](crate::SqlStore):
+/// each method is this module's function of the same name (or the
+/// `Dialect` method it names).
+mod sql_store {
+    use crate::dialect::Dialect;
+    use crate::store::SqlStore;
+
+    use crate::runs as r;
+    use idem_core::steps::{
+        Fence, Lease, MessageClaim, Namespace, NewRun, RunChange, RunFilter, RunId, RunRecord,
+        RunState, RunStore, SentMessage, StepRecord,
+    };
+    use idem_core::{Operation, StoreError};
+
+    impl<D: Dialect> RunStore for SqlStore<D> {
+        async fn namespace(&self) -> Result<Namespace, StoreError> {
+            r::namespace(&self.0).await
+        }
+
+        async fn create_run(tx: &mut D::Tx, run: &NewRun<'_>) -> Result<Fence, StoreError> {
+            D::create_run_here(tx, run).await
+        }
+
+        async fn record_run_in(
+            tx: &mut D::Tx,
+            lease: &Lease,
+            change: &RunChange<'_>,
+            step: Option<&StepRecord>,
+            now_ms: i64,
+        ) -> Result<bool, StoreError> {
+            let w = r::RunWrite {
+                lease,
+                change,
+                step,
+                now_ms,
+            };
+            D::record_in(tx, w).await
+        }
+
+        async fn record_run(
+            &self,
+            lease: &Lease,
+            change: &RunChange<'_>,
+            step: Option<&StepRecord>,
+            now_ms: i64,
+        ) -> Result<bool, StoreError> {
+            let w = r::RunWrite {
+                lease,
+                change,
+                step,
+                now_ms,
+            };
+            self.0.record_here(w).await
+        }
+
+        async fn claim_message(
+            tx: &mut D::Tx,
+            claim: &MessageClaim<'_>,
+        ) -> Result<SentMessage, StoreError> {
+            r::claim_message::<D>(tx, claim).await
+        }
+
+        async fn message(&self, message_id: &str) -> Result<Option<SentMessage>, StoreError> {
+            r::message(&self.0, message_id).await
+        }
+
+        async fn take_over(
+            &self,
+            id: &RunId,
+            holder: &str,
+            now_ms: i64,
+            locked_until_ms: i64,
+        ) -> Result<Option<RunRecord>, StoreError> {
+            let t = r::Takeover {
+                holder,
+                now_ms,
+                locked_until_ms,
+            };
+            self.0.take_over_here(id, t).await
+        }
+
+        async fn claim_due(
+            &self,
+            operations: &[Operation],
+            holder: &str,
+            now_ms: i64,
+            locked_until_ms: i64,
+            limit: u32,
+        ) -> Result<Vec<RunRecord>, StoreError> {
+            let t = r::Takeover {
+                holder,
+                now_ms,
+                locked_until_ms,
+            };
+            self.0.claim_due_here(operations, t, limit).await
+        }
+
+        async fn load_run(&self, id: &RunId) -> Result<Option<RunRecord>, StoreError> {
+            r::load_run(&self.0, id).await
+        }
+
+        async fn count_runs(&self) -> Result<Vec<(RunState, u64)>, StoreError> {
+            r::count_runs(&self.0).await
+        }
+
+        async fn list_runs(&self, filter: &RunFilter) -> Result<Vec<RunRecord>, StoreError> {
+            r::list_runs(&self.0, filter).await
+        }
+
+        async fn purge_runs(&self, now_ms: i64, limit: u32) -> Result<u64, StoreError> {
+            crate::purge::purge(&self.0, crate::purge::batches::<D>().runs, now_ms, limit).await
+        }
+
+        async fn purge_messages(&self, now_ms: i64, limit: u32) -> Result<u64, StoreError> {
+            crate::purge::purge(
+                &self.0,
+                crate::purge::batches::<D>().messages,
+                now_ms,
+                limit,
+            )
+            .await
+        }
+    }
 }

@@ -1,16 +1,6 @@
-//! What every backend's store is made of besides its statements: the glue
-//! the macros of this crate call, and the pieces both backends would
-//! otherwise write twice.
-//!
-//! The macros expand inside a backend and call, on its store: `pool()`,
-//! `map(sqlx::Error)` (a driver error as a [`StoreError`]), `bounded(call)`
-//! (a store call under the backend's deadline, if it has one),
-//! `bounded_claim(wait, call)` (a claim, which may wait `wait` besides),
-//! `bounded_write(statement)` (an autocommit write, whose outcome may be
-//! unknown when its answer is lost) and `purge(..)`; and
-//! the crate's `map_err(sqlx::Error)`. [`store_common!`](crate::store_common)
-//! writes `pool()`, `migrate()` and `purge(..)`; [`unbounded!`](crate::unbounded)
-//! writes `bounded` and `bounded_write` for a store without a deadline.
+//! [`SqlStore`]: Idem's store on a [`Dialect`], and the pieces both
+//! backends would otherwise write twice (the pool's bounds, the driver
+//! errors that are not the database's answer).
 
 use std::time::Duration;
 
@@ -20,6 +10,8 @@ use std::time::Duration;
 pub const KEEP_AFTER_MESSAGE_BYTES: usize = 256 << 10;
 
 use idem_core::{ConfigError, StoreError};
+
+use crate::dialect::Dialect;
 
 /// Checks the pool's bounds every backend's config has: `max_connections`
 /// 1 to 10 000, `acquire_timeout` 10 ms to 1 h (`config` names the type).
@@ -53,84 +45,43 @@ pub fn map_client_err(e: sqlx::Error) -> StoreError {
     }
 }
 
-/// `Debug` (opaque: a transaction shows no connection state) and
-/// `Deref`/`DerefMut` to the connection for a backend's key transaction,
-/// which reaches its connection by the methods `get` and `get_mut`:
-/// `tx_guard!(Tx, Connection, get, get_mut)`.
-#[macro_export]
-macro_rules! tx_guard {
-    ($tx:ident, $conn:ty, $get:ident, $get_mut:ident) => {
-        impl std::fmt::Debug for $tx {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.debug_struct(stringify!($tx)).finish_non_exhaustive()
-            }
-        }
+/// Idem's store on the dialect `D`: every store trait of `idem-core` is
+/// implemented for it once, generically (each in the module of its
+/// capability: [`crate::keys`], [`crate::leased`], [`crate::outbox`],
+/// [`crate::inbox`], [`crate::webhooks`], [`crate::runs`],
+/// [`crate::tasks`], [`crate::admin`]). `idem_sqlite::SqliteStore` and
+/// `idem_postgres::PgStore` are this with their dialect. Cheap to clone
+/// when the dialect is. What only one backend has is reached through
+/// [`SqlStore::dialect`]; the store does not dereference to its dialect, so
+/// the dialect's hot-path messages (a claim without its read first and its
+/// deadline, a raw `COMMIT`) are not methods of the store.
+#[derive(Debug, Clone)]
+pub struct SqlStore<D>(pub(crate) D);
 
-        impl std::ops::Deref for $tx {
-            type Target = $conn;
-            fn deref(&self) -> &$conn {
-                self.$get()
-            }
-        }
+impl<D: Dialect> SqlStore<D> {
+    /// Connects to `url` with the dialect's `config` ([`Dialect::connect`]).
+    pub async fn connect(url: &str, config: D::Config) -> Result<Self, StoreError> {
+        D::connect(url, config).await.map(Self)
+    }
 
-        impl std::ops::DerefMut for $tx {
-            fn deref_mut(&mut self) -> &mut $conn {
-                self.$get_mut()
-            }
-        }
-    };
-}
+    /// The store on a dialect already set up.
+    pub fn new(dialect: D) -> Self {
+        Self(dialect)
+    }
 
-/// Inside `impl Store`: `pool()`, `migrate()` (the key store's migrations,
-/// idempotent) and `purge(..)` ([`purge_fn!`](crate::purge_fn)), for a
-/// store whose pool is its `pool` field: `store_common!(Pool, MIGRATIONS)`.
-#[macro_export]
-macro_rules! store_common {
-    ($pool:ty, $migrations:expr) => {
-        /// The pool, for reads outside a key's transaction.
-        pub fn pool(&self) -> &$pool {
-            &self.pool
-        }
+    /// The dialect.
+    pub fn dialect(&self) -> &D {
+        &self.0
+    }
 
-        /// Applies the key store's migrations (idempotent; concurrent
-        /// runners apply each once, see [`idem_sql::migrate`]).
-        pub async fn migrate(&self) -> Result<(), idem_core::StoreError> {
-            migrate_component(&self.pool, "idem", $migrations).await
-        }
+    /// The pool, for reads and writes outside a key's transaction.
+    pub fn pool(&self) -> &sqlx::Pool<D::Db> {
+        self.0.pool()
+    }
 
-        $crate::purge_fn!();
-    };
-}
-
-/// Inside `impl Store`, for a store without a client-side deadline (a local
-/// file cannot hang up): `bounded(call)` is the call as it is, and
-/// `bounded_write(statement)` maps its error through the store's `map`.
-#[macro_export]
-macro_rules! unbounded {
-    () => {
-        /// The call as it is: no deadline.
-        pub(crate) async fn bounded<T>(
-            &self,
-            call: impl std::future::Future<Output = Result<T, idem_core::StoreError>>,
-        ) -> Result<T, idem_core::StoreError> {
-            call.await
-        }
-
-        /// A claim as it is: no deadline (a claim may wait `_wait`).
-        pub(crate) async fn bounded_claim<T>(
-            &self,
-            _wait: std::time::Duration,
-            call: impl std::future::Future<Output = Result<T, idem_core::StoreError>>,
-        ) -> Result<T, idem_core::StoreError> {
-            call.await
-        }
-
-        /// One autocommit statement that writes, its error through `map`.
-        pub(crate) async fn bounded_write<T>(
-            &self,
-            statement: impl std::future::Future<Output = Result<T, sqlx::Error>>,
-        ) -> Result<T, idem_core::StoreError> {
-            statement.await.map_err(|e| self.map(e))
-        }
-    };
+    /// Applies the key store's migrations (idempotent; concurrent runners
+    /// apply each once, see [`crate::migrate`]).
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        crate::migrate::run::<D>(self.pool(), "idem", crate::migrate::migrations::<D>()).await
+    }
 }

@@ -1,12 +1,19 @@
 //! Webhook receipts ([`WebhookStore`](idem_core::webhooks::WebhookStore)):
-//! the statements, and [`webhook_store!`](crate::webhook_store). The
+//! the statements, and the store's methods, written once. The
 //! acceptance (PostgreSQL writes the receipt and its inbox record in one
 //! statement), the claim (PostgreSQL skips rows another worker holds) and
 //! the typed NULLs and `GREATEST` of PostgreSQL differ by dialect.
 
 use std::sync::LazyLock;
+use std::time::Duration;
+
+use idem_core::StoreError;
+use idem_core::webhooks::{Finish, NewReceipt, Receipt, ReceiptState, Requeue};
 
 use crate::columns::RECEIPT_COLUMNS;
+use crate::dialect::{Dialect, On, Stmt};
+use crate::purge::purge;
+use crate::row::{self, get};
 
 /// The newest version of `$2` (entity) seen at `$1` (endpoint).
 pub const NEWEST_VERSION: &str =
@@ -126,6 +133,16 @@ ON CONFLICT (endpoint, entity_id) DO UPDATE SET
              ORDER BY id DESC LIMIT $3"
         )
     });
+    /// What the shared code reads.
+    pub const TEXTS: Texts = Texts {
+        accept: ACCEPT,
+        claim: &CLAIM,
+        finish_done: FINISH_DONE,
+        finish_retry: FINISH_RETRY,
+        finish_dead: FINISH_DEAD,
+        entity: ENTITY,
+        list: &LIST,
+    };
 }
 
 /// PostgreSQL's texts.
@@ -196,246 +213,340 @@ ON CONFLICT (endpoint, entity_id) DO UPDATE SET
              ORDER BY id DESC LIMIT $3"
         )
     });
+    /// What the shared code reads.
+    pub const TEXTS: Texts = Texts {
+        accept: ACCEPT,
+        claim: &CLAIM,
+        finish_done: FINISH_DONE,
+        finish_retry: FINISH_RETRY,
+        finish_dead: FINISH_DEAD,
+        entity: ENTITY,
+        list: &LIST,
+    };
 }
 
-/// Implements [`WebhookStore`](idem_core::webhooks::WebhookStore) for a
-/// backend's store: `webhook_store!(Store, Database, dialect)`. The
-/// acceptance, whose transaction differs, is the store's own
-/// `accept_here(receipt, (now_ms, expires_at_ms))`; it binds the receipt with the
-/// `receipt_insert` this macro defines.
-#[macro_export]
-macro_rules! webhook_store {
-    ($store:ty, $db:ty, $d:ident) => {
-        /// The receipt's insert (`$1`..`$10` of [`idem_sql::webhooks`]'s
-        /// `ACCEPT`), answering its id unless it was a duplicate.
-        fn receipt_insert<'q>(
-            r: &'q idem_core::webhooks::NewReceipt,
+/// One dialect's webhook texts.
+#[derive(Debug)]
+pub struct Texts {
+    /// The receipt's insert (`$1`..`$10`), answering its id unless a
+    /// duplicate; on PostgreSQL with its inbox record.
+    pub accept: &'static str,
+    /// The claim.
+    pub claim: &'static LazyLock<String>,
+    /// A processed or stale receipt.
+    pub finish_done: &'static str,
+    /// A failed attempt to retry.
+    pub finish_retry: &'static str,
+    /// A dead receipt.
+    pub finish_dead: &'static str,
+    /// The newest version of an entity.
+    pub entity: &'static str,
+    /// A listing.
+    pub list: &'static LazyLock<String>,
+}
+
+/// This capability's text in `D`'s SQL family.
+pub(crate) fn texts<D: Dialect>() -> &'static Texts {
+    D::FAMILY.pick(&sqlite::TEXTS, &postgres::TEXTS)
+}
+
+/// The receipt's insert (`$1`..`$10` of the dialect's `ACCEPT`), answering
+/// its id unless it was a duplicate.
+pub fn receipt_insert<'a, D: Dialect>(
+    r: &'a NewReceipt,
+    now_ms: i64,
+    expires_at_ms: i64,
+) -> Stmt<'a> {
+    Stmt::new(texts::<D>().accept)
+        .bind(&r.endpoint)
+        .bind(&r.delivery_id)
+        .bind(&r.event_type)
+        .bind(idem_core::headers::to_json(&r.headers))
+        .bind(&r.body[..])
+        .bind(&r.entity_id)
+        .bind(r.entity_version)
+        .bind(now_ms)
+        .bind(expires_at_ms)
+        .bind(r.content_sha256.as_ref().map(|h| &h[..]))
+}
+
+/// [`WebhookStore::claim_receipts`](idem_core::webhooks::WebhookStore::claim_receipts).
+pub async fn claim_receipts<D: Dialect>(
+    d: &D,
+    endpoint: &str,
+    now_ms: i64,
+    lease: Duration,
+    limit: u32,
+) -> Result<Vec<Receipt>, StoreError> {
+    d.bounded(async {
+        let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
+        let s = Stmt::new(texts::<D>().claim.as_str())
+            .bind(now_ms)
+            .bind(lease_ms)
+            .bind(i64::from(limit))
+            .bind(endpoint);
+        let rows = D::fetch_all(On::Pool(d.pool()), s)
+            .await
+            .map_err(|e| d.map(e))?;
+        let mut receipts = rows
+            .iter()
+            .map(crate::decode::receipt)
+            .collect::<Result<Vec<_>, _>>()?;
+        receipts.sort_by_key(|r| r.id);
+        Ok(receipts)
+    })
+    .await
+}
+
+/// [`WebhookStore::newest_version`](idem_core::webhooks::WebhookStore::newest_version).
+pub async fn newest_version<D: Dialect>(
+    d: &D,
+    endpoint: &str,
+    entity_id: &str,
+) -> Result<Option<i64>, StoreError> {
+    d.bounded(async {
+        let s = Stmt::new(NEWEST_VERSION).bind(endpoint).bind(entity_id);
+        match D::fetch_optional(On::Pool(d.pool()), s)
+            .await
+            .map_err(|e| d.map(e))?
+        {
+            Some(row) => row::get_at(&row, 0).map(Some),
+            None => Ok(None),
+        }
+    })
+    .await
+}
+
+/// [`WebhookStore::finish`](idem_core::webhooks::WebhookStore::finish): the
+/// receipt's outcome and, when processed, its entity's newest version, in a
+/// key-store transaction.
+pub async fn finish<D: Dialect>(
+    d: &D,
+    id: i64,
+    outcome: &Finish,
+    now_ms: i64,
+) -> Result<(), StoreError> {
+    let sql = texts::<D>();
+    let mut tx = d.begin_here().await?;
+    // The statements under the deadline; the commit under its own rule.
+    d.bounded(async {
+        let s = match outcome {
+            Finish::Processed | Finish::Stale => {
+                let done = if *outcome == Finish::Processed {
+                    "processed"
+                } else {
+                    "stale"
+                };
+                Stmt::new(sql.finish_done).bind(id).bind(done).bind(now_ms)
+            }
+            Finish::Retry { error, at_ms } => Stmt::new(sql.finish_retry)
+                .bind(id)
+                .bind(error)
+                .bind(*at_ms),
+            Finish::Dead { error } => Stmt::new(sql.finish_dead).bind(id).bind(error).bind(now_ms),
+        };
+        let row = D::fetch_optional(On::Conn(&mut *tx), s)
+            .await
+            .map_err(|e| d.map(e))?;
+        let Some(row) = row else { return Ok(()) };
+        if *outcome != Finish::Processed {
+            return Ok(());
+        }
+        let entity: Option<String> = get(&row, "entity_id")?;
+        let version: Option<i64> = get(&row, "entity_version")?;
+        if let (Some(entity), Some(version)) = (entity, version) {
+            let endpoint: String = get(&row, "endpoint")?;
+            let expires: i64 = get(&row, "expires_at_ms")?;
+            let s = Stmt::new(sql.entity)
+                .bind(endpoint)
+                .bind(entity)
+                .bind(version)
+                .bind(expires);
+            D::execute(On::Conn(&mut *tx), s)
+                .await
+                .map_err(|e| d.map(e))?;
+        }
+        Ok(())
+    })
+    .await?;
+    d.commit_here(tx).await
+}
+
+/// [`WebhookStore::count_receipts`](idem_core::webhooks::WebhookStore::count_receipts).
+pub async fn count_receipts<D: Dialect>(
+    d: &D,
+) -> Result<Vec<(String, ReceiptState, u64)>, StoreError> {
+    d.bounded(async {
+        let rows = D::fetch_all(On::Pool(d.pool()), Stmt::new(COUNT))
+            .await
+            .map_err(|e| d.map(e))?;
+        let mut counts = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let endpoint: String = row::get_at(row, 0)?;
+            let state: String = row::get_at(row, 1)?;
+            let n: i64 = row::get_at(row, 2)?;
+            if let (Some(state), Ok(n)) = (ReceiptState::parse(&state), u64::try_from(n)) {
+                counts.push((endpoint, state, n));
+            }
+        }
+        Ok(counts)
+    })
+    .await
+}
+
+/// [`WebhookStore::list_receipts`](idem_core::webhooks::WebhookStore::list_receipts).
+pub async fn list_receipts<D: Dialect>(
+    d: &D,
+    endpoint: Option<&str>,
+    state: Option<ReceiptState>,
+    limit: u32,
+) -> Result<Vec<Receipt>, StoreError> {
+    d.bounded(async {
+        let s = Stmt::new(texts::<D>().list.as_str())
+            .bind(endpoint)
+            .bind(state.map(ReceiptState::as_str))
+            .bind(i64::from(limit));
+        let rows = D::fetch_all(On::Pool(d.pool()), s)
+            .await
+            .map_err(|e| d.map(e))?;
+        rows.iter().map(crate::decode::receipt).collect()
+    })
+    .await
+}
+
+/// [`WebhookStore::get_receipt`](idem_core::webhooks::WebhookStore::get_receipt).
+pub async fn get_receipt<D: Dialect>(
+    d: &D,
+    endpoint: &str,
+    delivery_id: &str,
+) -> Result<Option<Receipt>, StoreError> {
+    d.bounded(async {
+        let s = Stmt::new(GET.as_str()).bind(endpoint).bind(delivery_id);
+        let row = D::fetch_optional(On::Pool(d.pool()), s)
+            .await
+            .map_err(|e| d.map(e))?;
+        row.as_ref().map(crate::decode::receipt).transpose()
+    })
+    .await
+}
+
+/// [`WebhookStore::replay_receipt`](idem_core::webhooks::WebhookStore::replay_receipt).
+pub async fn replay_receipt<D: Dialect>(
+    d: &D,
+    endpoint: &str,
+    delivery_id: &str,
+    now_ms: i64,
+) -> Result<Requeue, StoreError> {
+    let s = Stmt::new(REPLAY)
+        .bind(endpoint)
+        .bind(delivery_id)
+        .bind(now_ms);
+    let requeued = d
+        .bounded_write(D::fetch_optional(On::Pool(d.pool()), s))
+        .await?;
+    if requeued.is_some() {
+        return Ok(Requeue::Requeued);
+    }
+    Ok(match get_receipt(d, endpoint, delivery_id).await? {
+        None => Requeue::NotFound,
+        Some(r) if r.state == ReceiptState::Received => Requeue::AlreadyQueued,
+        Some(r) => Requeue::AlreadyFinished(r.state),
+    })
+}
+
+/// [`WebhookStore::purge_expired_receipts`](idem_core::webhooks::WebhookStore::purge_expired_receipts):
+/// receipts, then entity versions and the deliveries' inbox records.
+pub async fn purge_expired_receipts<D: Dialect>(
+    d: &D,
+    now_ms: i64,
+    limit: u32,
+) -> Result<u64, StoreError> {
+    let batches = crate::purge::batches::<D>();
+    let done = purge(d, batches.receipts, now_ms, limit).await?;
+    purge(d, batches.entities, now_ms, limit).await?;
+    purge(d, batches.webhook_inbox, now_ms, limit).await?;
+    Ok(done)
+}
+
+/// [`WebhookStore`](idem_core::webhooks::WebhookStore) for [`SqlStore`](crate::SqlStore):
+/// each method is this module's function of the same name (or the
+/// `Dialect` method it names).
+mod sql_store {
+    use crate::dialect::Dialect;
+    use crate::store::SqlStore;
+
+    use std::time::Duration;
+
+    use crate::webhooks as w;
+    use idem_core::StoreError;
+    use idem_core::webhooks::{
+        Accepted, Finish, NewReceipt, Receipt, ReceiptState, Requeue, WebhookStore,
+    };
+
+    impl<D: Dialect> WebhookStore for SqlStore<D> {
+        async fn accept(
+            &self,
+            r: &NewReceipt,
             now_ms: i64,
             expires_at_ms: i64,
-        ) -> sqlx::query::QueryScalar<'q, $db, i64, <$db as sqlx::Database>::Arguments<'q>> {
-            sqlx::query_scalar($crate::webhooks::$d::ACCEPT)
-                .bind(&r.endpoint)
-                .bind(&r.delivery_id)
-                .bind(&r.event_type)
-                .bind(idem_core::headers::to_json(&r.headers))
-                .bind(&r.body[..])
-                .bind(&r.entity_id)
-                .bind(r.entity_version)
-                .bind(now_ms)
-                .bind(expires_at_ms)
-                .bind(r.content_sha256.as_ref().map(|h| &h[..]))
+        ) -> Result<Accepted, StoreError> {
+            self.0.accept_here(r, (now_ms, expires_at_ms)).await
         }
 
-        const _: () = {
-            use std::time::Duration;
+        async fn claim_receipts(
+            &self,
+            endpoint: &str,
+            now_ms: i64,
+            lease: Duration,
+            limit: u32,
+        ) -> Result<Vec<Receipt>, StoreError> {
+            w::claim_receipts(&self.0, endpoint, now_ms, lease, limit).await
+        }
 
-            use idem_core::webhooks::{
-                Accepted, Finish, NewReceipt, Receipt, ReceiptState, Requeue, WebhookStore,
-            };
-            use idem_core::{KeyStore, StoreError};
-            use $crate::row::get;
-            use $crate::webhooks::$d as sql;
+        async fn newest_version(
+            &self,
+            endpoint: &str,
+            entity_id: &str,
+        ) -> Result<Option<i64>, StoreError> {
+            w::newest_version(&self.0, endpoint, entity_id).await
+        }
 
-            impl WebhookStore for $store {
-                async fn accept(
-                    &self,
-                    r: &NewReceipt,
-                    now_ms: i64,
-                    expires_at_ms: i64,
-                ) -> Result<Accepted, StoreError> {
-                    self.accept_here(r, (now_ms, expires_at_ms)).await
-                }
+        async fn finish(&self, id: i64, outcome: &Finish, now_ms: i64) -> Result<(), StoreError> {
+            w::finish(&self.0, id, outcome, now_ms).await
+        }
 
-                async fn claim_receipts(
-                    &self,
-                    endpoint: &str,
-                    now_ms: i64,
-                    lease: Duration,
-                    limit: u32,
-                ) -> Result<Vec<Receipt>, StoreError> {
-                    self.bounded(async {
-                        let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
-                        let rows = sqlx::query(&sql::CLAIM)
-                            .bind(now_ms)
-                            .bind(lease_ms)
-                            .bind(i64::from(limit))
-                            .bind(endpoint)
-                            .fetch_all(self.pool())
-                            .await
-                            .map_err(|e| self.map(e))?;
-                        let mut receipts = rows
-                            .iter()
-                            .map($crate::decode::receipt)
-                            .collect::<Result<Vec<_>, _>>()?;
-                        receipts.sort_by_key(|r| r.id);
-                        Ok(receipts)
-                    })
-                    .await
-                }
+        async fn count_receipts(&self) -> Result<Vec<(String, ReceiptState, u64)>, StoreError> {
+            w::count_receipts(&self.0).await
+        }
 
-                async fn newest_version(
-                    &self,
-                    endpoint: &str,
-                    entity_id: &str,
-                ) -> Result<Option<i64>, StoreError> {
-                    self.bounded(async {
-                        sqlx::query_scalar($crate::webhooks::NEWEST_VERSION)
-                            .bind(endpoint)
-                            .bind(entity_id)
-                            .fetch_optional(self.pool())
-                            .await
-                            .map_err(|e| self.map(e))
-                    })
-                    .await
-                }
+        async fn list_receipts(
+            &self,
+            endpoint: Option<&str>,
+            state: Option<ReceiptState>,
+            limit: u32,
+        ) -> Result<Vec<Receipt>, StoreError> {
+            w::list_receipts(&self.0, endpoint, state, limit).await
+        }
 
-                async fn finish(
-                    &self,
-                    id: i64,
-                    outcome: &Finish,
-                    now_ms: i64,
-                ) -> Result<(), StoreError> {
-                    let mut tx = self.begin().await?;
-                    // The statements under the deadline; the commit under its own rule.
-                    self.bounded(async {
-                        let q = match outcome {
-                            Finish::Processed | Finish::Stale => {
-                                let done = if *outcome == Finish::Processed {
-                                    "processed"
-                                } else {
-                                    "stale"
-                                };
-                                sqlx::query(sql::FINISH_DONE)
-                                    .bind(id)
-                                    .bind(done)
-                                    .bind(now_ms)
-                            }
-                            Finish::Retry { error, at_ms } => sqlx::query(sql::FINISH_RETRY)
-                                .bind(id)
-                                .bind(error)
-                                .bind(at_ms),
-                            Finish::Dead { error } => sqlx::query(sql::FINISH_DEAD)
-                                .bind(id)
-                                .bind(error)
-                                .bind(now_ms),
-                        };
-                        let row = q.fetch_optional(&mut *tx).await.map_err(|e| self.map(e))?;
-                        let Some(row) = row else { return Ok(()) };
-                        if *outcome != Finish::Processed {
-                            return Ok(());
-                        }
-                        let entity: Option<String> = get(&row, "entity_id")?;
-                        let version: Option<i64> = get(&row, "entity_version")?;
-                        if let (Some(entity), Some(version)) = (entity, version) {
-                            let endpoint: String = get(&row, "endpoint")?;
-                            let expires: i64 = get(&row, "expires_at_ms")?;
-                            sqlx::query(sql::ENTITY)
-                                .bind(endpoint)
-                                .bind(entity)
-                                .bind(version)
-                                .bind(expires)
-                                .execute(&mut *tx)
-                                .await
-                                .map_err(|e| self.map(e))?;
-                        }
-                        Ok(())
-                    })
-                    .await?;
-                    self.commit(tx).await
-                }
+        async fn get_receipt(
+            &self,
+            endpoint: &str,
+            delivery_id: &str,
+        ) -> Result<Option<Receipt>, StoreError> {
+            w::get_receipt(&self.0, endpoint, delivery_id).await
+        }
 
-                async fn count_receipts(
-                    &self,
-                ) -> Result<Vec<(String, ReceiptState, u64)>, StoreError> {
-                    self.bounded(async {
-                        let rows: Vec<(String, String, i64)> =
-                            sqlx::query_as($crate::webhooks::COUNT)
-                                .fetch_all(self.pool())
-                                .await
-                                .map_err(|e| self.map(e))?;
-                        Ok(rows
-                            .into_iter()
-                            .filter_map(|(e, s, n)| {
-                                Some((e, ReceiptState::parse(&s)?, u64::try_from(n).ok()?))
-                            })
-                            .collect())
-                    })
-                    .await
-                }
+        async fn replay_receipt(
+            &self,
+            endpoint: &str,
+            delivery_id: &str,
+            now_ms: i64,
+        ) -> Result<Requeue, StoreError> {
+            w::replay_receipt(&self.0, endpoint, delivery_id, now_ms).await
+        }
 
-                async fn list_receipts(
-                    &self,
-                    endpoint: Option<&str>,
-                    state: Option<ReceiptState>,
-                    limit: u32,
-                ) -> Result<Vec<Receipt>, StoreError> {
-                    self.bounded(async {
-                        let rows = sqlx::query(&sql::LIST)
-                            .bind(endpoint)
-                            .bind(state.map(ReceiptState::as_str))
-                            .bind(i64::from(limit))
-                            .fetch_all(self.pool())
-                            .await
-                            .map_err(|e| self.map(e))?;
-                        rows.iter().map($crate::decode::receipt).collect()
-                    })
-                    .await
-                }
-
-                async fn get_receipt(
-                    &self,
-                    endpoint: &str,
-                    delivery_id: &str,
-                ) -> Result<Option<Receipt>, StoreError> {
-                    self.bounded(async {
-                        let row = sqlx::query(&$crate::webhooks::GET)
-                            .bind(endpoint)
-                            .bind(delivery_id)
-                            .fetch_optional(self.pool())
-                            .await
-                            .map_err(|e| self.map(e))?;
-                        row.as_ref().map($crate::decode::receipt).transpose()
-                    })
-                    .await
-                }
-
-                async fn replay_receipt(
-                    &self,
-                    endpoint: &str,
-                    delivery_id: &str,
-                    now_ms: i64,
-                ) -> Result<Requeue, StoreError> {
-                    let requeued: Option<i64> = self
-                        .bounded_write(
-                            sqlx::query_scalar($crate::webhooks::REPLAY)
-                                .bind(endpoint)
-                                .bind(delivery_id)
-                                .bind(now_ms)
-                                .fetch_optional(self.pool()),
-                        )
-                        .await?;
-                    if requeued.is_some() {
-                        return Ok(Requeue::Requeued);
-                    }
-                    Ok(match self.get_receipt(endpoint, delivery_id).await? {
-                        None => Requeue::NotFound,
-                        Some(r) if r.state == ReceiptState::Received => Requeue::AlreadyQueued,
-                        Some(r) => Requeue::AlreadyFinished(r.state),
-                    })
-                }
-
-                async fn purge_expired_receipts(
-                    &self,
-                    now_ms: i64,
-                    limit: u32,
-                ) -> Result<u64, StoreError> {
-                    use $crate::purge::$d::{ENTITIES, RECEIPTS, WEBHOOK_INBOX};
-                    let done = self.purge(RECEIPTS, now_ms, limit).await?;
-                    self.purge(ENTITIES, now_ms, limit).await?;
-                    self.purge(WEBHOOK_INBOX, now_ms, limit).await?;
-                    Ok(done)
-                }
-            }
-        };
-    };
+        async fn purge_expired_receipts(&self, now_ms: i64, limit: u32) -> Result<u64, StoreError> {
+            w::purge_expired_receipts(&self.0, now_ms, limit).await
+        }
+    }
 }

@@ -1,4 +1,4 @@
-//! [`KeyStore`](idem_core::KeyStore) for [`SqliteStore`], from
+//! [`KeyStore`](idem_core::KeyStore) for [`SqliteStore`] (this backend's part of what idem-sql writes once), from
 //! [`idem_sql::keys`]: the claim reads first without the write lock, then,
 //! behind the key's in-process gate and on the writer (see
 //! [`writer`](crate::writer)), sends `BEGIN IMMEDIATE` and the claim in one
@@ -23,17 +23,19 @@ use futures_util::StreamExt;
 use idem_core::keys::Claim;
 use idem_core::{ClaimMode, Completion, Scope, StoreError, StoredRecord};
 use idem_sql::decode::record;
+use idem_sql::dialect::Dialect;
 use idem_sql::keys::sqlite::INSERT_CLAIM;
-use idem_sql::keys::{ClaimRequest, INSERT_COMPLETED, Refused, SELECT_RECORD, UPDATE_COMPLETE};
+use idem_sql::keys::{
+    ClaimRequest, INSERT_COMPLETED, Refused, SELECT_RECORD, UPDATE_COMPLETE, completed, outcome,
+    scoped,
+};
 use sqlx::sqlite::SqliteArguments;
 use sqlx::{Either, Sqlite};
 
+use crate::dialect::query;
 use crate::errors::outcome_unknown;
 use crate::writer::Lease;
-use crate::{SqliteStore, SqliteTx};
-
-idem_sql::binders!(Sqlite, i64);
-idem_sql::key_store!(SqliteStore, SqliteTx, sqlite);
+use crate::{SqliteDialect, SqliteTx};
 
 /// Fails the statement (SQLite's `abs()` of the smallest integer is an
 /// "integer overflow" error) unless the statement before it changed
@@ -55,28 +57,27 @@ static INSERT_COMMIT: LazyLock<String> =
 
 type Query<'q> = sqlx::query::Query<'q, Sqlite, SqliteArguments<'q>>;
 
-impl SqliteStore {
+impl SqliteDialect {
     /// The claim, under the write lock (the read-first step before it ran
     /// without: WAL readers never wait for it).
-    async fn claim_here(
+    pub(crate) async fn claim_writer(
         &self,
         scope: &Scope,
         r: ClaimRequest<'_>,
     ) -> Result<Claim<SqliteTx>, StoreError> {
         if r.policy.mode == ClaimMode::Optimistic {
-            return self.begin_here().await.map(Claim::Claimed);
+            return self.begin_writer().await.map(Claim::Claimed);
         }
         let gate = self.gates.enter(scope, r.policy.wait).await?;
         let mut lease = self.writer.acquire().await?;
-        let claimed = scoped(&BEGIN_CLAIM, scope)
+        let claim = scoped(BEGIN_CLAIM.as_str(), scope)
             .bind(&r.fingerprint.as_bytes()[..])
             .bind(r.now_ms)
-            .bind(r.policy.expires_at_ms(r.now_ms))
-            .fetch_optional(lease.conn())
-            .await;
+            .bind(r.policy.expires_at_ms(r.now_ms));
+        let claimed = query(&claim).fetch_optional(lease.conn()).await;
         match claimed {
             Ok(Some(_)) => Ok(Claim::Claimed(SqliteTx::new(lease, Some(gate)))),
-            Ok(None) => self.live_record(lease, scope).await.map(Claim::Existing),
+            Ok(None) => self.live_record_in(lease, scope).await.map(Claim::Existing),
             Err(e) => {
                 // The BEGIN may have succeeded and the claim failed.
                 lease.roll_back().await;
@@ -89,29 +90,29 @@ impl SqliteStore {
     /// operation's transaction (which holds the write lock) in one message
     /// with `COMMIT`; a live record of the key makes the guard fail before
     /// the `COMMIT`, leaving the transaction open for `live_record`.
-    async fn insert_completed_message(
+    pub(crate) async fn insert_commit(
         &self,
         tx: SqliteTx,
         scope: &Scope,
         r: ClaimRequest<'_>,
         completion: &Completion,
     ) -> Result<(), Refused<Lease>> {
-        let insert = completed(&INSERT_COMMIT, scope, r, completion);
-        self.commit_with(tx.lease, insert, 3).await
+        let insert = completed(INSERT_COMMIT.as_str(), scope, r, completion);
+        self.commit_with(tx.lease, query(&insert), 3).await
     }
 
     /// The claimed record completed and the transaction committed, in one
     /// message; a record no longer pending fails the guard before the
     /// `COMMIT`, and nothing of the operation commits.
-    async fn complete_message(
+    pub(crate) async fn complete_commit(
         &self,
         tx: SqliteTx,
         scope: &Scope,
         completion: &Completion,
         now_ms: i64,
     ) -> Result<(), Refused<()>> {
-        let update = outcome(scoped(&COMPLETE_COMMIT, scope), completion).bind(now_ms);
-        match self.commit_with(tx.lease, update, 3).await {
+        let update = outcome(scoped(COMPLETE_COMMIT.as_str(), scope), completion).bind(now_ms);
+        match self.commit_with(tx.lease, query(&update), 3).await {
             Err(Refused::Guard(lease)) => {
                 lease.roll_back().await;
                 Err(Refused::Guard(()))
@@ -121,22 +122,15 @@ impl SqliteStore {
         }
     }
 
-    async fn commit_here(&self, tx: SqliteTx) -> Result<(), StoreError> {
+    pub(crate) async fn commit_writer(&self, tx: SqliteTx) -> Result<(), StoreError> {
         self.commit_with(tx.lease, sqlx::query("COMMIT"), 1)
             .await
             .map_err(Refused::unguarded)
     }
 
-    /// `ROLLBACK`. One that fails closes the writer's connection, which
-    /// rolls back as surely: nothing of the transaction is ever committed.
-    async fn rollback_here(&self, tx: SqliteTx) -> Result<(), StoreError> {
-        tx.lease.roll_back().await;
-        Ok(())
-    }
-
     /// A transaction for business writes: `BEGIN IMMEDIATE` on the writer,
     /// no gate.
-    async fn begin_here(&self) -> Result<SqliteTx, StoreError> {
+    pub(crate) async fn begin_writer(&self) -> Result<SqliteTx, StoreError> {
         let mut lease = self.writer.acquire().await?;
         match sqlx::Executor::execute(lease.conn(), sqlx::query("BEGIN IMMEDIATE")).await {
             Ok(_) => Ok(SqliteTx::new(lease, None)),
@@ -150,14 +144,13 @@ impl SqliteStore {
     /// The record a claim or an optimistic insert conflicted with, read in
     /// its transaction, which holds the write lock: it is committed and
     /// stays as read until the rollback.
-    async fn live_record(
+    pub(crate) async fn live_record_in(
         &self,
         mut lease: Lease,
         scope: &Scope,
     ) -> Result<StoredRecord, StoreError> {
-        let row = scoped(SELECT_RECORD, scope)
-            .fetch_optional(lease.conn())
-            .await;
+        let select = scoped(SELECT_RECORD, scope);
+        let row = query(&select).fetch_optional(lease.conn()).await;
         lease.roll_back().await;
         match row.map_err(|e| self.map(e))? {
             Some(row) => record(&row),
@@ -169,10 +162,14 @@ impl SqliteStore {
 
     /// A key record, read without the write lock, on a reader (no ping
     /// when it goes back; see [`readers`](crate::readers)).
-    async fn read_first(&self, scope: &Scope) -> Result<Option<StoredRecord>, StoreError> {
+    pub(crate) async fn read_first_here(
+        &self,
+        scope: &Scope,
+    ) -> Result<Option<StoredRecord>, StoreError> {
+        let select = scoped(SELECT_RECORD, scope);
         let row = self
             .readers
-            .fetch_optional(scoped(SELECT_RECORD, scope))
+            .fetch_optional(query(&select))
             .await
             .map_err(|e| self.map(e))?;
         row.as_ref().map(record).transpose()

@@ -17,6 +17,21 @@
 //! # Ok(()) }
 //! ```
 //!
+//! ## What is here
+//! The store code is written once, for both backends, in [`idem_sql`]:
+//! [`SqliteStore`] is [`idem_sql::SqlStore`] on [`SqliteDialect`], which
+//! implements [`idem_sql::Dialect`] (see `dialect`): SQLite's driver
+//! primitives (an `INTEGER` bound as 64 bits, a list as a JSON array), no
+//! client-side deadline (a local file cannot hang up), its error mapping,
+//! and what only SQLite has — the key transactions' single writer and its
+//! per-key gates (`keys`, `writer`, `gate`), the readers of the read first
+//! (`readers`), and the writes that take the write lock with `BEGIN
+//! IMMEDIATE` (a leased claim, a run's fenced write, takeover and due
+//! claim, a webhook's acceptance: `leased`, `runs`, `webhooks`). The
+//! operator's actions and the task writes run in the caller's
+//! `BEGIN IMMEDIATE` transaction, so nothing changes between their read and
+//! their write.
+//!
 //! ## What the guarantees assume
 //! - `journal_mode = WAL` and `synchronous = FULL`: a commit is on disk when
 //!   `COMMIT` returns, so it survives `kill -9` and power loss. (`NORMAL` in WAL
@@ -61,11 +76,10 @@
 //! sqlx's SQLite driver runs in turn (a behaviour sqlx marks as deprecated
 //! for `query()`; the test would catch its removal).
 
-mod admin;
 mod config;
+mod dialect;
 mod errors;
 mod gate;
-mod inbox;
 mod keys;
 mod leased;
 mod migrate;
@@ -74,7 +88,6 @@ pub mod patterns;
 mod pool;
 mod readers;
 mod runs;
-mod tasks;
 mod tx;
 mod webhooks;
 mod writer;
@@ -82,5 +95,11 @@ mod writer;
 pub use config::SqliteConfig;
 pub use errors::map_err;
 pub use migrate::{MIGRATIONS, migrate_component};
-pub use pool::{SqliteStore, file_path};
+pub use pool::{SqliteDialect, file_path};
 pub use tx::SqliteTx;
+
+/// The SQLite store: [`idem_sql::SqlStore`] on [`SqliteDialect`], which implements
+/// every store trait of `idem-core` once for both backends. Cheap to clone;
+/// clones share the pool. What only this backend has is on its dialect:
+/// `store.dialect()`.
+pub type SqliteStore = idem_sql::SqlStore<SqliteDialect>;

@@ -1,4 +1,4 @@
-//! [`PatternExec`](idem_sql::patterns::PatternExec) for [`SqliteTx`], so the patterns of
+//! [`PatternExec`] for [`SqliteTx`], so the patterns of
 //! [`idem_sql::patterns`] run in the transaction of a key, a run's phase,
 //! or one from [`KeyStore::begin`](idem_core::KeyStore::begin).
 //!
@@ -26,8 +26,33 @@
 //! # Ok(()) }
 //! ```
 
-use sqlx::Sqlite;
+use idem_core::{BoxFuture, StoreError};
+use idem_sql::patterns::{self, PatternExec, Value};
 
-use crate::{SqliteTx, map_err};
+use crate::{SqliteDialect, SqliteTx};
 
-idem_sql::pattern_exec!(SqliteTx, Sqlite);
+impl PatternExec for SqliteTx {
+    fn fetch_text<'a>(
+        &'a mut self,
+        sql: &'a str,
+        binds: &'a [Value<'a>],
+    ) -> BoxFuture<'a, Result<Option<String>, StoreError>> {
+        Box::pin(patterns::fetch_text::<SqliteDialect>(self, sql, binds))
+    }
+
+    fn fetch_int<'a>(
+        &'a mut self,
+        sql: &'a str,
+        binds: &'a [Value<'a>],
+    ) -> BoxFuture<'a, Result<Option<i64>, StoreError>> {
+        Box::pin(patterns::fetch_int::<SqliteDialect>(self, sql, binds))
+    }
+
+    fn execute<'a>(
+        &'a mut self,
+        sql: &'a str,
+        binds: &'a [Value<'a>],
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(patterns::execute::<SqliteDialect>(self, sql, binds))
+    }
+}

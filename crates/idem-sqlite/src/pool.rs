@@ -1,4 +1,4 @@
-//! [`SqliteStore`]: connection setup, the pool, `BEGIN IMMEDIATE` and
+//! [`SqliteDialect`](crate::SqliteDialect): connection setup, the pool, `BEGIN IMMEDIATE` and
 //! `COMMIT`, and the glue the shared statements of [`idem_sql`] run
 //! through (`map`, `bounded`, `bounded_write`, `purge`).
 
@@ -13,24 +13,29 @@ use sqlx::{Sqlite, SqlitePool, Transaction};
 use crate::errors::outcome_unknown;
 use crate::readers::Readers;
 use crate::writer::Writer;
-use crate::{SqliteConfig, gate, map_err, migrate_component};
+use idem_sql::dialect::Dialect;
 
-/// The SQLite key store. Cheap to clone; clones share the pool.
+use crate::{SqliteConfig, gate, map_err};
+
+/// SQLite as [`idem_sql::SqlStore`] runs on it ([`Dialect`](idem_sql::Dialect)):
+/// the pool, the key transactions' writer and its per-key gates, the
+/// readers of the claims' read first. [`SqliteStore`](crate::SqliteStore)
+/// is the store on it. Cheap to clone; clones share the pool.
 #[derive(Debug, Clone)]
-pub struct SqliteStore {
-    pool: SqlitePool,
+pub struct SqliteDialect {
+    pub(crate) pool: SqlitePool,
     pub(crate) gates: Arc<gate::Gates>,
     /// The claims' read-first connections ([`crate::readers`]).
     pub(crate) readers: Arc<Readers>,
     /// The key engine's transactions' connection ([`crate::writer`]).
     pub(crate) writer: Arc<Writer>,
-    busy_timeout: Duration,
+    pub(crate) busy_timeout: Duration,
 }
 
-impl SqliteStore {
+impl SqliteDialect {
     /// Opens (creating if missing) the database at `url` (`sqlite://path` or
     /// `sqlite::memory:` is refused: a key store must be durable).
-    pub async fn connect(url: &str, config: SqliteConfig) -> Result<Self, StoreError> {
+    pub(crate) async fn open(url: &str, config: SqliteConfig) -> Result<Self, StoreError> {
         config
             .validate()
             .map_err(|e| StoreError::Database { source: e.into() })?;
@@ -64,8 +69,10 @@ impl SqliteStore {
         Ok(Self::from_pool(pool, config.busy_timeout))
     }
 
-    /// Wraps a pool you configured yourself. It must use WAL, `synchronous =
-    /// FULL` and a busy timeout equal to `busy_timeout` for the guarantees above.
+    /// Wraps a pool you configured yourself (the store on it:
+    /// `SqliteStore::new(SqliteDialect::from_pool(pool, busy_timeout))`). It
+    /// must use WAL, `synchronous = FULL` and a busy timeout equal to
+    /// `busy_timeout` for the guarantees of the crate docs.
     pub fn from_pool(pool: SqlitePool, busy_timeout: Duration) -> Self {
         let options = pool.options();
         let readers = Readers::new(
@@ -81,8 +88,6 @@ impl SqliteStore {
             busy_timeout,
         }
     }
-
-    idem_sql::store_common!(SqlitePool, crate::MIGRATIONS);
 
     /// `BEGIN IMMEDIATE`, in a task of its own: sqlx 0.8's `begin_with` is not
     /// cancel safe, and a caller dropped between the worker's `BEGIN` and the
@@ -115,21 +120,6 @@ impl SqliteStore {
             Err(e) => Err(self.map(e)),
         }
     }
-
-    /// The database write lock not being free within `busy_timeout` is not about
-    /// this key (the per-key gate already let us in): it means the store is
-    /// overloaded or locked by another process, so it is reported as
-    /// `Unavailable` (503 + Retry-After over HTTP), not as "in flight".
-    pub(crate) fn map(&self, e: sqlx::Error) -> StoreError {
-        match map_err(e) {
-            StoreError::Busy { .. } => StoreError::Unavailable {
-                source: format!("database is locked (waited {:?})", self.busy_timeout).into(),
-            },
-            other => other,
-        }
-    }
-
-    idem_sql::unbounded!();
 }
 
 /// The file an `sqlite:` URL names (`sqlite://PATH?…` or `sqlite:PATH`), or
@@ -139,14 +129,4 @@ pub fn file_path(url: &str) -> Option<&str> {
         .strip_prefix("sqlite://")
         .or_else(|| url.strip_prefix("sqlite:"))?;
     Some(rest.split('?').next().unwrap_or(rest))
-}
-
-/// Ids as SQLite binds a list: a JSON array (`json_each`).
-pub(crate) fn id_list(ids: &[i64]) -> String {
-    serde_json::Value::from(ids).to_string()
-}
-
-/// Texts as SQLite binds a list: a JSON array (`json_each`).
-pub(crate) fn text_list(items: Vec<String>) -> String {
-    serde_json::Value::from(items).to_string()
 }

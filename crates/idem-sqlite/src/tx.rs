@@ -36,4 +36,21 @@ impl SqliteTx {
     }
 }
 
-idem_sql::tx_guard!(SqliteTx, SqliteConnection, conn, conn_mut);
+impl std::fmt::Debug for SqliteTx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteTx").finish_non_exhaustive()
+    }
+}
+
+impl std::ops::Deref for SqliteTx {
+    type Target = SqliteConnection;
+    fn deref(&self) -> &SqliteConnection {
+        self.conn()
+    }
+}
+
+impl std::ops::DerefMut for SqliteTx {
+    fn deref_mut(&mut self) -> &mut SqliteConnection {
+        self.conn_mut()
+    }
+}

@@ -91,7 +91,7 @@ impl Writer {
 
 /// The writer, held: its connection until [`Lease::release`],
 /// [`Lease::roll_back`] or drop.
-pub(crate) struct Lease {
+pub struct Lease {
     /// `Some` until released or dropped.
     slot: Option<Slot>,
 }

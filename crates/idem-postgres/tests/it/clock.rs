@@ -27,7 +27,7 @@ async fn the_store_clock_reads_the_servers_time() {
     let store = PgStore::connect(&postgres_admin_url(), PgConfig::default())
         .await
         .unwrap();
-    let clock = store.database_clock().clone();
+    let clock = store.dialect().database_clock().clone();
     let shared = KeyStore::clock(&store);
     let mut host_ahead_ms = 0;
     let mut widest = Duration::ZERO;

@@ -221,7 +221,7 @@ async fn the_store_serves_again_after_its_connections_went_silent() {
     // A claim waits for a concurrent one at most 0.5 s, under the statement
     // timeout: its deadline is the store's (2 s). Allow five of them.
     let policy = Policy::default().wait(Duration::from_millis(500));
-    while cut.elapsed() < 5 * store.deadline() {
+    while cut.elapsed() < 5 * store.dialect().deadline() {
         let key = format!("after-cut-{}", answers.len());
         let (scope, fp) = (c::scope("t1", &key), c::fingerprint("{}"));
         let call = engine.execute(&scope, &fp, &policy, |_| {
@@ -229,7 +229,7 @@ async fn the_store_serves_again_after_its_connections_went_silent() {
                 async move { Ok::<_, sqlx::Error>(Completion::completed(c::response(201, "{}"))) },
             )
         });
-        let out = tokio::time::timeout(2 * store.deadline(), call).await;
+        let out = tokio::time::timeout(2 * store.dialect().deadline(), call).await;
         let ok = matches!(out, Ok(Ok(Outcome::Executed(_))));
         answers.push(format!(
             "{:?}: {}",

@@ -1,6 +1,6 @@
 //! Tasks, their timeline and the pollers' cursors: the statements both
-//! backends run, and [`task_store!`](crate::task_store), which implements
-//! [`TaskStore`](idem_core::tasks::TaskStore) for a backend's store.
+//! backends run, and [`TaskStore`](idem_core::tasks::TaskStore)'s methods,
+//! written once ([`store`]).
 //!
 //! Every write of a worker locks the task's row first (`FOR UPDATE` on
 //! PostgreSQL; SQLite's transactions hold the write lock from `BEGIN`),
@@ -189,7 +189,7 @@ pub mod sqlite {
     /// Task `$1`, for a write.
     pub static LOCK_TASK: LazyLock<String> = LazyLock::new(|| TASK.clone());
 
-    /// The claim ([`claim_tasks!`]).
+    /// The claim (`claim_tasks!`).
     pub static CLAIM: LazyLock<String> = claim_tasks!("");
 
     /// Tasks newest first: `$1` queue or NULL, `$2` state or NULL, `$3`/`$4`
@@ -202,6 +202,13 @@ pub mod sqlite {
              ORDER BY created_at_ms DESC, id DESC LIMIT $5"
         )
     });
+
+    /// What the shared code reads.
+    pub const TEXTS: Texts = Texts {
+        lock_task: &LOCK_TASK,
+        claim: &CLAIM,
+        list: &LIST,
+    };
 }
 
 /// PostgreSQL's texts: rows locked for a write, claimers skip each other's.
@@ -211,7 +218,7 @@ pub mod postgres {
     /// Task `$1`, locked for a write.
     pub static LOCK_TASK: LazyLock<String> = LazyLock::new(|| format!("{} FOR UPDATE", *TASK));
 
-    /// The claim ([`claim_tasks!`]), skipping rows another claimer holds.
+    /// The claim (`claim_tasks!`), skipping rows another claimer holds.
     pub static CLAIM: LazyLock<String> = claim_tasks!("FOR UPDATE SKIP LOCKED");
 
     /// Tasks newest first (as SQLite's `LIST`, with typed NULLs).
@@ -223,6 +230,29 @@ pub mod postgres {
              ORDER BY created_at_ms DESC, id DESC LIMIT $5"
         )
     });
+
+    /// What the shared code reads.
+    pub const TEXTS: Texts = Texts {
+        lock_task: &LOCK_TASK,
+        claim: &CLAIM,
+        list: &LIST,
+    };
 }
 
-mod store;
+/// One dialect's task texts.
+#[derive(Debug)]
+pub struct Texts {
+    /// Task `$1`, for a write.
+    pub lock_task: &'static LazyLock<String>,
+    /// The claim.
+    pub claim: &'static LazyLock<String>,
+    /// Tasks newest first.
+    pub list: &'static LazyLock<String>,
+}
+
+/// This capability's text in `D`'s SQL family.
+pub(crate) fn texts<D: crate::Dialect>() -> &'static Texts {
+    D::FAMILY.pick(&sqlite::TEXTS, &postgres::TEXTS)
+}
+
+pub mod store;

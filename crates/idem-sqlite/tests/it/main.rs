@@ -139,6 +139,7 @@ conformance! {
     admin_audit_rows_commit_with_their_transaction;
     admin_runs_receipts_and_inbox;
     patterns_hold_on_a_real_table;
+    a_pattern_read_of_the_wrong_type_is_a_database_error;
 }
 
 #[tokio::test]
