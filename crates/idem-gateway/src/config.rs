@@ -188,8 +188,10 @@ impl Route {
 }
 
 /// One route as an operator writes it: every key but `method`, `path` and
-/// `operation` is optional. Unknown keys are refused.
-#[derive(Debug, Clone, Deserialize)]
+/// `operation` is optional. Unknown keys are refused. In code, name what
+/// you set and take the rest from `..RouteSpec::default()` (whose empty
+/// `method`, `path` and `operation` [`RouteSpec::route`] refuses).
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RouteSpec {
     /// `POST`, `PUT`, `PATCH`, `DELETE` (case-insensitive); safe methods are

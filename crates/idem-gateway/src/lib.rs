@@ -112,7 +112,17 @@ impl<S: LeasedKeyStore> Gateway<S> {
         let gateway = Arc::new(self);
         axum::Router::new().fallback(move |req: Request| {
             let gateway = gateway.clone();
-            async move { gateway.handle(req).await }
+            // In a task of its own: a client that hangs up (a timeout, a
+            // closed tab) drops this future, but not the forward it
+            // started. The forward ends and its answer is stored, so the
+            // client's retry gets it instead of an outcome made unknown by
+            // the hang-up alone; the answer nobody reads is dropped, and
+            // the bytes it held return to the budget.
+            let work = tokio::spawn(async move { gateway.handle(req).await });
+            async move {
+                work.await
+                    .unwrap_or_else(|_| reject(idem_http::Rejection::Internal))
+            }
         })
     }
 

@@ -30,7 +30,7 @@
 //! idem_nats::ensure_stream(&js, "ORDERS", &["orders.>"], Duration::from_secs(300)).await?;
 //! // The relay: outbox → JetStream, waking on NOTIFY, polling as a fallback.
 //! let relay = Dispatcher::new(store.clone(), NatsPublisher::new(js.clone()), DispatcherConfig::default())?;
-//! let wake = store.outbox_listener().await;
+//! let wake = store.dialect().outbox_listener().await;
 //! tokio::spawn(async move { relay.run(wake, std::future::pending()).await });
 //! // A consumer's source: a durable pull consumer; give it to `idem_inbox::Consumer`.
 //! let _source = NatsSource::new(js, SourceConfig {

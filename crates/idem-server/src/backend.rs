@@ -19,8 +19,8 @@ use idem_postgres::{PgConfig, PgStore};
 use idem_sql::patterns::PatternExec;
 use idem_sqlite::{SqliteConfig, SqliteStore};
 
-use crate::demo;
-use crate::demo::DemoSql;
+use idem_demo as demo;
+use idem_demo::DemoSql;
 
 /// Every store capability the server uses, from one database: runs and
 /// steps included, whose transactions run the database patterns.
@@ -104,7 +104,7 @@ impl Backend for PgStore {
     const RELAY_POLL: Duration = Duration::from_secs(1);
 
     async fn outbox_wake(&self) -> Self::OutboxWake {
-        self.outbox_listener().await
+        self.dialect().outbox_listener().await
     }
 
     async fn migrate_store(&self) -> Result<(), idem_core::StoreError> {

@@ -4,7 +4,7 @@
 //! flags' defaults) — and validated here into the libraries' configs, which
 //! each command assembles (`idem serve`'s in its `ServerConfig`). Every
 //! bound a flag has is stated in this module (the HTTP limits' in
-//! [`Limits::validate`](crate::http_server::Limits::validate), the webhook
+//! [`Limits::validate`](idem_httpd::Limits::validate), the webhook
 //! file's in [`crate::webhooks`]).
 
 use std::net::SocketAddr;
@@ -14,12 +14,12 @@ use anyhow::bail;
 use idem_core::Policy;
 
 use crate::admin::AdminToken;
-use crate::demo::DemoConfig;
 pub use crate::flags::{
     HttpBase, MAX_BODY_BYTES_LIMIT, file_defaults, listen_address, nats_url, read_file,
 };
 use crate::flags::{check, within};
 use crate::messaging::{ConsumeConfig, DUPLICATE_WINDOW};
+use idem_demo::DemoConfig;
 
 /// `--gc-interval`.
 pub fn gc_interval(every: Duration) -> anyhow::Result<Duration> {

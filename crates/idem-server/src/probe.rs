@@ -24,8 +24,8 @@ use axum::routing::get;
 use tokio::sync::watch;
 
 use crate::backend::Backend;
-use crate::http_server::{self, Limits};
 use crate::shutdown::stopped;
+use idem_httpd::{self as http_server, Limits};
 
 /// The broker's context once the process has connected and its streams
 /// are ready (`None` until then).

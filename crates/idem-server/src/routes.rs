@@ -27,7 +27,7 @@ use crate::admin::{self, Auth};
 /// returned one's fallback), not on each route: [`Router::layer`] wraps
 /// every route apart, and each wrapper clones the ones inside it per
 /// request. Each route only notes itself for the request log
-/// ([`crate::logging::NoteRoute`]).
+/// ([`idem_httpd::NoteRoute`]).
 pub fn service(api: Router, auth: Arc<Auth>, fallback: Option<Router>) -> Router {
     let app = Router::new()
         .route("/healthz", get(|| async { "ok" }))
@@ -38,7 +38,7 @@ pub fn service(api: Router, auth: Arc<Auth>, fallback: Option<Router>) -> Router
             .fallback(not_found)
             .method_not_allowed_fallback(method_not_allowed),
     };
-    let app = admin::with_console(app, auth.clone()).layer(crate::logging::NoteRoute);
+    let app = admin::with_console(app, auth.clone()).layer(idem_httpd::NoteRoute);
     let around = tower::ServiceBuilder::new()
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(
             |_: Box<dyn std::any::Any + Send>| panicked(),

@@ -91,9 +91,10 @@
 //! | `tasks` | [`tasks`] as well | `Tasks`: observations that become tasks once, cursors, fenced claims, actions once |
 //! | `tasks-http` | [`tasks`] as well | the task API over HTTP as an axum router (`tasks::http::router`) |
 //! | `gateway` | `gateway` | `Gateway`: the `Idempotency-Key` contract in front of an HTTP API that has none, as an axum router (needs a store with leases: `SqliteStore`, `PgStore`) |
+//! | `client` | `client` | `Client`: the retrying client, one key per intent, retries with that key (`idem-client`) |
+//! | `admin` | `admin` | `admin::router`: the admin API (`/admin/v1`) and console as an axum router (`idem-admin`; no broker: `async-nats` only comes with `nats`) |
 //!
-//! The admin API and console (`idem-admin`) and the conformance drill
-//! (`idem-drill`) are crates of their own.
+//! The conformance drill (`idem-drill`) is a crate of its own.
 //!
 //! ## Depending on it
 //!
@@ -163,6 +164,12 @@ pub use collector::{Collected, Collector, CollectorConfig, KEYS_PURGED_TOTAL};
 
 // The backends and the layer are whole crates, inlined so that each has a
 // module page here with its own docs (a bare `pub use` shows one line).
+#[cfg(feature = "admin")]
+#[doc(inline)]
+pub use idem_admin as admin;
+#[cfg(feature = "client")]
+#[doc(inline)]
+pub use idem_client as client;
 #[cfg(feature = "gateway")]
 #[doc(inline)]
 pub use idem_gateway as gateway;

@@ -24,7 +24,7 @@
 use std::time::Duration;
 
 use axum::{Router, routing::get};
-use idemkit::gateway::{Gateway, GatewayConfig, HttpBase};
+use idemkit::gateway::{Gateway, GatewayConfig, HttpBase, RouteSpec};
 use idemkit::sqlite::{SqliteConfig, SqliteStore};
 use idemkit::steps::Namespace;
 use idemkit::{Collector, CollectorConfig};
@@ -49,10 +49,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .await;
     });
 
-    // The default routes: every POST and PATCH keyed (the key optional),
-    // one tenant. Build `config.routes` from `RouteSpec`s to name your own.
-    let config = GatewayConfig::new(HttpBase::parse("UPSTREAM", &upstream)?, 1 << 20);
-    config.validate()?;
+    let config = gateway_config(&upstream)?;
     // Upstream keys are derived in this namespace: keep it fixed per
     // installation, so a retry after a restart sends the same key.
     let gateway = Gateway::new(store, Namespace::new("example-gateway")?, config);
@@ -66,4 +63,55 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("listening on {}", listener.local_addr()?);
     axum::serve(listener, app).await?;
     Ok(())
+}
+
+// ANCHOR: config
+/// The gateway's settings, built in code: what `idem serve --upstream` and a
+/// `[gateway]` table in its `--config` file give the server.
+fn gateway_config(upstream: &str) -> Result<GatewayConfig, Box<dyn std::error::Error>> {
+    // The default routes: every POST and PATCH keyed (the key optional),
+    // one tenant; request bodies passed through up to 1 MiB.
+    let mut config = GatewayConfig::new(HttpBase::parse("UPSTREAM", upstream)?, 1 << 20);
+    config.timeout = Duration::from_secs(30); // one forward, answer read
+    // A route of your own, before the defaults (the first match wins): the
+    // same keys as a `[[gateway.routes]]` table, every one but method, path
+    // and operation optional.
+    let payments = RouteSpec {
+        method: "POST".into(),
+        path: "/v1/payments".into(),
+        operation: "payments.create".into(),
+        key: Some("required".into()),      // no key: 400
+        ttl: Some("24h".into()),           // how long the answer is replayed
+        on_unknown: Some("reject".into()), // a lost answer: held, never forwarded again
+        ..RouteSpec::default()
+    };
+    config.routes.insert(0, payments.route()?);
+    config.validate()?; // bounds, and each route against the timeout
+    Ok(config)
+}
+// ANCHOR_END: config
+
+#[cfg(test)]
+mod tests {
+    use axum::http::Method;
+
+    #[test]
+    fn the_named_route_comes_first_and_needs_a_key() -> Result<(), Box<dyn std::error::Error>> {
+        let config = super::gateway_config("http://127.0.0.1:9000")?;
+        let first = config
+            .routes
+            .iter()
+            .find(|r| r.matches(&Method::POST, "/v1/payments"))
+            .ok_or("no route covers POST /v1/payments")?;
+        assert_eq!(first.config.operation.as_str(), "payments.create");
+        assert!(first.config.key_required);
+        // Any other POST still goes through the default route, key optional.
+        let other = config
+            .routes
+            .iter()
+            .find(|r| r.matches(&Method::POST, "/payments"))
+            .ok_or("no route covers POST /payments")?;
+        assert!(!other.config.key_required);
+        Ok(())
+    }
 }

@@ -446,7 +446,7 @@ async fn notify_wakes_the_dispatcher_before_its_poll_interval() {
         ..fast()
     };
     let d = Arc::new(dispatcher(db.store.clone(), s.js.clone(), config));
-    let wake = db.store.outbox_listener().await;
+    let wake = db.store.dialect().outbox_listener().await;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let runner = {
         let d = d.clone();

@@ -1,4 +1,6 @@
-//! `idem bench`: the benchmarks against plain baselines.
+//! `idem bench`: the benchmarks against plain baselines (`idem-bench`).
+
+use crate::progress::Progress;
 
 /// `idem bench`'s flags.
 #[derive(clap::Args)]
@@ -25,16 +27,21 @@ impl BenchArgs {
     /// Runs every benchmark and prints the tables.
     pub async fn run(self) -> anyhow::Result<()> {
         let only = match &self.only {
-            Some(list) => crate::bench::Only::parse(list)?,
-            None => crate::bench::Only::all(),
+            Some(list) => idem_bench::Only::parse(list)?,
+            None => idem_bench::Only::all(),
         };
-        crate::bench::run(
-            &self.sqlite_url,
-            self.postgres_url.as_deref(),
-            self.nats_url.as_deref(),
-            self.secs,
-            &only,
-        )
-        .await
+        let config = idem_bench::BenchConfig {
+            sqlite_url: self.sqlite_url,
+            postgres_url: self.postgres_url,
+            nats_url: self.nats_url,
+            secs: self.secs,
+            only,
+            // The wrk cases start this binary as `idem serve`.
+            idem: std::env::current_exe()
+                .map_err(|e| anyhow::anyhow!("where is the idem binary? {e}"))?,
+        };
+        let mut progress = Progress::stderr("bench", None);
+        let on_case = Box::new(move |cases: u64, what: &str| progress.advance(cases, what));
+        idem_bench::run(&config, on_case).await
     }
 }

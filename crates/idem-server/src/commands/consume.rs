@@ -2,7 +2,7 @@
 
 use tokio::sync::watch;
 
-use super::{ConsumerArgs, DbArgs, SideArgs, StreamArgs};
+use super::args::{ConsumerArgs, DbArgs, SideArgs, StreamArgs};
 use crate::backend::{Backend, DemoJob};
 use crate::messaging::{self, ConsumeConfig};
 use crate::probe::SideListener;
@@ -14,7 +14,7 @@ pub struct ConsumeArgs {
     #[command(flatten)]
     db: DbArgs,
     /// NATS server.
-    #[arg(long, env = "IDEM_NATS_URL")]
+    #[arg(long, env = "IDEM_NATS_URL", help_heading = "Events")]
     nats_url: String,
     #[command(flatten)]
     consumer: ConsumerArgs,
@@ -53,7 +53,7 @@ struct Consume {
 
 impl DemoJob for Consume {
     type Output = anyhow::Result<()>;
-    async fn run<B: Backend + crate::demo::Store>(self, store: B) -> anyhow::Result<()> {
+    async fn run<B: Backend + idem_demo::Store>(self, store: B) -> anyhow::Result<()> {
         let (connected, broker) = watch::channel(None);
         if let Some(side) = self.side {
             side.start(store.clone(), broker, self.shutdown.clone())
@@ -70,7 +70,7 @@ impl DemoJob for Consume {
             return Ok(());
         };
         connected.send_replace(Some(js.clone()));
-        let ledger = crate::demo::Ledger::<B>::new();
+        let ledger = idem_demo::Ledger::<B>::new();
         messaging::consume(store, js, ledger, self.config, self.shutdown).await;
         Ok(())
     }

@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use super::Exit;
+use super::exit::Exit;
 use idem_drill::{DRILLS, DrillResult, DrillSpec, Observer};
 
 use crate::progress::Progress;

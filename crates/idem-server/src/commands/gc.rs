@@ -8,7 +8,7 @@ use anyhow::Context;
 use idemkit::{Collector, CollectorConfig};
 use tokio::sync::watch;
 
-use super::DbArgs;
+use super::args::DbArgs;
 use crate::backend::{Backend, Job};
 use crate::progress::Progress;
 use crate::shutdown::stopped;

@@ -12,7 +12,7 @@ use idem_core::{
 };
 use serde_json::json;
 
-use super::DbArgs;
+use super::args::DbArgs;
 use crate::admin::v1::keys::{FORCED_WARNING, ReleaseHints, release_refusal};
 use crate::backend::{Backend, Job};
 use crate::respond::rfc3339;

@@ -2,10 +2,10 @@
 
 use std::net::SocketAddr;
 
-use crate::demo::mail_sink::{Sink, router};
 use crate::flags as config;
-use crate::http_server::{self, Limits};
 use crate::shutdown::{self, stopped};
+use idem_demo::mail_sink::{Sink, router};
+use idem_httpd::{self as http_server, Limits};
 
 /// `idem mail-sink`'s flags.
 #[derive(clap::Args)]

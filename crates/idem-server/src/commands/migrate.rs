@@ -1,6 +1,6 @@
 //! `idem migrate`: applies the migrations and exits.
 
-use super::DbArgs;
+use super::args::DbArgs;
 
 /// `idem migrate`.
 pub async fn run(db: DbArgs) -> anyhow::Result<()> {

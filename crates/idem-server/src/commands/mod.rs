@@ -5,14 +5,14 @@
 //! [`Job`]: crate::backend::Job
 //! [`Db::run`]: crate::backend::Db::run
 
-use std::time::Duration;
-
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
+mod args;
 pub mod bench;
 pub mod checkout;
 pub mod consume;
 pub mod drill;
+mod exit;
 pub mod gc;
 pub mod keys;
 pub mod mail_sink;
@@ -24,6 +24,9 @@ pub mod steps;
 pub mod tasks;
 pub mod upstream;
 pub mod webhooks;
+
+pub use args::{ConsumerArgs, DbArgs, SideArgs, StreamArgs};
+pub use exit::Exit;
 
 /// The command line.
 #[derive(Parser)]
@@ -191,123 +194,4 @@ impl Command {
             Command::Upstream(args) => args.run().await,
         }
     }
-}
-
-/// An error that chooses the process's exit status (`idem drill`: 1 when
-/// a drill failed, 2 for bad usage), with the message to print, if any.
-#[derive(Debug)]
-pub struct Exit {
-    /// The exit status.
-    pub code: u8,
-    /// Printed on stderr as is; `None` when everything was said.
-    pub message: Option<String>,
-}
-
-impl Exit {
-    /// Exit with `code` after printing `message`.
-    pub fn new(code: u8, message: String) -> Self {
-        Self {
-            code,
-            message: Some(message),
-        }
-    }
-
-    /// Exit with `code`, printing nothing more.
-    pub fn silent(code: u8) -> Self {
-        Self {
-            code,
-            message: None,
-        }
-    }
-}
-
-impl std::fmt::Display for Exit {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.message {
-            Some(m) => f.write_str(m),
-            None => write!(f, "exit status {}", self.code),
-        }
-    }
-}
-
-impl std::error::Error for Exit {}
-
-/// `--database-url`.
-#[derive(clap::Args)]
-pub struct DbArgs {
-    /// `sqlite://PATH` or `postgres://…`. `serve` and `migrate` create a
-    /// missing SQLite file; the other commands refuse one.
-    #[arg(long, env = "IDEM_DATABASE_URL", default_value = "sqlite://idem.db")]
-    pub database_url: String,
-    /// Connections in the database pool (1 to 1000; default 16 on
-    /// PostgreSQL, 8 on SQLite). On PostgreSQL `idem serve` opens up to
-    /// three times this many sessions (the pool, the key transactions, their
-    /// read-first step), the other commands up to this many.
-    #[arg(long, env = "IDEM_DATABASE_POOL", value_parser = clap::value_parser!(u32).range(1..=1000))]
-    pub database_pool: Option<u32>,
-}
-
-impl DbArgs {
-    /// [`Db::open`](crate::backend::Db::open) with these settings.
-    pub async fn open(&self) -> anyhow::Result<crate::backend::Db> {
-        crate::backend::Db::open_with(&self.database_url, self.database_pool).await
-    }
-
-    /// [`Db::open_existing`](crate::backend::Db::open_existing) with these settings.
-    pub async fn open_existing(&self) -> anyhow::Result<crate::backend::Db> {
-        crate::backend::Db::open_existing_with(&self.database_url, self.database_pool).await
-    }
-}
-
-/// How Idem creates its streams (`idem serve`, `idem relay`, `idem consume`).
-#[derive(clap::Args, Clone, Copy)]
-pub struct StreamArgs {
-    /// Copies of each stream Idem creates: 1 on a single NATS server, 3 in
-    /// a three-node JetStream cluster (a stream, its duplicate window and
-    /// its consumers then survive the loss of a node). Applied when a
-    /// stream is created; an existing stream keeps its own (1 to 5).
-    #[arg(long, env = "IDEM_NATS_REPLICAS", default_value_t = 1)]
-    pub nats_replicas: usize,
-}
-
-/// The side listener of `idem relay` and `idem consume` (`/healthz`,
-/// `/readyz`, `/metrics`).
-#[derive(clap::Args)]
-pub struct SideArgs {
-    /// Serve `/healthz` (liveness), `/readyz` (database and NATS
-    /// reachable) and `/metrics` on this address (IP:PORT). Without it the
-    /// process listens on nothing.
-    #[arg(long, env = "IDEM_METRICS_LISTEN", value_parser = crate::flags::listen_address)]
-    pub metrics_listen: Option<std::net::SocketAddr>,
-    /// The token `/metrics` there needs (as `idem serve`'s admin token);
-    /// required when --metrics-listen is not a loopback address, unless
-    /// --public-metrics.
-    #[arg(long, env = "IDEM_ADMIN_TOKEN", hide_env_values = true)]
-    pub admin_token: Option<String>,
-    /// Serve `/metrics` there without the token.
-    #[arg(long, env = "IDEM_PUBLIC_METRICS", num_args = 0..=1, default_value_t = false,
-          default_missing_value = "true", action = clap::ArgAction::Set)]
-    pub public_metrics: bool,
-}
-
-impl SideArgs {
-    /// Validated.
-    pub fn listener(&self) -> anyhow::Result<Option<crate::probe::SideListener>> {
-        crate::probe::SideListener::from_flags(
-            self.metrics_listen,
-            self.admin_token.as_deref(),
-            self.public_metrics,
-        )
-    }
-}
-
-/// The ledger consumer's flags (`idem consume`, `idem serve --consume`).
-#[derive(clap::Args)]
-pub struct ConsumerArgs {
-    /// Redelivery of an unacknowledged event after this long (1s to 12h).
-    #[arg(long, env = "IDEM_ACK_WAIT", default_value = "30s", value_parser = humantime::parse_duration)]
-    pub ack_wait: Duration,
-    /// Deliveries before an event that keeps failing is dead-lettered (1 to 100).
-    #[arg(long, env = "IDEM_MAX_DELIVER", default_value_t = 5)]
-    pub max_deliver: u32,
 }

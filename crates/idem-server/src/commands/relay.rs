@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::{DbArgs, SideArgs, StreamArgs};
+use super::args::{DbArgs, SideArgs, StreamArgs};
 use crate::admin::outbox::stats_json;
 use crate::backend::{Backend, Job};
 use crate::probe::SideListener;
@@ -17,12 +17,13 @@ pub struct RelayArgs {
     #[command(flatten)]
     db: DbArgs,
     /// NATS server.
-    #[arg(long, env = "IDEM_NATS_URL")]
+    #[arg(long, env = "IDEM_NATS_URL", help_heading = "Events")]
     nats_url: String,
     /// How long claimed messages are hidden from other relays; a relay
     /// that dies holding some publishes them again after it (1s to 1h,
     /// shorter than the stream's 5 min duplicate window).
-    #[arg(long, env = "IDEM_RELAY_LEASE", default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "IDEM_RELAY_LEASE", default_value = "30s", value_parser = humantime::parse_duration,
+          help_heading = "Events")]
     lease: Duration,
     #[command(flatten)]
     stream: StreamArgs,

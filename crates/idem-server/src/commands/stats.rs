@@ -1,6 +1,6 @@
 //! `idem stats`: the outbox lag figures as JSON.
 
-use super::DbArgs;
+use super::args::DbArgs;
 use crate::admin::outbox::store_stats_json;
 use crate::backend::{Backend, Job};
 

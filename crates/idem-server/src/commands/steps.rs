@@ -7,7 +7,7 @@ use idem_core::steps::{RunFilter, RunId, RunRecord, RunState, StepRecord};
 use idem_steps::{Resolution, ResolveError, resolve};
 use serde_json::{Value, json};
 
-use super::DbArgs;
+use super::args::DbArgs;
 use super::checkout::CheckoutArgs;
 use crate::backend::{Backend, Job};
 use crate::respond::rfc3339;
@@ -71,7 +71,7 @@ pub enum StepsAction {
 
 /// A run id given on the command line: `run_…`, or an order id `ord_…`.
 fn run_id(text: &str) -> anyhow::Result<RunId> {
-    if let Some(id) = crate::demo::checkout::run_of(text) {
+    if let Some(id) = idem_demo::checkout::run_of(text) {
         return Ok(id);
     }
     RunId::parse(text).map_err(|e| anyhow::anyhow!("{e} (or an order id ord_…)"))

@@ -7,7 +7,7 @@ use idem_core::tasks::{ActionName, TaskFilter, TaskId, TaskState};
 use idem_tasks::http::{event_json, task_json};
 use idem_tasks::{Tasks, TasksConfig, TasksError};
 
-use super::DbArgs;
+use super::args::DbArgs;
 use crate::backend::{Backend, Job};
 
 /// `--as` of `idem tasks resolve`.

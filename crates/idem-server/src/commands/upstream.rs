@@ -1,13 +1,14 @@
 //! `idem upstream`: the sample non-idempotent payments API
-//! ([`crate::demo::upstream`]).
+//! ([`idem_demo::upstream`]).
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::demo::upstream::{Mode, Upstream, app};
 use crate::flags as config;
-use crate::http_server::{self, Limits};
 use crate::shutdown::{self, stopped};
+use axum::Router;
+use idem_demo::upstream::{Mode, Upstream};
+use idem_httpd::{self as http_server, Limits};
 
 /// The pause between lookup and write in check-then-act mode when
 /// `--delay` is not given: wide enough that concurrent retries all miss.
@@ -60,4 +61,16 @@ impl UpstreamArgs {
         http_server::serve(listener, app, Limits::default(), stopped(shutdown)).await;
         Ok(())
     }
+}
+
+/// The sample upstream inside the server's frame (`/healthz`, every error
+/// as problem+json; no admin token, so no admin routes).
+pub fn app(upstream: Upstream) -> Router {
+    idem_demo::upstream::app(upstream, |routes| {
+        crate::routes::service(
+            routes,
+            crate::admin::Auth::new(None, Default::default(), Default::default()),
+            None,
+        )
+    })
 }

@@ -6,7 +6,7 @@ use clap::Subcommand;
 use idem_core::webhooks::{ReceiptState, Requeue, WebhookStore};
 use idem_webhooks::{find_receipt, replay_receipt};
 
-use super::DbArgs;
+use super::args::DbArgs;
 use crate::admin::webhooks::{receipt_json, replay_json};
 use crate::backend::{Backend, Job};
 use crate::progress::Progress;

@@ -566,7 +566,8 @@ async fn bad_flags_exit_2_and_send_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_library_runs_in_process() {
-    use idem_server::demo::upstream::{Mode, Upstream, app};
+    use idem_server::commands::upstream::app;
+    use idem_server::demo::upstream::{Mode, Upstream};
     use idem_server::drill::{self, DrillSpec, Outcome};
     let addr = crate::fixture::serve(app(Upstream::new(
         Mode::CheckThenAct,

@@ -726,6 +726,57 @@ on_both! {
     every_spelling_of_a_keyed_path_is_keyed;
     a_gateway_killed_mid_forward_leaves_its_key_held;
     a_verifier_paused_past_its_lease_forwards_nothing;
+    a_client_that_hangs_up_mid_forward_gets_the_answer_on_its_retry;
+}
+
+/// A client that hangs up while its request is at the upstream (a client
+/// timeout, a closed tab) does not stop the forward: the gateway finishes
+/// it and stores the answer, so the client's retry gets that answer — not a
+/// `409 outcome-unknown` held for an operator about a forward the gateway
+/// saw through. One effect.
+pub async fn a_client_that_hangs_up_mid_forward_gets_the_answer_on_its_retry(db: ShopDb) {
+    let up = Upstream::start().await;
+    let gw = Server::start(&db.url(), &["--upstream", &up.url()]).await;
+    let body = r#"{"amount":7,"reference":"hang-up"}"#;
+    up.hold();
+    let mut conn = TcpStream::connect(gw.addr).await.unwrap();
+    let head = format!(
+        "POST /hold HTTP/1.1\r\nhost: {}\r\ncontent-type: application/json\r\n\
+         idempotency-key: hang-1\r\ncontent-length: {}\r\n\r\n{body}",
+        gw.addr,
+        body.len()
+    );
+    conn.write_all(head.as_bytes()).await.unwrap();
+    let at_upstream = Instant::now() + Duration::from_secs(10);
+    while up.seen_at("/hold").is_empty() {
+        assert!(
+            Instant::now() < at_upstream,
+            "the forward never reached the upstream"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The client hangs up while the upstream works, then the upstream
+    // answers.
+    drop(conn);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    up.open();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let answer = loop {
+        let retry = post(gw.addr, "/hold", Some("hang-1"), body).await;
+        if retry.status == 201 || Instant::now() > deadline {
+            break retry;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(
+        (answer.status, answer.problem_type()),
+        (201, String::new()),
+        "the retry after the client hung up: {}",
+        body_of(&answer)
+    );
+    assert!(answer.replayed(), "the stored answer of the first forward");
+    assert_eq!(up.seen_at("/hold").len(), 1, "forwarded once");
+    assert_eq!(up.effects(), 1, "one effect");
 }
 
 /// A verifying retry paused (`SIGSTOP`) during a slow lookup, past its

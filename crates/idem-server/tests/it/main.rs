@@ -30,6 +30,7 @@ mod admin_api;
 mod announced;
 mod checkout;
 mod checkout_page;
+mod cli_help;
 mod clock;
 mod compensation;
 mod console;

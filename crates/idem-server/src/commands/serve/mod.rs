@@ -7,12 +7,12 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use super::args::{ConsumerArgs, DbArgs, StreamArgs};
 use super::checkout::CheckoutArgs;
-use super::{ConsumerArgs, DbArgs, StreamArgs};
 use crate::config;
 use crate::flags;
-use crate::http_server::{self, Limits};
 use crate::shutdown::{self, stopped};
+use idem_httpd::{self as http_server, Limits};
 
 pub mod settings;
 mod start;
@@ -23,66 +23,53 @@ use start::Start;
 /// `idem serve`'s flags.
 #[derive(clap::Args)]
 pub struct ServeArgs {
-    #[command(flatten)]
-    db: DbArgs,
     /// Address to listen on: IP:PORT, or HOST:PORT (resolved once, the
     /// first address is used: `localhost:8080`).
-    #[arg(long, env = "IDEM_LISTEN", default_value = "127.0.0.1:8080", value_parser = flags::listen_address)]
+    #[arg(long, env = "IDEM_LISTEN", default_value = "127.0.0.1:8080", value_parser = flags::listen_address, help_heading = "Listening")]
     listen: SocketAddr,
-    /// Bearer token for `/admin/…` (24 to 1024 visible ASCII characters,
-    /// hard to guess: `openssl rand -hex 32`). Without it the admin routes
-    /// answer 401; it is required when --listen is not a loopback address.
-    #[arg(long, env = "IDEM_ADMIN_TOKEN", hide_env_values = true)]
-    admin_token: Option<String>,
-    /// Host names the admin routes, the console and a guarded /metrics
-    /// answer for, besides IP addresses and `localhost` (against DNS
-    /// rebinding): comma-separated `NAME` (any port) or `NAME:PORT`.
-    #[arg(long, env = "IDEM_ADMIN_HOSTS", default_value = "")]
-    admin_hosts: String,
-    /// How long a source is locked out after 5 wrong admin tokens in a row
-    /// (console logins and bearer requests); each further one doubles it,
-    /// up to 15 min (1s to 1h).
-    #[arg(long, env = "IDEM_ADMIN_LOCKOUT", default_value = "10s", value_parser = humantime::parse_duration)]
-    admin_lockout: Duration,
-    /// Serve `GET /metrics` (Prometheus text) without the admin token.
-    /// Without it `/metrics` needs the token like `/admin`.
-    /// `--public-metrics=false` turns off a file's `true`.
-    #[arg(long, env = "IDEM_PUBLIC_METRICS", num_args = 0..=1, default_value_t = false,
-          default_missing_value = "true", action = clap::ArgAction::Set)]
-    public_metrics: bool,
     /// How long a request head may take from its first byte (1s to 60s).
-    #[arg(long, env = "IDEM_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "IDEM_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration, help_heading = "Listening")]
     header_read_timeout: Duration,
     /// How long an idle keep-alive connection stays open (1s to 1h).
-    #[arg(long, env = "IDEM_IDLE_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "IDEM_IDLE_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration, help_heading = "Listening")]
     idle_timeout: Duration,
     /// How long a request body may take after its head (1s to 1h); 408 after.
-    #[arg(long, env = "IDEM_BODY_READ_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "IDEM_BODY_READ_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration, help_heading = "Listening")]
     body_read_timeout: Duration,
     /// Connections served at once (1 to 100000); 503 beyond.
-    #[arg(long, env = "IDEM_MAX_CONNECTIONS", default_value_t = 1024)]
+    #[arg(
+        long,
+        env = "IDEM_MAX_CONNECTIONS",
+        default_value_t = 1024,
+        help_heading = "Listening"
+    )]
     max_connections: usize,
     /// Request body bytes buffered at once over all requests; 503 beyond.
     /// At least the largest body a route accepts (--max-body-bytes, a
     /// webhook endpoint's or a gateway route's limit), at most 16 GiB.
-    #[arg(long, env = "IDEM_MAX_BUFFERED_BYTES", default_value_t = 64 << 20)]
+    #[arg(long, env = "IDEM_MAX_BUFFERED_BYTES", default_value_t = 64 << 20, help_heading = "Listening")]
     max_buffered_bytes: usize,
     /// Of those, the most one client address (an IPv4 address, an IPv6
     /// /64) holds at once; 503 beyond. Default: an eighth of
     /// --max-buffered-bytes, at least the largest body accepted.
-    #[arg(long, env = "IDEM_MAX_BUFFERED_BYTES_PER_PEER")]
+    #[arg(
+        long,
+        env = "IDEM_MAX_BUFFERED_BYTES_PER_PEER",
+        help_heading = "Listening"
+    )]
     max_buffered_bytes_per_peer: Option<usize>,
-    /// How long a handler may run before it is rolled back with 503
-    /// handler-timeout (1s to 10min).
-    #[arg(long, env = "IDEM_HANDLER_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
-    handler_timeout: Duration,
+    /// Largest request body accepted, in bytes (413 above). At most 64 MiB.
+    #[arg(long, env = "IDEM_MAX_BODY_BYTES", default_value_t = 1 << 20, help_heading = "Listening")]
+    max_body_bytes: usize,
+    #[command(flatten)]
+    db: DbArgs,
     /// How often the collector deletes expired key, inbox and receipt records
     /// and old sent outbox messages (1s to 24h).
-    #[arg(long, env = "IDEM_GC_INTERVAL", default_value = "60s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "IDEM_GC_INTERVAL", default_value = "60s", value_parser = humantime::parse_duration, help_heading = "Database")]
     gc_interval: Duration,
     /// How long key records live: retries after it execute again (the
     /// payment `reference` then still stops a second payment). 1s to 400d.
-    #[arg(long, env = "IDEM_KEY_TTL", default_value = "24h", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "IDEM_KEY_TTL", default_value = "24h", value_parser = humantime::parse_duration, help_heading = "Keys")]
     key_ttl: Duration,
     /// How the demo's payment and refund routes claim a fresh key:
     /// `pessimistic` writes a pending record first (a concurrent duplicate
@@ -90,35 +77,73 @@ pub struct ServeArgs {
     /// at the end, and lets the primary key decide a race (a concurrent
     /// duplicate's writes roll back and it replays the winner). The checkout
     /// demo calls a provider and always claims pessimistically.
-    #[arg(long, env = "IDEM_CLAIM_MODE", value_enum, default_value_t = ClaimModeArg::Pessimistic)]
+    #[arg(long, env = "IDEM_CLAIM_MODE", value_enum, default_value_t = ClaimModeArg::Pessimistic, help_heading = "Keys")]
     claim_mode: ClaimModeArg,
-    /// Largest request body accepted, in bytes (413 above). At most 64 MiB.
-    #[arg(long, env = "IDEM_MAX_BODY_BYTES", default_value_t = 1 << 20)]
-    max_body_bytes: usize,
+    /// How long a handler may run before it is rolled back with 503
+    /// handler-timeout (1s to 10min).
+    #[arg(long, env = "IDEM_HANDLER_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration, help_heading = "Keys")]
+    handler_timeout: Duration,
     /// NATS server: payment events are written to the outbox and relayed
     /// to JetStream by this process.
-    #[arg(long, env = "IDEM_NATS_URL")]
+    #[arg(long, env = "IDEM_NATS_URL", help_heading = "Events")]
     nats_url: Option<String>,
     /// Write payment events to the outbox without relaying them here (run
     /// `idem relay` next to it). `--events=false` turns off a file's `true`.
     #[arg(long, env = "IDEM_EVENTS", num_args = 0..=1, default_value_t = false,
-          default_missing_value = "true", action = clap::ArgAction::Set)]
+          default_missing_value = "true", action = clap::ArgAction::Set, help_heading = "Events")]
     events: bool,
     #[command(flatten)]
     stream: StreamArgs,
     /// Also run the ledger consumer in this process (needs --nats-url).
     /// `--consume=false` turns off a file's `true`.
     #[arg(long, env = "IDEM_CONSUME", num_args = 0..=1, default_value_t = false,
-          default_missing_value = "true", action = clap::ArgAction::Set)]
+          default_missing_value = "true", action = clap::ArgAction::Set, help_heading = "Events")]
     consume: bool,
     #[command(flatten)]
     consumer: ConsumerArgs,
+    /// Bearer token for `/admin/…` (24 to 1024 visible ASCII characters,
+    /// hard to guess: `openssl rand -hex 32`). Without it the admin routes
+    /// answer 401; it is required when --listen is not a loopback address.
+    #[arg(
+        long,
+        env = "IDEM_ADMIN_TOKEN",
+        hide_env_values = true,
+        help_heading = "Admin"
+    )]
+    admin_token: Option<String>,
+    /// Host names the admin routes, the console and a guarded /metrics
+    /// answer for, besides IP addresses and `localhost` (against DNS
+    /// rebinding): comma-separated `NAME` (any port) or `NAME:PORT`.
+    #[arg(
+        long,
+        env = "IDEM_ADMIN_HOSTS",
+        default_value = "",
+        help_heading = "Admin"
+    )]
+    admin_hosts: String,
+    /// How long a source is locked out after 5 wrong admin tokens in a row
+    /// (console logins and bearer requests); each further one doubles it,
+    /// up to 15 min (1s to 1h).
+    #[arg(long, env = "IDEM_ADMIN_LOCKOUT", default_value = "10s", value_parser = humantime::parse_duration, help_heading = "Admin")]
+    admin_lockout: Duration,
+    /// Serve `GET /metrics` (Prometheus text) without the admin token.
+    /// Without it `/metrics` needs the token like `/admin`.
+    /// `--public-metrics=false` turns off a file's `true`.
+    #[arg(long, env = "IDEM_PUBLIC_METRICS", num_args = 0..=1, default_value_t = false,
+          default_missing_value = "true", action = clap::ArgAction::Set, help_heading = "Admin")]
+    public_metrics: bool,
     #[command(flatten)]
     checkout: CheckoutArgs,
     /// How long an order request waits for its run before `202 Accepted`
     /// (the run goes on) (0s to 60s).
-    #[arg(long, env = "IDEM_RESPOND_WITHIN", default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "IDEM_RESPOND_WITHIN", default_value = "10s", value_parser = humantime::parse_duration, help_heading = "Demo")]
     respond_within: Duration,
+    /// Also serve `POST /v1/payments-baseline`: the demo's payment without
+    /// the idempotency layer (a retry pays twice), for `idem bench` to
+    /// measure the layer against. Not for a real deployment; only as a flag
+    /// (neither the environment nor the --config file sets it).
+    #[arg(long, help_heading = "Demo")]
+    bench_routes: bool,
     /// Serve as an idempotency gateway in front of this HTTP API
     /// (`http://HOST:PORT[/PREFIX]`) instead of the demo: every POST and
     /// PATCH is keyed (the key optional) unless the `--config` file's
@@ -131,12 +156,6 @@ pub struct ServeArgs {
     /// flags win).
     #[arg(long, env = "IDEM_CONFIG")]
     config: Option<std::path::PathBuf>,
-    /// Also serve `POST /v1/payments-baseline`: the demo's payment without
-    /// the idempotency layer (a retry pays twice), for `idem bench` to
-    /// measure the layer against. Not for a real deployment; only as a flag
-    /// (neither the environment nor the --config file sets it).
-    #[arg(long)]
-    bench_routes: bool,
     /// The text of `config`, as [`super::Cli::load`] read it.
     #[arg(skip)]
     pub(super) file_text: Option<String>,
@@ -189,9 +208,11 @@ impl ServeArgs {
             ),
             Some(gateway) => App::Gateway(gateway),
             None => App::Demo(DemoApp {
-                demo,
-                checkout,
-                respond_within,
+                demo: idem_demo::Demo {
+                    routes: demo,
+                    checkout,
+                    respond_within,
+                },
                 consume: self.consume.then_some(consume),
             }),
         };
@@ -260,14 +281,14 @@ impl ServeArgs {
             App::Demo(d) => {
                 tracing::info!(
                     listen = %bound,
-                    claim_mode = ?d.demo.claim_mode,
+                    claim_mode = ?d.demo.routes.claim_mode,
                     "idem serving the demo payments API"
                 );
-                if d.demo.bench_routes {
+                if d.demo.routes.bench_routes {
                     tracing::warn!(
                         "--bench-routes: POST {} pays without an idempotency key (a retry pays \
                          twice); for benchmarks only",
-                        crate::demo::BASELINE_PATH
+                        idem_demo::BASELINE_PATH
                     );
                 }
             }

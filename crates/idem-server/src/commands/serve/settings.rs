@@ -7,11 +7,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::admin::{AdminToken, AllowedHosts};
-use crate::demo::DemoConfig;
-use crate::demo::checkout::CheckoutConfig;
-use crate::http_server::Limits;
 use crate::messaging::ConsumeConfig;
 use crate::webhooks::WebhookConfig;
+use idem_httpd::Limits;
 
 /// Everything `idem serve` runs with, validated.
 #[derive(Debug)]
@@ -58,7 +56,7 @@ pub enum App {
 /// peer's share of the buffered bytes is at least this.
 pub fn largest_body(app: &App, webhooks: Option<&WebhookConfig>) -> usize {
     let app = match app {
-        App::Demo(d) => d.demo.max_body_bytes,
+        App::Demo(d) => d.demo.routes.max_body_bytes,
         App::Gateway(g) => g.largest_body(),
     }
     .max(idem_admin::v1::MAX_BODY);
@@ -72,12 +70,8 @@ pub fn largest_body(app: &App, webhooks: Option<&WebhookConfig>) -> usize {
 /// The demo apps' settings.
 #[derive(Debug)]
 pub struct DemoApp {
-    /// The demo routes.
-    pub demo: DemoConfig,
-    /// `--provider-url` and the checkout's other flags.
-    pub checkout: Option<CheckoutConfig>,
-    /// `--respond-within`: how long an order request waits for its run.
-    pub respond_within: Duration,
+    /// The demo routes and the checkout ([`idem_demo::Demo`]).
+    pub demo: idem_demo::Demo,
     /// `--consume`: the demo ledger consumer's settings.
     pub consume: Option<ConsumeConfig>,
 }

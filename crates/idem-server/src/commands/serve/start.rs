@@ -87,7 +87,7 @@ impl Job for Own<'_> {
                         .await?;
                 let mut http = idem_tasks::http::HttpConfig::new(trusted_tenant());
                 // Bounded like the demo's routes (`--max-body-bytes`).
-                http.max_body_bytes = demo.demo.max_body_bytes;
+                http.max_body_bytes = demo.demo.routes.max_body_bytes;
                 idem_tasks::http::router(tasks, http)?
             }
         };
@@ -138,7 +138,7 @@ struct DemoStart<'a> {
 
 impl DemoJob for DemoStart<'_> {
     type Output = anyhow::Result<Router>;
-    async fn run<B: Backend + crate::demo::Store>(self, store: B) -> Self::Output {
+    async fn run<B: Backend + idem_demo::Store>(self, store: B) -> Self::Output {
         let DemoStart {
             config,
             mut broker,
@@ -156,37 +156,12 @@ impl DemoJob for DemoStart<'_> {
                     },
                 };
                 let Some(js) = js else { return };
-                let ledger = crate::demo::Ledger::<B>::new();
+                let ledger = idem_demo::Ledger::<B>::new();
                 messaging::consume(store, js, ledger, consume, shutdown).await
             });
         }
-        Ok(crate::demo::router(store.clone(), &config.demo)
-            .merge(start_checkout(&store, config, shutdown)?))
+        config.demo.router(store, stopped(shutdown.clone()))
     }
-}
-
-/// The stock routes, and with `--provider-url` the order routes and the
-/// recovery worker that resumes orders whose process died.
-fn start_checkout<B: crate::demo::Store>(
-    store: &B,
-    config: &DemoApp,
-    shutdown: &watch::Receiver<bool>,
-) -> anyhow::Result<Router> {
-    let runs = match &config.checkout {
-        Some(checkout) => {
-            let runs = checkout.runs(store.clone())?;
-            tokio::spawn(runs.recovery().run(stopped(shutdown.clone())));
-            tracing::info!(
-                provider = checkout.provider_url,
-                mail = checkout.mail_url.as_deref().unwrap_or("none"),
-                holder = runs.holder(),
-                "orders enabled at /v1/orders; recovering their runs"
-            );
-            Some(runs)
-        }
-        None => None,
-    };
-    crate::demo::checkout::routes::router(store.clone(), runs, &config.demo, config.respond_within)
 }
 
 /// Starts the relay in the background when a NATS URL is given. The relay
