@@ -116,7 +116,7 @@ pub(crate) struct Peer {
     pub(crate) python: PathBuf,
 }
 
-/// The peer's Python packages (`crates/idem-server/bench/powertools_peer.py`;
+/// The peer's Python packages (`crates/idem-bench/peer/powertools_peer.py`;
 /// boto3 because Powertools' idempotency package imports its DynamoDB layer).
 pub(crate) const PEER_PACKAGES: &[&str] = &[
     "aws-lambda-powertools[redis]>=3,<4",

@@ -1,10 +1,10 @@
 //! `cargo xtask fuzz`, and the short fuzzing `cargo xtask test` ends with.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use crate::shell::{Result, run, workspace_root};
+use crate::shell::{Beside, Result, cargo, run, workspace_root};
 
 /// The targets in `fuzz/fuzz_targets`, each a `[[bin]]` of `fuzz/Cargo.toml`.
 pub(crate) const FUZZ_TARGETS: &[&str] =
@@ -91,36 +91,13 @@ pub(crate) fn host_triple() -> Result<String> {
 /// `cargo +nightly fuzz run TARGET` in the same directory.
 pub(crate) fn fuzz_targets(targets: &[&str], secs: u64) -> Result<()> {
     let fuzz_dir = workspace_root().join("fuzz");
-    let triple = host_triple()?;
-    let mut rustflags = String::from(
-        "-Cpasses=sancov-module \
-         -Cllvm-args=-sanitizer-coverage-level=4 \
-         -Cllvm-args=-sanitizer-coverage-inline-8bit-counters \
-         -Cllvm-args=-sanitizer-coverage-pc-table \
-         -Cllvm-args=-sanitizer-coverage-trace-compares \
-         -Cllvm-args=-simplifycfg-branch-fold-threshold=0 \
-         --cfg fuzzing -Clink-dead-code -Cdebug-assertions -Ccodegen-units=1",
-    );
-    if triple.contains("-linux-") {
-        rustflags.push_str(" -Cllvm-args=-sanitizer-coverage-stack-depth");
-    }
-    if let Ok(extra) = std::env::var("RUSTFLAGS") {
-        rustflags.push(' ');
-        rustflags.push_str(&extra);
-    }
-    eprintln!("xtask: building the fuzz targets ({triple}, release, instrumented)");
+    eprintln!("xtask: building the fuzz targets (release, instrumented)");
     let started = Instant::now();
-    // `--target` keeps RUSTFLAGS away from build scripts, as cargo-fuzz does.
-    run(Command::new("cargo")
-        .args(["build", "--release", "--bins", "--manifest-path"])
-        .arg(fuzz_dir.join("Cargo.toml"))
-        .args(["--target", &triple])
-        .env("RUSTFLAGS", rustflags))?;
+    let bin_dir = build_fuzz_targets(&fuzz_dir, None)?;
     eprintln!(
         "xtask: fuzz targets built in {} s",
         started.elapsed().as_secs()
     );
-    let bin_dir = fuzz_dir.join("target").join(&triple).join("release");
     let mut failed = Vec::new();
     for target in targets {
         if let Err(e) = fuzz_run(&fuzz_dir, &bin_dir, target, secs) {
@@ -139,6 +116,46 @@ pub(crate) fn fuzz_targets(targets: &[&str], secs: u64) -> Result<()> {
     } else {
         Err(format!("fuzz targets failed: {}", failed.join(", ")))
     }
+}
+
+/// Builds the fuzz targets as [`fuzz_targets`] does, niced, beside the
+/// tests: [`fuzz_targets`] then finds them built.
+pub(crate) fn prebuild(beside: &Beside<'_>) -> Result<()> {
+    build_fuzz_targets(&workspace_root().join("fuzz"), Some(beside)).map(|_| ())
+}
+
+/// Builds every target with cargo-fuzz's instrumentation (see
+/// [`fuzz_targets`]); with `background`, niced, beside the tests. The
+/// directory of the binaries.
+fn build_fuzz_targets(fuzz_dir: &Path, background: Option<&Beside<'_>>) -> Result<PathBuf> {
+    let triple = host_triple()?;
+    let mut rustflags = String::from(
+        "-Cpasses=sancov-module \
+         -Cllvm-args=-sanitizer-coverage-level=4 \
+         -Cllvm-args=-sanitizer-coverage-inline-8bit-counters \
+         -Cllvm-args=-sanitizer-coverage-pc-table \
+         -Cllvm-args=-sanitizer-coverage-trace-compares \
+         -Cllvm-args=-simplifycfg-branch-fold-threshold=0 \
+         --cfg fuzzing -Clink-dead-code -Cdebug-assertions -Ccodegen-units=1",
+    );
+    if triple.contains("-linux-") {
+        rustflags.push_str(" -Cllvm-args=-sanitizer-coverage-stack-depth");
+    }
+    if let Ok(extra) = std::env::var("RUSTFLAGS") {
+        rustflags.push(' ');
+        rustflags.push_str(&extra);
+    }
+    // `--target` keeps RUSTFLAGS away from build scripts, as cargo-fuzz does.
+    let mut cmd = cargo(background.is_some());
+    cmd.args(["build", "--release", "--bins", "--manifest-path"])
+        .arg(fuzz_dir.join("Cargo.toml"))
+        .args(["--target", &triple])
+        .env("RUSTFLAGS", rustflags);
+    match background {
+        Some(beside) => beside.run(&mut cmd)?,
+        None => run(&mut cmd)?,
+    }
+    Ok(fuzz_dir.join("target").join(&triple).join("release"))
 }
 
 /// Runs one target over its committed seeds and a scratch corpus (both under

@@ -3,16 +3,20 @@
 //! `postgresql-15`, `nats-server`, `chromium` and `libfaketime` when root
 //! and they are missing, and the browser tests' npm packages with `npm ci`),
 //! runs the whole test suite against them, stops them, and runs each fuzz
-//! target briefly. `cargo xtask fuzz [TARGET] [--secs N]` runs the fuzz targets of
+//! target briefly; `cargo xtask test --quick` runs only the tests that need
+//! nothing but Rust, provisioning nothing. `cargo xtask fuzz [TARGET] [--secs N]` runs the fuzz targets of
 //! `fuzz/` for longer. `cargo xtask docs-sync [--fix]` checks (or rewrites)
 //! the README's and docs' code blocks that include an example file;
 //! `cargo xtask readme-app` builds the README's library example as a new
-//! project (also part of `test`).
+//! project (also part of `test`). `cargo xtask layout` checks the code's
+//! shape (sizes, macros, import circles).
 
 mod bench;
 mod docs_sync;
-mod dups;
 mod fuzz;
+mod layout;
+mod part;
+mod quick;
 mod readme_app;
 mod servers;
 mod shell;
@@ -29,6 +33,8 @@ commands:
                            of the browser tests, run the whole suite (tests, browser tests,
                            doc tests, 20 s per fuzz target), stop them; with nextest args (a filter),
                            only those tests
+  test --quick             only the tests that need nothing but Rust (SQLite, in-process): nothing
+                           provisioned, a few minutes on two cores; the verdict names what it left out
   bench [idem bench args]  the same servers, pgbench, wrk, perf, a Redis and a Python venv for
                            the Powertools peer, then `idem bench` in release mode (5 s a case)
   fuzz [TARGET] [--secs N] run the fuzz targets of fuzz/ (every target, 180 s each, by default)
@@ -37,8 +43,11 @@ commands:
                            with --fix, rewrite the stale ones
   readme-app               build README.md's library example as a new project outside the workspace
                            (its dependencies resolved afresh), run it, check one order per key
-  backend-dups [--max N]   count the lines the SQLite and PostgreSQL backends repeat; with --max,
-                           fail above N
+  layout                   check the code's shape: no trait or function written by a macro_rules! in
+                           the SQL crates, their macros under 5 % of idem-sql, each SQL backend's src
+                           at most 1500 lines, idem-server's src at most 6000 (files 400), library
+                           files at most 700, no two modules importing each other (--help: exactly
+                           what counts)
   help                     this text";
 
 fn main() -> ExitCode {
@@ -49,7 +58,7 @@ fn main() -> ExitCode {
         Some("fuzz") => fuzz::fuzz(&args[1..]),
         Some("docs-sync") => docs_sync::run(&args[1..], &shell::workspace_root()),
         Some("readme-app") => readme_app::run_cli(&args[1..]),
-        Some("backend-dups") => dups::run(&args[1..], &shell::workspace_root()),
+        Some("layout") => layout::run(&args[1..], &shell::workspace_root()),
         Some("help" | "--help" | "-h") => {
             println!("{USAGE}");
             return ExitCode::SUCCESS;

@@ -1,7 +1,9 @@
 //! `cargo xtask readme-app`: the README's library section taken literally.
 //! A new project outside the workspace gets the README's `[dependencies]`
-//! block (its `path` pointed at this clone) and the README's code block as
-//! `src/main.rs`; its dependencies are resolved afresh (no lock file is
+//! block (its `path` pointed at this clone) and, as `src/main.rs`, the
+//! program the section sends the reader to: the code block of
+//! docs/library.md marked as the axum-layer example (the README names that
+//! page); its dependencies are resolved afresh (no lock file is
 //! copied), it is built, started, and a retried request is checked to make
 //! one order. `cargo xtask test` runs it as part of the whole suite.
 
@@ -12,10 +14,12 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use crate::shell::{Result, run};
+use crate::shell::{Beside, Result, cargo, run};
 
 /// The section of README.md whose first `toml` block is the dependency line.
 const SECTION: &str = "## Use it as a library";
+/// The page, named in that section, whose marked block is the program.
+const PROGRAM_PAGE: &str = "docs/library.md";
 /// The marker of the code block that is the new project's `main.rs`.
 const SNIPPET: &str = "<!-- example: examples/axum-layer/src/main.rs -->";
 /// The path the README tells a user to depend on (a clone next to theirs).
@@ -34,9 +38,29 @@ pub(crate) fn run_cli(args: &[String]) -> Result<()> {
 /// Builds and runs the README's library example as a new project; says
 /// what it checked.
 pub(crate) fn readme_app(root: &Path) -> Result<String> {
+    let (app, binary) = build(root, None)?;
+    let checked = exercise(&binary, &app);
+    let _ = std::fs::remove_dir_all(&app);
+    checked
+}
+
+/// Builds the README's example as [`readme_app`] does, niced, beside the
+/// tests, running nothing: [`readme_app`] then finds it built (its lock file
+/// is made afresh again and gives the same versions unless one was published
+/// in between).
+pub(crate) fn prebuild(root: &Path, beside: &Beside<'_>) -> Result<()> {
+    let (app, _) = build(root, Some(beside))?;
+    let _ = std::fs::remove_dir_all(&app);
+    Ok(())
+}
+
+/// Writes the new project and builds it; its directory and its binary.
+fn build(root: &Path, background: Option<&Beside<'_>>) -> Result<(PathBuf, PathBuf)> {
     let readme = std::fs::read_to_string(root.join("README.md"))
         .map_err(|e| format!("cannot read README.md: {e}"))?;
-    let (deps, main) = blocks(&readme)?;
+    let page = std::fs::read_to_string(root.join(PROGRAM_PAGE))
+        .map_err(|e| format!("cannot read {PROGRAM_PAGE}: {e}"))?;
+    let (deps, main) = blocks(&readme, &page)?;
     let idemkit = root.join("crates/idemkit");
     if !deps.contains(README_PATH) {
         return Err(format!(
@@ -62,33 +86,45 @@ pub(crate) fn readme_app(root: &Path) -> Result<String> {
     // A target directory of its own, kept between runs so a second run
     // compiles only what changed; the lock file is always fresh.
     let target = root.join("target/readme-app");
-    eprintln!(
-        "xtask: building README.md's library example as a new project in {}",
-        app.display()
-    );
-    run(Command::new("cargo")
-        .arg("build")
+    let mut cmd = cargo(background.is_some());
+    cmd.arg("build")
         .current_dir(&app)
-        .env("CARGO_TARGET_DIR", &target))?;
-    let binary = target.join("debug/readme-app");
-    let checked = exercise(&binary, &app);
-    let _ = std::fs::remove_dir_all(&app);
-    checked
+        .env("CARGO_TARGET_DIR", &target);
+    match background {
+        Some(beside) => beside.run(&mut cmd)?,
+        None => {
+            eprintln!(
+                "xtask: building README.md's library example as a new project in {}",
+                app.display()
+            );
+            run(&mut cmd)?;
+        }
+    }
+    Ok((app, target.join("debug/readme-app")))
 }
 
-/// The dependency block and the `main.rs` block of the README.
-fn blocks(readme: &str) -> Result<(String, String)> {
+/// The README's dependency block, and the `main.rs` block of the page its
+/// library section sends the reader to.
+fn blocks(readme: &str, page: &str) -> Result<(String, String)> {
     let at = readme
         .find(SECTION)
         .ok_or_else(|| format!("README.md has no section {SECTION:?}"))?;
     let section = &readme[at..];
+    let section = section[SECTION.len()..]
+        .find("\n## ")
+        .map_or(section, |end| &section[..SECTION.len() + end]);
     let deps = fenced(section, "```toml\n")
         .ok_or_else(|| format!("README.md's {SECTION:?} has no toml block"))?;
-    let snippet = section
+    if !section.contains(PROGRAM_PAGE) {
+        return Err(format!(
+            "README.md's {SECTION:?} no longer names {PROGRAM_PAGE}: update xtask/src/readme_app.rs"
+        ));
+    }
+    let snippet = page
         .find(SNIPPET)
-        .ok_or_else(|| format!("README.md's {SECTION:?} has no {SNIPPET}"))?;
-    let main = fenced(&section[snippet..], "```rust\n")
-        .ok_or_else(|| format!("README.md has no rust block after {SNIPPET}"))?;
+        .ok_or_else(|| format!("{PROGRAM_PAGE} has no {SNIPPET}"))?;
+    let main = fenced(&page[snippet..], "```rust\n")
+        .ok_or_else(|| format!("{PROGRAM_PAGE} has no rust block after {SNIPPET}"))?;
     Ok((deps.to_owned(), main.to_owned()))
 }
 
@@ -181,10 +217,17 @@ mod tests {
     #[test]
     fn the_blocks_are_found_in_their_section() {
         let readme = "# x\n```toml\nnot = 1\n```\n## Use it as a library\ntext\n```toml\n[dependencies]\na = 1\n```\n\
-                      <!-- example: examples/axum-layer/src/main.rs -->\n```rust\nfn main() {}\n```\n";
-        let (deps, main) = blocks(readme).unwrap();
+                      the program: docs/library.md\n## Next\n```toml\nnot = 2\n```\n";
+        let page = "# Library\n```rust\nfn other() {}\n```\n\
+                    <!-- example: examples/axum-layer/src/main.rs -->\n```rust\nfn main() {}\n```\n";
+        let (deps, main) = blocks(readme, page).unwrap();
         assert_eq!(deps, "[dependencies]\na = 1\n");
         assert_eq!(main, "fn main() {}\n");
-        assert!(blocks("# no section\n").is_err());
+        assert!(blocks("# no section\n", page).is_err());
+        // The section must send the reader to the page, and the page must
+        // hold the marked block.
+        let unnamed = readme.replace("docs/library.md", "elsewhere");
+        assert!(blocks(&unnamed, page).is_err());
+        assert!(blocks(readme, "# Library\n").is_err());
     }
 }

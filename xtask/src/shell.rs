@@ -97,6 +97,58 @@ fn wait_with(cmd: &mut Command, started: impl FnOnce(&mut Child)) -> Result<()> 
     }
 }
 
+/// `cargo`, or with `niced` `nice -n 19 cargo`: a build that only takes the
+/// processor time nothing else wants (the tests running beside it keep
+/// theirs: a niceness of 19 weighs 15 against their 1024).
+pub(crate) fn cargo(niced: bool) -> Command {
+    if niced {
+        let mut cmd = Command::new("nice");
+        cmd.args(["-n", "19", "cargo"]);
+        cmd
+    } else {
+        Command::new("cargo")
+    }
+}
+
+/// A build beside the tests: its output to `log`, in a process group of its
+/// own, stopped (the whole group: cargo and its rustc) once `stop` is set or
+/// on an interrupt. Stopped, the units it finished stay built.
+pub(crate) struct Beside<'a> {
+    pub(crate) log: &'a std::fs::File,
+    pub(crate) stop: &'a AtomicBool,
+}
+
+impl Beside<'_> {
+    pub(crate) fn run(&self, cmd: &mut Command) -> Result<()> {
+        use std::os::unix::process::CommandExt as _;
+        let out = |f: &std::fs::File| f.try_clone().map_err(|e| e.to_string());
+        cmd.stdout(out(self.log)?)
+            .stderr(out(self.log)?)
+            .stdin(Stdio::null())
+            .process_group(0);
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| format!("failed to start {cmd:?}: {e}"))?;
+        loop {
+            if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
+                return if status.success() {
+                    Ok(())
+                } else {
+                    Err(format!("exited with {status}"))
+                };
+            }
+            if self.stop.load(Ordering::SeqCst) || INTERRUPTED.load(Ordering::SeqCst) {
+                let _ = Command::new("kill")
+                    .args(["-TERM", "--", &format!("-{}", child.id())])
+                    .status();
+                let _ = child.wait();
+                return Err("stopped: the tests ended first".into());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
 pub(crate) fn workspace_root() -> PathBuf {
     // xtask/ sits at the root of the workspace.
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -2,13 +2,18 @@
 //! tests, the OTLP build's tests and the fuzz targets, and ends with one
 //! verdict line.
 
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
-use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::fuzz::{FUZZ_TARGETS, fuzz_secs_in_test, fuzz_targets};
-use crate::servers::{Postgres, start_nats, sweep};
-use crate::shell::{INTERRUPTED, Result, catch_interrupts, run, run_quoting};
-use crate::tools::{browser_packages, chromium_binary, libfaketime, nats_binary, venv};
+use crate::part::Part;
+use crate::servers::{Postgres, Server, start_nats, sweep};
+use crate::shell::{Beside, INTERRUPTED, Result, catch_interrupts, run, run_quoting};
+use crate::tools::{
+    browser_packages, chromium_binary, libfaketime, nats_binary, postgres_bindir, venv,
+};
 
 /// The real clients the tests drive (`IDEM_TEST_PYTHON`): for the gateway,
 /// requests with urllib3's `Retry` and Stripe's own library; for webhooks,
@@ -27,13 +32,17 @@ pub(crate) const CLIENT_PACKAGES: &[&str] = &[
 /// verdict: `verdict: PASS (…)` or `verdict: FAIL (…)`, naming each part.
 pub(crate) fn test(extra: &[String]) -> ExitCode {
     if extra.iter().any(|a| a == "--help" || a == "-h") {
-        println!(
-            "usage: cargo xtask test [nextest args]\n\n\
-             Other arguments go to `cargo nextest run` (e.g. -E 'test(/webhook/)')."
-        );
+        println!("{HELP}");
         return ExitCode::SUCCESS;
     }
-    let parts = suite(extra).unwrap_or_else(|e| vec![Part::failed("setup", e)]);
+    let parts = match extra.iter().position(|a| a == "--quick") {
+        Some(at) => {
+            let mut rest = extra.to_vec();
+            rest.remove(at);
+            crate::quick::quick(&rest, have_nextest())
+        }
+        None => suite(extra).unwrap_or_else(|e| vec![Part::failed("setup", e)]),
+    };
     let passed = parts.iter().all(|p| p.passed);
     let said: Vec<String> = parts.iter().map(Part::to_string).collect();
     println!(
@@ -48,6 +57,33 @@ pub(crate) fn test(extra: &[String]) -> ExitCode {
     }
 }
 
+const HELP: &str = "\
+usage: cargo xtask test [--quick] [nextest args]
+
+  (no --quick)  provision PostgreSQL 15, NATS, chromium, libfaketime, the browser tests'
+                npm packages and a Python venv of real clients; run the whole suite (tests,
+                readme app, doc tests, otlp build, 20 s per fuzz target); stop them
+  --quick       nothing provisioned, nothing installed: only the tests that need nothing but
+                Rust (SQLite files, servers in-process), without IDEM_TEST_* set; a few minutes
+                on two cores. The verdict says how many ran and what was left out (the tests
+                that need PostgreSQL, NATS, Python, Chromium and Node, libfaketime, and the four
+                over 30 s; doc tests, readme app, otlp, fuzz)
+
+Other arguments go to `cargo nextest run` (e.g. -E 'test(/webhook/)'; with --quick they
+narrow the quick set). Without cargo-nextest, `cargo test` runs instead.
+The last line is one verdict: `verdict: PASS (…)` or `verdict: FAIL (…)`.";
+
+/// Whether `cargo nextest` is installed.
+fn have_nextest() -> bool {
+    Command::new("cargo")
+        .args(["nextest", "--version"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
 /// What the verdict says when a filtered run selected no test.
 fn no_match(extra: &[String]) -> String {
     format!(
@@ -57,47 +93,125 @@ fn no_match(extra: &[String]) -> String {
     )
 }
 
-/// One part of the run, as the verdict names it.
-struct Part {
-    name: &'static str,
-    passed: bool,
-    said: String,
+/// What the tests are run against: the servers (stopped when dropped) and
+/// the tools, by path.
+struct Provisioned {
+    pg: Postgres,
+    nats: Server,
+    nats_bin: PathBuf,
+    chromium: PathBuf,
+    faketime: PathBuf,
+    python: PathBuf,
 }
 
-impl Part {
-    fn of(name: &'static str, result: Result<()>, summary: Option<String>) -> Self {
-        match result {
-            Ok(()) => Self {
-                name,
-                passed: true,
-                said: summary.unwrap_or_else(|| "ok".into()),
-            },
-            Err(e) => Self::failed(name, summary.unwrap_or(e)),
-        }
-    }
+/// Starts the servers and finds the tools (found or installed before:
+/// quick here). Run while the tests compile: it is mostly waiting (initdb,
+/// npm, pip), the build mostly computing (a fresh clone's venv alone is
+/// about 25 s).
+fn provision(root: &Path) -> Result<Provisioned> {
+    let pg = Postgres::start(root)?;
+    eprintln!("xtask: PostgreSQL 15 on 127.0.0.1:{}", pg.port);
+    let nats_bin = nats_binary()?;
+    let nats = start_nats(root, &nats_bin)?;
+    eprintln!("xtask: nats-server with JetStream on {}", nats.url());
+    let chromium = chromium_binary()?;
+    let faketime = libfaketime()?;
+    browser_packages()?;
+    let python = venv("test-clients", CLIENT_PACKAGES, "the real HTTP clients")?;
+    Ok(Provisioned {
+        pg,
+        nats,
+        nats_bin,
+        chromium,
+        faketime,
+        python,
+    })
+}
 
-    fn failed(name: &'static str, said: String) -> Self {
-        Self {
-            name,
-            passed: false,
-            said,
-        }
+/// The test command, nextest's or cargo's, with the arguments given.
+fn test_command(have_nextest: bool, extra: &[String]) -> Command {
+    let mut cmd = Command::new("cargo");
+    if have_nextest {
+        cmd.args(["nextest", "run", "--workspace", "--no-fail-fast"]);
+    } else {
+        cmd.args(["test", "--workspace", "--no-fail-fast"]);
     }
+    cmd.args(extra);
+    cmd
+}
 
-    fn skipped(name: &'static str, why: &str) -> Self {
-        Self {
-            name,
-            passed: true,
-            said: format!("skipped, {why}"),
-        }
+/// Builds what [`test_command`] without arguments runs, running nothing.
+fn build_command(have_nextest: bool) -> Command {
+    let mut cmd = Command::new("cargo");
+    if have_nextest {
+        cmd.args(["nextest", "run", "--workspace", "--no-run"]);
+    } else {
+        cmd.args(["test", "--workspace", "--no-run"]);
+    }
+    cmd
+}
+
+/// `XTASK_BACKGROUND_BUILDS=0` builds the README app and the fuzz targets
+/// after the tests, as parts of their own, instead of beside them.
+const BACKGROUND_BUILDS: &str = "XTASK_BACKGROUND_BUILDS";
+
+/// Builds beside the tests, stopped by [`Background::finish`].
+struct Background {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Background {
+    /// Stops what is still building (the parts after the tests build the
+    /// rest in their turn, at the usual priority, from what was finished:
+    /// on a machine busy with other work a niced build may not have got far)
+    /// and waits for it.
+    fn finish(self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = self.thread.join();
     }
 }
 
-impl std::fmt::Display for Part {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mark = if self.passed { "" } else { "FAILED " };
-        write!(f, "{}: {mark}{}", self.name, self.said)
+/// Starts building the README app and (with `fuzz`) the fuzz targets, niced,
+/// their output in `target/xtask-background.log`; `None` when
+/// `XTASK_BACKGROUND_BUILDS=0` or the log cannot be made.
+fn background_builds(fuzz: bool) -> Option<Background> {
+    if std::env::var(BACKGROUND_BUILDS).is_ok_and(|v| v == "0") {
+        return None;
     }
+    let root = crate::shell::workspace_root();
+    let path = root.join("target/xtask-background.log");
+    let log = std::fs::File::create(&path)
+        .map_err(|e| eprintln!("xtask: no background builds ({}: {e})", path.display()))
+        .ok()?;
+    eprintln!(
+        "xtask: building the README app{} beside the tests (nice 19; {BACKGROUND_BUILDS}=0 \
+         not to), output in {}",
+        if fuzz { " and the fuzz targets" } else { "" },
+        path.display()
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let thread = {
+        let stop = Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let beside = Beside {
+                log: &log,
+                stop: &stop,
+            };
+            let said = |what: &str, r: Result<()>| match r {
+                Ok(()) => eprintln!("xtask: {what} built beside the tests"),
+                Err(e) => eprintln!("xtask: {what} not built beside the tests ({e})"),
+            };
+            said(
+                "the README app",
+                crate::readme_app::prebuild(&root, &beside),
+            );
+            if fuzz {
+                said("the fuzz targets", crate::fuzz::prebuild(&beside));
+            }
+        })
+    };
+    Some(Background { stop, thread })
 }
 
 /// Provisions, runs every part, stops the servers; an error is a failure
@@ -108,35 +222,68 @@ fn suite(extra: &[String]) -> Result<Vec<Part>> {
     catch_interrupts();
     let root = std::env::temp_dir().join("idem-xtask");
     sweep(&root);
-    let pg = Postgres::start(&root)?;
-    eprintln!("xtask: PostgreSQL 15 on 127.0.0.1:{}", pg.port);
-    let nats_bin = nats_binary()?;
-    let nats = start_nats(&root, &nats_bin)?;
-    eprintln!("xtask: nats-server with JetStream on {}", nats.url());
-    let have_nextest = Command::new("cargo")
-        .args(["nextest", "--version"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
-    let chromium = chromium_binary()?;
-    let faketime = libfaketime()?;
-    browser_packages()?;
-    let python = venv("test-clients", CLIENT_PACKAGES, "the real HTTP clients")?;
-    let mut cmd = Command::new("cargo");
-    if have_nextest {
-        cmd.args(["nextest", "run", "--workspace", "--no-fail-fast"]);
+    let have_nextest = have_nextest();
+    let runner = if have_nextest {
+        "nextest"
     } else {
-        cmd.args(["test", "--workspace", "--no-fail-fast"]);
+        "cargo test"
+    };
+    // A missing server or tool is said (or, as root, installed) before the
+    // build, not after it; found, these are quick.
+    postgres_bindir()?;
+    nats_binary()?;
+    chromium_binary()?;
+    libfaketime()?;
+    // The servers and tools are made ready while the whole suite compiles;
+    // the run below then finds it built. (A run with arguments, which may
+    // be ones `--no-run` refuses, builds in the run itself.)
+    let provisioning = {
+        let root = root.clone();
+        std::thread::spawn(move || provision(&root))
+    };
+    let built = if extra.is_empty() {
+        run(&mut build_command(have_nextest))
+    } else {
+        Ok(())
+    };
+    let p = provisioning
+        .join()
+        .map_err(|_| "provisioning the servers panicked".to_owned())??;
+    if let Err(e) = built {
+        return Ok(vec![Part::failed(
+            runner,
+            format!("the tests did not build ({e}; above)"),
+        )]);
     }
-    cmd.args(extra)
-        .env("IDEM_TEST_POSTGRES_URL", pg.url())
+    if INTERRUPTED.load(Ordering::SeqCst) {
+        return Ok(vec![Part::failed(
+            "run",
+            "interrupted; servers stopped".into(),
+        )]);
+    }
+    let Provisioned {
+        pg,
+        nats,
+        nats_bin,
+        chromium,
+        faketime,
+        python,
+    } = p;
+    let mut cmd = test_command(have_nextest, extra);
+    cmd.env("IDEM_TEST_POSTGRES_URL", pg.url())
         .env("IDEM_TEST_NATS_URL", nats.url())
         .env("IDEM_TEST_NATS_SERVER", &nats_bin)
         .env("IDEM_TEST_CHROMIUM", &chromium)
         .env("IDEM_TEST_PYTHON", &python)
         .env("IDEM_TEST_LIBFAKETIME", &faketime);
+    // The whole suite's later parts build in projects and target
+    // directories of their own: built now, niced, in the processor time the
+    // tests (mostly waiting on servers, timeouts and pauses) leave free.
+    let background = if extra.is_empty() {
+        background_builds(fuzz_secs > 0)
+    } else {
+        None
+    };
     // nextest's last line says how many tests ran, passed, failed.
     let (result, summary) = run_quoting(
         &mut cmd,
@@ -146,11 +293,10 @@ fn suite(extra: &[String]) -> Result<Vec<Part>> {
             "test result:"
         },
     );
-    let runner = if have_nextest {
-        "nextest"
-    } else {
-        "cargo test"
-    };
+    if let Some(builds) = background {
+        // A failed build is built again below, where its errors are shown.
+        builds.finish();
+    }
     let mut parts = vec![match summary {
         // nextest refuses a run that selects nothing; say why in plain words.
         Some(s) if !extra.is_empty() && s.contains(" 0 tests run:") => {
