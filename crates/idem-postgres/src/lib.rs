@@ -7,7 +7,7 @@
 //! ## What is here
 //! The store code is written once, for both backends, in [`idem_sql`]:
 //! [`PgStore`] is [`idem_sql::SqlStore`] on [`PgDialect`], which implements
-//! [`idem_sql::Dialect`] (see `dialect`): PostgreSQL's driver primitives (an
+//! [`idem_sql::Dialect`] (see `dialect`): PostgreSQL's binding of a statement (an
 //! `INTEGER` bound as 32 bits, a list as an array), the client-side
 //! deadlines, its error mapping by SQLSTATE, the database server's clock
 //! ([`clock`]), and what only PostgreSQL has — the key messages with their

@@ -19,7 +19,7 @@ use idem_core::{RecordState, Scope, StoreError};
 
 use crate::columns::{KEY_COLUMNS, OUTBOX_ENTRY_COLUMNS, RECEIPT_COLUMNS, RUN_COLUMNS};
 use crate::decode;
-use crate::dialect::{Dialect, On, Stmt, fetch_one};
+use crate::dialect::{Dialect, On, Stmt, fetch_one, read_row, read_rows};
 use crate::keys::scoped;
 use crate::row::{self, Columns};
 
@@ -298,16 +298,6 @@ fn counts<R: Columns>(rows: &[R]) -> Result<Vec<(String, u64)>, StoreError> {
         .collect()
 }
 
-/// Runs `s` on the pool under the deadline: its rows.
-async fn rows<D: Dialect>(d: &D, s: Stmt<'_>) -> Result<Vec<D::Row>, StoreError> {
-    d.bounded(async {
-        D::fetch_all(On::Pool(d.pool()), s)
-            .await
-            .map_err(|e| d.map(e))
-    })
-    .await
-}
-
 /// The first column of the row `s` answers on the transaction, as text.
 async fn state_in<D: Dialect>(tx: &mut D::Tx, s: Stmt<'_>) -> Result<Option<String>, StoreError> {
     match D::fetch_optional(On::Conn(&mut **tx), s)
@@ -335,23 +325,12 @@ pub async fn list_keys<D: Dialect>(d: &D, f: &KeyFilter) -> Result<Vec<KeySummar
         .bind(after_o)
         .bind(after_k)
         .bind(page(f.limit));
-    rows(d, s)
-        .await?
-        .iter()
-        .map(|r| decode::key_detail(r).map(|d| d.summary))
-        .collect()
+    read_rows(d, s, |r| decode::key_detail(r).map(|d| d.summary)).await
 }
 
 /// [`AdminStore::key_detail`](idem_core::admin::AdminStore::key_detail).
 pub async fn key_detail<D: Dialect>(d: &D, scope: &Scope) -> Result<Option<KeyDetail>, StoreError> {
-    d.bounded(async {
-        let s = scoped(KEY_DETAIL.as_str(), scope);
-        let row = D::fetch_optional(On::Pool(d.pool()), s)
-            .await
-            .map_err(|e| d.map(e))?;
-        row.as_ref().map(decode::key_detail).transpose()
-    })
-    .await
+    read_row(d, scoped(KEY_DETAIL.as_str(), scope), decode::key_detail).await
 }
 
 /// [`AdminStore::release_key`](idem_core::admin::AdminStore::release_key),
@@ -422,7 +401,7 @@ pub async fn list_outbox<D: Dialect>(
         .bind(f.topic.as_deref())
         .bind(f.before_id)
         .bind(page(f.limit));
-    rows(d, s).await?.iter().map(decode::outbox_entry).collect()
+    read_rows(d, s, decode::outbox_entry).await
 }
 
 /// [`AdminStore::requeue_outbox`](idem_core::admin::AdminStore::requeue_outbox),
@@ -455,14 +434,8 @@ pub async fn inbox_entry<D: Dialect>(
     subscriber: &str,
     message_id: &str,
 ) -> Result<Option<InboxEntry>, StoreError> {
-    d.bounded(async {
-        let s = Stmt::new(INBOX_ENTRY).bind(subscriber).bind(message_id);
-        let row = D::fetch_optional(On::Pool(d.pool()), s)
-            .await
-            .map_err(|e| d.map(e))?;
-        row.as_ref().map(decode::inbox_entry).transpose()
-    })
-    .await
+    let s = Stmt::new(INBOX_ENTRY).bind(subscriber).bind(message_id);
+    read_row(d, s, decode::inbox_entry).await
 }
 
 /// [`AdminStore::list_inbox`](idem_core::admin::AdminStore::list_inbox).
@@ -477,7 +450,7 @@ pub async fn list_inbox<D: Dialect>(d: &D, f: &InboxFilter) -> Result<Vec<InboxE
         .bind(sub)
         .bind(msg)
         .bind(page(f.limit));
-    rows(d, s).await?.iter().map(decode::inbox_entry).collect()
+    read_rows(d, s, decode::inbox_entry).await
 }
 
 /// [`AdminStore::list_receipts_page`](idem_core::admin::AdminStore::list_receipts_page).
@@ -490,7 +463,7 @@ pub async fn list_receipts_page<D: Dialect>(
         .bind(f.state.map(ReceiptState::as_str))
         .bind(f.before_id)
         .bind(page(f.limit));
-    rows(d, s).await?.iter().map(decode::receipt).collect()
+    read_rows(d, s, decode::receipt).await
 }
 
 /// [`AdminStore::replay_receipt_in`](idem_core::admin::AdminStore::replay_receipt_in),
@@ -541,7 +514,7 @@ pub async fn list_runs_page<D: Dialect>(
         .bind(at)
         .bind(id)
         .bind(page(f.limit));
-    rows(d, s).await?.iter().map(decode::run).collect()
+    read_rows(d, s, decode::run).await
 }
 
 /// [`AdminStore::end_run_lease`](idem_core::admin::AdminStore::end_run_lease),
@@ -595,7 +568,7 @@ pub async fn list_audit<D: Dialect>(d: &D, f: &AuditFilter) -> Result<Vec<AuditE
         .bind(f.action.as_deref())
         .bind(f.before_id)
         .bind(page(f.limit));
-    rows(d, s).await?.iter().map(decode::audit_entry).collect()
+    read_rows(d, s, decode::audit_entry).await
 }
 
 /// [`AdminStore`](idem_core::admin::AdminStore) for [`SqlStore`](crate::SqlStore):

@@ -6,7 +6,9 @@
 //! mapping, deadlines, the messages of the key engine's hot path (claim,
 //! `BEGIN`, the record with `COMMIT`, `ROLLBACK`, the read first), its SQL
 //! family ([`Dialect::FAMILY`]: each capability module picks its text by it), and the driver's
-//! few primitives: run a [`Stmt`] [`On`] the pool or a connection.
+//! binding of a [`Stmt`] ([`Dialect::query`]) with its pool and connection
+//! as executors, on which [`Dialect::execute`] and its siblings run a
+//! statement [`On`] either, written once here.
 //!
 //! # Why statements are values ([`Stmt`]) and not sqlx queries
 //! Code generic over `sqlx::Database` needs a where-clause for every type it
@@ -33,6 +35,8 @@ use idem_core::webhooks::{Accepted, NewReceipt};
 use idem_core::{Completion, Operation, Scope, SharedClock, StoreError, StoredRecord};
 
 use crate::calls::{ClaimRequest, LeaseClaim, Refused, RunWrite, Takeover};
+use sqlx::Executor;
+
 use crate::row::Columns;
 
 /// One value bound to a statement's `$n`.
@@ -199,7 +203,7 @@ pub enum On<'a, DB: sqlx::Database> {
 ///   of it against a real instance, as both backends' `tests/it` do.
 pub trait Dialect: Clone + Send + Sync + 'static {
     /// The driver.
-    type Db: sqlx::Database;
+    type Db: sqlx::Database<Row = Self::Row>;
     /// The driver's row; its columns decode as [`crate::row`] reads them.
     type Row: Columns + Send + Sync;
     /// The key transaction handed to business code: the connection it
@@ -367,30 +371,82 @@ pub trait Dialect: Clone + Send + Sync + 'static {
         at: (i64, i64),
     ) -> impl Future<Output = Result<Accepted, StoreError>> + Send;
 
+    /// `s` as the driver's query, each [`Arg`] bound as this database
+    /// stores it.
+    fn query<'q>(s: &'q Stmt<'q>) -> impl sqlx::Execute<'q, Self::Db> + 'q;
+
+    /// The rows a statement changed, as the driver counts them.
+    fn rows_affected(done: &<Self::Db as sqlx::Database>::QueryResult) -> u64;
+
+    /// The pool as the driver's executor (its type proves what a generic
+    /// bound over every database cannot name).
+    fn on_pool<'c>(
+        pool: &'c sqlx::Pool<Self::Db>,
+    ) -> impl sqlx::Executor<'c, Database = Self::Db> + 'c;
+
+    /// A connection as the driver's executor.
+    fn on_conn<'c>(
+        conn: &'c mut <Self::Db as sqlx::Database>::Connection,
+    ) -> impl sqlx::Executor<'c, Database = Self::Db> + 'c;
+
     /// Runs `s`; the rows it changed.
     fn execute<'a>(
         on: On<'a, Self::Db>,
         s: Stmt<'a>,
-    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a {
+        async move {
+            let q = Self::query(&s);
+            let done = match on {
+                On::Pool(pool) => Self::on_pool(pool).execute(q).await?,
+                On::Conn(conn) => Self::on_conn(conn).execute(q).await?,
+            };
+            Ok(Self::rows_affected(&done))
+        }
+    }
 
     /// Runs `s`; its first row, if any.
     fn fetch_optional<'a>(
         on: On<'a, Self::Db>,
         s: Stmt<'a>,
-    ) -> impl Future<Output = Result<Option<Self::Row>, sqlx::Error>> + Send + 'a;
+    ) -> impl Future<Output = Result<Option<Self::Row>, sqlx::Error>> + Send + 'a {
+        async move {
+            let q = Self::query(&s);
+            match on {
+                On::Pool(pool) => Self::on_pool(pool).fetch_optional(q).await,
+                On::Conn(conn) => Self::on_conn(conn).fetch_optional(q).await,
+            }
+        }
+    }
 
     /// Runs `s`; its rows.
     fn fetch_all<'a>(
         on: On<'a, Self::Db>,
         s: Stmt<'a>,
-    ) -> impl Future<Output = Result<Vec<Self::Row>, sqlx::Error>> + Send + 'a;
+    ) -> impl Future<Output = Result<Vec<Self::Row>, sqlx::Error>> + Send + 'a {
+        async move {
+            let q = Self::query(&s);
+            match on {
+                On::Pool(pool) => Self::on_pool(pool).fetch_all(q).await,
+                On::Conn(conn) => Self::on_conn(conn).fetch_all(q).await,
+            }
+        }
+    }
 
     /// Runs `sql`, which binds nothing and may hold several statements, as
     /// one simple-query message.
     fn execute_raw<'a>(
         on: On<'a, Self::Db>,
         sql: &'a str,
-    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a {
+        async move {
+            let raw = sqlx::raw_sql(sql);
+            let done = match on {
+                On::Pool(pool) => Self::on_pool(pool).execute(raw).await?,
+                On::Conn(conn) => Self::on_conn(conn).execute(raw).await?,
+            };
+            Ok(Self::rows_affected(&done))
+        }
+    }
 }
 
 /// Runs `s`; its one row (none is [`sqlx::Error::RowNotFound`]).
@@ -398,6 +454,38 @@ pub async fn fetch_one<D: Dialect>(on: On<'_, D::Db>, s: Stmt<'_>) -> Result<D::
     D::fetch_optional(on, s)
         .await?
         .ok_or(sqlx::Error::RowNotFound)
+}
+
+/// The rows `s` answers on the pool, each decoded, under the read deadline
+/// ([`Dialect::bounded`]): every read outside a transaction goes this way.
+pub async fn read_rows<D: Dialect, T: Send>(
+    d: &D,
+    s: Stmt<'_>,
+    decode: impl Fn(&D::Row) -> Result<T, StoreError> + Send,
+) -> Result<Vec<T>, StoreError> {
+    d.bounded(async {
+        let rows = D::fetch_all(On::Pool(d.pool()), s)
+            .await
+            .map_err(|e| d.map(e))?;
+        rows.iter().map(decode).collect()
+    })
+    .await
+}
+
+/// The row `s` answers on the pool, if any, decoded, under the read
+/// deadline (as [`read_rows`]).
+pub async fn read_row<D: Dialect, T: Send>(
+    d: &D,
+    s: Stmt<'_>,
+    decode: impl Fn(&D::Row) -> Result<T, StoreError> + Send,
+) -> Result<Option<T>, StoreError> {
+    d.bounded(async {
+        let row = D::fetch_optional(On::Pool(d.pool()), s)
+            .await
+            .map_err(|e| d.map(e))?;
+        row.as_ref().map(decode).transpose()
+    })
+    .await
 }
 
 /// Which SQL a dialect speaks where the two differ: each capability module

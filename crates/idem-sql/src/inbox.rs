@@ -4,7 +4,7 @@
 use idem_core::StoreError;
 use idem_core::inbox::{MessageId, Subscriber};
 
-use crate::dialect::{Dialect, On, Stmt};
+use crate::dialect::{Dialect, On, Stmt, read_row};
 
 /// Records `$2` (message) for `$1` (subscriber), processed at `$3`,
 /// expiring at `$4`; answers a row when it was not recorded before. On
@@ -47,16 +47,10 @@ pub async fn seen<D: Dialect>(
     subscriber: &Subscriber,
     message_id: &MessageId,
 ) -> Result<bool, StoreError> {
-    d.bounded(async {
-        let s = Stmt::new(SEEN)
-            .bind(subscriber.as_str())
-            .bind(message_id.as_str());
-        let found = D::fetch_optional(On::Pool(d.pool()), s)
-            .await
-            .map_err(|e| d.map(e))?;
-        Ok(found.is_some())
-    })
-    .await
+    let s = Stmt::new(SEEN)
+        .bind(subscriber.as_str())
+        .bind(message_id.as_str());
+    Ok(read_row(d, s, |_| Ok(())).await?.is_some())
 }
 
 /// [`InboxStore::purge_expired_inbox`](idem_core::inbox::InboxStore::purge_expired_inbox).

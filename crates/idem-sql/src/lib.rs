@@ -35,8 +35,11 @@
 //!   the dialects' text differs, each capability module holds both texts
 //!   side by side and picks by it, so the dialect names no capability
 //!   module and none imports another back;
-//! - four driver primitives: run a [`dialect::Stmt`] (text and typed
-//!   [`dialect::Arg`]s) [`dialect::On`] the pool or a connection
+//! - its driver's binding ([`Dialect::query`]: a [`dialect::Stmt`], text
+//!   and typed [`dialect::Arg`]s, as the driver's query), its count of
+//!   changed rows, and its pool and connection as executors
+//!   ([`Dialect::on_pool`], [`Dialect::on_conn`]): on these, this crate
+//!   runs a statement [`dialect::On`] either, once for both backends
 //!   ([`Dialect::execute`], [`Dialect::fetch_optional`],
 //!   [`Dialect::fetch_all`], [`Dialect::execute_raw`]).
 //!

@@ -15,7 +15,7 @@ use idem_core::{Operation, StoreError};
 
 pub use crate::calls::{RunWrite, Takeover};
 use crate::columns::{MESSAGE_COLUMNS, RUN_COLUMNS, STEP_COLUMNS};
-use crate::dialect::{Dialect, On, Stmt, fetch_one};
+use crate::dialect::{Dialect, On, Stmt, fetch_one, read_row, read_rows};
 use crate::row;
 
 /// A key record's expiry while its run lives: never.
@@ -415,15 +415,12 @@ fn corrupt(e: impl std::fmt::Display) -> StoreError {
 /// [`RunStore::namespace`](idem_core::steps::RunStore::namespace).
 pub async fn namespace<D: Dialect>(d: &D) -> Result<Namespace, StoreError> {
     // Read first: a read takes no write lock (the caller may hold it).
-    let kept = d
-        .bounded(async {
-            D::fetch_optional(On::Pool(d.pool()), Stmt::new(NAMESPACE))
-                .await
-                .map_err(|e| d.map(e))
-        })
-        .await?;
-    if let Some(row) = kept {
-        return Namespace::new(row::get_at::<String, _>(&row, 0)?).map_err(corrupt);
+    let kept = read_row(d, Stmt::new(NAMESPACE), |row| {
+        row::get_at::<String, _>(row, 0)
+    })
+    .await?;
+    if let Some(kept) = kept {
+        return Namespace::new(kept).map_err(corrupt);
     }
     let drawn = Namespace::generate();
     let draw = Stmt::new(DRAW_NAMESPACE).bind(drawn.as_str());
@@ -455,14 +452,8 @@ pub async fn message<D: Dialect>(
     d: &D,
     message_id: &str,
 ) -> Result<Option<SentMessage>, StoreError> {
-    d.bounded(async {
-        let s = Stmt::new(MESSAGE.as_str()).bind(message_id);
-        let row = D::fetch_optional(On::Pool(d.pool()), s)
-            .await
-            .map_err(|e| d.map(e))?;
-        row.as_ref().map(crate::decode::message).transpose()
-    })
-    .await
+    let s = Stmt::new(MESSAGE.as_str()).bind(message_id);
+    read_row(d, s, crate::decode::message).await
 }
 
 /// [`RunStore::load_run`](idem_core::steps::RunStore::load_run): the run
@@ -484,21 +475,13 @@ pub async fn load_run<D: Dialect>(d: &D, id: &RunId) -> Result<Option<RunRecord>
 
 /// [`RunStore::count_runs`](idem_core::steps::RunStore::count_runs).
 pub async fn count_runs<D: Dialect>(d: &D) -> Result<Vec<(RunState, u64)>, StoreError> {
-    d.bounded(async {
-        let rows = D::fetch_all(On::Pool(d.pool()), Stmt::new(COUNT))
-            .await
-            .map_err(|e| d.map(e))?;
-        let mut counts = Vec::with_capacity(rows.len());
-        for row in &rows {
-            let state: String = row::get_at(row, 0)?;
-            let n: i64 = row::get_at(row, 1)?;
-            if let (Some(state), Ok(n)) = (RunState::parse(&state), u64::try_from(n)) {
-                counts.push((state, n));
-            }
-        }
-        Ok(counts)
+    let counts = read_rows(d, Stmt::new(COUNT), |row| {
+        let state: String = row::get_at(row, 0)?;
+        let n: i64 = row::get_at(row, 1)?;
+        Ok(RunState::parse(&state).zip(u64::try_from(n).ok()))
     })
-    .await
+    .await?;
+    Ok(counts.into_iter().flatten().collect())
 }
 
 /// [`RunStore::list_runs`](idem_core::steps::RunStore::list_runs).
@@ -506,16 +489,10 @@ pub async fn list_runs<D: Dialect>(
     d: &D,
     filter: &RunFilter,
 ) -> Result<Vec<RunRecord>, StoreError> {
-    d.bounded(async {
-        let s = Stmt::new(texts::<D>().list.as_str())
-            .bind(filter.state.map(|s| s.as_str()))
-            .bind(i64::from(filter.limit.clamp(1, 1000)));
-        let rows = D::fetch_all(On::Pool(d.pool()), s)
-            .await
-            .map_err(|e| d.map(e))?;
-        rows.iter().map(crate::decode::run).collect()
-    })
-    .await
+    let s = Stmt::new(texts::<D>().list.as_str())
+        .bind(filter.state.map(|s| s.as_str()))
+        .bind(i64::from(filter.limit.clamp(1, 1000)));
+    read_rows(d, s, crate::decode::run).await
 }
 
 /// [`RunStore`](idem_core::steps::RunStore) for [`SqlStore`](crate::SqlStore):

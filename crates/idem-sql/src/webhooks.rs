@@ -11,7 +11,7 @@ use idem_core::StoreError;
 use idem_core::webhooks::{Finish, NewReceipt, Receipt, ReceiptState, Requeue};
 
 use crate::columns::RECEIPT_COLUMNS;
-use crate::dialect::{Dialect, On, Stmt};
+use crate::dialect::{Dialect, On, Stmt, read_row, read_rows};
 use crate::purge::purge;
 use crate::row::{self, get};
 
@@ -304,17 +304,8 @@ pub async fn newest_version<D: Dialect>(
     endpoint: &str,
     entity_id: &str,
 ) -> Result<Option<i64>, StoreError> {
-    d.bounded(async {
-        let s = Stmt::new(NEWEST_VERSION).bind(endpoint).bind(entity_id);
-        match D::fetch_optional(On::Pool(d.pool()), s)
-            .await
-            .map_err(|e| d.map(e))?
-        {
-            Some(row) => row::get_at(&row, 0).map(Some),
-            None => Ok(None),
-        }
-    })
-    .await
+    let s = Stmt::new(NEWEST_VERSION).bind(endpoint).bind(entity_id);
+    read_row(d, s, |row| row::get_at(row, 0)).await
 }
 
 /// [`WebhookStore::finish`](idem_core::webhooks::WebhookStore::finish): the
@@ -376,22 +367,16 @@ pub async fn finish<D: Dialect>(
 pub async fn count_receipts<D: Dialect>(
     d: &D,
 ) -> Result<Vec<(String, ReceiptState, u64)>, StoreError> {
-    d.bounded(async {
-        let rows = D::fetch_all(On::Pool(d.pool()), Stmt::new(COUNT))
-            .await
-            .map_err(|e| d.map(e))?;
-        let mut counts = Vec::with_capacity(rows.len());
-        for row in &rows {
-            let endpoint: String = row::get_at(row, 0)?;
-            let state: String = row::get_at(row, 1)?;
-            let n: i64 = row::get_at(row, 2)?;
-            if let (Some(state), Ok(n)) = (ReceiptState::parse(&state), u64::try_from(n)) {
-                counts.push((endpoint, state, n));
-            }
-        }
-        Ok(counts)
+    let counts = read_rows(d, Stmt::new(COUNT), |row| {
+        let endpoint: String = row::get_at(row, 0)?;
+        let state: String = row::get_at(row, 1)?;
+        let n: i64 = row::get_at(row, 2)?;
+        Ok(ReceiptState::parse(&state)
+            .zip(u64::try_from(n).ok())
+            .map(|(state, n)| (endpoint, state, n)))
     })
-    .await
+    .await?;
+    Ok(counts.into_iter().flatten().collect())
 }
 
 /// [`WebhookStore::list_receipts`](idem_core::webhooks::WebhookStore::list_receipts).
@@ -401,17 +386,11 @@ pub async fn list_receipts<D: Dialect>(
     state: Option<ReceiptState>,
     limit: u32,
 ) -> Result<Vec<Receipt>, StoreError> {
-    d.bounded(async {
-        let s = Stmt::new(texts::<D>().list.as_str())
-            .bind(endpoint)
-            .bind(state.map(ReceiptState::as_str))
-            .bind(i64::from(limit));
-        let rows = D::fetch_all(On::Pool(d.pool()), s)
-            .await
-            .map_err(|e| d.map(e))?;
-        rows.iter().map(crate::decode::receipt).collect()
-    })
-    .await
+    let s = Stmt::new(texts::<D>().list.as_str())
+        .bind(endpoint)
+        .bind(state.map(ReceiptState::as_str))
+        .bind(i64::from(limit));
+    read_rows(d, s, crate::decode::receipt).await
 }
 
 /// [`WebhookStore::get_receipt`](idem_core::webhooks::WebhookStore::get_receipt).
@@ -420,14 +399,8 @@ pub async fn get_receipt<D: Dialect>(
     endpoint: &str,
     delivery_id: &str,
 ) -> Result<Option<Receipt>, StoreError> {
-    d.bounded(async {
-        let s = Stmt::new(GET.as_str()).bind(endpoint).bind(delivery_id);
-        let row = D::fetch_optional(On::Pool(d.pool()), s)
-            .await
-            .map_err(|e| d.map(e))?;
-        row.as_ref().map(crate::decode::receipt).transpose()
-    })
-    .await
+    let s = Stmt::new(GET.as_str()).bind(endpoint).bind(delivery_id);
+    read_row(d, s, crate::decode::receipt).await
 }
 
 /// [`WebhookStore::replay_receipt`](idem_core::webhooks::WebhookStore::replay_receipt).

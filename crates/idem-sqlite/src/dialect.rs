@@ -12,7 +12,7 @@ use idem_core::leased::LeasedClaim;
 use idem_core::steps::{Fence, NewRun, RunId, RunRecord};
 use idem_core::webhooks::{Accepted, NewReceipt};
 use idem_core::{Completion, Operation, Scope, StoreError, StoredRecord};
-use idem_sql::dialect::{Arg, Dialect, Family, On, Stmt};
+use idem_sql::dialect::{Arg, Dialect, Family, Stmt};
 use idem_sql::keys::{ClaimRequest, Refused};
 use idem_sql::leased::LeaseClaim;
 use idem_sql::runs::{RunWrite, Takeover};
@@ -218,39 +218,21 @@ impl Dialect for SqliteDialect {
         crate::webhooks::accept(self, r, at)
     }
 
-    async fn execute<'a>(on: On<'a, Sqlite>, s: Stmt<'a>) -> Result<u64, sqlx::Error> {
-        let q = query(&s);
-        let done = match on {
-            On::Pool(pool) => q.execute(pool).await?,
-            On::Conn(conn) => q.execute(conn).await?,
-        };
-        Ok(done.rows_affected())
+    fn query<'q>(s: &'q Stmt<'q>) -> impl sqlx::Execute<'q, Sqlite> + 'q {
+        crate::dialect::query(s)
     }
 
-    async fn fetch_optional<'a>(
-        on: On<'a, Sqlite>,
-        s: Stmt<'a>,
-    ) -> Result<Option<SqliteRow>, sqlx::Error> {
-        let q = query(&s);
-        match on {
-            On::Pool(pool) => q.fetch_optional(pool).await,
-            On::Conn(conn) => q.fetch_optional(conn).await,
-        }
+    fn rows_affected(done: &<Sqlite as sqlx::Database>::QueryResult) -> u64 {
+        done.rows_affected()
     }
 
-    async fn fetch_all<'a>(on: On<'a, Sqlite>, s: Stmt<'a>) -> Result<Vec<SqliteRow>, sqlx::Error> {
-        let q = query(&s);
-        match on {
-            On::Pool(pool) => q.fetch_all(pool).await,
-            On::Conn(conn) => q.fetch_all(conn).await,
-        }
+    fn on_pool<'c>(pool: &'c sqlx::Pool<Sqlite>) -> impl Executor<'c, Database = Sqlite> + 'c {
+        pool
     }
 
-    async fn execute_raw<'a>(on: On<'a, Sqlite>, sql: &'a str) -> Result<u64, sqlx::Error> {
-        let done = match on {
-            On::Pool(pool) => pool.execute(sqlx::raw_sql(sql)).await?,
-            On::Conn(conn) => conn.execute(sqlx::raw_sql(sql)).await?,
-        };
-        Ok(done.rows_affected())
+    fn on_conn<'c>(
+        conn: &'c mut sqlx::SqliteConnection,
+    ) -> impl Executor<'c, Database = Sqlite> + 'c {
+        conn
     }
 }

@@ -20,8 +20,8 @@
 //! ## What is here
 //! The store code is written once, for both backends, in [`idem_sql`]:
 //! [`SqliteStore`] is [`idem_sql::SqlStore`] on [`SqliteDialect`], which
-//! implements [`idem_sql::Dialect`] (see `dialect`): SQLite's driver
-//! primitives (an `INTEGER` bound as 64 bits, a list as a JSON array), no
+//! implements [`idem_sql::Dialect`] (see `dialect`): SQLite's binding of a
+//! statement (an `INTEGER` bound as 64 bits, a list as a JSON array), no
 //! client-side deadline (a local file cannot hang up), its error mapping,
 //! and what only SQLite has — the key transactions' single writer and its
 //! per-key gates (`keys`, `writer`, `gate`), the readers of the read first

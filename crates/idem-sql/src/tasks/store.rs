@@ -12,7 +12,7 @@ use idem_core::tasks::{
 
 use super as sql;
 use crate::decode;
-use crate::dialect::{Dialect, On, Stmt, fetch_one};
+use crate::dialect::{Dialect, On, Stmt, fetch_one, read_row, read_rows};
 use crate::row;
 
 /// `s` on the transaction: its first row, if any.
@@ -205,14 +205,8 @@ pub async fn cursor<D: Dialect>(
     tenant: &str,
     poller: &str,
 ) -> Result<Option<PollerRecord>, StoreError> {
-    d.bounded(async {
-        let s = Stmt::new(sql::CURSOR).bind(tenant).bind(poller);
-        let row = D::fetch_optional(On::Pool(d.pool()), s)
-            .await
-            .map_err(|e| d.map(e))?;
-        row.as_ref().map(decode::poller).transpose()
-    })
-    .await
+    let s = Stmt::new(sql::CURSOR).bind(tenant).bind(poller);
+    read_row(d, s, decode::poller).await
 }
 
 /// [`TaskStore::claim_tasks`](idem_core::tasks::TaskStore::claim_tasks).
@@ -475,57 +469,32 @@ pub async fn has_due<D: Dialect>(
 
 /// [`TaskStore::load_task`](idem_core::tasks::TaskStore::load_task).
 pub async fn load_task<D: Dialect>(d: &D, id: &str) -> Result<Option<TaskRecord>, StoreError> {
-    d.bounded(async {
-        let s = Stmt::new(sql::TASK.as_str()).bind(id);
-        let row = D::fetch_optional(On::Pool(d.pool()), s)
-            .await
-            .map_err(|e| d.map(e))?;
-        row.as_ref().map(decode::task).transpose()
-    })
-    .await
+    read_row(d, Stmt::new(sql::TASK.as_str()).bind(id), decode::task).await
 }
 
 /// [`TaskStore::task_events`](idem_core::tasks::TaskStore::task_events).
 pub async fn task_events<D: Dialect>(d: &D, id: &str) -> Result<Vec<TaskEvent>, StoreError> {
-    d.bounded(async {
-        let rows = D::fetch_all(On::Pool(d.pool()), Stmt::new(sql::EVENTS).bind(id))
-            .await
-            .map_err(|e| d.map(e))?;
-        rows.iter().map(decode::task_event).collect()
-    })
-    .await
+    read_rows(d, Stmt::new(sql::EVENTS).bind(id), decode::task_event).await
 }
 
 /// [`TaskStore::list_tasks`](idem_core::tasks::TaskStore::list_tasks).
 pub async fn list_tasks<D: Dialect>(d: &D, f: &TaskFilter) -> Result<Vec<TaskRecord>, StoreError> {
-    d.bounded(async {
-        let (created, id) = match &f.before {
-            Some((c, i)) => (Some(*c), Some(i.as_str())),
-            None => (None, None),
-        };
-        let s = Stmt::new(super::texts::<D>().list.as_str())
-            .bind(f.queue.as_deref())
-            .bind(f.state.map(TaskState::as_str))
-            .bind(created)
-            .bind(id)
-            .bind(i64::from(f.limit));
-        let rows = D::fetch_all(On::Pool(d.pool()), s)
-            .await
-            .map_err(|e| d.map(e))?;
-        rows.iter().map(decode::task).collect()
-    })
-    .await
+    let (created, id) = match &f.before {
+        Some((c, i)) => (Some(*c), Some(i.as_str())),
+        None => (None, None),
+    };
+    let s = Stmt::new(super::texts::<D>().list.as_str())
+        .bind(f.queue.as_deref())
+        .bind(f.state.map(TaskState::as_str))
+        .bind(created)
+        .bind(id)
+        .bind(i64::from(f.limit));
+    read_rows(d, s, decode::task).await
 }
 
 /// [`TaskStore::count_tasks`](idem_core::tasks::TaskStore::count_tasks).
 pub async fn count_tasks<D: Dialect>(d: &D) -> Result<Vec<(String, TaskState, u64)>, StoreError> {
-    d.bounded(async {
-        let rows = D::fetch_all(On::Pool(d.pool()), Stmt::new(sql::COUNT))
-            .await
-            .map_err(|e| d.map(e))?;
-        rows.iter().map(decode::task_count).collect()
-    })
-    .await
+    read_rows(d, Stmt::new(sql::COUNT), decode::task_count).await
 }
 
 /// [`TaskStore`](idem_core::tasks::TaskStore) for [`SqlStore`](crate::SqlStore):
