@@ -197,6 +197,28 @@ pub async fn run(config: &BenchConfig, on_case: measure::OnCase) -> anyhow::Resu
     Ok(())
 }
 
+/// The SQLite store at `sqlite_url` and, given a URL, the PostgreSQL one
+/// (40 connections), both migrated: what the webhook and step benchmarks
+/// run on.
+async fn stores(
+    sqlite_url: &str,
+    postgres_url: Option<&str>,
+) -> anyhow::Result<(idem_sqlite::SqliteStore, Option<idem_postgres::PgStore>)> {
+    let sqlite =
+        idem_sqlite::SqliteStore::connect(sqlite_url, idem_sqlite::SqliteConfig::default()).await?;
+    sqlite.migrate().await?;
+    let Some(url) = postgres_url else {
+        return Ok((sqlite, None));
+    };
+    let config = idem_postgres::PgConfig {
+        max_connections: 40,
+        ..Default::default()
+    };
+    let pg = idem_postgres::PgStore::connect(url, config).await?;
+    pg.migrate().await?;
+    Ok((sqlite, Some(pg)))
+}
+
 async fn webhooks(
     sqlite_url: &str,
     postgres_url: Option<&str>,
@@ -206,18 +228,10 @@ async fn webhooks(
     use self::webhooks as w;
     println!();
     w::header();
-    let store =
-        idem_sqlite::SqliteStore::connect(sqlite_url, idem_sqlite::SqliteConfig::default()).await?;
-    store.migrate().await?;
-    w::run("sqlite", store, duration, run_id).await?;
-    if let Some(url) = postgres_url {
-        let config = idem_postgres::PgConfig {
-            max_connections: 40,
-            ..Default::default()
-        };
-        let store = idem_postgres::PgStore::connect(url, config).await?;
-        store.migrate().await?;
-        w::run("postgres", store, duration, run_id).await?;
+    let (sqlite, pg) = stores(sqlite_url, postgres_url).await?;
+    w::run("sqlite", sqlite, duration, run_id).await?;
+    if let Some(pg) = pg {
+        w::run("postgres", pg, duration, run_id).await?;
     }
     Ok(())
 }
@@ -231,18 +245,10 @@ async fn steps(
     use self::steps as s;
     println!();
     s::header();
-    let store =
-        idem_sqlite::SqliteStore::connect(sqlite_url, idem_sqlite::SqliteConfig::default()).await?;
-    store.migrate().await?;
-    s::run("sqlite", store, duration, run_id).await?;
-    if let Some(url) = postgres_url {
-        let config = idem_postgres::PgConfig {
-            max_connections: 40,
-            ..Default::default()
-        };
-        let store = idem_postgres::PgStore::connect(url, config).await?;
-        store.migrate().await?;
-        s::run("postgres", store, duration, run_id).await?;
+    let (sqlite, pg) = stores(sqlite_url, postgres_url).await?;
+    s::run("sqlite", sqlite, duration, run_id).await?;
+    if let (Some(pg), Some(url)) = (pg, postgres_url) {
+        s::run("postgres", pg, duration, run_id).await?;
         println!();
         s::costs(url, run_id, 200).await?;
     }

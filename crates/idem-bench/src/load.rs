@@ -40,3 +40,19 @@ pub async fn post(
     anyhow::ensure!(status == 201, "{path} answered {status}");
     Ok(())
 }
+
+/// Sends `req` on a fresh client and reads its body to the end: the status
+/// and whether the answer says it is a replay (`Idempotent-Replayed: true`).
+pub async fn status_and_replay(
+    req: axum::http::Request<http_body_util::Full<bytes::Bytes>>,
+) -> anyhow::Result<(u16, bool)> {
+    use http_body_util::BodyExt;
+    let res = client().request(req).await?;
+    let status = res.status().as_u16();
+    let replayed = res
+        .headers()
+        .get("idempotent-replayed")
+        .is_some_and(|v| v == "true");
+    res.into_body().collect().await?;
+    Ok((status, replayed))
+}

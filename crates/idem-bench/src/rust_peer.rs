@@ -218,7 +218,6 @@ async fn open_session(addr: SocketAddr) -> anyhow::Result<String> {
 /// One payment with `key` in the session of `cookie`: the status and
 /// whether it was a replay.
 async fn post(addr: SocketAddr, key: &str, cookie: &str) -> anyhow::Result<(u16, bool)> {
-    use http_body_util::BodyExt;
     let req = axum::http::Request::post(format!("http://{addr}/v1/payments"))
         .header("content-type", "application/json")
         .header("idempotency-key", key)
@@ -226,12 +225,5 @@ async fn post(addr: SocketAddr, key: &str, cookie: &str) -> anyhow::Result<(u16,
         .body(http_body_util::Full::new(bytes::Bytes::from_static(
             BODY.as_bytes(),
         )))?;
-    let res = super::load::client().request(req).await?;
-    let status = res.status().as_u16();
-    let replayed = res
-        .headers()
-        .get("idempotent-replayed")
-        .is_some_and(|v| v == "true");
-    res.into_body().collect().await?;
-    Ok((status, replayed))
+    super::load::status_and_replay(req).await
 }

@@ -130,7 +130,6 @@ fn path_of(mode: &str) -> &'static str {
 /// One POST to the path of `mode`, with `key` if any: the status and
 /// whether it was a replay.
 async fn post(addr: SocketAddr, mode: &str, key: Option<&str>) -> anyhow::Result<(u16, bool)> {
-    use http_body_util::BodyExt;
     let mut req = axum::http::Request::post(format!("http://{addr}{}", path_of(mode)))
         .header("content-type", "application/json");
     if let Some(key) = key {
@@ -139,14 +138,7 @@ async fn post(addr: SocketAddr, mode: &str, key: Option<&str>) -> anyhow::Result
     let req = req.body(http_body_util::Full::new(bytes::Bytes::from_static(
         BODY.as_bytes(),
     )))?;
-    let res = super::load::client().request(req).await?;
-    let status = res.status().as_u16();
-    let replayed = res
-        .headers()
-        .get("idempotent-replayed")
-        .is_some_and(|v| v == "true");
-    res.into_body().collect().await?;
-    Ok((status, replayed))
+    super::load::status_and_replay(req).await
 }
 
 /// The `wrk` cases against `idem serve` on `database_url`: fresh keys,

@@ -1,14 +1,15 @@
 //! [`DemoSql`](super::DemoSql) for [`SqlStore<D>`], written once over any
 //! [`Dialect`]: each call is the shared statement of
 //! [`statements`](super::statements) as a [`Stmt`], run with the dialect's
-//! primitives ([`Dialect::execute`], [`Dialect::fetch_optional`],
-//! [`Dialect::fetch_all`]) and its rows read through [`idem_sql::row`].
+//! primitives ([`Dialect::execute`]; reads through
+//! [`idem_sql::dialect::read_row`] and `read_rows`, under the store's read
+//! deadline) and its rows decoded through [`idem_sql::row`].
 //! Every demo column is a `BIGINT` or text, the same width on both
 //! backends; only the `demo_refund_check` migration differs, picked by
 //! [`Dialect::FAMILY`].
 
 use idem_core::{Migration, StoreError};
-use idem_sql::dialect::{Family, On, Stmt, fetch_one};
+use idem_sql::dialect::{On, Stmt, fetch_one, read_row, read_rows};
 use idem_sql::row::{Column, get_at};
 use idem_sql::{Dialect, SqlStore};
 
@@ -18,10 +19,7 @@ use crate::sql::{DemoSql, LedgerEntry, OrderRow, PaymentKey, PaymentRow, RefundR
 
 /// The demo's migrations in `D`'s SQL family.
 fn migrations<D: Dialect>() -> &'static [Migration] {
-    match D::FAMILY {
-        Family::Sqlite => SQLITE_MIGRATIONS,
-        Family::Postgres => POSTGRES_MIGRATIONS,
-    }
+    D::FAMILY.pick(SQLITE_MIGRATIONS, POSTGRES_MIGRATIONS)
 }
 
 /// `sql` with each of `args` bound as text to `$1`, `$2`, …
@@ -67,30 +65,6 @@ fn order_row<R: Column<String> + Column<Option<String>> + Column<i64>>(
 
 fn stock_row<R: Column<String> + Column<i64>>(r: &R) -> Result<StockRow, StoreError> {
     Ok((get_at(r, 0)?, get_at(r, 1)?, get_at(r, 2)?, get_at(r, 3)?))
-}
-
-/// The first row of `s` on `d`'s pool, decoded by `decode`.
-async fn one<D: Dialect, T>(
-    d: &D,
-    s: Stmt<'_>,
-    decode: fn(&D::Row) -> Result<T, StoreError>,
-) -> Result<Option<T>, StoreError> {
-    let row = D::fetch_optional(On::Pool(d.pool()), s)
-        .await
-        .map_err(D::map_err)?;
-    row.as_ref().map(decode).transpose()
-}
-
-/// The rows of `s` on `d`'s pool, decoded by `decode`.
-async fn all<D: Dialect, T>(
-    d: &D,
-    s: Stmt<'_>,
-    decode: fn(&D::Row) -> Result<T, StoreError>,
-) -> Result<Vec<T>, StoreError> {
-    let rows = D::fetch_all(On::Pool(d.pool()), s)
-        .await
-        .map_err(D::map_err)?;
-    rows.iter().map(decode).collect()
 }
 
 impl<D: Dialect> DemoSql for SqlStore<D> {
@@ -186,7 +160,7 @@ impl<D: Dialect> DemoSql for SqlStore<D> {
 
     async fn payment(&self, tenant: &str, id: &str) -> Result<Option<PaymentRow>, StoreError> {
         let s = read(select_payments(PaymentKey::Id.filter()), &[tenant, id]);
-        one(self.dialect(), s, payment_row).await
+        read_row(self.dialect(), s, payment_row).await
     }
 
     async fn refund(
@@ -196,7 +170,7 @@ impl<D: Dialect> DemoSql for SqlStore<D> {
         id: &str,
     ) -> Result<Option<RefundRow>, StoreError> {
         let s = read(SELECT_REFUND, &[tenant, id, payment_id]);
-        one(self.dialect(), s, refund_row).await
+        read_row(self.dialect(), s, refund_row).await
     }
 
     async fn payment_by_reference(
@@ -208,7 +182,7 @@ impl<D: Dialect> DemoSql for SqlStore<D> {
             select_payments(PaymentKey::Reference.filter()),
             &[tenant, reference],
         );
-        one(self.dialect(), s, payment_row).await
+        read_row(self.dialect(), s, payment_row).await
     }
 
     async fn payments_of(
@@ -217,7 +191,7 @@ impl<D: Dialect> DemoSql for SqlStore<D> {
         customer: &str,
     ) -> Result<Vec<PaymentRow>, StoreError> {
         let s = read(select_payments(BY_CUSTOMER), &[tenant, customer]);
-        all(self.dialect(), s, payment_row).await
+        read_rows(self.dialect(), s, payment_row).await
     }
 
     async fn effects(&self, tenant: &str, id: &str) -> Result<(i64, i64), StoreError> {
@@ -230,16 +204,16 @@ impl<D: Dialect> DemoSql for SqlStore<D> {
 
     async fn order(&self, tenant: &str, id: &str) -> Result<Option<OrderRow>, StoreError> {
         let s = read(select_orders("id = $2"), &[tenant, id]);
-        one(self.dialect(), s, order_row).await
+        read_row(self.dialect(), s, order_row).await
     }
 
     async fn orders_of(&self, tenant: &str, customer: &str) -> Result<Vec<OrderRow>, StoreError> {
         let s = read(select_orders(BY_CUSTOMER), &[tenant, customer]);
-        all(self.dialect(), s, order_row).await
+        read_rows(self.dialect(), s, order_row).await
     }
 
     async fn stock(&self, tenant: &str, sku: &str) -> Result<Option<StockRow>, StoreError> {
         let s = read(SELECT_STOCK, &[tenant, sku]);
-        one(self.dialect(), s, stock_row).await
+        read_row(self.dialect(), s, stock_row).await
     }
 }
