@@ -147,6 +147,35 @@ pub fn duration_text(d: Duration) -> String {
     }
 }
 
+/// `value` within `lo..=hi`, or an error naming the flag (or setting),
+/// with the durations written by [`duration_text`], as they are typed.
+///
+/// ```
+/// use std::time::Duration;
+/// let (lo, hi) = (Duration::from_secs(1), Duration::from_secs(86_400));
+/// assert!(idem_core::duration_within("--every", Duration::from_secs(5), lo, hi).is_ok());
+/// assert_eq!(
+///     idem_core::duration_within("--every", Duration::ZERO, lo, hi).unwrap_err(),
+///     "--every must be between 1s and 1d, got 0s"
+/// );
+/// ```
+pub fn duration_within(
+    flag: &str,
+    value: Duration,
+    lo: Duration,
+    hi: Duration,
+) -> Result<Duration, String> {
+    if value < lo || value > hi {
+        return Err(format!(
+            "{flag} must be between {} and {}, got {}",
+            duration_text(lo),
+            duration_text(hi),
+            duration_text(value)
+        ));
+    }
+    Ok(value)
+}
+
 /// A duration compared as one and shown by [`duration_text`].
 #[derive(PartialEq, PartialOrd)]
 struct Human(Duration);

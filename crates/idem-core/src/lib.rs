@@ -82,7 +82,7 @@ mod scope;
 
 pub use backoff::Backoff;
 pub use clock::{Clock, ClockSample, ManualClock, ReferenceClock, SharedClock, SystemClock};
-pub use config::{ConfigError, duration_text};
+pub use config::{ConfigError, duration_text, duration_within};
 pub use engine::{Aborted, Begun, BoxFuture, Claimed, Engine, Finished, Outcome};
 pub use error::{BoxError, Error, ErrorChain, KeyError, ScopeError, StoreError};
 pub use fingerprint::{Fingerprint, FingerprintSpec, RequestParts};

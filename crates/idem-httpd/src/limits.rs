@@ -43,19 +43,19 @@ impl Limits {
     /// buffered-bytes budget. The error names the flag.
     pub fn validate(&self, max_body_bytes: usize) -> Result<(), String> {
         let second = Duration::from_secs(1);
-        within(
+        idem_core::duration_within(
             "--header-read-timeout",
             self.header_read_timeout,
             second,
             Duration::from_secs(60),
         )?;
-        within(
+        idem_core::duration_within(
             "--idle-timeout",
             self.idle_timeout,
             second,
             Duration::from_secs(3600),
         )?;
-        within(
+        idem_core::duration_within(
             "--body-read-timeout",
             self.body_read_timeout,
             second,
@@ -122,18 +122,4 @@ pub(crate) fn check_descriptors(max_connections: usize) {
             limit.saturating_sub(RESERVED)
         );
     }
-}
-
-/// `value` within `lo..=hi`, or an error naming the flag, with durations
-/// written the way they are typed (`0s`, `400days`).
-fn within(flag: &str, value: Duration, lo: Duration, hi: Duration) -> Result<Duration, String> {
-    if value < lo || value > hi {
-        return Err(format!(
-            "{flag} must be between {} and {}, got {}",
-            idem_core::duration_text(lo),
-            idem_core::duration_text(hi),
-            idem_core::duration_text(value)
-        ));
-    }
-    Ok(value)
 }

@@ -62,19 +62,7 @@ pub fn file_defaults(text: &str, settings: &[&str]) -> anyhow::Result<Vec<(Strin
 
 pub use idem_gateway::HttpBase;
 
-/// `value` within `lo..=hi`, or an error naming the flag, with durations
-/// written the way they are typed (`0s`, `400days`).
-pub fn within(flag: &str, value: Duration, lo: Duration, hi: Duration) -> Result<Duration, String> {
-    if value < lo || value > hi {
-        return Err(format!(
-            "{flag} must be between {} and {}, got {}",
-            idem_core::duration_text(lo),
-            idem_core::duration_text(hi),
-            idem_core::duration_text(value)
-        ));
-    }
-    Ok(value)
-}
+pub use idem_core::duration_within as within;
 
 pub(crate) fn check(r: Result<Duration, String>) -> anyhow::Result<Duration> {
     r.map_err(anyhow::Error::msg)
