@@ -47,7 +47,7 @@ fn read() -> Option<(u64, u64)> {
 /// The cases sampled so far and the busiest sample: (cases, flagged, max).
 static SEEN: Mutex<(u64, u64, f64)> = Mutex::new((0, 0, 0.0));
 
-/// Samples the machine for [`SAMPLE`] while waiting; returns the busy
+/// Samples the machine for 250 ms (`SAMPLE`) while waiting; returns the busy
 /// cores, or `None` where `/proc/stat` cannot be read.
 pub async fn sample() -> Option<f64> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());

@@ -15,7 +15,7 @@ pub trait Observer: Send {
     }
 
     /// Drill `index` (from 0) of `total` is done with `result`; see
-    /// [`line`] for the usual one-line summary.
+    /// [`line()`] for the usual one-line summary.
     fn done(&mut self, index: usize, total: usize, result: &DrillResult) {
         let _ = (index, total, result);
     }

@@ -31,7 +31,7 @@ pub(crate) async fn claim(
         if store.bounded_write(fresh).await?.is_some() {
             return Ok(LeasedClaim::Claimed);
         }
-        let Some(found) = idem_sql::keys::fetch(store, scope).await? else {
+        let Some(found) = store.bounded(store.read_first(scope)).await? else {
             continue;
         };
         let Some((statement, won)) = claim_over(&found, scope, &c, now_ms) else {

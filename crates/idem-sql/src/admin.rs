@@ -1,4 +1,4 @@
-//! The operator's queries and actions ([`AdminStore`](idem_core::admin::AdminStore)):
+//! The operator's queries and actions ([`AdminStore`]):
 //! the statements, and the store's methods, written once. The listings differ by dialect
 //! (PostgreSQL types its NULL tests and orders text by byte, `COLLATE "C"`;
 //! its actions lock the row they decide on, `FOR UPDATE`, where SQLite's
@@ -8,20 +8,26 @@
 use std::sync::LazyLock;
 
 use idem_core::admin::{
-    AuditEntry, AuditFilter, InboxEntry, InboxFilter, KeyDetail, KeyFilter, KeyRelease, KeySummary,
-    LeaseEnd, NewAudit, OutboxEntry, OutboxFilter, OutboxRequeue, OutboxState, ReceiptFilter,
-    ReleaseColumns, ReleaseRequest, ReleaseRow, RunPageFilter, StateCounts, like_prefix, page,
-    release_decision,
+    OutboxState, ReleaseColumns, ReleaseRow, like_prefix, page, release_decision,
 };
-use idem_core::steps::{RunId, RunRecord, RunState};
-use idem_core::webhooks::{Receipt, ReceiptState, Requeue};
-use idem_core::{RecordState, Scope, StoreError};
+use idem_core::steps::RunState;
+use idem_core::webhooks::ReceiptState;
+use idem_core::{RecordState, StoreError};
 
 use crate::columns::{KEY_COLUMNS, OUTBOX_ENTRY_COLUMNS, RECEIPT_COLUMNS, RUN_COLUMNS};
 use crate::decode;
 use crate::dialect::{Dialect, On, Stmt, fetch_one, read_row, read_rows};
 use crate::keys::scoped;
 use crate::row::{self, Columns};
+use crate::store::SqlStore;
+use idem_core::Scope;
+use idem_core::admin::{
+    AdminStore, AuditEntry, AuditFilter, InboxEntry, InboxFilter, KeyDetail, KeyFilter, KeyRelease,
+    KeySummary, LeaseEnd, NewAudit, OutboxEntry, OutboxFilter, OutboxRequeue, ReceiptFilter,
+    ReleaseRequest, RunPageFilter, StateCounts,
+};
+use idem_core::steps::{RunId, RunRecord};
+use idem_core::webhooks::{Receipt, Requeue};
 
 /// A key record as the operator sees it (`$1`..`$3` the scope).
 pub static KEY_DETAIL: LazyLock<String> = LazyLock::new(|| {
@@ -309,365 +315,252 @@ async fn state_in<D: Dialect>(tx: &mut D::Tx, s: Stmt<'_>) -> Result<Option<Stri
     }
 }
 
-/// [`AdminStore::list_keys`](idem_core::admin::AdminStore::list_keys).
-pub async fn list_keys<D: Dialect>(d: &D, f: &KeyFilter) -> Result<Vec<KeySummary>, StoreError> {
-    let (after_t, after_o, after_k) = match &f.after {
-        Some((t, o, k)) => (Some(t.as_str()), Some(o.as_str()), Some(k.as_str())),
-        None => (None, None, None),
-    };
-    let s = Stmt::new(texts::<D>().list_keys.as_str())
-        .bind(f.tenant.as_ref().map(|t| t.as_str()))
-        .bind(f.operation.as_ref().map(|o| o.as_str()))
-        .bind(f.prefix.as_deref().map(like_prefix))
-        .bind(f.prefix.as_deref())
-        .bind(f.state.map(RecordState::as_str))
-        .bind(after_t)
-        .bind(after_o)
-        .bind(after_k)
-        .bind(page(f.limit));
-    read_rows(d, s, |r| decode::key_detail(r).map(|d| d.summary)).await
-}
-
-/// [`AdminStore::key_detail`](idem_core::admin::AdminStore::key_detail).
-pub async fn key_detail<D: Dialect>(d: &D, scope: &Scope) -> Result<Option<KeyDetail>, StoreError> {
-    read_row(d, scoped(KEY_DETAIL.as_str(), scope), decode::key_detail).await
-}
-
-/// [`AdminStore::release_key`](idem_core::admin::AdminStore::release_key),
-/// in the caller's transaction.
-pub async fn release_key<D: Dialect>(
-    tx: &mut D::Tx,
-    scope: &Scope,
-    request: ReleaseRequest,
-    now_ms: i64,
-) -> Result<KeyRelease, StoreError> {
-    let select = scoped((texts::<D>().release_select)(), scope);
-    let Some(row) = D::fetch_optional(On::Conn(&mut **tx), select)
-        .await
-        .map_err(D::map_err)?
-    else {
-        return Ok(KeyRelease::NotFound);
-    };
-    let row: ReleaseRow = (
-        row::get_at(&row, 0)?,
-        row::get_at(&row, 1)?,
-        row::get_at(&row, 2)?,
-        row::get_at(&row, 3)?,
-    );
-    let token = match release_decision(ReleaseColumns::from(row), request, now_ms)? {
-        Ok(token) => token,
-        Err(answer) => return Ok(answer),
-    };
-    let delete = scoped(crate::keys::RELEASE_DELETE, scope).bind(token);
-    let done = D::execute(On::Conn(&mut **tx), delete)
-        .await
-        .map_err(D::map_err)?;
-    Ok(if done == 1 {
-        KeyRelease::Released
-    } else {
-        KeyRelease::NotFound
-    })
-}
-
-/// [`AdminStore::state_counts`](idem_core::admin::AdminStore::state_counts),
-/// on one pooled connection.
-pub async fn state_counts<D: Dialect>(d: &D) -> Result<StateCounts, StoreError> {
-    d.bounded(async {
-        let mut conn = d.pool().acquire().await.map_err(|e| d.map(e))?;
-        let mut out = StateCounts::default();
-        let [keys, runs, receipts] = STATE_COUNTS;
-        for (statement, into) in [
-            (keys, &mut out.keys),
-            (runs, &mut out.runs),
-            (receipts, &mut out.receipts),
-        ] {
-            let rows = D::fetch_all(On::Conn(&mut *conn), Stmt::new(statement))
-                .await
-                .map_err(|e| d.map(e))?;
-            *into = counts(&rows)?;
-        }
-        Ok(out)
-    })
-    .await
-}
-
-/// [`AdminStore::list_outbox`](idem_core::admin::AdminStore::list_outbox).
-pub async fn list_outbox<D: Dialect>(
-    d: &D,
-    f: &OutboxFilter,
-) -> Result<Vec<OutboxEntry>, StoreError> {
-    let s = Stmt::new(texts::<D>().list_outbox.as_str())
-        .bind(f.state.map(OutboxState::as_str))
-        .bind(f.topic.as_deref())
-        .bind(f.before_id)
-        .bind(page(f.limit));
-    read_rows(d, s, decode::outbox_entry).await
-}
-
-/// [`AdminStore::requeue_outbox`](idem_core::admin::AdminStore::requeue_outbox),
-/// in the caller's transaction.
-pub async fn requeue_outbox<D: Dialect>(
-    tx: &mut D::Tx,
-    message_id: &str,
-    now_ms: i64,
-) -> Result<OutboxRequeue, StoreError> {
-    let read = Stmt::new(texts::<D>().outbox_state).bind(message_id);
-    let Some(state) = state_in::<D>(tx, read).await? else {
-        return Ok(OutboxRequeue::NotFound);
-    };
-    let state = OutboxState::parse(&state).ok_or_else(|| StoreError::Corrupt {
-        detail: format!("outbox state {state:?}"),
-    })?;
-    if state != OutboxState::Dead {
-        return Ok(OutboxRequeue::NotDead(state));
+impl<D: Dialect> AdminStore for SqlStore<D> {
+    async fn list_keys(&self, f: &KeyFilter) -> Result<Vec<KeySummary>, StoreError> {
+        let d = &self.0;
+        let (after_t, after_o, after_k) = match &f.after {
+            Some((t, o, k)) => (Some(t.as_str()), Some(o.as_str()), Some(k.as_str())),
+            None => (None, None, None),
+        };
+        let s = Stmt::new(texts::<D>().list_keys.as_str())
+            .bind(f.tenant.as_ref().map(|t| t.as_str()))
+            .bind(f.operation.as_ref().map(|o| o.as_str()))
+            .bind(f.prefix.as_deref().map(like_prefix))
+            .bind(f.prefix.as_deref())
+            .bind(f.state.map(RecordState::as_str))
+            .bind(after_t)
+            .bind(after_o)
+            .bind(after_k)
+            .bind(page(f.limit));
+        read_rows(d, s, |r| decode::key_detail(r).map(|d| d.summary)).await
     }
-    let requeue = Stmt::new(REQUEUE_OUTBOX).bind(message_id).bind(now_ms);
-    D::execute(On::Conn(&mut **tx), requeue)
+
+    async fn key_detail(&self, scope: &Scope) -> Result<Option<KeyDetail>, StoreError> {
+        let d = &self.0;
+        read_row(d, scoped(KEY_DETAIL.as_str(), scope), decode::key_detail).await
+    }
+
+    /// in the caller's transaction.
+    async fn release_key<'a>(
+        tx: &'a mut D::Tx,
+        scope: &'a Scope,
+        request: ReleaseRequest,
+        now_ms: i64,
+    ) -> Result<KeyRelease, StoreError> {
+        let select = scoped((texts::<D>().release_select)(), scope);
+        let Some(row) = D::fetch_optional(On::Conn(&mut **tx), select)
+            .await
+            .map_err(D::map_err)?
+        else {
+            return Ok(KeyRelease::NotFound);
+        };
+        let row: ReleaseRow = (
+            row::get_at(&row, 0)?,
+            row::get_at(&row, 1)?,
+            row::get_at(&row, 2)?,
+            row::get_at(&row, 3)?,
+        );
+        let token = match release_decision(ReleaseColumns::from(row), request, now_ms)? {
+            Ok(token) => token,
+            Err(answer) => return Ok(answer),
+        };
+        let delete = scoped(crate::keys::RELEASE_DELETE, scope).bind(token);
+        let done = D::execute(On::Conn(&mut **tx), delete)
+            .await
+            .map_err(D::map_err)?;
+        Ok(if done == 1 {
+            KeyRelease::Released
+        } else {
+            KeyRelease::NotFound
+        })
+    }
+
+    /// on one pooled connection.
+    async fn state_counts(&self) -> Result<StateCounts, StoreError> {
+        let d = &self.0;
+        d.bounded(async {
+            let mut conn = d.pool().acquire().await.map_err(|e| d.map(e))?;
+            let mut out = StateCounts::default();
+            let [keys, runs, receipts] = STATE_COUNTS;
+            for (statement, into) in [
+                (keys, &mut out.keys),
+                (runs, &mut out.runs),
+                (receipts, &mut out.receipts),
+            ] {
+                let rows = D::fetch_all(On::Conn(&mut *conn), Stmt::new(statement))
+                    .await
+                    .map_err(|e| d.map(e))?;
+                *into = counts(&rows)?;
+            }
+            Ok(out)
+        })
         .await
-        .map_err(D::map_err)?;
-    Ok(OutboxRequeue::Requeued)
-}
+    }
 
-/// [`AdminStore::inbox_entry`](idem_core::admin::AdminStore::inbox_entry).
-pub async fn inbox_entry<D: Dialect>(
-    d: &D,
-    subscriber: &str,
-    message_id: &str,
-) -> Result<Option<InboxEntry>, StoreError> {
-    let s = Stmt::new(INBOX_ENTRY).bind(subscriber).bind(message_id);
-    read_row(d, s, decode::inbox_entry).await
-}
+    async fn list_outbox(&self, f: &OutboxFilter) -> Result<Vec<OutboxEntry>, StoreError> {
+        let d = &self.0;
+        let s = Stmt::new(texts::<D>().list_outbox.as_str())
+            .bind(f.state.map(OutboxState::as_str))
+            .bind(f.topic.as_deref())
+            .bind(f.before_id)
+            .bind(page(f.limit));
+        read_rows(d, s, decode::outbox_entry).await
+    }
 
-/// [`AdminStore::list_inbox`](idem_core::admin::AdminStore::list_inbox).
-pub async fn list_inbox<D: Dialect>(d: &D, f: &InboxFilter) -> Result<Vec<InboxEntry>, StoreError> {
-    let (at, sub, msg) = match &f.before {
-        Some((at, s, m)) => (Some(*at), Some(s.as_str()), Some(m.as_str())),
-        None => (None, None, None),
-    };
-    let s = Stmt::new(texts::<D>().list_inbox)
-        .bind(f.subscriber.as_deref())
-        .bind(at)
-        .bind(sub)
-        .bind(msg)
-        .bind(page(f.limit));
-    read_rows(d, s, decode::inbox_entry).await
-}
+    /// in the caller's transaction.
+    async fn requeue_outbox<'a>(
+        tx: &'a mut D::Tx,
+        message_id: &'a str,
+        now_ms: i64,
+    ) -> Result<OutboxRequeue, StoreError> {
+        let read = Stmt::new(texts::<D>().outbox_state).bind(message_id);
+        let Some(state) = state_in::<D>(tx, read).await? else {
+            return Ok(OutboxRequeue::NotFound);
+        };
+        let state = OutboxState::parse(&state).ok_or_else(|| StoreError::Corrupt {
+            detail: format!("outbox state {state:?}"),
+        })?;
+        if state != OutboxState::Dead {
+            return Ok(OutboxRequeue::NotDead(state));
+        }
+        let requeue = Stmt::new(REQUEUE_OUTBOX).bind(message_id).bind(now_ms);
+        D::execute(On::Conn(&mut **tx), requeue)
+            .await
+            .map_err(D::map_err)?;
+        Ok(OutboxRequeue::Requeued)
+    }
 
-/// [`AdminStore::list_receipts_page`](idem_core::admin::AdminStore::list_receipts_page).
-pub async fn list_receipts_page<D: Dialect>(
-    d: &D,
-    f: &ReceiptFilter,
-) -> Result<Vec<Receipt>, StoreError> {
-    let s = Stmt::new(texts::<D>().list_receipts.as_str())
-        .bind(f.endpoint.as_deref())
-        .bind(f.state.map(ReceiptState::as_str))
-        .bind(f.before_id)
-        .bind(page(f.limit));
-    read_rows(d, s, decode::receipt).await
-}
+    async fn inbox_entry(
+        &self,
+        subscriber: &str,
+        message_id: &str,
+    ) -> Result<Option<InboxEntry>, StoreError> {
+        let d = &self.0;
+        let s = Stmt::new(INBOX_ENTRY).bind(subscriber).bind(message_id);
+        read_row(d, s, decode::inbox_entry).await
+    }
 
-/// [`AdminStore::replay_receipt_in`](idem_core::admin::AdminStore::replay_receipt_in),
-/// in the caller's transaction.
-pub async fn replay_receipt_in<D: Dialect>(
-    tx: &mut D::Tx,
-    endpoint: &str,
-    delivery_id: &str,
-    now_ms: i64,
-) -> Result<Requeue, StoreError> {
-    let read = Stmt::new(texts::<D>().receipt_state)
-        .bind(endpoint)
-        .bind(delivery_id);
-    let Some(state) = state_in::<D>(tx, read).await? else {
-        return Ok(Requeue::NotFound);
-    };
-    let state = ReceiptState::parse(&state).ok_or_else(|| StoreError::Corrupt {
-        detail: format!("receipt state {state:?}"),
-    })?;
-    match state {
-        ReceiptState::Received => Ok(Requeue::AlreadyQueued),
-        ReceiptState::Processed | ReceiptState::Stale => Ok(Requeue::AlreadyFinished(state)),
-        ReceiptState::Failed | ReceiptState::Dead => {
-            let replay = Stmt::new(REPLAY_RECEIPT)
-                .bind(endpoint)
-                .bind(delivery_id)
-                .bind(now_ms);
-            D::execute(On::Conn(&mut **tx), replay)
-                .await
-                .map_err(D::map_err)?;
-            Ok(Requeue::Requeued)
+    async fn list_inbox(&self, f: &InboxFilter) -> Result<Vec<InboxEntry>, StoreError> {
+        let d = &self.0;
+        let (at, sub, msg) = match &f.before {
+            Some((at, s, m)) => (Some(*at), Some(s.as_str()), Some(m.as_str())),
+            None => (None, None, None),
+        };
+        let s = Stmt::new(texts::<D>().list_inbox)
+            .bind(f.subscriber.as_deref())
+            .bind(at)
+            .bind(sub)
+            .bind(msg)
+            .bind(page(f.limit));
+        read_rows(d, s, decode::inbox_entry).await
+    }
+
+    async fn list_receipts_page(&self, f: &ReceiptFilter) -> Result<Vec<Receipt>, StoreError> {
+        let d = &self.0;
+        let s = Stmt::new(texts::<D>().list_receipts.as_str())
+            .bind(f.endpoint.as_deref())
+            .bind(f.state.map(ReceiptState::as_str))
+            .bind(f.before_id)
+            .bind(page(f.limit));
+        read_rows(d, s, decode::receipt).await
+    }
+
+    /// in the caller's transaction.
+    async fn replay_receipt_in<'a>(
+        tx: &'a mut D::Tx,
+        endpoint: &'a str,
+        delivery_id: &'a str,
+        now_ms: i64,
+    ) -> Result<Requeue, StoreError> {
+        let read = Stmt::new(texts::<D>().receipt_state)
+            .bind(endpoint)
+            .bind(delivery_id);
+        let Some(state) = state_in::<D>(tx, read).await? else {
+            return Ok(Requeue::NotFound);
+        };
+        let state = ReceiptState::parse(&state).ok_or_else(|| StoreError::Corrupt {
+            detail: format!("receipt state {state:?}"),
+        })?;
+        match state {
+            ReceiptState::Received => Ok(Requeue::AlreadyQueued),
+            ReceiptState::Processed | ReceiptState::Stale => Ok(Requeue::AlreadyFinished(state)),
+            ReceiptState::Failed | ReceiptState::Dead => {
+                let replay = Stmt::new(REPLAY_RECEIPT)
+                    .bind(endpoint)
+                    .bind(delivery_id)
+                    .bind(now_ms);
+                D::execute(On::Conn(&mut **tx), replay)
+                    .await
+                    .map_err(D::map_err)?;
+                Ok(Requeue::Requeued)
+            }
         }
     }
-}
 
-/// [`AdminStore::list_runs_page`](idem_core::admin::AdminStore::list_runs_page).
-pub async fn list_runs_page<D: Dialect>(
-    d: &D,
-    f: &RunPageFilter,
-) -> Result<Vec<RunRecord>, StoreError> {
-    let (at, id) = match &f.before {
-        Some((at, id)) => (Some(*at), Some(id.as_str())),
-        None => (None, None),
-    };
-    let s = Stmt::new(texts::<D>().list_runs.as_str())
-        .bind(f.state.map(RunState::as_str))
-        .bind(f.operation.as_ref().map(|o| o.as_str()))
-        .bind(at)
-        .bind(id)
-        .bind(page(f.limit));
-    read_rows(d, s, decode::run).await
-}
-
-/// [`AdminStore::end_run_lease`](idem_core::admin::AdminStore::end_run_lease),
-/// in the caller's transaction.
-pub async fn end_run_lease<D: Dialect>(
-    tx: &mut D::Tx,
-    id: &RunId,
-    now_ms: i64,
-) -> Result<LeaseEnd, StoreError> {
-    let read = Stmt::new(texts::<D>().run_state).bind(id.as_str());
-    let Some(state) = state_in::<D>(tx, read).await? else {
-        return Ok(LeaseEnd::NotFound);
-    };
-    let state = RunState::parse(&state).ok_or_else(|| StoreError::Corrupt {
-        detail: format!("run state {state:?}"),
-    })?;
-    if state == RunState::NeedsAttention {
-        return Ok(LeaseEnd::NeedsAttention);
+    async fn list_runs_page(&self, f: &RunPageFilter) -> Result<Vec<RunRecord>, StoreError> {
+        let d = &self.0;
+        let (at, id) = match &f.before {
+            Some((at, id)) => (Some(*at), Some(id.as_str())),
+            None => (None, None),
+        };
+        let s = Stmt::new(texts::<D>().list_runs.as_str())
+            .bind(f.state.map(RunState::as_str))
+            .bind(f.operation.as_ref().map(|o| o.as_str()))
+            .bind(at)
+            .bind(id)
+            .bind(page(f.limit));
+        read_rows(d, s, decode::run).await
     }
-    if !state.is_live() {
-        return Ok(LeaseEnd::Final(state));
+
+    /// in the caller's transaction.
+    async fn end_run_lease<'a>(
+        tx: &'a mut D::Tx,
+        id: &'a RunId,
+        now_ms: i64,
+    ) -> Result<LeaseEnd, StoreError> {
+        let read = Stmt::new(texts::<D>().run_state).bind(id.as_str());
+        let Some(state) = state_in::<D>(tx, read).await? else {
+            return Ok(LeaseEnd::NotFound);
+        };
+        let state = RunState::parse(&state).ok_or_else(|| StoreError::Corrupt {
+            detail: format!("run state {state:?}"),
+        })?;
+        if state == RunState::NeedsAttention {
+            return Ok(LeaseEnd::NeedsAttention);
+        }
+        if !state.is_live() {
+            return Ok(LeaseEnd::Final(state));
+        }
+        let end = Stmt::new(texts::<D>().end_run_lease)
+            .bind(id.as_str())
+            .bind(now_ms);
+        D::execute(On::Conn(&mut **tx), end)
+            .await
+            .map_err(D::map_err)?;
+        Ok(LeaseEnd::Ended)
     }
-    let end = Stmt::new(texts::<D>().end_run_lease)
-        .bind(id.as_str())
-        .bind(now_ms);
-    D::execute(On::Conn(&mut **tx), end)
-        .await
-        .map_err(D::map_err)?;
-    Ok(LeaseEnd::Ended)
-}
 
-/// [`AdminStore::insert_audit`](idem_core::admin::AdminStore::insert_audit),
-/// in the caller's transaction: the entry's id.
-pub async fn insert_audit<D: Dialect>(tx: &mut D::Tx, e: &NewAudit<'_>) -> Result<i64, StoreError> {
-    let s = Stmt::new(INSERT_AUDIT)
-        .bind(e.at_ms)
-        .bind(e.actor)
-        .bind(e.action)
-        .bind(e.target)
-        .bind(e.detail)
-        .bind(e.idempotency_key);
-    let row = fetch_one::<D>(On::Conn(&mut **tx), s)
-        .await
-        .map_err(D::map_err)?;
-    row::get_at(&row, 0)
-}
+    /// in the caller's transaction: the entry's id.
+    async fn insert_audit<'a>(tx: &'a mut D::Tx, e: &'a NewAudit<'a>) -> Result<i64, StoreError> {
+        let s = Stmt::new(INSERT_AUDIT)
+            .bind(e.at_ms)
+            .bind(e.actor)
+            .bind(e.action)
+            .bind(e.target)
+            .bind(e.detail)
+            .bind(e.idempotency_key);
+        let row = fetch_one::<D>(On::Conn(&mut **tx), s)
+            .await
+            .map_err(D::map_err)?;
+        row::get_at(&row, 0)
+    }
 
-/// [`AdminStore::list_audit`](idem_core::admin::AdminStore::list_audit).
-pub async fn list_audit<D: Dialect>(d: &D, f: &AuditFilter) -> Result<Vec<AuditEntry>, StoreError> {
-    let s = Stmt::new(texts::<D>().list_audit)
-        .bind(f.action.as_deref())
-        .bind(f.before_id)
-        .bind(page(f.limit));
-    read_rows(d, s, decode::audit_entry).await
-}
-
-/// [`AdminStore`](idem_core::admin::AdminStore) for [`SqlStore`](crate::SqlStore):
-/// each method is this module's function of the same name (or the
-/// `Dialect` method it names).
-mod sql_store {
-    use crate::dialect::Dialect;
-    use crate::store::SqlStore;
-
-    use crate::admin as a;
-    use idem_core::admin::{
-        AdminStore, AuditEntry, AuditFilter, InboxEntry, InboxFilter, KeyDetail, KeyFilter,
-        KeyRelease, KeySummary, LeaseEnd, NewAudit, OutboxEntry, OutboxFilter, OutboxRequeue,
-        ReceiptFilter, ReleaseRequest, RunPageFilter, StateCounts,
-    };
-    use idem_core::steps::{RunId, RunRecord};
-    use idem_core::webhooks::{Receipt, Requeue};
-    use idem_core::{Scope, StoreError};
-
-    impl<D: Dialect> AdminStore for SqlStore<D> {
-        async fn list_keys(&self, f: &KeyFilter) -> Result<Vec<KeySummary>, StoreError> {
-            a::list_keys(&self.0, f).await
-        }
-
-        async fn key_detail(&self, scope: &Scope) -> Result<Option<KeyDetail>, StoreError> {
-            a::key_detail(&self.0, scope).await
-        }
-
-        async fn release_key<'a>(
-            tx: &'a mut D::Tx,
-            scope: &'a Scope,
-            request: ReleaseRequest,
-            now_ms: i64,
-        ) -> Result<KeyRelease, StoreError> {
-            a::release_key::<D>(tx, scope, request, now_ms).await
-        }
-
-        async fn state_counts(&self) -> Result<StateCounts, StoreError> {
-            a::state_counts(&self.0).await
-        }
-
-        async fn list_outbox(&self, f: &OutboxFilter) -> Result<Vec<OutboxEntry>, StoreError> {
-            a::list_outbox(&self.0, f).await
-        }
-
-        async fn requeue_outbox<'a>(
-            tx: &'a mut D::Tx,
-            message_id: &'a str,
-            now_ms: i64,
-        ) -> Result<OutboxRequeue, StoreError> {
-            a::requeue_outbox::<D>(tx, message_id, now_ms).await
-        }
-
-        async fn inbox_entry(
-            &self,
-            subscriber: &str,
-            message_id: &str,
-        ) -> Result<Option<InboxEntry>, StoreError> {
-            a::inbox_entry(&self.0, subscriber, message_id).await
-        }
-
-        async fn list_inbox(&self, f: &InboxFilter) -> Result<Vec<InboxEntry>, StoreError> {
-            a::list_inbox(&self.0, f).await
-        }
-
-        async fn list_receipts_page(&self, f: &ReceiptFilter) -> Result<Vec<Receipt>, StoreError> {
-            a::list_receipts_page(&self.0, f).await
-        }
-
-        async fn replay_receipt_in<'a>(
-            tx: &'a mut D::Tx,
-            endpoint: &'a str,
-            delivery_id: &'a str,
-            now_ms: i64,
-        ) -> Result<Requeue, StoreError> {
-            a::replay_receipt_in::<D>(tx, endpoint, delivery_id, now_ms).await
-        }
-
-        async fn list_runs_page(&self, f: &RunPageFilter) -> Result<Vec<RunRecord>, StoreError> {
-            a::list_runs_page(&self.0, f).await
-        }
-
-        async fn end_run_lease<'a>(
-            tx: &'a mut D::Tx,
-            id: &'a RunId,
-            now_ms: i64,
-        ) -> Result<LeaseEnd, StoreError> {
-            a::end_run_lease::<D>(tx, id, now_ms).await
-        }
-
-        async fn insert_audit<'a>(
-            tx: &'a mut D::Tx,
-            e: &'a NewAudit<'a>,
-        ) -> Result<i64, StoreError> {
-            a::insert_audit::<D>(tx, e).await
-        }
-
-        async fn list_audit(&self, f: &AuditFilter) -> Result<Vec<AuditEntry>, StoreError> {
-            a::list_audit(&self.0, f).await
-        }
+    async fn list_audit(&self, f: &AuditFilter) -> Result<Vec<AuditEntry>, StoreError> {
+        let d = &self.0;
+        let s = Stmt::new(texts::<D>().list_audit)
+            .bind(f.action.as_deref())
+            .bind(f.before_id)
+            .bind(page(f.limit));
+        read_rows(d, s, decode::audit_entry).await
     }
 }

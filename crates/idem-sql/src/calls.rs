@@ -65,7 +65,7 @@ pub struct Takeover<'a> {
 
 /// Why a message that ends in `COMMIT` did not commit: what a backend's
 /// `complete_message` and `insert_completed_message` answer, which
-/// [`crate::keys::complete`] and [`crate::keys::insert_completed`] turn into the key store's answer.
+/// the key store's `complete` and `insert_completed` ([`crate::keys`]) turn into its answer.
 pub enum Refused<T> {
     /// Its guarded write matched no row, so the message failed before its
     /// `COMMIT`. `T` is what is left of the transaction: still open on

@@ -4,10 +4,12 @@
 use std::borrow::Cow;
 
 use idem_core::keys::{Claim, Settled, answered_by_read};
-use idem_core::{Completion, Fingerprint, Policy, Scope, StoreError, StoredRecord};
+use idem_core::{Completion, Scope, StoreError};
 
 pub use crate::calls::{ClaimRequest, Refused};
-use crate::dialect::{Dialect, Stmt};
+use crate::dialect::Dialect;
+use crate::dialect::Stmt;
+use crate::store::SqlStore;
 
 /// The key record's columns every decoder of `idem_core::keys::RecordColumns` reads, and
 /// the statement that selects them (`$1`..`$3` the scope), for every
@@ -141,167 +143,109 @@ pub fn no_longer_pending() -> StoreError {
     }
 }
 
-/// [`KeyStore::claim`](idem_core::KeyStore::claim): the read first, then
-/// the dialect's claim, under one deadline.
-pub async fn claim<D: Dialect>(
-    d: &D,
-    scope: &Scope,
-    fingerprint: &Fingerprint,
-    policy: &Policy,
-    now_ms: i64,
-) -> Result<Claim<D::Tx>, StoreError> {
-    let request = ClaimRequest {
-        fingerprint,
-        policy,
-        now_ms,
-    };
-    // One deadline for the read and the claim.
-    d.bounded_claim(policy.wait, async {
-        // Read first: a replay, a conflict or a request in flight is
-        // answered by the committed record, without a write.
-        if let Some(record) = d.read_first(scope).await?
-            && answered_by_read(&record, fingerprint, policy, now_ms)
-        {
-            return Ok(Claim::Existing(record));
-        }
-        d.claim_here(scope, request).await
-    })
-    .await
-}
+impl<D: Dialect> idem_core::KeyStore for SqlStore<D> {
+    type Tx = D::Tx;
 
-/// [`KeyStore::complete`](idem_core::KeyStore::complete): the dialect's
-/// message, a guard refusal as [`no_longer_pending`].
-pub async fn complete<D: Dialect>(
-    d: &D,
-    tx: D::Tx,
-    scope: &Scope,
-    completion: &Completion,
-    now_ms: i64,
-) -> Result<(), StoreError> {
-    match d.complete_message(tx, scope, completion, now_ms).await {
-        Ok(()) => Ok(()),
-        Err(Refused::Guard(())) => Err(no_longer_pending()),
-        Err(Refused::Store(e)) => Err(e),
-    }
-}
-
-/// [`KeyStore::insert_completed`](idem_core::KeyStore::insert_completed):
-/// the dialect's message; a guard refusal answers the live record.
-pub async fn insert_completed<D: Dialect>(
-    d: &D,
-    tx: D::Tx,
-    scope: &Scope,
-    fingerprint: &Fingerprint,
-    completion: &Completion,
-    policy: &Policy,
-    now_ms: i64,
-) -> Result<Settled, StoreError> {
-    let request = ClaimRequest {
-        fingerprint,
-        policy,
-        now_ms,
-    };
-    match d
-        .insert_completed_message(tx, scope, request, completion)
+    /// the read first, then
+    /// the dialect's claim, under one deadline.
+    async fn claim(
+        &self,
+        scope: &idem_core::Scope,
+        fingerprint: &idem_core::Fingerprint,
+        policy: &idem_core::Policy,
+        now_ms: i64,
+    ) -> Result<idem_core::keys::Claim<Self::Tx>, idem_core::StoreError> {
+        let d = &self.0;
+        let request = ClaimRequest {
+            fingerprint,
+            policy,
+            now_ms,
+        };
+        // One deadline for the read and the claim.
+        d.bounded_claim(policy.wait, async {
+            // Read first: a replay, a conflict or a request in flight is
+            // answered by the committed record, without a write.
+            if let Some(record) = d.read_first(scope).await?
+                && answered_by_read(&record, fingerprint, policy, now_ms)
+            {
+                return Ok(Claim::Existing(record));
+            }
+            d.claim_here(scope, request).await
+        })
         .await
-    {
-        Ok(()) => Ok(Settled::Committed),
-        Err(Refused::Guard(left)) => d.live_record(left, scope).await.map(Settled::Existing),
-        Err(Refused::Store(e)) => Err(e),
     }
-}
 
-/// [`KeyStore::fetch`](idem_core::KeyStore::fetch): the read first, under
-/// the deadline.
-pub async fn fetch<D: Dialect>(d: &D, scope: &Scope) -> Result<Option<StoredRecord>, StoreError> {
-    d.bounded(d.read_first(scope)).await
-}
-
-/// [`KeyStore::purge_expired`](idem_core::KeyStore::purge_expired).
-pub async fn purge_expired<D: Dialect>(d: &D, now_ms: i64, limit: u32) -> Result<u64, StoreError> {
-    crate::purge::purge(d, crate::purge::batches::<D>().keys, now_ms, limit).await
-}
-
-/// [`KeyStore`](idem_core::KeyStore) for [`SqlStore`](crate::SqlStore):
-/// each method is this module's function of the same name (or the
-/// `Dialect` method it names).
-mod sql_store {
-    use crate::dialect::Dialect;
-    use crate::store::SqlStore;
-
-    impl<D: Dialect> idem_core::KeyStore for SqlStore<D> {
-        type Tx = D::Tx;
-
-        async fn claim(
-            &self,
-            scope: &idem_core::Scope,
-            fingerprint: &idem_core::Fingerprint,
-            policy: &idem_core::Policy,
-            now_ms: i64,
-        ) -> Result<idem_core::keys::Claim<Self::Tx>, idem_core::StoreError> {
-            crate::keys::claim(&self.0, scope, fingerprint, policy, now_ms).await
+    /// the dialect's
+    /// message, a guard refusal as [`no_longer_pending`].
+    async fn complete(
+        &self,
+        tx: Self::Tx,
+        scope: &idem_core::Scope,
+        completion: &idem_core::Completion,
+        now_ms: i64,
+    ) -> Result<(), idem_core::StoreError> {
+        let d = &self.0;
+        match d.complete_message(tx, scope, completion, now_ms).await {
+            Ok(()) => Ok(()),
+            Err(Refused::Guard(())) => Err(no_longer_pending()),
+            Err(Refused::Store(e)) => Err(e),
         }
+    }
 
-        async fn complete(
-            &self,
-            tx: Self::Tx,
-            scope: &idem_core::Scope,
-            completion: &idem_core::Completion,
-            now_ms: i64,
-        ) -> Result<(), idem_core::StoreError> {
-            crate::keys::complete(&self.0, tx, scope, completion, now_ms).await
-        }
-
-        async fn insert_completed(
-            &self,
-            tx: Self::Tx,
-            scope: &idem_core::Scope,
-            fingerprint: &idem_core::Fingerprint,
-            completion: &idem_core::Completion,
-            policy: &idem_core::Policy,
-            now_ms: i64,
-        ) -> Result<idem_core::keys::Settled, idem_core::StoreError> {
-            crate::keys::insert_completed(
-                &self.0,
-                tx,
-                scope,
-                fingerprint,
-                completion,
-                policy,
-                now_ms,
-            )
+    /// the dialect's message; a guard refusal answers the live record.
+    async fn insert_completed(
+        &self,
+        tx: Self::Tx,
+        scope: &idem_core::Scope,
+        fingerprint: &idem_core::Fingerprint,
+        completion: &idem_core::Completion,
+        policy: &idem_core::Policy,
+        now_ms: i64,
+    ) -> Result<idem_core::keys::Settled, idem_core::StoreError> {
+        let d = &self.0;
+        let request = ClaimRequest {
+            fingerprint,
+            policy,
+            now_ms,
+        };
+        match d
+            .insert_completed_message(tx, scope, request, completion)
             .await
+        {
+            Ok(()) => Ok(Settled::Committed),
+            Err(Refused::Guard(left)) => d.live_record(left, scope).await.map(Settled::Existing),
+            Err(Refused::Store(e)) => Err(e),
         }
+    }
 
-        async fn begin(&self) -> Result<Self::Tx, idem_core::StoreError> {
-            crate::dialect::Dialect::begin_here(&self.0).await
-        }
+    async fn begin(&self) -> Result<Self::Tx, idem_core::StoreError> {
+        crate::dialect::Dialect::begin_here(&self.0).await
+    }
 
-        async fn commit(&self, tx: Self::Tx) -> Result<(), idem_core::StoreError> {
-            crate::dialect::Dialect::commit_here(&self.0, tx).await
-        }
+    async fn commit(&self, tx: Self::Tx) -> Result<(), idem_core::StoreError> {
+        crate::dialect::Dialect::commit_here(&self.0, tx).await
+    }
 
-        async fn rollback(&self, tx: Self::Tx) -> Result<(), idem_core::StoreError> {
-            crate::dialect::Dialect::rollback_here(&self.0, tx).await
-        }
+    async fn rollback(&self, tx: Self::Tx) -> Result<(), idem_core::StoreError> {
+        crate::dialect::Dialect::rollback_here(&self.0, tx).await
+    }
 
-        async fn fetch(
-            &self,
-            scope: &idem_core::Scope,
-        ) -> Result<Option<idem_core::StoredRecord>, idem_core::StoreError> {
-            crate::keys::fetch(&self.0, scope).await
-        }
+    /// the read first, under
+    /// the deadline.
+    async fn fetch(
+        &self,
+        scope: &idem_core::Scope,
+    ) -> Result<Option<idem_core::StoredRecord>, idem_core::StoreError> {
+        let d = &self.0;
+        d.bounded(d.read_first(scope)).await
+    }
 
-        async fn purge_expired(
-            &self,
-            now_ms: i64,
-            limit: u32,
-        ) -> Result<u64, idem_core::StoreError> {
-            crate::keys::purge_expired(&self.0, now_ms, limit).await
-        }
+    async fn purge_expired(&self, now_ms: i64, limit: u32) -> Result<u64, idem_core::StoreError> {
+        let d = &self.0;
+        crate::purge::purge(d, crate::purge::batches::<D>().keys, now_ms, limit).await
+    }
 
-        fn clock(&self) -> idem_core::SharedClock {
-            crate::dialect::Dialect::clock(&self.0)
-        }
+    fn clock(&self) -> idem_core::SharedClock {
+        crate::dialect::Dialect::clock(&self.0)
     }
 }

@@ -4,15 +4,17 @@
 //! the token, or on the lease having run out.
 
 use idem_core::leased::{
-    LeaseToken, LeasedClaim, NextStep, OnUnknown, Resolution, UNRESOLVED_EXPIRES_AT_MS,
-    claim_expires_at_ms, next_step,
+    LeasedClaim, NextStep, UNRESOLVED_EXPIRES_AT_MS, claim_expires_at_ms, next_step,
 };
-use idem_core::{Completion, Fingerprint, Policy, Scope, StoreError, StoredRecord};
+use idem_core::{Scope, StoreError, StoredRecord};
 
 pub use crate::calls::LeaseClaim;
 use crate::dialect::{Dialect, On, Stmt};
 use crate::keys::{outcome, scoped};
 use crate::store::KEEP_AFTER_MESSAGE_BYTES;
+use crate::store::SqlStore;
+use idem_core::leased::{LeaseToken, OnUnknown, Resolution};
+use idem_core::{Completion, Fingerprint, Policy};
 
 /// A fresh claim: `$4` request hash, `$5` lease deadline, `$6` token,
 /// `$7` now, `$8` expiry, `$9` the record's [`OnUnknown`].
@@ -166,189 +168,107 @@ async fn write_one<D: Dialect>(d: &D, s: Stmt<'_>) -> Result<bool, StoreError> {
     Ok(done == 1)
 }
 
-/// [`LeasedKeyStore::claim_leased`](idem_core::leased::LeasedKeyStore::claim_leased):
-/// the dialect's claim.
-#[allow(clippy::too_many_arguments)]
-pub async fn claim_leased<D: Dialect>(
-    d: &D,
-    scope: &Scope,
-    fingerprint: &Fingerprint,
-    policy: &Policy,
-    token: &LeaseToken,
-    locked_until_ms: i64,
-    on_unknown: OnUnknown,
-    now_ms: i64,
-) -> Result<LeasedClaim, StoreError> {
-    let claim = LeaseClaim {
-        fingerprint,
-        policy,
-        token,
-        locked_until_ms,
-        on_unknown,
-    };
-    d.claim_leased_here(scope, claim, now_ms).await
-}
-
-/// [`LeasedKeyStore::renew_leased`](idem_core::leased::LeasedKeyStore::renew_leased).
-pub async fn renew_leased<D: Dialect>(
-    d: &D,
-    scope: &Scope,
-    token: &LeaseToken,
-    locked_until_ms: i64,
-    now_ms: i64,
-) -> Result<bool, StoreError> {
-    let s = scoped(RENEW, scope)
-        .bind(token.as_str())
-        .bind(locked_until_ms)
-        .bind(now_ms);
-    write_one(d, s).await
-}
-
-/// [`LeasedKeyStore::abandon_leased`](idem_core::leased::LeasedKeyStore::abandon_leased).
-pub async fn abandon_leased<D: Dialect>(
-    d: &D,
-    scope: &Scope,
-    token: &LeaseToken,
-    until_ms: i64,
-    reason: Option<&str>,
-    now_ms: i64,
-) -> Result<bool, StoreError> {
-    let s = scoped(ABANDON, scope)
-        .bind(token.as_str())
-        .bind(until_ms.min(now_ms))
-        .bind(reason)
-        .bind(now_ms)
-        .bind(UNRESOLVED_EXPIRES_AT_MS);
-    write_one(d, s).await
-}
-
-/// [`LeasedKeyStore::complete_leased`](idem_core::leased::LeasedKeyStore::complete_leased).
-pub async fn complete_leased<D: Dialect>(
-    d: &D,
-    scope: &Scope,
-    token: &LeaseToken,
-    completion: &Completion,
-    now_ms: i64,
-    expires_at_ms: i64,
-) -> Result<bool, StoreError> {
-    let s = outcome(scoped(COMPLETE, scope).bind(token.as_str()), completion)
-        .bind(now_ms)
-        .bind(expires_at_ms);
-    if completion.response.body.len() <= KEEP_AFTER_MESSAGE_BYTES {
-        return write_one(d, s).await;
+impl<D: Dialect> idem_core::leased::LeasedKeyStore for SqlStore<D> {
+    #[allow(clippy::too_many_arguments)]
+    async fn claim_leased(
+        &self,
+        scope: &Scope,
+        fingerprint: &Fingerprint,
+        policy: &Policy,
+        token: &LeaseToken,
+        locked_until_ms: i64,
+        on_unknown: OnUnknown,
+        now_ms: i64,
+    ) -> Result<LeasedClaim, StoreError> {
+        let claim = LeaseClaim {
+            fingerprint,
+            policy,
+            token,
+            locked_until_ms,
+            on_unknown,
+        };
+        self.0.claim_leased_here(scope, claim, now_ms).await
     }
-    // The driver keeps a connection's buffers as large as its largest
-    // message: the connection that stored a large answer is closed, not
-    // kept in the pool.
-    let done = d
-        .bounded_write(async {
-            let mut conn = d.pool().acquire().await?;
-            let done = D::execute(On::Conn(&mut *conn), s).await?;
-            drop(conn.detach());
-            Ok(done)
-        })
-        .await?;
-    Ok(done == 1)
-}
 
-/// [`LeasedKeyStore::release_leased`](idem_core::leased::LeasedKeyStore::release_leased).
-pub async fn release_leased<D: Dialect>(
-    d: &D,
-    scope: &Scope,
-    token: &LeaseToken,
-) -> Result<bool, StoreError> {
-    write_one(d, scoped(RELEASE, scope).bind(token.as_str())).await
-}
+    async fn renew_leased(
+        &self,
+        scope: &Scope,
+        token: &LeaseToken,
+        locked_until_ms: i64,
+        now_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let d = &self.0;
+        let s = scoped(RENEW, scope)
+            .bind(token.as_str())
+            .bind(locked_until_ms)
+            .bind(now_ms);
+        write_one(d, s).await
+    }
 
-/// [`LeasedKeyStore::resolve_abandoned`](idem_core::leased::LeasedKeyStore::resolve_abandoned).
-pub async fn resolve_abandoned<D: Dialect>(
-    d: &D,
-    scope: &Scope,
-    resolution: &Resolution,
-    now_ms: i64,
-) -> Result<bool, StoreError> {
-    let s = match resolution {
-        Resolution::Release => scoped(RESOLVE_RELEASE, scope).bind(now_ms),
-        Resolution::Answer(c) => outcome(scoped(RESOLVE_ANSWER, scope).bind(now_ms), c)
-            .bind(Policy::default().expires_at_ms(now_ms)),
-    };
-    write_one(d, s).await
-}
+    async fn abandon_leased(
+        &self,
+        scope: &Scope,
+        token: &LeaseToken,
+        until_ms: i64,
+        reason: Option<&str>,
+        now_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let d = &self.0;
+        let s = scoped(ABANDON, scope)
+            .bind(token.as_str())
+            .bind(until_ms.min(now_ms))
+            .bind(reason)
+            .bind(now_ms)
+            .bind(UNRESOLVED_EXPIRES_AT_MS);
+        write_one(d, s).await
+    }
 
-/// [`LeasedKeyStore`](idem_core::leased::LeasedKeyStore) for [`SqlStore`](crate::SqlStore):
-/// each method is this module's function of the same name (or the
-/// `Dialect` method it names).
-mod sql_store {
-    use crate::dialect::Dialect;
-    use crate::store::SqlStore;
-
-    use crate::leased as l;
-    use idem_core::leased::{LeaseToken, LeasedClaim, OnUnknown, Resolution};
-    use idem_core::{Completion, Fingerprint, Policy, Scope, StoreError};
-
-    impl<D: Dialect> idem_core::leased::LeasedKeyStore for SqlStore<D> {
-        #[allow(clippy::too_many_arguments)]
-        async fn claim_leased(
-            &self,
-            scope: &Scope,
-            fingerprint: &Fingerprint,
-            policy: &Policy,
-            token: &LeaseToken,
-            locked_until_ms: i64,
-            on_unknown: OnUnknown,
-            now_ms: i64,
-        ) -> Result<LeasedClaim, StoreError> {
-            let (f, p, t) = (fingerprint, policy, token);
-            l::claim_leased(&self.0, scope, f, p, t, locked_until_ms, on_unknown, now_ms).await
+    async fn complete_leased(
+        &self,
+        scope: &Scope,
+        token: &LeaseToken,
+        completion: &Completion,
+        now_ms: i64,
+        expires_at_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let d = &self.0;
+        let s = outcome(scoped(COMPLETE, scope).bind(token.as_str()), completion)
+            .bind(now_ms)
+            .bind(expires_at_ms);
+        if completion.response.body.len() <= KEEP_AFTER_MESSAGE_BYTES {
+            return write_one(d, s).await;
         }
+        // The driver keeps a connection's buffers as large as its largest
+        // message: the connection that stored a large answer is closed, not
+        // kept in the pool.
+        let done = d
+            .bounded_write(async {
+                let mut conn = d.pool().acquire().await?;
+                let done = D::execute(On::Conn(&mut *conn), s).await?;
+                drop(conn.detach());
+                Ok(done)
+            })
+            .await?;
+        Ok(done == 1)
+    }
 
-        async fn renew_leased(
-            &self,
-            scope: &Scope,
-            token: &LeaseToken,
-            locked_until_ms: i64,
-            now_ms: i64,
-        ) -> Result<bool, StoreError> {
-            l::renew_leased(&self.0, scope, token, locked_until_ms, now_ms).await
-        }
+    async fn release_leased(&self, scope: &Scope, token: &LeaseToken) -> Result<bool, StoreError> {
+        let d = &self.0;
+        write_one(d, scoped(RELEASE, scope).bind(token.as_str())).await
+    }
 
-        async fn abandon_leased(
-            &self,
-            scope: &Scope,
-            token: &LeaseToken,
-            until_ms: i64,
-            reason: Option<&str>,
-            now_ms: i64,
-        ) -> Result<bool, StoreError> {
-            l::abandon_leased(&self.0, scope, token, until_ms, reason, now_ms).await
-        }
-
-        async fn complete_leased(
-            &self,
-            scope: &Scope,
-            token: &LeaseToken,
-            completion: &Completion,
-            now_ms: i64,
-            expires_at_ms: i64,
-        ) -> Result<bool, StoreError> {
-            l::complete_leased(&self.0, scope, token, completion, now_ms, expires_at_ms).await
-        }
-
-        async fn release_leased(
-            &self,
-            scope: &Scope,
-            token: &LeaseToken,
-        ) -> Result<bool, StoreError> {
-            l::release_leased(&self.0, scope, token).await
-        }
-
-        async fn resolve_abandoned(
-            &self,
-            scope: &Scope,
-            resolution: &Resolution,
-            now_ms: i64,
-        ) -> Result<bool, StoreError> {
-            l::resolve_abandoned(&self.0, scope, resolution, now_ms).await
-        }
+    async fn resolve_abandoned(
+        &self,
+        scope: &Scope,
+        resolution: &Resolution,
+        now_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let d = &self.0;
+        let s = match resolution {
+            Resolution::Release => scoped(RESOLVE_RELEASE, scope).bind(now_ms),
+            Resolution::Answer(c) => outcome(scoped(RESOLVE_ANSWER, scope).bind(now_ms), c)
+                .bind(Policy::default().expires_at_ms(now_ms)),
+        };
+        write_one(d, s).await
     }
 }

@@ -56,11 +56,11 @@
 //! before (the round-trip pins of both backends say so).
 //!
 //! # A claim, call by call
-//! `KeyStore::claim` on `SqlStore<D>` → [`keys::claim`]: under
+//! `KeyStore::claim` on `SqlStore<D>` ([`keys`]): under
 //! `D::bounded_claim`, `D::read_first` (a replay ends here) → `D::claim_here`
 //! (SQLite: the key's gate, the writer, `BEGIN IMMEDIATE` + the insert in one
 //! message; PostgreSQL: `BEGIN` + `EXECUTE idem_claim(…)` inline on a writer)
-//! → business code on `D::Tx` → `KeyStore::complete` → [`keys::complete`] →
+//! → business code on `D::Tx` → `KeyStore::complete` (the same impl) →
 //! `D::complete_message` (the guarded update and `COMMIT`, one message).
 //!
 //! What a dialect's own methods take (a claim's request, a leased claim, a

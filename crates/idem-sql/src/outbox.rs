@@ -1,16 +1,17 @@
 //! The outbox: the statements of the write side and of the dispatcher
-//! ([`OutboxStore`](idem_core::outbox::OutboxStore)), written once. The claim (PostgreSQL skips
+//! ([`OutboxStore`]), written once. The claim (PostgreSQL skips
 //! rows another dispatcher holds), the id lists (a JSON array on SQLite, an
 //! array on PostgreSQL), the statistics and the enqueue (PostgreSQL's
 //! notifies) differ by dialect ([`Texts`]).
 
-use std::time::Duration;
-
 use idem_core::StoreError;
-use idem_core::outbox::{OutboxMessage, OutboxRecord, OutboxStats};
+use idem_core::outbox::OutboxMessage;
 
 use crate::dialect::{Dialect, On, Stmt, fetch_one};
 use crate::row;
+use crate::store::SqlStore;
+use idem_core::outbox::{OutboxRecord, OutboxStats, OutboxStore};
+use std::time::Duration;
 
 /// A failed attempt: `$1` id, `$2` error, `$3` next attempt, `$4` dead.
 pub const MARK_FAILED: &str = "\
@@ -174,33 +175,6 @@ pub async fn enqueue<D: Dialect>(
     row::get_at(&row, 0)
 }
 
-/// [`OutboxStore::claim_batch`](idem_core::outbox::OutboxStore::claim_batch).
-pub async fn claim_batch<D: Dialect>(
-    d: &D,
-    now_ms: i64,
-    lease: Duration,
-    limit: u32,
-) -> Result<Vec<OutboxRecord>, StoreError> {
-    d.bounded(async {
-        let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
-        let s = Stmt::new(texts::<D>().claim)
-            .bind(now_ms)
-            .bind(lease_ms)
-            .bind(i64::from(limit));
-        let rows = D::fetch_all(On::Pool(d.pool()), s)
-            .await
-            .map_err(|e| d.map(e))?;
-        let mut records = rows
-            .iter()
-            .map(crate::decode::outbox_record)
-            .collect::<Result<Vec<_>, _>>()?;
-        // RETURNING does not keep the subquery's order.
-        records.sort_by_key(|r| r.id);
-        Ok(records)
-    })
-    .await
-}
-
 /// One statement on the pool under the deadline; the rows it changed.
 async fn execute<D: Dialect>(d: &D, s: Stmt<'_>) -> Result<u64, StoreError> {
     d.bounded(async {
@@ -211,122 +185,100 @@ async fn execute<D: Dialect>(d: &D, s: Stmt<'_>) -> Result<u64, StoreError> {
     .await
 }
 
-/// [`OutboxStore::mark_sent`](idem_core::outbox::OutboxStore::mark_sent).
-pub async fn mark_sent<D: Dialect>(d: &D, ids: &[i64], now_ms: i64) -> Result<u64, StoreError> {
-    execute(d, Stmt::new(texts::<D>().mark_sent).ids(ids).bind(now_ms)).await
+/// The write side for `idem_outbox::Outbox`: `enqueue` on the
+/// transaction.
+impl<D: Dialect> idem_core::outbox::OutboxWriter for SqlStore<D> {
+    async fn enqueue(
+        &self,
+        tx: &mut D::Tx,
+        message: &OutboxMessage,
+        now_ms: i64,
+    ) -> Result<i64, StoreError> {
+        enqueue::<D>(&mut **tx, message, now_ms).await
+    }
 }
 
-/// [`OutboxStore::mark_failed`](idem_core::outbox::OutboxStore::mark_failed).
-pub async fn mark_failed<D: Dialect>(
-    d: &D,
-    id: i64,
-    error: &str,
-    retry_at_ms: i64,
-    dead: bool,
-) -> Result<(), StoreError> {
-    let s = Stmt::new(MARK_FAILED)
-        .bind(id)
-        .bind(error)
-        .bind(retry_at_ms)
-        .bind(dead);
-    execute(d, s).await.map(|_| ())
-}
-
-/// [`OutboxStore::release`](idem_core::outbox::OutboxStore::release).
-pub async fn release<D: Dialect>(d: &D, ids: &[i64], retry_at_ms: i64) -> Result<(), StoreError> {
-    let s = Stmt::new(texts::<D>().release).ids(ids).bind(retry_at_ms);
-    execute(d, s).await.map(|_| ())
-}
-
-/// [`OutboxStore::purge_sent`](idem_core::outbox::OutboxStore::purge_sent).
-pub async fn purge_sent<D: Dialect>(d: &D, before_ms: i64, limit: u32) -> Result<u64, StoreError> {
-    crate::purge::purge(
-        d,
-        crate::purge::batches::<D>().outbox_sent,
-        before_ms,
-        limit,
-    )
-    .await
-}
-
-/// [`OutboxStore::stats`](idem_core::outbox::OutboxStore::stats).
-pub async fn stats<D: Dialect>(d: &D) -> Result<OutboxStats, StoreError> {
-    d.bounded(async {
-        let row = fetch_one::<D>(On::Pool(d.pool()), Stmt::new(texts::<D>().stats))
-            .await
-            .map_err(|e| d.map(e))?;
-        let pending: i64 = row::get_at(&row, 0)?;
-        let oldest: Option<i64> = row::get_at(&row, 1)?;
-        let dead: i64 = row::get_at(&row, 2)?;
-        Ok(OutboxStats {
-            pending: pending.max(0) as u64,
-            oldest_pending_ms: oldest,
-            dead: dead.max(0) as u64,
+impl<D: Dialect> OutboxStore for SqlStore<D> {
+    async fn claim_batch(
+        &self,
+        now_ms: i64,
+        lease: Duration,
+        limit: u32,
+    ) -> Result<Vec<OutboxRecord>, StoreError> {
+        let d = &self.0;
+        d.bounded(async {
+            let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
+            let s = Stmt::new(texts::<D>().claim)
+                .bind(now_ms)
+                .bind(lease_ms)
+                .bind(i64::from(limit));
+            let rows = D::fetch_all(On::Pool(d.pool()), s)
+                .await
+                .map_err(|e| d.map(e))?;
+            let mut records = rows
+                .iter()
+                .map(crate::decode::outbox_record)
+                .collect::<Result<Vec<_>, _>>()?;
+            // RETURNING does not keep the subquery's order.
+            records.sort_by_key(|r| r.id);
+            Ok(records)
         })
-    })
-    .await
-}
-
-/// [`OutboxStore`](idem_core::outbox::OutboxStore) and `OutboxWriter` for [`SqlStore`](crate::SqlStore):
-/// each method is this module's function of the same name (or the
-/// `Dialect` method it names).
-mod sql_store {
-    use crate::dialect::Dialect;
-    use crate::store::SqlStore;
-
-    use std::time::Duration;
-
-    use crate::outbox as o;
-    use idem_core::StoreError;
-    use idem_core::outbox::{OutboxMessage, OutboxRecord, OutboxStats, OutboxStore};
-
-    /// The write side for `idem_outbox::Outbox`: `enqueue` on the
-    /// transaction.
-    impl<D: Dialect> idem_core::outbox::OutboxWriter for SqlStore<D> {
-        async fn enqueue(
-            &self,
-            tx: &mut D::Tx,
-            message: &OutboxMessage,
-            now_ms: i64,
-        ) -> Result<i64, StoreError> {
-            o::enqueue::<D>(&mut **tx, message, now_ms).await
-        }
+        .await
     }
 
-    impl<D: Dialect> OutboxStore for SqlStore<D> {
-        async fn claim_batch(
-            &self,
-            now_ms: i64,
-            lease: Duration,
-            limit: u32,
-        ) -> Result<Vec<OutboxRecord>, StoreError> {
-            o::claim_batch(&self.0, now_ms, lease, limit).await
-        }
+    async fn mark_sent(&self, ids: &[i64], now_ms: i64) -> Result<u64, StoreError> {
+        let d = &self.0;
+        execute(d, Stmt::new(texts::<D>().mark_sent).ids(ids).bind(now_ms)).await
+    }
 
-        async fn mark_sent(&self, ids: &[i64], now_ms: i64) -> Result<u64, StoreError> {
-            o::mark_sent(&self.0, ids, now_ms).await
-        }
+    async fn mark_failed(
+        &self,
+        id: i64,
+        error: &str,
+        retry_at_ms: i64,
+        dead: bool,
+    ) -> Result<(), StoreError> {
+        let d = &self.0;
+        let s = Stmt::new(MARK_FAILED)
+            .bind(id)
+            .bind(error)
+            .bind(retry_at_ms)
+            .bind(dead);
+        execute(d, s).await.map(|_| ())
+    }
 
-        async fn mark_failed(
-            &self,
-            id: i64,
-            error: &str,
-            retry_at_ms: i64,
-            dead: bool,
-        ) -> Result<(), StoreError> {
-            o::mark_failed(&self.0, id, error, retry_at_ms, dead).await
-        }
+    async fn release(&self, ids: &[i64], retry_at_ms: i64) -> Result<(), StoreError> {
+        let d = &self.0;
+        let s = Stmt::new(texts::<D>().release).ids(ids).bind(retry_at_ms);
+        execute(d, s).await.map(|_| ())
+    }
 
-        async fn release(&self, ids: &[i64], retry_at_ms: i64) -> Result<(), StoreError> {
-            o::release(&self.0, ids, retry_at_ms).await
-        }
+    async fn purge_sent(&self, before_ms: i64, limit: u32) -> Result<u64, StoreError> {
+        let d = &self.0;
+        crate::purge::purge(
+            d,
+            crate::purge::batches::<D>().outbox_sent,
+            before_ms,
+            limit,
+        )
+        .await
+    }
 
-        async fn purge_sent(&self, before_ms: i64, limit: u32) -> Result<u64, StoreError> {
-            o::purge_sent(&self.0, before_ms, limit).await
-        }
-
-        async fn stats(&self) -> Result<OutboxStats, StoreError> {
-            o::stats(&self.0).await
-        }
+    async fn stats(&self) -> Result<OutboxStats, StoreError> {
+        let d = &self.0;
+        d.bounded(async {
+            let row = fetch_one::<D>(On::Pool(d.pool()), Stmt::new(texts::<D>().stats))
+                .await
+                .map_err(|e| d.map(e))?;
+            let pending: i64 = row::get_at(&row, 0)?;
+            let oldest: Option<i64> = row::get_at(&row, 1)?;
+            let dead: i64 = row::get_at(&row, 2)?;
+            Ok(OutboxStats {
+                pending: pending.max(0) as u64,
+                oldest_pending_ms: oldest,
+                dead: dead.max(0) as u64,
+            })
+        })
+        .await
     }
 }

@@ -1,4 +1,4 @@
-//! Runs, steps and the send-once ledger ([`RunStore`](idem_core::steps::RunStore)):
+//! Runs, steps and the send-once ledger ([`RunStore`]):
 //! the statements both dialects share, and the store's methods, written once.
 //! The fenced write, the creation, the takeover and the due claim lock
 //! differently on each backend and stay there; the step listing (a JSON
@@ -7,16 +7,18 @@
 
 use std::sync::LazyLock;
 
-use idem_core::steps::{
-    MessageClaim, Namespace, NewRun, RunFilter, RunId, RunRecord, RunState, SentMessage,
-    attach_steps,
-};
+use idem_core::steps::{NewRun, RunId, RunRecord, attach_steps};
 use idem_core::{Operation, StoreError};
 
 pub use crate::calls::{RunWrite, Takeover};
 use crate::columns::{MESSAGE_COLUMNS, RUN_COLUMNS, STEP_COLUMNS};
 use crate::dialect::{Dialect, On, Stmt, fetch_one, read_row, read_rows};
 use crate::row;
+use crate::store::SqlStore;
+use idem_core::steps::{
+    Fence, Lease, MessageClaim, Namespace, RunChange, RunFilter, RunState, RunStore, SentMessage,
+    StepRecord,
+};
 
 /// A key record's expiry while its run lives: never.
 pub const NEVER_MS: i64 = i64::MAX;
@@ -412,210 +414,162 @@ fn corrupt(e: impl std::fmt::Display) -> StoreError {
     }
 }
 
-/// [`RunStore::namespace`](idem_core::steps::RunStore::namespace).
-pub async fn namespace<D: Dialect>(d: &D) -> Result<Namespace, StoreError> {
-    // Read first: a read takes no write lock (the caller may hold it).
-    let kept = read_row(d, Stmt::new(NAMESPACE), |row| {
-        row::get_at::<String, _>(row, 0)
-    })
-    .await?;
-    if let Some(kept) = kept {
-        return Namespace::new(kept).map_err(corrupt);
-    }
-    let drawn = Namespace::generate();
-    let draw = Stmt::new(DRAW_NAMESPACE).bind(drawn.as_str());
-    let row = d
-        .bounded_write(fetch_one::<D>(On::Pool(d.pool()), draw))
+impl<D: Dialect> RunStore for SqlStore<D> {
+    async fn namespace(&self) -> Result<Namespace, StoreError> {
+        let d = &self.0;
+        // Read first: a read takes no write lock (the caller may hold it).
+        let kept = read_row(d, Stmt::new(NAMESPACE), |row| {
+            row::get_at::<String, _>(row, 0)
+        })
         .await?;
-    Namespace::new(row::get_at::<String, _>(&row, 0)?).map_err(corrupt)
-}
+        if let Some(kept) = kept {
+            return Namespace::new(kept).map_err(corrupt);
+        }
+        let drawn = Namespace::generate();
+        let draw = Stmt::new(DRAW_NAMESPACE).bind(drawn.as_str());
+        let row = d
+            .bounded_write(fetch_one::<D>(On::Pool(d.pool()), draw))
+            .await?;
+        Namespace::new(row::get_at::<String, _>(&row, 0)?).map_err(corrupt)
+    }
 
-/// [`RunStore::claim_message`](idem_core::steps::RunStore::claim_message).
-pub async fn claim_message<D: Dialect>(
-    tx: &mut D::Tx,
-    claim: &MessageClaim<'_>,
-) -> Result<SentMessage, StoreError> {
-    let s = Stmt::new(texts::<D>().claim_message)
-        .bind(claim.message_id)
-        .bind(claim.run.as_str())
-        .bind(claim.step)
-        .bind(claim.now_ms)
-        .bind(claim.expires_at_ms);
-    let row = fetch_one::<D>(On::Conn(&mut **tx), s)
+    async fn create_run(tx: &mut D::Tx, run: &NewRun<'_>) -> Result<Fence, StoreError> {
+        D::create_run_here(tx, run).await
+    }
+
+    async fn record_run_in(
+        tx: &mut D::Tx,
+        lease: &Lease,
+        change: &RunChange<'_>,
+        step: Option<&StepRecord>,
+        now_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let w = RunWrite {
+            lease,
+            change,
+            step,
+            now_ms,
+        };
+        D::record_in(tx, w).await
+    }
+
+    async fn record_run(
+        &self,
+        lease: &Lease,
+        change: &RunChange<'_>,
+        step: Option<&StepRecord>,
+        now_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let w = RunWrite {
+            lease,
+            change,
+            step,
+            now_ms,
+        };
+        self.0.record_here(w).await
+    }
+
+    async fn claim_message(
+        tx: &mut D::Tx,
+        claim: &MessageClaim<'_>,
+    ) -> Result<SentMessage, StoreError> {
+        let s = Stmt::new(texts::<D>().claim_message)
+            .bind(claim.message_id)
+            .bind(claim.run.as_str())
+            .bind(claim.step)
+            .bind(claim.now_ms)
+            .bind(claim.expires_at_ms);
+        let row = fetch_one::<D>(On::Conn(&mut **tx), s)
+            .await
+            .map_err(D::map_err)?;
+        crate::decode::message(&row)
+    }
+
+    async fn message(&self, message_id: &str) -> Result<Option<SentMessage>, StoreError> {
+        let d = &self.0;
+        let s = Stmt::new(MESSAGE.as_str()).bind(message_id);
+        read_row(d, s, crate::decode::message).await
+    }
+
+    async fn take_over(
+        &self,
+        id: &RunId,
+        holder: &str,
+        now_ms: i64,
+        locked_until_ms: i64,
+    ) -> Result<Option<RunRecord>, StoreError> {
+        let t = Takeover {
+            holder,
+            now_ms,
+            locked_until_ms,
+        };
+        self.0.take_over_here(id, t).await
+    }
+
+    async fn claim_due(
+        &self,
+        operations: &[Operation],
+        holder: &str,
+        now_ms: i64,
+        locked_until_ms: i64,
+        limit: u32,
+    ) -> Result<Vec<RunRecord>, StoreError> {
+        let t = Takeover {
+            holder,
+            now_ms,
+            locked_until_ms,
+        };
+        self.0.claim_due_here(operations, t, limit).await
+    }
+
+    /// the run
+    /// and its steps, on one pooled connection.
+    async fn load_run(&self, id: &RunId) -> Result<Option<RunRecord>, StoreError> {
+        let d = &self.0;
+        d.bounded(async {
+            let mut conn = d.pool().acquire().await.map_err(|e| d.map(e))?;
+            let s = Stmt::new(LOAD.as_str()).bind(id.as_str());
+            let row = D::fetch_optional(On::Conn(&mut *conn), s)
+                .await
+                .map_err(|e| d.map(e))?;
+            let Some(row) = row else { return Ok(None) };
+            let mut runs = vec![crate::decode::run(&row)?];
+            steps_of::<D>(&mut conn, &mut runs).await?;
+            Ok(runs.pop())
+        })
         .await
-        .map_err(D::map_err)?;
-    crate::decode::message(&row)
-}
+    }
 
-/// [`RunStore::message`](idem_core::steps::RunStore::message).
-pub async fn message<D: Dialect>(
-    d: &D,
-    message_id: &str,
-) -> Result<Option<SentMessage>, StoreError> {
-    let s = Stmt::new(MESSAGE.as_str()).bind(message_id);
-    read_row(d, s, crate::decode::message).await
-}
+    async fn count_runs(&self) -> Result<Vec<(RunState, u64)>, StoreError> {
+        let d = &self.0;
+        let counts = read_rows(d, Stmt::new(COUNT), |row| {
+            let state: String = row::get_at(row, 0)?;
+            let n: i64 = row::get_at(row, 1)?;
+            Ok(RunState::parse(&state).zip(u64::try_from(n).ok()))
+        })
+        .await?;
+        Ok(counts.into_iter().flatten().collect())
+    }
 
-/// [`RunStore::load_run`](idem_core::steps::RunStore::load_run): the run
-/// and its steps, on one pooled connection.
-pub async fn load_run<D: Dialect>(d: &D, id: &RunId) -> Result<Option<RunRecord>, StoreError> {
-    d.bounded(async {
-        let mut conn = d.pool().acquire().await.map_err(|e| d.map(e))?;
-        let s = Stmt::new(LOAD.as_str()).bind(id.as_str());
-        let row = D::fetch_optional(On::Conn(&mut *conn), s)
-            .await
-            .map_err(|e| d.map(e))?;
-        let Some(row) = row else { return Ok(None) };
-        let mut runs = vec![crate::decode::run(&row)?];
-        steps_of::<D>(&mut conn, &mut runs).await?;
-        Ok(runs.pop())
-    })
-    .await
-}
+    async fn list_runs(&self, filter: &RunFilter) -> Result<Vec<RunRecord>, StoreError> {
+        let d = &self.0;
+        let s = Stmt::new(texts::<D>().list.as_str())
+            .bind(filter.state.map(|s| s.as_str()))
+            .bind(i64::from(filter.limit.clamp(1, 1000)));
+        read_rows(d, s, crate::decode::run).await
+    }
 
-/// [`RunStore::count_runs`](idem_core::steps::RunStore::count_runs).
-pub async fn count_runs<D: Dialect>(d: &D) -> Result<Vec<(RunState, u64)>, StoreError> {
-    let counts = read_rows(d, Stmt::new(COUNT), |row| {
-        let state: String = row::get_at(row, 0)?;
-        let n: i64 = row::get_at(row, 1)?;
-        Ok(RunState::parse(&state).zip(u64::try_from(n).ok()))
-    })
-    .await?;
-    Ok(counts.into_iter().flatten().collect())
-}
+    async fn purge_runs(&self, now_ms: i64, limit: u32) -> Result<u64, StoreError> {
+        crate::purge::purge(&self.0, crate::purge::batches::<D>().runs, now_ms, limit).await
+    }
 
-/// [`RunStore::list_runs`](idem_core::steps::RunStore::list_runs).
-pub async fn list_runs<D: Dialect>(
-    d: &D,
-    filter: &RunFilter,
-) -> Result<Vec<RunRecord>, StoreError> {
-    let s = Stmt::new(texts::<D>().list.as_str())
-        .bind(filter.state.map(|s| s.as_str()))
-        .bind(i64::from(filter.limit.clamp(1, 1000)));
-    read_rows(d, s, crate::decode::run).await
-}
-
-/// [`RunStore`](idem_core::steps::RunStore) for [`SqlStore`](crate::SqlStore):
-/// each method is this module's function of the same name (or the
-/// `Dialect` method it names).
-mod sql_store {
-    use crate::dialect::Dialect;
-    use crate::store::SqlStore;
-
-    use crate::runs as r;
-    use idem_core::steps::{
-        Fence, Lease, MessageClaim, Namespace, NewRun, RunChange, RunFilter, RunId, RunRecord,
-        RunState, RunStore, SentMessage, StepRecord,
-    };
-    use idem_core::{Operation, StoreError};
-
-    impl<D: Dialect> RunStore for SqlStore<D> {
-        async fn namespace(&self) -> Result<Namespace, StoreError> {
-            r::namespace(&self.0).await
-        }
-
-        async fn create_run(tx: &mut D::Tx, run: &NewRun<'_>) -> Result<Fence, StoreError> {
-            D::create_run_here(tx, run).await
-        }
-
-        async fn record_run_in(
-            tx: &mut D::Tx,
-            lease: &Lease,
-            change: &RunChange<'_>,
-            step: Option<&StepRecord>,
-            now_ms: i64,
-        ) -> Result<bool, StoreError> {
-            let w = r::RunWrite {
-                lease,
-                change,
-                step,
-                now_ms,
-            };
-            D::record_in(tx, w).await
-        }
-
-        async fn record_run(
-            &self,
-            lease: &Lease,
-            change: &RunChange<'_>,
-            step: Option<&StepRecord>,
-            now_ms: i64,
-        ) -> Result<bool, StoreError> {
-            let w = r::RunWrite {
-                lease,
-                change,
-                step,
-                now_ms,
-            };
-            self.0.record_here(w).await
-        }
-
-        async fn claim_message(
-            tx: &mut D::Tx,
-            claim: &MessageClaim<'_>,
-        ) -> Result<SentMessage, StoreError> {
-            r::claim_message::<D>(tx, claim).await
-        }
-
-        async fn message(&self, message_id: &str) -> Result<Option<SentMessage>, StoreError> {
-            r::message(&self.0, message_id).await
-        }
-
-        async fn take_over(
-            &self,
-            id: &RunId,
-            holder: &str,
-            now_ms: i64,
-            locked_until_ms: i64,
-        ) -> Result<Option<RunRecord>, StoreError> {
-            let t = r::Takeover {
-                holder,
-                now_ms,
-                locked_until_ms,
-            };
-            self.0.take_over_here(id, t).await
-        }
-
-        async fn claim_due(
-            &self,
-            operations: &[Operation],
-            holder: &str,
-            now_ms: i64,
-            locked_until_ms: i64,
-            limit: u32,
-        ) -> Result<Vec<RunRecord>, StoreError> {
-            let t = r::Takeover {
-                holder,
-                now_ms,
-                locked_until_ms,
-            };
-            self.0.claim_due_here(operations, t, limit).await
-        }
-
-        async fn load_run(&self, id: &RunId) -> Result<Option<RunRecord>, StoreError> {
-            r::load_run(&self.0, id).await
-        }
-
-        async fn count_runs(&self) -> Result<Vec<(RunState, u64)>, StoreError> {
-            r::count_runs(&self.0).await
-        }
-
-        async fn list_runs(&self, filter: &RunFilter) -> Result<Vec<RunRecord>, StoreError> {
-            r::list_runs(&self.0, filter).await
-        }
-
-        async fn purge_runs(&self, now_ms: i64, limit: u32) -> Result<u64, StoreError> {
-            crate::purge::purge(&self.0, crate::purge::batches::<D>().runs, now_ms, limit).await
-        }
-
-        async fn purge_messages(&self, now_ms: i64, limit: u32) -> Result<u64, StoreError> {
-            crate::purge::purge(
-                &self.0,
-                crate::purge::batches::<D>().messages,
-                now_ms,
-                limit,
-            )
-            .await
-        }
+    async fn purge_messages(&self, now_ms: i64, limit: u32) -> Result<u64, StoreError> {
+        crate::purge::purge(
+            &self.0,
+            crate::purge::batches::<D>().messages,
+            now_ms,
+            limit,
+        )
+        .await
     }
 }

@@ -1,19 +1,21 @@
-//! Webhook receipts ([`WebhookStore`](idem_core::webhooks::WebhookStore)):
+//! Webhook receipts ([`WebhookStore`]):
 //! the statements, and the store's methods, written once. The
 //! acceptance (PostgreSQL writes the receipt and its inbox record in one
 //! statement), the claim (PostgreSQL skips rows another worker holds) and
 //! the typed NULLs and `GREATEST` of PostgreSQL differ by dialect.
 
 use std::sync::LazyLock;
-use std::time::Duration;
 
-use idem_core::StoreError;
-use idem_core::webhooks::{Finish, NewReceipt, Receipt, ReceiptState, Requeue};
+use idem_core::webhooks::NewReceipt;
 
 use crate::columns::RECEIPT_COLUMNS;
 use crate::dialect::{Dialect, On, Stmt, read_row, read_rows};
 use crate::purge::purge;
 use crate::row::{self, get};
+use crate::store::SqlStore;
+use idem_core::StoreError;
+use idem_core::webhooks::{Accepted, Finish, Receipt, ReceiptState, Requeue, WebhookStore};
+use std::time::Duration;
 
 /// The newest version of `$2` (entity) seen at `$1` (endpoint).
 pub const NEWEST_VERSION: &str =
@@ -270,256 +272,176 @@ pub fn receipt_insert<'a, D: Dialect>(
         .bind(r.content_sha256.as_ref().map(|h| &h[..]))
 }
 
-/// [`WebhookStore::claim_receipts`](idem_core::webhooks::WebhookStore::claim_receipts).
-pub async fn claim_receipts<D: Dialect>(
-    d: &D,
-    endpoint: &str,
-    now_ms: i64,
-    lease: Duration,
-    limit: u32,
-) -> Result<Vec<Receipt>, StoreError> {
-    d.bounded(async {
-        let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
-        let s = Stmt::new(texts::<D>().claim.as_str())
-            .bind(now_ms)
-            .bind(lease_ms)
-            .bind(i64::from(limit))
-            .bind(endpoint);
-        let rows = D::fetch_all(On::Pool(d.pool()), s)
-            .await
-            .map_err(|e| d.map(e))?;
-        let mut receipts = rows
-            .iter()
-            .map(crate::decode::receipt)
-            .collect::<Result<Vec<_>, _>>()?;
-        receipts.sort_by_key(|r| r.id);
-        Ok(receipts)
-    })
-    .await
-}
+impl<D: Dialect> WebhookStore for SqlStore<D> {
+    async fn accept(
+        &self,
+        r: &NewReceipt,
+        now_ms: i64,
+        expires_at_ms: i64,
+    ) -> Result<Accepted, StoreError> {
+        self.0.accept_here(r, (now_ms, expires_at_ms)).await
+    }
 
-/// [`WebhookStore::newest_version`](idem_core::webhooks::WebhookStore::newest_version).
-pub async fn newest_version<D: Dialect>(
-    d: &D,
-    endpoint: &str,
-    entity_id: &str,
-) -> Result<Option<i64>, StoreError> {
-    let s = Stmt::new(NEWEST_VERSION).bind(endpoint).bind(entity_id);
-    read_row(d, s, |row| row::get_at(row, 0)).await
-}
-
-/// [`WebhookStore::finish`](idem_core::webhooks::WebhookStore::finish): the
-/// receipt's outcome and, when processed, its entity's newest version, in a
-/// key-store transaction.
-pub async fn finish<D: Dialect>(
-    d: &D,
-    id: i64,
-    outcome: &Finish,
-    now_ms: i64,
-) -> Result<(), StoreError> {
-    let sql = texts::<D>();
-    let mut tx = d.begin_here().await?;
-    // The statements under the deadline; the commit under its own rule.
-    d.bounded(async {
-        let s = match outcome {
-            Finish::Processed | Finish::Stale => {
-                let done = if *outcome == Finish::Processed {
-                    "processed"
-                } else {
-                    "stale"
-                };
-                Stmt::new(sql.finish_done).bind(id).bind(done).bind(now_ms)
-            }
-            Finish::Retry { error, at_ms } => Stmt::new(sql.finish_retry)
-                .bind(id)
-                .bind(error)
-                .bind(*at_ms),
-            Finish::Dead { error } => Stmt::new(sql.finish_dead).bind(id).bind(error).bind(now_ms),
-        };
-        let row = D::fetch_optional(On::Conn(&mut *tx), s)
-            .await
-            .map_err(|e| d.map(e))?;
-        let Some(row) = row else { return Ok(()) };
-        if *outcome != Finish::Processed {
-            return Ok(());
-        }
-        let entity: Option<String> = get(&row, "entity_id")?;
-        let version: Option<i64> = get(&row, "entity_version")?;
-        if let (Some(entity), Some(version)) = (entity, version) {
-            let endpoint: String = get(&row, "endpoint")?;
-            let expires: i64 = get(&row, "expires_at_ms")?;
-            let s = Stmt::new(sql.entity)
-                .bind(endpoint)
-                .bind(entity)
-                .bind(version)
-                .bind(expires);
-            D::execute(On::Conn(&mut *tx), s)
+    async fn claim_receipts(
+        &self,
+        endpoint: &str,
+        now_ms: i64,
+        lease: Duration,
+        limit: u32,
+    ) -> Result<Vec<Receipt>, StoreError> {
+        let d = &self.0;
+        d.bounded(async {
+            let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
+            let s = Stmt::new(texts::<D>().claim.as_str())
+                .bind(now_ms)
+                .bind(lease_ms)
+                .bind(i64::from(limit))
+                .bind(endpoint);
+            let rows = D::fetch_all(On::Pool(d.pool()), s)
                 .await
                 .map_err(|e| d.map(e))?;
-        }
-        Ok(())
-    })
-    .await?;
-    d.commit_here(tx).await
-}
-
-/// [`WebhookStore::count_receipts`](idem_core::webhooks::WebhookStore::count_receipts).
-pub async fn count_receipts<D: Dialect>(
-    d: &D,
-) -> Result<Vec<(String, ReceiptState, u64)>, StoreError> {
-    let counts = read_rows(d, Stmt::new(COUNT), |row| {
-        let endpoint: String = row::get_at(row, 0)?;
-        let state: String = row::get_at(row, 1)?;
-        let n: i64 = row::get_at(row, 2)?;
-        Ok(ReceiptState::parse(&state)
-            .zip(u64::try_from(n).ok())
-            .map(|(state, n)| (endpoint, state, n)))
-    })
-    .await?;
-    Ok(counts.into_iter().flatten().collect())
-}
-
-/// [`WebhookStore::list_receipts`](idem_core::webhooks::WebhookStore::list_receipts).
-pub async fn list_receipts<D: Dialect>(
-    d: &D,
-    endpoint: Option<&str>,
-    state: Option<ReceiptState>,
-    limit: u32,
-) -> Result<Vec<Receipt>, StoreError> {
-    let s = Stmt::new(texts::<D>().list.as_str())
-        .bind(endpoint)
-        .bind(state.map(ReceiptState::as_str))
-        .bind(i64::from(limit));
-    read_rows(d, s, crate::decode::receipt).await
-}
-
-/// [`WebhookStore::get_receipt`](idem_core::webhooks::WebhookStore::get_receipt).
-pub async fn get_receipt<D: Dialect>(
-    d: &D,
-    endpoint: &str,
-    delivery_id: &str,
-) -> Result<Option<Receipt>, StoreError> {
-    let s = Stmt::new(GET.as_str()).bind(endpoint).bind(delivery_id);
-    read_row(d, s, crate::decode::receipt).await
-}
-
-/// [`WebhookStore::replay_receipt`](idem_core::webhooks::WebhookStore::replay_receipt).
-pub async fn replay_receipt<D: Dialect>(
-    d: &D,
-    endpoint: &str,
-    delivery_id: &str,
-    now_ms: i64,
-) -> Result<Requeue, StoreError> {
-    let s = Stmt::new(REPLAY)
-        .bind(endpoint)
-        .bind(delivery_id)
-        .bind(now_ms);
-    let requeued = d
-        .bounded_write(D::fetch_optional(On::Pool(d.pool()), s))
-        .await?;
-    if requeued.is_some() {
-        return Ok(Requeue::Requeued);
+            let mut receipts = rows
+                .iter()
+                .map(crate::decode::receipt)
+                .collect::<Result<Vec<_>, _>>()?;
+            receipts.sort_by_key(|r| r.id);
+            Ok(receipts)
+        })
+        .await
     }
-    Ok(match get_receipt(d, endpoint, delivery_id).await? {
-        None => Requeue::NotFound,
-        Some(r) if r.state == ReceiptState::Received => Requeue::AlreadyQueued,
-        Some(r) => Requeue::AlreadyFinished(r.state),
-    })
-}
 
-/// [`WebhookStore::purge_expired_receipts`](idem_core::webhooks::WebhookStore::purge_expired_receipts):
-/// receipts, then entity versions and the deliveries' inbox records.
-pub async fn purge_expired_receipts<D: Dialect>(
-    d: &D,
-    now_ms: i64,
-    limit: u32,
-) -> Result<u64, StoreError> {
-    let batches = crate::purge::batches::<D>();
-    let done = purge(d, batches.receipts, now_ms, limit).await?;
-    purge(d, batches.entities, now_ms, limit).await?;
-    purge(d, batches.webhook_inbox, now_ms, limit).await?;
-    Ok(done)
-}
+    async fn newest_version(
+        &self,
+        endpoint: &str,
+        entity_id: &str,
+    ) -> Result<Option<i64>, StoreError> {
+        let d = &self.0;
+        let s = Stmt::new(NEWEST_VERSION).bind(endpoint).bind(entity_id);
+        read_row(d, s, |row| row::get_at(row, 0)).await
+    }
 
-/// [`WebhookStore`](idem_core::webhooks::WebhookStore) for [`SqlStore`](crate::SqlStore):
-/// each method is this module's function of the same name (or the
-/// `Dialect` method it names).
-mod sql_store {
-    use crate::dialect::Dialect;
-    use crate::store::SqlStore;
+    /// the
+    /// receipt's outcome and, when processed, its entity's newest version, in a
+    /// key-store transaction.
+    async fn finish(&self, id: i64, outcome: &Finish, now_ms: i64) -> Result<(), StoreError> {
+        let d = &self.0;
+        let sql = texts::<D>();
+        let mut tx = d.begin_here().await?;
+        // The statements under the deadline; the commit under its own rule.
+        d.bounded(async {
+            let s = match outcome {
+                Finish::Processed | Finish::Stale => {
+                    let done = if *outcome == Finish::Processed {
+                        "processed"
+                    } else {
+                        "stale"
+                    };
+                    Stmt::new(sql.finish_done).bind(id).bind(done).bind(now_ms)
+                }
+                Finish::Retry { error, at_ms } => Stmt::new(sql.finish_retry)
+                    .bind(id)
+                    .bind(error)
+                    .bind(*at_ms),
+                Finish::Dead { error } => {
+                    Stmt::new(sql.finish_dead).bind(id).bind(error).bind(now_ms)
+                }
+            };
+            let row = D::fetch_optional(On::Conn(&mut *tx), s)
+                .await
+                .map_err(|e| d.map(e))?;
+            let Some(row) = row else { return Ok(()) };
+            if *outcome != Finish::Processed {
+                return Ok(());
+            }
+            let entity: Option<String> = get(&row, "entity_id")?;
+            let version: Option<i64> = get(&row, "entity_version")?;
+            if let (Some(entity), Some(version)) = (entity, version) {
+                let endpoint: String = get(&row, "endpoint")?;
+                let expires: i64 = get(&row, "expires_at_ms")?;
+                let s = Stmt::new(sql.entity)
+                    .bind(endpoint)
+                    .bind(entity)
+                    .bind(version)
+                    .bind(expires);
+                D::execute(On::Conn(&mut *tx), s)
+                    .await
+                    .map_err(|e| d.map(e))?;
+            }
+            Ok(())
+        })
+        .await?;
+        d.commit_here(tx).await
+    }
 
-    use std::time::Duration;
+    async fn count_receipts(&self) -> Result<Vec<(String, ReceiptState, u64)>, StoreError> {
+        let d = &self.0;
+        let counts = read_rows(d, Stmt::new(COUNT), |row| {
+            let endpoint: String = row::get_at(row, 0)?;
+            let state: String = row::get_at(row, 1)?;
+            let n: i64 = row::get_at(row, 2)?;
+            Ok(ReceiptState::parse(&state)
+                .zip(u64::try_from(n).ok())
+                .map(|(state, n)| (endpoint, state, n)))
+        })
+        .await?;
+        Ok(counts.into_iter().flatten().collect())
+    }
 
-    use crate::webhooks as w;
-    use idem_core::StoreError;
-    use idem_core::webhooks::{
-        Accepted, Finish, NewReceipt, Receipt, ReceiptState, Requeue, WebhookStore,
-    };
+    async fn list_receipts(
+        &self,
+        endpoint: Option<&str>,
+        state: Option<ReceiptState>,
+        limit: u32,
+    ) -> Result<Vec<Receipt>, StoreError> {
+        let d = &self.0;
+        let s = Stmt::new(texts::<D>().list.as_str())
+            .bind(endpoint)
+            .bind(state.map(ReceiptState::as_str))
+            .bind(i64::from(limit));
+        read_rows(d, s, crate::decode::receipt).await
+    }
 
-    impl<D: Dialect> WebhookStore for SqlStore<D> {
-        async fn accept(
-            &self,
-            r: &NewReceipt,
-            now_ms: i64,
-            expires_at_ms: i64,
-        ) -> Result<Accepted, StoreError> {
-            self.0.accept_here(r, (now_ms, expires_at_ms)).await
+    async fn get_receipt(
+        &self,
+        endpoint: &str,
+        delivery_id: &str,
+    ) -> Result<Option<Receipt>, StoreError> {
+        let d = &self.0;
+        let s = Stmt::new(GET.as_str()).bind(endpoint).bind(delivery_id);
+        read_row(d, s, crate::decode::receipt).await
+    }
+
+    async fn replay_receipt(
+        &self,
+        endpoint: &str,
+        delivery_id: &str,
+        now_ms: i64,
+    ) -> Result<Requeue, StoreError> {
+        let d = &self.0;
+        let s = Stmt::new(REPLAY)
+            .bind(endpoint)
+            .bind(delivery_id)
+            .bind(now_ms);
+        let requeued = d
+            .bounded_write(D::fetch_optional(On::Pool(d.pool()), s))
+            .await?;
+        if requeued.is_some() {
+            return Ok(Requeue::Requeued);
         }
+        Ok(match self.get_receipt(endpoint, delivery_id).await? {
+            None => Requeue::NotFound,
+            Some(r) if r.state == ReceiptState::Received => Requeue::AlreadyQueued,
+            Some(r) => Requeue::AlreadyFinished(r.state),
+        })
+    }
 
-        async fn claim_receipts(
-            &self,
-            endpoint: &str,
-            now_ms: i64,
-            lease: Duration,
-            limit: u32,
-        ) -> Result<Vec<Receipt>, StoreError> {
-            w::claim_receipts(&self.0, endpoint, now_ms, lease, limit).await
-        }
-
-        async fn newest_version(
-            &self,
-            endpoint: &str,
-            entity_id: &str,
-        ) -> Result<Option<i64>, StoreError> {
-            w::newest_version(&self.0, endpoint, entity_id).await
-        }
-
-        async fn finish(&self, id: i64, outcome: &Finish, now_ms: i64) -> Result<(), StoreError> {
-            w::finish(&self.0, id, outcome, now_ms).await
-        }
-
-        async fn count_receipts(&self) -> Result<Vec<(String, ReceiptState, u64)>, StoreError> {
-            w::count_receipts(&self.0).await
-        }
-
-        async fn list_receipts(
-            &self,
-            endpoint: Option<&str>,
-            state: Option<ReceiptState>,
-            limit: u32,
-        ) -> Result<Vec<Receipt>, StoreError> {
-            w::list_receipts(&self.0, endpoint, state, limit).await
-        }
-
-        async fn get_receipt(
-            &self,
-            endpoint: &str,
-            delivery_id: &str,
-        ) -> Result<Option<Receipt>, StoreError> {
-            w::get_receipt(&self.0, endpoint, delivery_id).await
-        }
-
-        async fn replay_receipt(
-            &self,
-            endpoint: &str,
-            delivery_id: &str,
-            now_ms: i64,
-        ) -> Result<Requeue, StoreError> {
-            w::replay_receipt(&self.0, endpoint, delivery_id, now_ms).await
-        }
-
-        async fn purge_expired_receipts(&self, now_ms: i64, limit: u32) -> Result<u64, StoreError> {
-            w::purge_expired_receipts(&self.0, now_ms, limit).await
-        }
+    /// receipts, then entity versions and the deliveries' inbox records.
+    async fn purge_expired_receipts(&self, now_ms: i64, limit: u32) -> Result<u64, StoreError> {
+        let d = &self.0;
+        let batches = crate::purge::batches::<D>();
+        let done = purge(d, batches.receipts, now_ms, limit).await?;
+        purge(d, batches.entities, now_ms, limit).await?;
+        purge(d, batches.webhook_inbox, now_ms, limit).await?;
+        Ok(done)
     }
 }

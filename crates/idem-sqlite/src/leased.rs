@@ -23,7 +23,7 @@ pub(crate) async fn claim(
     now_ms: i64,
 ) -> Result<LeasedClaim, StoreError> {
     // Replays and live leases: a read, without the write lock.
-    if let Some(found) = idem_sql::keys::fetch(store, scope).await?
+    if let Some(found) = store.bounded(store.read_first(scope)).await?
         && next_step(&found, c.fingerprint, c.on_unknown, now_ms) == NextStep::Keep
     {
         return Ok(LeasedClaim::Existing(found));

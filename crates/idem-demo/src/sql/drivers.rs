@@ -1,4 +1,4 @@
-//! [`DemoSql`](super::DemoSql) for [`SqlStore<D>`], written once over any
+//! [`DemoSql`] for [`SqlStore<D>`], written once over any
 //! [`Dialect`]: each call is the shared statement of
 //! [`statements`](super::statements) as a [`Stmt`], run with the dialect's
 //! primitives ([`Dialect::execute`]; reads through

@@ -85,7 +85,7 @@ pub trait DemoSql: OutboxWriter {
     ) -> impl Future<Output = Result<bool, StoreError>> + Send + 'a;
 
     /// Adds `amount` to the refunded total if it stays within the payment
-    /// ([`ADD_REFUND`]); `false` when no row moved.
+    /// ([`ADD_REFUND`](statements::ADD_REFUND)); `false` when no row moved.
     fn add_refund<'a>(
         tx: &'a mut Self::Tx,
         tenant: &'a str,

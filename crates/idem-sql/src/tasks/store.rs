@@ -1,19 +1,22 @@
-//! [`TaskStore`](idem_core::tasks::TaskStore) written once, generic over
+//! [`TaskStore`] written once, generic over
 //! the [`Dialect`], over the statements of [`super`].
 
 use idem_core::StoreError;
 use idem_core::steps::MessageState;
 use idem_core::tasks::{
-    ActionAttempt, ActionClaim, ActionDecision, ActionMode, ActionOutcome, AskAnswer, AskHolder,
-    ClaimRequest, CursorMove, Fenced, NewTask, PollerRecord, Settle, SettlePlan, SettleWrite,
-    Steer, Steered, TaskEvent, TaskFilter, TaskRecord, TaskState, decide_ask, held_by_claim, holds,
-    may_give_back, plan_settle,
+    ActionDecision, ActionMode, AskAnswer, AskHolder, Settle, SettlePlan, SettleWrite, TaskRecord,
+    decide_ask, held_by_claim, holds, may_give_back, plan_settle,
 };
 
 use super as sql;
 use crate::decode;
 use crate::dialect::{Dialect, On, Stmt, fetch_one, read_row, read_rows};
 use crate::row;
+use crate::store::SqlStore;
+use idem_core::tasks::{
+    ActionAttempt, ActionClaim, ActionOutcome, ClaimRequest, CursorMove, Fenced, NewTask,
+    PollerRecord, Steer, Steered, TaskEvent, TaskFilter, TaskState, TaskStore,
+};
 
 /// `s` on the transaction: its first row, if any.
 async fn optional<D: Dialect>(tx: &mut D::Tx, s: Stmt<'_>) -> Result<Option<D::Row>, StoreError> {
@@ -127,489 +130,364 @@ async fn write<D: Dialect>(
     Ok(written)
 }
 
-/// [`TaskStore::create_task`](idem_core::tasks::TaskStore::create_task).
-pub async fn create_task<D: Dialect>(
-    tx: &mut D::Tx,
-    task: &NewTask<'_>,
-) -> Result<(TaskRecord, bool), StoreError> {
-    let insert = Stmt::new(sql::INSERT_TASK.as_str())
-        .bind(task.id)
-        .bind(task.tenant)
-        .bind(task.queue)
-        .bind(task.key)
-        .bind(task.payload)
-        .bind(task.payload_hash)
-        .bind(task.priority)
-        .bind(task.run_at_ms)
-        .bind(i64::from(task.max_attempts))
-        .bind(task.now_ms);
-    if let Some(row) = optional::<D>(tx, insert).await? {
-        let created = decode::task(&row)?;
-        event::<D>(tx, task.id, "created", None, None, task.now_ms, None).await?;
-        return Ok((created, true));
-    }
-    let by_key = Stmt::new(sql::TASK_BY_KEY.as_str())
-        .bind(task.tenant)
-        .bind(task.queue)
-        .bind(task.key);
-    match optional::<D>(tx, by_key).await? {
-        Some(row) => Ok((decode::task(&row)?, false)),
-        // The id is taken by another key: not a derived id.
-        None => Err(StoreError::Corrupt {
-            detail: format!("task id {} is another key's", task.id),
-        }),
-    }
-}
-
-/// [`TaskStore::move_cursor`](idem_core::tasks::TaskStore::move_cursor).
-pub async fn move_cursor<D: Dialect>(
-    tx: &mut D::Tx,
-    tenant: &str,
-    poller: &str,
-    expected: Option<&str>,
-    value: &str,
-    now_ms: i64,
-) -> Result<CursorMove, StoreError> {
-    let s = match expected {
-        None => Stmt::new(sql::INSERT_CURSOR)
-            .bind(tenant)
-            .bind(poller)
-            .bind(value)
-            .bind(now_ms),
-        Some(from) => Stmt::new(sql::MOVE_CURSOR)
-            .bind(tenant)
-            .bind(poller)
-            .bind(from)
-            .bind(value)
-            .bind(now_ms),
-    };
-    if execute::<D>(tx, s).await? == 1 {
-        return Ok(CursorMove::Moved);
-    }
-    let read = Stmt::new("SELECT cursor FROM idem_pollers WHERE tenant_id = $1 AND poller = $2")
-        .bind(tenant)
-        .bind(poller);
-    let current: Option<String> = match optional::<D>(tx, read).await? {
-        Some(row) => Some(row::get_at(&row, 0)?),
-        None => None,
-    };
-    Ok(match current {
-        Some(c) if c == value => CursorMove::AlreadyThere,
-        other => CursorMove::Conflict(other),
-    })
-}
-
-/// [`TaskStore::cursor`](idem_core::tasks::TaskStore::cursor).
-pub async fn cursor<D: Dialect>(
-    d: &D,
-    tenant: &str,
-    poller: &str,
-) -> Result<Option<PollerRecord>, StoreError> {
-    let s = Stmt::new(sql::CURSOR).bind(tenant).bind(poller);
-    read_row(d, s, decode::poller).await
-}
-
-/// [`TaskStore::claim_tasks`](idem_core::tasks::TaskStore::claim_tasks).
-pub async fn claim_tasks<D: Dialect>(
-    tx: &mut D::Tx,
-    claim: &ClaimRequest<'_>,
-) -> Result<Vec<TaskRecord>, StoreError> {
-    // Tasks that died (their last lease ended) are not claimed: look again
-    // for as many, until none died.
-    let mut claimed = Vec::new();
-    loop {
-        let want = i64::from(claim.max) - claimed.len() as i64;
-        let s = Stmt::new(super::texts::<D>().claim.as_str())
-            .bind(claim.tenant)
-            .bind(claim.queue)
-            .bind(claim.worker)
-            .bind(claim.now_ms)
-            .bind(claim.lease_ms)
-            .bind(want);
-        let rows = D::fetch_all(On::Conn(&mut **tx), s)
-            .await
-            .map_err(D::map_err)?;
-        let before = claimed.len();
-        for row in &rows {
-            let t = decode::task(row)?;
-            let kind = t.claim_kind.clone().unwrap_or_default();
-            let actor = (t.state == TaskState::Claimed).then_some(claim.worker);
-            event::<D>(tx, &t.id, &kind, actor, Some(t.fence), claim.now_ms, None).await?;
-            if t.state == TaskState::Claimed {
-                claimed.push(t);
-            }
+impl<D: Dialect> TaskStore for SqlStore<D> {
+    async fn create_task(
+        tx: &mut D::Tx,
+        task: &NewTask<'_>,
+    ) -> Result<(TaskRecord, bool), StoreError> {
+        let insert = Stmt::new(sql::INSERT_TASK.as_str())
+            .bind(task.id)
+            .bind(task.tenant)
+            .bind(task.queue)
+            .bind(task.key)
+            .bind(task.payload)
+            .bind(task.payload_hash)
+            .bind(task.priority)
+            .bind(task.run_at_ms)
+            .bind(i64::from(task.max_attempts))
+            .bind(task.now_ms);
+        if let Some(row) = optional::<D>(tx, insert).await? {
+            let created = decode::task(&row)?;
+            event::<D>(tx, task.id, "created", None, None, task.now_ms, None).await?;
+            return Ok((created, true));
         }
-        let died = rows.len() - (claimed.len() - before);
-        if died == 0 || (rows.len() as i64) < want {
-            return Ok(claimed);
+        let by_key = Stmt::new(sql::TASK_BY_KEY.as_str())
+            .bind(task.tenant)
+            .bind(task.queue)
+            .bind(task.key);
+        match optional::<D>(tx, by_key).await? {
+            Some(row) => Ok((decode::task(&row)?, false)),
+            // The id is taken by another key: not a derived id.
+            None => Err(StoreError::Corrupt {
+                detail: format!("task id {} is another key's", task.id),
+            }),
         }
     }
-}
 
-/// [`TaskStore::settle`](idem_core::tasks::TaskStore::settle).
-pub async fn settle<D: Dialect>(
-    tx: &mut D::Tx,
-    tenant: &str,
-    task: &str,
-    fence: i64,
-    settle: &Settle<'_>,
-    now_ms: i64,
-) -> Result<Fenced, StoreError> {
-    let Some(t) = locked::<D>(tx, tenant, task).await? else {
-        return Ok(Fenced::Missing);
-    };
-    match plan_settle(&t, fence, settle, now_ms) {
-        SettlePlan::Refuse(r) => Ok(r.with(t)),
-        SettlePlan::Write(w) => Ok(Fenced::Written(
-            write::<D>(tx, &t, fence, settle, w, now_ms).await?,
-        )),
-    }
-}
-
-/// [`TaskStore::claim_action`](idem_core::tasks::TaskStore::claim_action).
-pub async fn claim_action<D: Dialect>(
-    tx: &mut D::Tx,
-    a: &ActionAttempt<'_>,
-) -> Result<ActionClaim, StoreError> {
-    let Some(t) = locked::<D>(tx, a.tenant, a.task).await? else {
-        return Ok(ActionClaim::Missing);
-    };
-    if !holds(&t, a.fence, a.now_ms) {
-        return Ok(ActionClaim::LeaseLost(t));
-    }
-    // The entry names the ask told go: only its exact replay is told go
-    // again (the ledger's claim takes a not-sent entry for this ask, or
-    // leaves it as it is).
-    let asker = AskHolder::new(a.task, a.fence, a.ask, a.mode);
-    let s = Stmt::new(crate::runs::texts::<D>().claim_message)
-        .bind(a.key)
-        .bind(asker.as_str())
-        .bind(a.action)
-        .bind(a.now_ms)
-        .bind(a.expires_at_ms);
-    let row = one::<D>(tx, s).await?;
-    let entry = decode::message(&row)?;
-    let decision = match decide_ask(entry.state, &entry.run_id, &asker) {
-        AskAnswer::Decided(d) => d,
-        AskAnswer::KeyReused => return Ok(ActionClaim::KeyReused(t)),
-    };
-    let detail = format!("{} {}: {}", a.mode.as_str(), a.action, decision.as_str());
-    let holder = t.holder.as_deref();
-    event::<D>(
-        tx,
-        a.task,
-        "action",
-        holder,
-        Some(a.fence),
-        a.now_ms,
-        Some(&detail),
-    )
-    .await?;
-    if decision == ActionDecision::Unknown && a.mode == ActionMode::AtMostOnce {
-        let s = Stmt::new(sql::ATTENTION.as_str())
-            .bind(a.task)
-            .bind(a.fence)
-            .bind(a.now_ms);
-        let row = one::<D>(tx, s).await?;
-        let why = format!(
-            "the outcome of {} is unknown: check the other system by its key {}",
-            a.action, a.key
-        );
-        let kind = "needs_attention";
-        event::<D>(tx, a.task, kind, None, Some(a.fence), a.now_ms, Some(&why)).await?;
-        return Ok(ActionClaim::Decided(decision, decode::task(&row)?));
-    }
-    Ok(ActionClaim::Decided(decision, t))
-}
-
-/// [`TaskStore::record_action`](idem_core::tasks::TaskStore::record_action).
-pub async fn record_action<D: Dialect>(
-    tx: &mut D::Tx,
-    a: &ActionAttempt<'_>,
-    outcome: ActionOutcome,
-) -> Result<ActionClaim, StoreError> {
-    let Some(t) = locked::<D>(tx, a.tenant, a.task).await? else {
-        return Ok(ActionClaim::Missing);
-    };
-    if !holds(&t, a.fence, a.now_ms) {
-        return Ok(ActionClaim::LeaseLost(t));
-    }
-    // Only what this claim attempted (any of its asks), or was asked to
-    // verify.
-    let read = Stmt::new(crate::runs::MESSAGE.as_str()).bind(a.key);
-    let entry = optional::<D>(tx, read).await?;
-    let Some(entry) = entry.as_ref().map(decode::message).transpose()? else {
-        return Ok(ActionClaim::NoAttempt(t));
-    };
-    // A go under this fence is given back by its own ask alone: any other
-    // may look before that one sends.
-    if outcome == ActionOutcome::NotSent
-        && entry.state == MessageState::Sending
-        && !may_give_back(&entry.run_id, a.task, a.fence, a.ask)
-    {
-        return Ok(ActionClaim::InFlight(t));
-    }
-    if !held_by_claim(&entry.run_id, a.task, a.fence) {
-        let verify = format!("{} {}: unknown", ActionMode::Verify.as_str(), a.action);
-        let s = Stmt::new(sql::ASKED_TO_VERIFY)
-            .bind(a.task)
-            .bind(a.fence)
-            .bind(verify);
-        let asked: bool = row::get_at(&one::<D>(tx, s).await?, 0)?;
-        if !asked {
-            return Ok(ActionClaim::NoAttempt(t));
-        }
-    }
-    // Not sent frees the entry for the next ask (told go then, recorded as
-    // that ask's): the report itself is no go, or a worker acting on it and
-    // the next ask would both send.
-    let (sql_text, name, answer) = match outcome {
-        ActionOutcome::Done => (sql::MARK_SENT, "done", ActionDecision::Done),
-        ActionOutcome::NotSent => (sql::MARK_NOT_SENT, "not-sent", ActionDecision::Ask),
-    };
-    let mark = Stmt::new(sql_text).bind(a.key).bind(a.now_ms);
-    if execute::<D>(tx, mark).await? == 0 {
-        // Reported not sent, recorded sent: it was done; reported not sent
-        // again: free still.
-        let was = match entry.state {
-            MessageState::NotSent => ActionDecision::Ask,
-            _ => ActionDecision::Done,
+    async fn move_cursor(
+        tx: &mut D::Tx,
+        tenant: &str,
+        poller: &str,
+        expected: Option<&str>,
+        value: &str,
+        now_ms: i64,
+    ) -> Result<CursorMove, StoreError> {
+        let s = match expected {
+            None => Stmt::new(sql::INSERT_CURSOR)
+                .bind(tenant)
+                .bind(poller)
+                .bind(value)
+                .bind(now_ms),
+            Some(from) => Stmt::new(sql::MOVE_CURSOR)
+                .bind(tenant)
+                .bind(poller)
+                .bind(from)
+                .bind(value)
+                .bind(now_ms),
         };
-        return Ok(ActionClaim::Decided(was, t));
+        if execute::<D>(tx, s).await? == 1 {
+            return Ok(CursorMove::Moved);
+        }
+        let read =
+            Stmt::new("SELECT cursor FROM idem_pollers WHERE tenant_id = $1 AND poller = $2")
+                .bind(tenant)
+                .bind(poller);
+        let current: Option<String> = match optional::<D>(tx, read).await? {
+            Some(row) => Some(row::get_at(&row, 0)?),
+            None => None,
+        };
+        Ok(match current {
+            Some(c) if c == value => CursorMove::AlreadyThere,
+            other => CursorMove::Conflict(other),
+        })
     }
-    let detail = match a.detail {
-        Some(d) => format!("{}: {name} ({d})", a.action),
-        None => format!("{}: {name}", a.action),
-    };
-    let (holder, kind) = (t.holder.as_deref(), "action_result");
-    event::<D>(
-        tx,
-        a.task,
-        kind,
-        holder,
-        Some(a.fence),
-        a.now_ms,
-        Some(&detail),
-    )
-    .await?;
-    Ok(ActionClaim::Decided(answer, t))
-}
 
-/// [`TaskStore::steer`](idem_core::tasks::TaskStore::steer).
-pub async fn steer<D: Dialect>(
-    tx: &mut D::Tx,
-    task: &str,
-    steer: Steer<'_>,
-    actor: &str,
-    now_ms: i64,
-) -> Result<Steered, StoreError> {
-    let read = Stmt::new(super::texts::<D>().lock_task.as_str()).bind(task);
-    let row = optional::<D>(tx, read).await?;
-    let Some(t) = row.as_ref().map(decode::task).transpose()? else {
-        return Ok(Steered::Missing);
-    };
-    let (kind, detail) = match steer {
-        Steer::Retry => {
-            if !matches!(t.state, TaskState::Dead | TaskState::NeedsAttention) {
-                return Ok(Steered::NotApplicable(t));
+    async fn cursor(&self, tenant: &str, poller: &str) -> Result<Option<PollerRecord>, StoreError> {
+        let d = &self.0;
+        let s = Stmt::new(sql::CURSOR).bind(tenant).bind(poller);
+        read_row(d, s, decode::poller).await
+    }
+
+    async fn claim_tasks(
+        tx: &mut D::Tx,
+        claim: &ClaimRequest<'_>,
+    ) -> Result<Vec<TaskRecord>, StoreError> {
+        // Tasks that died (their last lease ended) are not claimed: look again
+        // for as many, until none died.
+        let mut claimed = Vec::new();
+        loop {
+            let want = i64::from(claim.max) - claimed.len() as i64;
+            let s = Stmt::new(super::texts::<D>().claim.as_str())
+                .bind(claim.tenant)
+                .bind(claim.queue)
+                .bind(claim.worker)
+                .bind(claim.now_ms)
+                .bind(claim.lease_ms)
+                .bind(want);
+            let rows = D::fetch_all(On::Conn(&mut **tx), s)
+                .await
+                .map_err(D::map_err)?;
+            let before = claimed.len();
+            for row in &rows {
+                let t = decode::task(row)?;
+                let kind = t.claim_kind.clone().unwrap_or_default();
+                let actor = (t.state == TaskState::Claimed).then_some(claim.worker);
+                event::<D>(tx, &t.id, &kind, actor, Some(t.fence), claim.now_ms, None).await?;
+                if t.state == TaskState::Claimed {
+                    claimed.push(t);
+                }
             }
-            ("retried", None)
+            let died = rows.len() - (claimed.len() - before);
+            if died == 0 || (rows.len() as i64) < want {
+                return Ok(claimed);
+            }
         }
-        Steer::Resolve { action, key, sent } => {
-            if t.state != TaskState::NeedsAttention {
-                return Ok(Steered::NotApplicable(t));
+    }
+
+    async fn settle(
+        tx: &mut D::Tx,
+        tenant: &str,
+        task: &str,
+        fence: i64,
+        settle: &Settle<'_>,
+        now_ms: i64,
+    ) -> Result<Fenced, StoreError> {
+        let Some(t) = locked::<D>(tx, tenant, task).await? else {
+            return Ok(Fenced::Missing);
+        };
+        match plan_settle(&t, fence, settle, now_ms) {
+            SettlePlan::Refuse(r) => Ok(r.with(t)),
+            SettlePlan::Write(w) => Ok(Fenced::Written(
+                write::<D>(tx, &t, fence, settle, w, now_ms).await?,
+            )),
+        }
+    }
+
+    async fn claim_action(
+        tx: &mut D::Tx,
+        a: &ActionAttempt<'_>,
+    ) -> Result<ActionClaim, StoreError> {
+        let Some(t) = locked::<D>(tx, a.tenant, a.task).await? else {
+            return Ok(ActionClaim::Missing);
+        };
+        if !holds(&t, a.fence, a.now_ms) {
+            return Ok(ActionClaim::LeaseLost(t));
+        }
+        // The entry names the ask told go: only its exact replay is told go
+        // again (the ledger's claim takes a not-sent entry for this ask, or
+        // leaves it as it is).
+        let asker = AskHolder::new(a.task, a.fence, a.ask, a.mode);
+        let s = Stmt::new(crate::runs::texts::<D>().claim_message)
+            .bind(a.key)
+            .bind(asker.as_str())
+            .bind(a.action)
+            .bind(a.now_ms)
+            .bind(a.expires_at_ms);
+        let row = one::<D>(tx, s).await?;
+        let entry = decode::message(&row)?;
+        let decision = match decide_ask(entry.state, &entry.run_id, &asker) {
+            AskAnswer::Decided(d) => d,
+            AskAnswer::KeyReused => return Ok(ActionClaim::KeyReused(t)),
+        };
+        let detail = format!("{} {}: {}", a.mode.as_str(), a.action, decision.as_str());
+        let holder = t.holder.as_deref();
+        event::<D>(
+            tx,
+            a.task,
+            "action",
+            holder,
+            Some(a.fence),
+            a.now_ms,
+            Some(&detail),
+        )
+        .await?;
+        if decision == ActionDecision::Unknown && a.mode == ActionMode::AtMostOnce {
+            let s = Stmt::new(sql::ATTENTION.as_str())
+                .bind(a.task)
+                .bind(a.fence)
+                .bind(a.now_ms);
+            let row = one::<D>(tx, s).await?;
+            let why = format!(
+                "the outcome of {} is unknown: check the other system by its key {}",
+                a.action, a.key
+            );
+            let kind = "needs_attention";
+            event::<D>(tx, a.task, kind, None, Some(a.fence), a.now_ms, Some(&why)).await?;
+            return Ok(ActionClaim::Decided(decision, decode::task(&row)?));
+        }
+        Ok(ActionClaim::Decided(decision, t))
+    }
+
+    async fn record_action(
+        tx: &mut D::Tx,
+        a: &ActionAttempt<'_>,
+        outcome: ActionOutcome,
+    ) -> Result<ActionClaim, StoreError> {
+        let Some(t) = locked::<D>(tx, a.tenant, a.task).await? else {
+            return Ok(ActionClaim::Missing);
+        };
+        if !holds(&t, a.fence, a.now_ms) {
+            return Ok(ActionClaim::LeaseLost(t));
+        }
+        // Only what this claim attempted (any of its asks), or was asked to
+        // verify.
+        let read = Stmt::new(crate::runs::MESSAGE.as_str()).bind(a.key);
+        let entry = optional::<D>(tx, read).await?;
+        let Some(entry) = entry.as_ref().map(decode::message).transpose()? else {
+            return Ok(ActionClaim::NoAttempt(t));
+        };
+        // A go under this fence is given back by its own ask alone: any other
+        // may look before that one sends.
+        if outcome == ActionOutcome::NotSent
+            && entry.state == MessageState::Sending
+            && !may_give_back(&entry.run_id, a.task, a.fence, a.ask)
+        {
+            return Ok(ActionClaim::InFlight(t));
+        }
+        if !held_by_claim(&entry.run_id, a.task, a.fence) {
+            let verify = format!("{} {}: unknown", ActionMode::Verify.as_str(), a.action);
+            let s = Stmt::new(sql::ASKED_TO_VERIFY)
+                .bind(a.task)
+                .bind(a.fence)
+                .bind(verify);
+            let asked: bool = row::get_at(&one::<D>(tx, s).await?, 0)?;
+            if !asked {
+                return Ok(ActionClaim::NoAttempt(t));
             }
-            let mark = if sent {
-                sql::MARK_SENT
-            } else {
-                sql::MARK_NOT_SENT
+        }
+        // Not sent frees the entry for the next ask (told go then, recorded as
+        // that ask's): the report itself is no go, or a worker acting on it and
+        // the next ask would both send.
+        let (sql_text, name, answer) = match outcome {
+            ActionOutcome::Done => (sql::MARK_SENT, "done", ActionDecision::Done),
+            ActionOutcome::NotSent => (sql::MARK_NOT_SENT, "not-sent", ActionDecision::Ask),
+        };
+        let mark = Stmt::new(sql_text).bind(a.key).bind(a.now_ms);
+        if execute::<D>(tx, mark).await? == 0 {
+            // Reported not sent, recorded sent: it was done; reported not sent
+            // again: free still.
+            let was = match entry.state {
+                MessageState::NotSent => ActionDecision::Ask,
+                _ => ActionDecision::Done,
             };
-            if execute::<D>(tx, Stmt::new(mark).bind(key).bind(now_ms)).await? == 0 {
-                return Ok(Steered::NotApplicable(t));
+            return Ok(ActionClaim::Decided(was, t));
+        }
+        let detail = match a.detail {
+            Some(d) => format!("{}: {name} ({d})", a.action),
+            None => format!("{}: {name}", a.action),
+        };
+        let (holder, kind) = (t.holder.as_deref(), "action_result");
+        event::<D>(
+            tx,
+            a.task,
+            kind,
+            holder,
+            Some(a.fence),
+            a.now_ms,
+            Some(&detail),
+        )
+        .await?;
+        Ok(ActionClaim::Decided(answer, t))
+    }
+
+    async fn steer(
+        tx: &mut D::Tx,
+        task: &str,
+        steer: Steer<'_>,
+        actor: &str,
+        now_ms: i64,
+    ) -> Result<Steered, StoreError> {
+        let read = Stmt::new(super::texts::<D>().lock_task.as_str()).bind(task);
+        let row = optional::<D>(tx, read).await?;
+        let Some(t) = row.as_ref().map(decode::task).transpose()? else {
+            return Ok(Steered::Missing);
+        };
+        let (kind, detail) = match steer {
+            Steer::Retry => {
+                if !matches!(t.state, TaskState::Dead | TaskState::NeedsAttention) {
+                    return Ok(Steered::NotApplicable(t));
+                }
+                ("retried", None)
             }
-            let how = if sent { "sent" } else { "not sent" };
-            ("resolved", Some(format!("{action}: {how}")))
-        }
-    };
-    let revive = Stmt::new(sql::REVIVE.as_str()).bind(task).bind(now_ms);
-    let revived = decode::task(&one::<D>(tx, revive).await?)?;
-    let fence = Some(revived.fence);
-    event::<D>(
-        tx,
-        task,
-        kind,
-        Some(actor),
-        fence,
-        now_ms,
-        detail.as_deref(),
-    )
-    .await?;
-    Ok(Steered::Done(revived))
-}
+            Steer::Resolve { action, key, sent } => {
+                if t.state != TaskState::NeedsAttention {
+                    return Ok(Steered::NotApplicable(t));
+                }
+                let mark = if sent {
+                    sql::MARK_SENT
+                } else {
+                    sql::MARK_NOT_SENT
+                };
+                if execute::<D>(tx, Stmt::new(mark).bind(key).bind(now_ms)).await? == 0 {
+                    return Ok(Steered::NotApplicable(t));
+                }
+                let how = if sent { "sent" } else { "not sent" };
+                ("resolved", Some(format!("{action}: {how}")))
+            }
+        };
+        let revive = Stmt::new(sql::REVIVE.as_str()).bind(task).bind(now_ms);
+        let revived = decode::task(&one::<D>(tx, revive).await?)?;
+        let fence = Some(revived.fence);
+        event::<D>(
+            tx,
+            task,
+            kind,
+            Some(actor),
+            fence,
+            now_ms,
+            detail.as_deref(),
+        )
+        .await?;
+        Ok(Steered::Done(revived))
+    }
 
-/// [`TaskStore::has_due`](idem_core::tasks::TaskStore::has_due).
-pub async fn has_due<D: Dialect>(
-    d: &D,
-    tenant: &str,
-    queue: &str,
-    now_ms: i64,
-) -> Result<bool, StoreError> {
-    d.bounded(async {
-        let s = Stmt::new(sql::HAS_DUE)
-            .bind(tenant)
-            .bind(queue)
-            .bind(now_ms);
-        let row = fetch_one::<D>(On::Pool(d.pool()), s)
-            .await
-            .map_err(|e| d.map(e))?;
-        row::get_at(&row, 0)
-    })
-    .await
-}
+    async fn has_due(&self, tenant: &str, queue: &str, now_ms: i64) -> Result<bool, StoreError> {
+        let d = &self.0;
+        d.bounded(async {
+            let s = Stmt::new(sql::HAS_DUE)
+                .bind(tenant)
+                .bind(queue)
+                .bind(now_ms);
+            let row = fetch_one::<D>(On::Pool(d.pool()), s)
+                .await
+                .map_err(|e| d.map(e))?;
+            row::get_at(&row, 0)
+        })
+        .await
+    }
 
-/// [`TaskStore::load_task`](idem_core::tasks::TaskStore::load_task).
-pub async fn load_task<D: Dialect>(d: &D, id: &str) -> Result<Option<TaskRecord>, StoreError> {
-    read_row(d, Stmt::new(sql::TASK.as_str()).bind(id), decode::task).await
-}
+    async fn load_task(&self, id: &str) -> Result<Option<TaskRecord>, StoreError> {
+        let d = &self.0;
+        read_row(d, Stmt::new(sql::TASK.as_str()).bind(id), decode::task).await
+    }
 
-/// [`TaskStore::task_events`](idem_core::tasks::TaskStore::task_events).
-pub async fn task_events<D: Dialect>(d: &D, id: &str) -> Result<Vec<TaskEvent>, StoreError> {
-    read_rows(d, Stmt::new(sql::EVENTS).bind(id), decode::task_event).await
-}
+    async fn task_events(&self, id: &str) -> Result<Vec<TaskEvent>, StoreError> {
+        let d = &self.0;
+        read_rows(d, Stmt::new(sql::EVENTS).bind(id), decode::task_event).await
+    }
 
-/// [`TaskStore::list_tasks`](idem_core::tasks::TaskStore::list_tasks).
-pub async fn list_tasks<D: Dialect>(d: &D, f: &TaskFilter) -> Result<Vec<TaskRecord>, StoreError> {
-    let (created, id) = match &f.before {
-        Some((c, i)) => (Some(*c), Some(i.as_str())),
-        None => (None, None),
-    };
-    let s = Stmt::new(super::texts::<D>().list.as_str())
-        .bind(f.queue.as_deref())
-        .bind(f.state.map(TaskState::as_str))
-        .bind(created)
-        .bind(id)
-        .bind(i64::from(f.limit));
-    read_rows(d, s, decode::task).await
-}
+    async fn list_tasks(&self, f: &TaskFilter) -> Result<Vec<TaskRecord>, StoreError> {
+        let d = &self.0;
+        let (created, id) = match &f.before {
+            Some((c, i)) => (Some(*c), Some(i.as_str())),
+            None => (None, None),
+        };
+        let s = Stmt::new(super::texts::<D>().list.as_str())
+            .bind(f.queue.as_deref())
+            .bind(f.state.map(TaskState::as_str))
+            .bind(created)
+            .bind(id)
+            .bind(i64::from(f.limit));
+        read_rows(d, s, decode::task).await
+    }
 
-/// [`TaskStore::count_tasks`](idem_core::tasks::TaskStore::count_tasks).
-pub async fn count_tasks<D: Dialect>(d: &D) -> Result<Vec<(String, TaskState, u64)>, StoreError> {
-    read_rows(d, Stmt::new(sql::COUNT), decode::task_count).await
-}
+    async fn purge_tasks(&self, before_ms: i64, limit: u32) -> Result<u64, StoreError> {
+        let batch = crate::purge::batches::<D>().tasks;
+        crate::purge::purge(&self.0, batch, before_ms, limit).await
+    }
 
-/// [`TaskStore`](idem_core::tasks::TaskStore) for [`SqlStore`](crate::SqlStore):
-/// each method is this module's function of the same name (or the
-/// `Dialect` method it names).
-mod sql_store {
-    use crate::dialect::Dialect;
-    use crate::store::SqlStore;
-
-    use crate::tasks::store as t;
-    use idem_core::StoreError;
-    use idem_core::tasks::{
-        ActionAttempt, ActionClaim, ActionOutcome, ClaimRequest, CursorMove, Fenced, NewTask,
-        PollerRecord, Settle, Steer, Steered, TaskEvent, TaskFilter, TaskRecord, TaskState,
-        TaskStore,
-    };
-
-    impl<D: Dialect> TaskStore for SqlStore<D> {
-        async fn create_task(
-            tx: &mut D::Tx,
-            task: &NewTask<'_>,
-        ) -> Result<(TaskRecord, bool), StoreError> {
-            t::create_task::<D>(tx, task).await
-        }
-
-        async fn move_cursor(
-            tx: &mut D::Tx,
-            tenant: &str,
-            poller: &str,
-            expected: Option<&str>,
-            value: &str,
-            now_ms: i64,
-        ) -> Result<CursorMove, StoreError> {
-            t::move_cursor::<D>(tx, tenant, poller, expected, value, now_ms).await
-        }
-
-        async fn cursor(
-            &self,
-            tenant: &str,
-            poller: &str,
-        ) -> Result<Option<PollerRecord>, StoreError> {
-            t::cursor(&self.0, tenant, poller).await
-        }
-
-        async fn claim_tasks(
-            tx: &mut D::Tx,
-            claim: &ClaimRequest<'_>,
-        ) -> Result<Vec<TaskRecord>, StoreError> {
-            t::claim_tasks::<D>(tx, claim).await
-        }
-
-        async fn settle(
-            tx: &mut D::Tx,
-            tenant: &str,
-            task: &str,
-            fence: i64,
-            settle: &Settle<'_>,
-            now_ms: i64,
-        ) -> Result<Fenced, StoreError> {
-            t::settle::<D>(tx, tenant, task, fence, settle, now_ms).await
-        }
-
-        async fn claim_action(
-            tx: &mut D::Tx,
-            a: &ActionAttempt<'_>,
-        ) -> Result<ActionClaim, StoreError> {
-            t::claim_action::<D>(tx, a).await
-        }
-
-        async fn record_action(
-            tx: &mut D::Tx,
-            a: &ActionAttempt<'_>,
-            outcome: ActionOutcome,
-        ) -> Result<ActionClaim, StoreError> {
-            t::record_action::<D>(tx, a, outcome).await
-        }
-
-        async fn steer(
-            tx: &mut D::Tx,
-            task: &str,
-            steer: Steer<'_>,
-            actor: &str,
-            now_ms: i64,
-        ) -> Result<Steered, StoreError> {
-            t::steer::<D>(tx, task, steer, actor, now_ms).await
-        }
-
-        async fn has_due(
-            &self,
-            tenant: &str,
-            queue: &str,
-            now_ms: i64,
-        ) -> Result<bool, StoreError> {
-            t::has_due(&self.0, tenant, queue, now_ms).await
-        }
-
-        async fn load_task(&self, id: &str) -> Result<Option<TaskRecord>, StoreError> {
-            t::load_task(&self.0, id).await
-        }
-
-        async fn task_events(&self, id: &str) -> Result<Vec<TaskEvent>, StoreError> {
-            t::task_events(&self.0, id).await
-        }
-
-        async fn list_tasks(&self, f: &TaskFilter) -> Result<Vec<TaskRecord>, StoreError> {
-            t::list_tasks(&self.0, f).await
-        }
-
-        async fn purge_tasks(&self, before_ms: i64, limit: u32) -> Result<u64, StoreError> {
-            let batch = crate::purge::batches::<D>().tasks;
-            crate::purge::purge(&self.0, batch, before_ms, limit).await
-        }
-
-        async fn count_tasks(&self) -> Result<Vec<(String, TaskState, u64)>, StoreError> {
-            t::count_tasks(&self.0).await
-        }
+    async fn count_tasks(&self) -> Result<Vec<(String, TaskState, u64)>, StoreError> {
+        let d = &self.0;
+        read_rows(d, Stmt::new(sql::COUNT), decode::task_count).await
     }
 }
