@@ -117,3 +117,7 @@ pub use error::{ClientError, Failure};
 pub use key::MAX_KEY_LEN;
 pub use policy::{DEADLINE_LIMIT, MAX_ATTEMPTS_LIMIT, RetryPolicy};
 pub use request::{Answer, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, RequestBuilder};
+
+/// The request method [`Client::request`] takes (`http::Method`), so a
+/// caller needs no `http` dependency of its own.
+pub use http::Method;

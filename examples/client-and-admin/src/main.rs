@@ -19,10 +19,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use axum::Router;
-use axum::http::Method;
 use axum::routing::post;
+use idemkit::admin::v1::outcomes::{OutcomeRing, track};
 use idemkit::admin::{AdminConfig, AdminToken};
-use idemkit::client::{Client, ClientError, RetryPolicy};
+use idemkit::client::{Client, ClientError, Method, RetryPolicy};
 use idemkit::http::{IdempotencyLayer, RouteConfig, TenantSource};
 use idemkit::sqlite::{SqliteConfig, SqliteStore};
 use idemkit::{Operation, Tenant};
@@ -55,6 +55,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .merge(idemkit::admin::router(
             store,
             AdminConfig::new(Some(admin_token)),
+        ))
+        // The admin overview's request counts: every answer, through the ring.
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::new(OutcomeRing::default()),
+            track,
         ));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);
@@ -78,6 +83,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let listed: serde_json::Value = keys.json()?;
     let items = listed["items"].as_array().map_or(0, Vec::len);
     println!("admin: {} {items} key(s)", keys.status.as_u16());
+    let overview = admin
+        .request(Method::GET, "/admin/v1/overview")
+        .header("authorization", format!("Bearer {token}"))
+        .send()
+        .await?;
+    let overview: serde_json::Value = overview.json()?;
+    println!("overview: {}", overview["requests"]["outcomes"]);
     println!("orders made: {}", made.load(Ordering::SeqCst));
     std::fs::remove_dir_all(&dir)?;
     Ok(())

@@ -1,5 +1,6 @@
 //! Runs the example: the retried order is made once, and the admin API
-//! (mounted beside the route) lists its key.
+//! (mounted beside the route) lists its key and counts the two answers
+//! (executed, replayed) through the outcome ring.
 
 use std::process::Command;
 
@@ -19,6 +20,7 @@ fn the_same_key_makes_one_order_and_the_admin_api_lists_it() {
             "200 order 1 replayed=false",
             "200 order 1 replayed=true",
             "admin: 200 1 key(s)",
+            r#"overview: {"executed":1,"replayed":1}"#,
             "orders made: 1",
         ],
         "{stderr}"
