@@ -92,8 +92,19 @@ impl NatsCluster {
     /// Stops the node `name` with SIGSTOP: its process and sockets stay,
     /// it answers nothing (a node paused by its host, swapping, or frozen
     /// by a debugger) until [`NatsCluster::resume`].
+    /// Returns once every thread of the process is stopped (`T` in
+    /// `/proc/PID/task/*/stat`): a signal is queued before each thread
+    /// takes it, and a thread still running could answer one more request.
     pub fn pause(&mut self, name: &str) {
-        self.signal(name, "-STOP");
+        let pid = self.signal(name, "-STOP");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !all_threads_stopped(pid) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "node {name} (pid {pid}) not stopped 10 s after SIGSTOP"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
     }
 
     /// Lets a node paused by [`NatsCluster::pause`] run again (SIGCONT).
@@ -101,7 +112,7 @@ impl NatsCluster {
         self.signal(name, "-CONT");
     }
 
-    fn signal(&mut self, name: &str, signal: &str) {
+    fn signal(&mut self, name: &str, signal: &str) -> u32 {
         let node = self.node(name);
         let pid = node
             .child
@@ -113,6 +124,7 @@ impl NatsCluster {
             .status()
             .unwrap_or_else(|e| panic!("kill {signal} {pid}: {e}"));
         assert!(status.success(), "kill {signal} {pid}: {status}");
+        pid
     }
 
     /// Starts the node `name` again on its ports and store (its JetStream
@@ -159,4 +171,20 @@ impl Drop for NatsCluster {
             self.kill(&name);
         }
     }
+}
+
+/// Whether every thread of `pid` is stopped: the state after the command's
+/// name in each `/proc/PID/task/TID/stat` is `T` (`t` when traced).
+fn all_threads_stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().all(|task| {
+        std::fs::read_to_string(task.path().join("stat")).is_ok_and(|stat| {
+            // "TID (comm) S ...": the comm may hold spaces and parentheses.
+            stat.rfind(')')
+                .and_then(|end| stat[end + 1..].split_whitespace().next())
+                .is_some_and(|state| state == "T" || state == "t")
+        })
+    })
 }
