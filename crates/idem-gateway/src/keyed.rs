@@ -79,7 +79,15 @@ impl<S: LeasedKeyStore> Gateway<S> {
                 )
                 .await;
             let attempt = match claim {
-                Err(e) => return reject(Rejection::for_store(&e)),
+                Err(e) => {
+                    if matches!(e, StoreError::OutcomeUnknown { .. }) {
+                        // The claim may have committed; nothing was
+                        // forwarded under it. Give it back, or the key
+                        // reads as a forward whose answer was lost.
+                        give_back(self.store.clone(), scope.clone(), token.clone());
+                    }
+                    return reject(Rejection::for_store(&e));
+                }
                 Ok(LeasedClaim::Claimed) => Some(Attempt::First),
                 Ok(LeasedClaim::TakenOver { lease_ended_at_ms }) => {
                     metrics::takeover();
@@ -540,4 +548,55 @@ fn content_type(parts: &Parts) -> Option<&str> {
         .headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
+}
+
+/// At most this many claims are given back at once ([`give_back`]); past
+/// it, a claim whose answer was lost stays held until an operator resolves
+/// it (`idem keys release`), as the 409 that its retries get says.
+const GIVING_BACK_MAX: usize = 1024;
+
+/// How long [`give_back`] keeps trying while the database does not answer.
+const GIVE_BACK_FOR: Duration = Duration::from_secs(300);
+
+/// Claims being given back now.
+static GIVING_BACK: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Releases, in a task of its own, the claim `token` made on `scope` when
+/// the claim's answer was lost: the insert may have committed, but nothing
+/// was forwarded under it. The release deletes only a pending record
+/// holding `token`, so it cannot free a key another request holds, and no
+/// forward ever runs under this token. Until it has deleted the record it
+/// tries again, 100 ms doubling to a minute, for [`GIVE_BACK_FOR`]: while
+/// the database does not answer, and when there is nothing to delete yet
+/// (the insert may still be running in a database that was stalled, and
+/// commit after the first try).
+fn give_back<S: LeasedKeyStore>(store: S, scope: Scope, token: LeaseToken) {
+    use std::sync::atomic::Ordering;
+    if GIVING_BACK.fetch_add(1, Ordering::SeqCst) >= GIVING_BACK_MAX {
+        GIVING_BACK.fetch_sub(1, Ordering::SeqCst);
+        tracing::warn!("a claim whose answer was lost is left held: too many given back at once");
+        return;
+    }
+    tokio::spawn(async move {
+        let until = Instant::now() + GIVE_BACK_FOR;
+        let mut pause = Duration::from_millis(100);
+        loop {
+            let released = store.release_leased(&scope, &token).await;
+            if let Ok(true) = released {
+                break;
+            }
+            if Instant::now() + pause >= until {
+                if let Err(e) = released {
+                    tracing::warn!(
+                        error = &e as &(dyn std::error::Error + 'static),
+                        "a claim whose answer was lost could not be given back: an operator resolves its key"
+                    );
+                }
+                break;
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(60));
+        }
+        GIVING_BACK.fetch_sub(1, Ordering::SeqCst);
+    });
 }

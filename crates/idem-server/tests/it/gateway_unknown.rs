@@ -934,3 +934,47 @@ async fn a_takeover_while_the_first_forward_runs_stores_nothing_transient() {
         up.seen_at("/dedupe").len()
     );
 }
+
+/// The gateway's claim is one autocommit insert. When PostgreSQL commits
+/// it and the answer is lost on the way back, the gateway answers `503
+/// outcome-unknown` having forwarded nothing: the key must not then stay
+/// held as "forwarded, its answer lost" (409 for an operator, though the
+/// upstream never saw the request). The gateway gives its own claim back,
+/// so a retry claims afresh and forwards once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_whose_answer_is_lost_is_given_back_and_forwarded_once_on_retry() {
+    let db = idem_testkit::PgDatabase::create("idem_gw_claim").await;
+    let proxy = idem_testkit::Proxy::start(idem_testkit::url_addr(&db.url)).await;
+    let url = idem_testkit::url_via(&db.url, proxy.addr);
+    let up = Upstream::start().await;
+    let gw = Server::start(&url, &["--upstream", &up.url()]).await;
+    let key = "claim-answer-lost-1";
+    let body = r#"{"amount":7,"reference":"r-claim-lost"}"#;
+    // The key travels in the claim's Bind message, sent with its Execute.
+    proxy.cut_after_next(key.as_bytes());
+    let first = post(gw.addr, "/v1/payments", Some(key), body).await;
+    assert_eq!(first.status, 503, "{}", body_of(&first));
+    assert_eq!(first.problem_type(), UNKNOWN, "{}", body_of(&first));
+    assert!(up.seen_at("/v1/payments").is_empty(), "nothing forwarded");
+    let started = Instant::now();
+    let answered = loop {
+        let retry = post(gw.addr, "/v1/payments", Some(key), body).await;
+        if retry.status == 201 || started.elapsed() > Duration::from_secs(15) {
+            break retry;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(answered.status, 201, "{}", body_of(&answered));
+    let replay = post(gw.addr, "/v1/payments", Some(key), body).await;
+    assert_eq!(replay.status, 201, "{}", body_of(&replay));
+    assert_eq!(
+        replay.header("idempotent-replayed").as_deref(),
+        Some("true")
+    );
+    assert_eq!(up.seen_at("/v1/payments").len(), 1, "forwarded once");
+    assert_eq!(up.effects(), 1, "one effect");
+    println!(
+        "claim answer lost: first 503 outcome-unknown, forwarded once after {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
