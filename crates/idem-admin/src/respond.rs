@@ -96,6 +96,25 @@ pub async fn within<T>(
     }
 }
 
+/// A write that ends in its `COMMIT`, bounded: past `limit` it is abandoned
+/// and the client gets 503 `outcome-unknown` (the commit may have been sent
+/// and applied; a read's "nothing was written" would be a guess).
+pub async fn written_within<T>(
+    limit: Duration,
+    write: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, Response> {
+    match tokio::time::timeout(limit, write).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(db_error(e)),
+        Err(_) => {
+            tracing::warn!(?limit, "the database did not answer a write in time");
+            Err(db_error(StoreError::OutcomeUnknown {
+                source: format!("no answer within {limit:?}").into(),
+            }))
+        }
+    }
+}
+
 /// The last millisecond RFC 3339 can write (9999-12-31T23:59:59.999Z).
 const RFC3339_MAX_MS: i64 = 253_402_300_799_999;
 

@@ -18,7 +18,7 @@ use idem_sql::patterns::{Upsert, Value, Versioned, VersionedUpdate};
 use idem_steps::{Runs, WorkflowService};
 use serde_json::{Value as Json, json};
 
-use idem_admin::respond::{invalid, json_response, not_found, ok, within};
+use idem_admin::respond::{invalid, json_response, not_found, ok, within, written_within};
 
 use super::order::{NewOrder, order_json, run_of, valid_sku};
 use super::saga::Checkout;
@@ -152,7 +152,7 @@ async fn put_stock<S: Store>(
         app.store.commit(tx).await?;
         Ok::<_, idem_core::StoreError>(outcome)
     };
-    match within(app.read_timeout, write).await {
+    match written_within(app.read_timeout, write).await {
         Ok(None | Some(VersionedUpdate::Updated { .. })) => {}
         Ok(Some(VersionedUpdate::Stale { current })) => {
             return idem_http::problem(

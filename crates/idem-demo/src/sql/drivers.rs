@@ -9,7 +9,7 @@
 //! [`Dialect::FAMILY`].
 
 use idem_core::{Migration, StoreError};
-use idem_sql::dialect::{On, Stmt, fetch_one, read_row, read_rows};
+use idem_sql::dialect::{On, Stmt, read_row, read_rows};
 use idem_sql::row::{Column, get_at};
 use idem_sql::{Dialect, SqlStore};
 
@@ -196,10 +196,13 @@ impl<D: Dialect> DemoSql for SqlStore<D> {
 
     async fn effects(&self, tenant: &str, id: &str) -> Result<(i64, i64), StoreError> {
         let s = read(COUNT_EFFECTS, &[tenant, id]);
-        let row = fetch_one::<D>(On::Pool(self.pool()), s)
-            .await
-            .map_err(D::map_err)?;
-        Ok((get_at(&row, 0)?, get_at(&row, 1)?))
+        let counts = read_row(self.dialect(), s, |row| {
+            Ok((get_at(row, 0)?, get_at(row, 1)?))
+        });
+        // A count always answers one row.
+        counts.await?.ok_or_else(|| StoreError::Corrupt {
+            detail: "the effects count answered no row".into(),
+        })
     }
 
     async fn order(&self, tenant: &str, id: &str) -> Result<Option<OrderRow>, StoreError> {

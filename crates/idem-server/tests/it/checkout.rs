@@ -1326,3 +1326,52 @@ async fn two_recovery_workers_on_postgres() {
 async fn the_checkout_tour_works_as_written() {
     tour().await;
 }
+
+/// A stock write whose database stops answering mid-transaction is
+/// answered `503 outcome-unknown`, not `store-unavailable`: its `COMMIT`
+/// may have been applied, and "nothing was written" would be a guess. The
+/// database goes silent right after the write's `COMMIT` reached it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stock_write_whose_commit_is_not_answered_is_outcome_unknown() {
+    let db = PgDatabase::create("idem_stock_put").await;
+    let proxy = idem_testkit::Proxy::start(idem_testkit::url_addr(&db.url)).await;
+    let url = idem_testkit::url_via(&db.url, proxy.addr);
+    let nowhere = format!("http://127.0.0.1:{}", crate::process::free_port());
+    let shop = Server::start(&url, &["--provider-url", &nowhere, "--mail-url", &nowhere]).await;
+    let put = call(
+        shop.addr,
+        "PUT",
+        "/v1/inventory/tee-m",
+        None,
+        r#"{"available": 5}"#,
+    )
+    .await;
+    assert_eq!(put.status, 200, "{}", String::from_utf8_lossy(&put.body));
+    proxy.freeze_after_next(b"COMMIT");
+    let started = Instant::now();
+    let silent = call(
+        shop.addr,
+        "PUT",
+        "/v1/inventory/tee-m",
+        None,
+        r#"{"available": 4}"#,
+    )
+    .await;
+    assert_eq!(
+        silent.status,
+        503,
+        "{}",
+        String::from_utf8_lossy(&silent.body)
+    );
+    assert_eq!(
+        silent.problem_type(),
+        "https://idem.dev/problems/outcome-unknown",
+        "{}",
+        String::from_utf8_lossy(&silent.body)
+    );
+    proxy.thaw();
+    println!(
+        "stock write, commit unanswered: 503 outcome-unknown after {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
