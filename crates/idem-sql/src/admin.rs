@@ -304,15 +304,24 @@ fn counts<R: Columns>(rows: &[R]) -> Result<Vec<(String, u64)>, StoreError> {
         .collect()
 }
 
-/// The first column of the row `s` answers on the transaction, as text.
-async fn state_in<D: Dialect>(tx: &mut D::Tx, s: Stmt<'_>) -> Result<Option<String>, StoreError> {
-    match D::fetch_optional(On::Conn(&mut **tx), s)
+/// The state the row `s` answers on the transaction (its first column),
+/// read by `parse`; `what` names it when the text is no state.
+async fn state_in<D: Dialect, T>(
+    tx: &mut D::Tx,
+    s: Stmt<'_>,
+    parse: fn(&str) -> Option<T>,
+    what: &str,
+) -> Result<Option<T>, StoreError> {
+    let Some(row) = D::fetch_optional(On::Conn(&mut **tx), s)
         .await
         .map_err(D::map_err)?
-    {
-        Some(row) => row::get_at(&row, 0).map(Some),
-        None => Ok(None),
-    }
+    else {
+        return Ok(None);
+    };
+    let text: String = row::get_at(&row, 0)?;
+    parse(&text).map(Some).ok_or_else(|| StoreError::Corrupt {
+        detail: format!("{what} state {text:?}"),
+    })
 }
 
 impl<D: Dialect> AdminStore for SqlStore<D> {
@@ -340,7 +349,7 @@ impl<D: Dialect> AdminStore for SqlStore<D> {
         read_row(d, scoped(KEY_DETAIL.as_str(), scope), decode::key_detail).await
     }
 
-    /// in the caller's transaction.
+    /// In the caller's transaction.
     async fn release_key<'a>(
         tx: &'a mut D::Tx,
         scope: &'a Scope,
@@ -375,7 +384,7 @@ impl<D: Dialect> AdminStore for SqlStore<D> {
         })
     }
 
-    /// on one pooled connection.
+    /// On one pooled connection.
     async fn state_counts(&self) -> Result<StateCounts, StoreError> {
         let d = &self.0;
         d.bounded(async {
@@ -407,19 +416,16 @@ impl<D: Dialect> AdminStore for SqlStore<D> {
         read_rows(d, s, decode::outbox_entry).await
     }
 
-    /// in the caller's transaction.
+    /// In the caller's transaction.
     async fn requeue_outbox<'a>(
         tx: &'a mut D::Tx,
         message_id: &'a str,
         now_ms: i64,
     ) -> Result<OutboxRequeue, StoreError> {
         let read = Stmt::new(texts::<D>().outbox_state).bind(message_id);
-        let Some(state) = state_in::<D>(tx, read).await? else {
+        let Some(state) = state_in::<D, _>(tx, read, OutboxState::parse, "outbox").await? else {
             return Ok(OutboxRequeue::NotFound);
         };
-        let state = OutboxState::parse(&state).ok_or_else(|| StoreError::Corrupt {
-            detail: format!("outbox state {state:?}"),
-        })?;
         if state != OutboxState::Dead {
             return Ok(OutboxRequeue::NotDead(state));
         }
@@ -465,7 +471,7 @@ impl<D: Dialect> AdminStore for SqlStore<D> {
         read_rows(d, s, decode::receipt).await
     }
 
-    /// in the caller's transaction.
+    /// In the caller's transaction.
     async fn replay_receipt_in<'a>(
         tx: &'a mut D::Tx,
         endpoint: &'a str,
@@ -475,12 +481,9 @@ impl<D: Dialect> AdminStore for SqlStore<D> {
         let read = Stmt::new(texts::<D>().receipt_state)
             .bind(endpoint)
             .bind(delivery_id);
-        let Some(state) = state_in::<D>(tx, read).await? else {
+        let Some(state) = state_in::<D, _>(tx, read, ReceiptState::parse, "receipt").await? else {
             return Ok(Requeue::NotFound);
         };
-        let state = ReceiptState::parse(&state).ok_or_else(|| StoreError::Corrupt {
-            detail: format!("receipt state {state:?}"),
-        })?;
         match state {
             ReceiptState::Received => Ok(Requeue::AlreadyQueued),
             ReceiptState::Processed | ReceiptState::Stale => Ok(Requeue::AlreadyFinished(state)),
@@ -512,19 +515,16 @@ impl<D: Dialect> AdminStore for SqlStore<D> {
         read_rows(d, s, decode::run).await
     }
 
-    /// in the caller's transaction.
+    /// In the caller's transaction.
     async fn end_run_lease<'a>(
         tx: &'a mut D::Tx,
         id: &'a RunId,
         now_ms: i64,
     ) -> Result<LeaseEnd, StoreError> {
         let read = Stmt::new(texts::<D>().run_state).bind(id.as_str());
-        let Some(state) = state_in::<D>(tx, read).await? else {
+        let Some(state) = state_in::<D, _>(tx, read, RunState::parse, "run").await? else {
             return Ok(LeaseEnd::NotFound);
         };
-        let state = RunState::parse(&state).ok_or_else(|| StoreError::Corrupt {
-            detail: format!("run state {state:?}"),
-        })?;
         if state == RunState::NeedsAttention {
             return Ok(LeaseEnd::NeedsAttention);
         }
@@ -540,7 +540,7 @@ impl<D: Dialect> AdminStore for SqlStore<D> {
         Ok(LeaseEnd::Ended)
     }
 
-    /// in the caller's transaction: the entry's id.
+    /// In the caller's transaction: the entry's id.
     async fn insert_audit<'a>(tx: &'a mut D::Tx, e: &'a NewAudit<'a>) -> Result<i64, StoreError> {
         let s = Stmt::new(INSERT_AUDIT)
             .bind(e.at_ms)

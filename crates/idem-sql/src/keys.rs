@@ -146,8 +146,7 @@ pub fn no_longer_pending() -> StoreError {
 impl<D: Dialect> idem_core::KeyStore for SqlStore<D> {
     type Tx = D::Tx;
 
-    /// the read first, then
-    /// the dialect's claim, under one deadline.
+    /// The read first, then the dialect's claim, under one deadline.
     async fn claim(
         &self,
         scope: &idem_core::Scope,
@@ -175,8 +174,7 @@ impl<D: Dialect> idem_core::KeyStore for SqlStore<D> {
         .await
     }
 
-    /// the dialect's
-    /// message, a guard refusal as [`no_longer_pending`].
+    /// The dialect's message; a guard refusal is [`no_longer_pending`].
     async fn complete(
         &self,
         tx: Self::Tx,
@@ -192,7 +190,7 @@ impl<D: Dialect> idem_core::KeyStore for SqlStore<D> {
         }
     }
 
-    /// the dialect's message; a guard refusal answers the live record.
+    /// The dialect's message; a guard refusal answers the live record.
     async fn insert_completed(
         &self,
         tx: Self::Tx,
@@ -230,8 +228,7 @@ impl<D: Dialect> idem_core::KeyStore for SqlStore<D> {
         crate::dialect::Dialect::rollback_here(&self.0, tx).await
     }
 
-    /// the read first, under
-    /// the deadline.
+    /// The read first, under the deadline.
     async fn fetch(
         &self,
         scope: &idem_core::Scope,

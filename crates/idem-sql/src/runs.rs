@@ -522,8 +522,7 @@ impl<D: Dialect> RunStore for SqlStore<D> {
         self.0.claim_due_here(operations, t, limit).await
     }
 
-    /// the run
-    /// and its steps, on one pooled connection.
+    /// The run and its steps, on one pooled connection.
     async fn load_run(&self, id: &RunId) -> Result<Option<RunRecord>, StoreError> {
         let d = &self.0;
         d.bounded(async {

@@ -320,9 +320,8 @@ impl<D: Dialect> WebhookStore for SqlStore<D> {
         read_row(d, s, |row| row::get_at(row, 0)).await
     }
 
-    /// the
-    /// receipt's outcome and, when processed, its entity's newest version, in a
-    /// key-store transaction.
+    /// The receipt's outcome and, when processed, its entity's newest
+    /// version, in a key-store transaction.
     async fn finish(&self, id: i64, outcome: &Finish, now_ms: i64) -> Result<(), StoreError> {
         let d = &self.0;
         let sql = texts::<D>();
@@ -435,7 +434,7 @@ impl<D: Dialect> WebhookStore for SqlStore<D> {
         })
     }
 
-    /// receipts, then entity versions and the deliveries' inbox records.
+    /// Receipts, then entity versions and the deliveries' inbox records.
     async fn purge_expired_receipts(&self, now_ms: i64, limit: u32) -> Result<u64, StoreError> {
         let d = &self.0;
         let batches = crate::purge::batches::<D>();
