@@ -226,10 +226,12 @@ pub async fn sqlite(sqlite_url: &str, duration: Duration, run_id: u64) -> anyhow
 }
 
 /// The library and in-process HTTP cases on PostgreSQL.
-/// `bench_payments` on PostgreSQL, for the Powertools peer when the key
-/// cases do not run (`idem bench --only peer`).
+/// Idem's tables and `bench_payments` on PostgreSQL, for the Powertools
+/// peer and pgbench when the key cases do not run (`idem bench --only
+/// peer` or `--only pgbench`).
 pub async fn postgres_table(url: &str) -> anyhow::Result<()> {
     let store = idem_postgres::PgStore::connect(url, idem_postgres::PgConfig::default()).await?;
+    store.migrate().await?;
     sqlx::raw_sql(BENCH_PAYMENTS).execute(store.pool()).await?;
     Ok(())
 }

@@ -160,8 +160,9 @@ pub async fn run(config: &BenchConfig, on_case: measure::OnCase) -> anyhow::Resu
     if let Some(url) = postgres_url {
         if only.has("keys") {
             keys::postgres(url, duration, run_id).await?;
-        } else if only.has("peer") {
-            // The Powertools peer inserts into the key cases' table.
+        } else if only.has("peer") || only.has("pgbench") {
+            // The Powertools peer and pgbench's scripts use the key cases'
+            // tables.
             keys::postgres_table(url).await?;
         }
         if only.has("pgbench") {
