@@ -12,7 +12,8 @@ use crate::part::Part;
 use crate::servers::{Postgres, Server, start_nats, sweep};
 use crate::shell::{Beside, INTERRUPTED, Result, catch_interrupts, run, run_quoting};
 use crate::tools::{
-    browser_packages, chromium_binary, libfaketime, nats_binary, postgres_bindir, venv,
+    browser_packages, chromium_binary, libfaketime, nats_binary, postgres_bindir, rabbitmq_server,
+    venv,
 };
 
 /// The real clients the tests drive (`IDEM_TEST_PYTHON`): for the gateway,
@@ -99,6 +100,7 @@ struct Provisioned {
     pg: Postgres,
     nats: Server,
     nats_bin: PathBuf,
+    rabbitmq: PathBuf,
     chromium: PathBuf,
     faketime: PathBuf,
     python: PathBuf,
@@ -114,6 +116,7 @@ fn provision(root: &Path) -> Result<Provisioned> {
     let nats_bin = nats_binary()?;
     let nats = start_nats(root, &nats_bin)?;
     eprintln!("xtask: nats-server with JetStream on {}", nats.url());
+    let rabbitmq = rabbitmq_server()?;
     let chromium = chromium_binary()?;
     let faketime = libfaketime()?;
     browser_packages()?;
@@ -122,6 +125,7 @@ fn provision(root: &Path) -> Result<Provisioned> {
         pg,
         nats,
         nats_bin,
+        rabbitmq,
         chromium,
         faketime,
         python,
@@ -232,6 +236,7 @@ fn suite(extra: &[String]) -> Result<Vec<Part>> {
     // build, not after it; found, these are quick.
     postgres_bindir()?;
     nats_binary()?;
+    rabbitmq_server()?;
     chromium_binary()?;
     libfaketime()?;
     // The servers and tools are made ready while the whole suite compiles;
@@ -265,6 +270,7 @@ fn suite(extra: &[String]) -> Result<Vec<Part>> {
         pg,
         nats,
         nats_bin,
+        rabbitmq,
         chromium,
         faketime,
         python,
@@ -273,6 +279,7 @@ fn suite(extra: &[String]) -> Result<Vec<Part>> {
     cmd.env("IDEM_TEST_POSTGRES_URL", pg.url())
         .env("IDEM_TEST_NATS_URL", nats.url())
         .env("IDEM_TEST_NATS_SERVER", &nats_bin)
+        .env("IDEM_TEST_RABBITMQ_SERVER", &rabbitmq)
         .env("IDEM_TEST_CHROMIUM", &chromium)
         .env("IDEM_TEST_PYTHON", &python)
         .env("IDEM_TEST_LIBFAKETIME", &faketime);

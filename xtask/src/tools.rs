@@ -78,6 +78,21 @@ pub(crate) fn nats_binary() -> Result<PathBuf> {
     find().ok_or_else(|| "nats-server installed but its binary is missing".into())
 }
 
+/// Finds Debian's RabbitMQ server script (the broker tests start throwaway
+/// nodes of it), installing `rabbitmq-server` if root, with no service
+/// started.
+pub(crate) fn rabbitmq_server() -> Result<PathBuf> {
+    let path = PathBuf::from("/usr/lib/rabbitmq/bin/rabbitmq-server");
+    if !path.exists() {
+        apt_install_no_start("rabbitmq-server")?;
+    }
+    if path.exists() {
+        Ok(path)
+    } else {
+        Err("rabbitmq-server installed but /usr/lib/rabbitmq/bin/rabbitmq-server is missing".into())
+    }
+}
+
 /// Finds libfaketime's preload library (the clock tests start a process
 /// whose wall clock is off), installing the Debian package `libfaketime` if
 /// root.

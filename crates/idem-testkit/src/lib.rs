@@ -212,8 +212,10 @@ impl Drop for NatsServer {
 
 pub use cluster::NatsCluster;
 pub use proxy::Proxy;
+pub use rabbit::RabbitNode;
 
 mod cluster;
+mod rabbit;
 
 mod proxy {
     use std::net::SocketAddr;

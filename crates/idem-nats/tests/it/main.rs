@@ -2,6 +2,7 @@
 //! PostgreSQL server and a real NATS JetStream server.
 #![allow(clippy::unwrap_used, missing_docs)]
 
+mod backends;
 mod quorum;
 mod support;
 
