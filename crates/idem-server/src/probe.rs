@@ -27,9 +27,9 @@ use crate::backend::Backend;
 use crate::shutdown::stopped;
 use idem_httpd::{self as http_server, Limits};
 
-/// The broker's context once the process has connected and its streams
-/// are ready (`None` until then).
-pub type Broker = watch::Receiver<Option<idem_nats::Context>>;
+/// The broker once the process has connected and its streams (NATS) or
+/// exchange (RabbitMQ) are ready (`None` until then).
+pub type Broker = watch::Receiver<Option<crate::messaging::Broker>>;
 
 /// How long `/readyz` waits for the database.
 pub const DATABASE_WAIT: Duration = Duration::from_secs(2);
@@ -53,6 +53,8 @@ struct Ready<B> {
     /// Whether the process is not ready without NATS (a relay, a consumer)
     /// or only reports it (an API: its events wait in the outbox).
     nats_gates: bool,
+    /// The broker's name (`nats`, `rabbitmq`), when the process uses one.
+    broker_name: Option<&'static str>,
     /// The last answers (one check at a time; the others wait for it).
     last: tokio::sync::Mutex<Last>,
 }
@@ -75,12 +77,18 @@ struct Last {
 /// with `nats_gates` a process is not ready while JetStream does not
 /// answer (a relay, a consumer); without, the NATS state is only reported
 /// (an API serves without it).
-pub fn router<B: Backend>(store: B, broker: Option<Broker>, nats_gates: bool) -> Router {
+pub fn router<B: Backend>(
+    store: B,
+    broker: Option<(Broker, &'static str)>,
+    nats_gates: bool,
+) -> Router {
+    let (broker, broker_name) = broker.map_or((None, None), |(b, n)| (Some(b), Some(n)));
     Router::new()
         .route("/readyz", get(readyz::<B>))
         .with_state(Arc::new(Ready {
             store,
             broker,
+            broker_name,
             nats_gates,
             last: tokio::sync::Mutex::new(Last::default()),
         }))
@@ -101,15 +109,31 @@ fn database_state(
     }
 }
 
-/// The link to NATS as it is now, read without asking the broker: the
-/// context to ask, or the state that answers for it.
-fn link(broker: Option<&Broker>) -> Result<idem_nats::Context, &'static str> {
+/// The link to the broker as it is now, read without asking it: the
+/// broker to ask, or the state that answers for it.
+fn link(broker: Option<&Broker>) -> Result<crate::messaging::Broker, &'static str> {
+    use crate::messaging::Broker as B;
     match broker {
         None => Err("not used"),
         Some(b) => match &*b.borrow() {
             None => Err("connecting"),
-            Some(js) if idem_nats::is_connected(js) => Ok(js.clone()),
-            Some(_) => Err("disconnected"),
+            Some(B::Nats(js)) if !idem_nats::is_connected(js) => Err("disconnected"),
+            Some(b) => Ok(b.clone()),
+        },
+    }
+}
+
+/// What the broker says, and how long that holds.
+async fn broker_state(broker: &crate::messaging::Broker) -> (&'static str, Duration) {
+    match broker {
+        crate::messaging::Broker::Nats(js) => nats_state(js).await,
+        // The link opens again if it was lost; the exchange must answer.
+        crate::messaging::Broker::Rabbit(link) => match link.check(JETSTREAM_WAIT).await {
+            Ok(()) => ("ok", REUSE),
+            Err(e) => {
+                tracing::warn!(error = %idem_core::ErrorChain(&e), "readiness: RabbitMQ did not answer");
+                ("unavailable", REUSE)
+            }
         },
     }
 }
@@ -157,8 +181,8 @@ async fn readyz<B: Backend>(State(ready): State<Arc<Ready<B>>>) -> Response {
                     (Some(a), _) => a,
                     // Read afresh at every probe: it costs nothing.
                     (None, Err(state)) => Answer { state, until: now },
-                    (None, Ok(js)) => {
-                        let (state, holds_for) = nats_state(&js).await;
+                    (None, Ok(b)) => {
+                        let (state, holds_for) = broker_state(&b).await;
                         // "ok" holds from when it was asked, no longer
                         // than the stream's leader says; anything else
                         // from when it was known.
@@ -178,8 +202,13 @@ async fn readyz<B: Backend>(State(ready): State<Arc<Ready<B>>>) -> Response {
         (database.state, nats.state)
     };
     let nats_ok = !ready.nats_gates || matches!(nats, "ok" | "not used");
+    // The broker by name, and its state under its name ("none" without).
+    let name = ready.broker_name.unwrap_or("none");
     if database == "ok" && nats_ok {
-        let body = serde_json::json!({"status": "ready", "database": database, "nats": nats});
+        let mut body = serde_json::json!({"status": "ready", "database": database, "broker": name});
+        if let Some(name) = ready.broker_name {
+            body[name] = nats.into();
+        }
         return (
             StatusCode::OK,
             [(
@@ -192,8 +221,11 @@ async fn readyz<B: Backend>(State(ready): State<Arc<Ready<B>>>) -> Response {
     }
     let mut fields = serde_json::Map::new();
     fields.insert("database".into(), database.into());
-    fields.insert("nats".into(), nats.into());
-    let detail = format!("database: {database}; nats: {nats}");
+    fields.insert("broker".into(), name.into());
+    if ready.broker_name.is_some() {
+        fields.insert(name.into(), nats.into());
+    }
+    let detail = format!("database: {database}; {name}: {nats}");
     let mut res = idem_http::problem_with(
         StatusCode::SERVICE_UNAVAILABLE,
         "not-ready",
@@ -256,7 +288,7 @@ impl SideListener {
     pub async fn start<B: Backend>(
         self,
         store: B,
-        broker: Broker,
+        broker: (Broker, &'static str),
         shutdown: watch::Receiver<bool>,
     ) -> anyhow::Result<()> {
         let (listener, bound) = http_server::bind(self.listen).await?;

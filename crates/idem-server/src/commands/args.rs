@@ -35,6 +35,41 @@ impl DbArgs {
     }
 }
 
+/// The broker (`idem serve`, `idem relay`, `idem consume`).
+#[derive(clap::Args, Clone)]
+pub struct BrokerArgs {
+    /// The broker events go through: nats://HOST:4222 (NATS JetStream; a
+    /// comma-separated list for a cluster), amqp://USER:PASS@HOST:5672/VHOST
+    /// or amqps://… (RabbitMQ). `--nats-url` and IDEM_NATS_URL are older
+    /// names of it.
+    #[arg(
+        long = "broker-url",
+        visible_alias = "nats-url",
+        env = "IDEM_BROKER_URL",
+        help_heading = "Events"
+    )]
+    pub broker_url: Option<String>,
+}
+
+impl BrokerArgs {
+    /// The broker, checked; `IDEM_NATS_URL` when neither the flag nor
+    /// `IDEM_BROKER_URL` is set.
+    pub fn url(&self) -> anyhow::Result<Option<crate::messaging::BrokerUrl>> {
+        let url = self
+            .broker_url
+            .clone()
+            .or_else(|| std::env::var("IDEM_NATS_URL").ok());
+        url.map(|u| crate::messaging::BrokerUrl::parse(&u, "--broker-url"))
+            .transpose()
+    }
+
+    /// The broker, which this command cannot run without.
+    pub fn required(&self) -> anyhow::Result<crate::messaging::BrokerUrl> {
+        self.url()?
+            .ok_or_else(|| anyhow::anyhow!("--broker-url (or IDEM_BROKER_URL) is required"))
+    }
+}
+
 /// How Idem creates its streams (`idem serve`, `idem relay`, `idem consume`).
 #[derive(clap::Args, Clone, Copy)]
 pub struct StreamArgs {

@@ -2,9 +2,9 @@
 
 use tokio::sync::watch;
 
-use super::args::{ConsumerArgs, DbArgs, SideArgs, StreamArgs};
+use super::args::{BrokerArgs, ConsumerArgs, DbArgs, SideArgs, StreamArgs};
 use crate::backend::{Backend, DemoJob};
-use crate::messaging::{self, ConsumeConfig};
+use crate::messaging::{self, BrokerUrl, ConsumeConfig};
 use crate::probe::SideListener;
 use crate::{config, shutdown};
 
@@ -13,9 +13,8 @@ use crate::{config, shutdown};
 pub struct ConsumeArgs {
     #[command(flatten)]
     db: DbArgs,
-    /// NATS server.
-    #[arg(long, env = "IDEM_NATS_URL", help_heading = "Events")]
-    nats_url: String,
+    #[command(flatten)]
+    broker: BrokerArgs,
     #[command(flatten)]
     consumer: ConsumerArgs,
     #[command(flatten)]
@@ -27,13 +26,13 @@ pub struct ConsumeArgs {
 impl ConsumeArgs {
     /// Consumes until Ctrl-C or SIGTERM.
     pub async fn run(self) -> anyhow::Result<()> {
-        crate::flags::nats_url(&self.nats_url)?;
+        let broker_url = self.broker.required()?;
         let config = config::consume(self.consumer.ack_wait, self.consumer.max_deliver)?;
         let replicas = config::nats_replicas(self.stream.nats_replicas)?;
         let side = self.side.listener()?;
         let shutdown = shutdown::on_signal();
         let job = Consume {
-            nats_url: self.nats_url,
+            broker_url,
             replicas,
             side,
             config,
@@ -44,7 +43,7 @@ impl ConsumeArgs {
 }
 
 struct Consume {
-    nats_url: String,
+    broker_url: BrokerUrl,
     replicas: usize,
     side: Option<SideListener>,
     config: ConsumeConfig,
@@ -56,11 +55,15 @@ impl DemoJob for Consume {
     async fn run<B: Backend + idem_demo::Store>(self, store: B) -> anyhow::Result<()> {
         let (connected, broker) = watch::channel(None);
         if let Some(side) = self.side {
-            side.start(store.clone(), broker, self.shutdown.clone())
-                .await?;
+            side.start(
+                store.clone(),
+                (broker, self.broker_url.name()),
+                self.shutdown.clone(),
+            )
+            .await?;
         }
-        let Some(js) = messaging::prepare(
-            &self.nats_url,
+        let Some(broker) = messaging::connect(
+            &self.broker_url,
             "idem-consume",
             self.replicas,
             self.shutdown.clone(),
@@ -69,9 +72,16 @@ impl DemoJob for Consume {
         else {
             return Ok(());
         };
-        connected.send_replace(Some(js.clone()));
+        connected.send_replace(Some(broker.clone()));
         let ledger = idem_demo::Ledger::<B>::new();
-        messaging::consume(store, js, ledger, self.config, self.shutdown).await;
-        Ok(())
+        messaging::consume(
+            store,
+            broker,
+            &self.broker_url,
+            ledger,
+            self.config,
+            self.shutdown,
+        )
+        .await
     }
 }

@@ -1,24 +1,23 @@
 //! `idem relay`: the outbox relay alone.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::args::{DbArgs, SideArgs, StreamArgs};
-use crate::admin::outbox::stats_json;
+use super::args::{BrokerArgs, DbArgs, SideArgs, StreamArgs};
+use crate::admin::outbox::RelaySlot;
 use crate::backend::{Backend, Job};
+use crate::messaging::{self, BrokerUrl};
 use crate::probe::SideListener;
-use crate::{config, messaging, shutdown};
+use crate::{config, shutdown};
 
 /// `idem relay`'s flags.
 #[derive(clap::Args)]
 pub struct RelayArgs {
     #[command(flatten)]
     db: DbArgs,
-    /// NATS server.
-    #[arg(long, env = "IDEM_NATS_URL", help_heading = "Events")]
-    nats_url: String,
+    #[command(flatten)]
+    broker: BrokerArgs,
     /// How long claimed messages are hidden from other relays; a relay
     /// that dies holding some publishes them again after it (1s to 1h,
     /// shorter than the stream's 5 min duplicate window).
@@ -34,13 +33,13 @@ pub struct RelayArgs {
 impl RelayArgs {
     /// Relays until Ctrl-C or SIGTERM.
     pub async fn run(self) -> anyhow::Result<()> {
-        crate::flags::nats_url(&self.nats_url)?;
+        let broker_url = self.broker.required()?;
         let lease = config::relay_lease(self.lease)?;
         let replicas = config::nats_replicas(self.stream.nats_replicas)?;
         let side = self.side.listener()?;
         let shutdown = shutdown::on_signal();
         let relay = Relay {
-            nats_url: self.nats_url,
+            broker_url,
             lease,
             replicas,
             side,
@@ -51,7 +50,7 @@ impl RelayArgs {
 }
 
 struct Relay {
-    nats_url: String,
+    broker_url: BrokerUrl,
     lease: Duration,
     replicas: usize,
     side: Option<SideListener>,
@@ -65,10 +64,15 @@ impl Job for Relay {
         let shutdown = self.shutdown;
         let (connected, broker) = watch::channel(None);
         if let Some(side) = self.side {
-            side.start(store.clone(), broker, shutdown.clone()).await?;
+            side.start(
+                store.clone(),
+                (broker, self.broker_url.name()),
+                shutdown.clone(),
+            )
+            .await?;
         }
-        let Some(js) = messaging::prepare(
-            &self.nats_url,
+        let Some(broker) = messaging::connect(
+            &self.broker_url,
             "idem-relay",
             self.replicas,
             shutdown.clone(),
@@ -77,30 +81,18 @@ impl Job for Relay {
         else {
             return Ok(());
         };
-        connected.send_replace(Some(js.clone()));
-        let clock = store.clock();
-        let d = Arc::new(messaging::dispatcher(
+        connected.send_replace(Some(broker.clone()));
+        let slot = RelaySlot::default();
+        messaging::relay(
             store,
-            clock,
-            js,
+            broker,
             B::RELAY_POLL,
             self.lease,
-        )?);
-        let reporter = {
-            let d = d.clone();
-            tokio::spawn(async move {
-                let mut tick = tokio::time::interval(Duration::from_secs(30));
-                tick.tick().await;
-                loop {
-                    tick.tick().await;
-                    if let Ok(s) = d.stats().await {
-                        tracing::info!(figures = %stats_json(&s), "outbox");
-                    }
-                }
-            })
-        };
-        messaging::relay(d, wake, shutdown).await;
-        reporter.abort();
-        Ok(())
+            wake,
+            slot,
+            true,
+            shutdown,
+        )
+        .await
     }
 }

@@ -58,7 +58,7 @@ fn serve_help_groups_every_flag_under_its_heading() {
         (
             Some("Events"),
             &[
-                "nats-url",
+                "broker-url",
                 "events",
                 "nats-replicas",
                 "consume",
@@ -123,8 +123,8 @@ fn serve_help_groups_every_flag_under_its_heading() {
 #[test]
 fn relay_and_consume_share_the_headings() {
     for (command, own) in [
-        ("relay", &["nats-url", "lease"][..]),
-        ("consume", &["nats-url"][..]),
+        ("relay", &["broker-url", "lease"][..]),
+        ("consume", &["broker-url"][..]),
     ] {
         let groups = headings(command);
         let of = |h: &str| {

@@ -55,6 +55,7 @@ mod operate;
 mod process;
 mod provider_libraries;
 mod quorum;
+mod rabbit;
 mod real_clients;
 mod tasks;
 mod tasks_history;

@@ -594,7 +594,7 @@ async fn a_config_file_sets_defaults_that_environment_and_flags_override() {
     );
     let err = serve("[server]\nconsume = true\n", &[], &[]);
     assert!(
-        err.contains("--consume needs --nats-url"),
+        err.contains("--consume needs --broker-url"),
         "a switch: {err}"
     );
     let err = serve("[server]\nnope = 1\n", &[], &[]);
@@ -795,7 +795,7 @@ async fn readyz_is_ready_at_the_first_probe_after_the_database_returns() {
     let ready = call(addr, "GET", "/readyz", None, "").await;
     assert_eq!(
         String::from_utf8_lossy(&ready.body),
-        r#"{"database":"ok","nats":"not used","status":"ready"}"#
+        r#"{"broker":"none","database":"ok","status":"ready"}"#
     );
     // (An answer is reused for a second: each probe below comes after it.)
     let past_reuse = Duration::from_millis(1100);

@@ -7,7 +7,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use super::args::{ConsumerArgs, DbArgs, StreamArgs};
+use super::args::{BrokerArgs, ConsumerArgs, DbArgs, StreamArgs};
 use super::checkout::CheckoutArgs;
 use crate::config;
 use crate::flags;
@@ -83,10 +83,10 @@ pub struct ServeArgs {
     /// handler-timeout (1s to 10min).
     #[arg(long, env = "IDEM_HANDLER_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration, help_heading = "Keys")]
     handler_timeout: Duration,
-    /// NATS server: payment events are written to the outbox and relayed
-    /// to JetStream by this process.
-    #[arg(long, env = "IDEM_NATS_URL", help_heading = "Events")]
-    nats_url: Option<String>,
+    /// Payment events are written to the outbox and relayed to this broker
+    /// by this process.
+    #[command(flatten)]
+    broker: BrokerArgs,
     /// Write payment events to the outbox without relaying them here (run
     /// `idem relay` next to it). `--events=false` turns off a file's `true`.
     #[arg(long, env = "IDEM_EVENTS", num_args = 0..=1, default_value_t = false,
@@ -94,7 +94,7 @@ pub struct ServeArgs {
     events: bool,
     #[command(flatten)]
     stream: StreamArgs,
-    /// Also run the ledger consumer in this process (needs --nats-url).
+    /// Also run the ledger consumer in this process (needs --broker-url).
     /// `--consume=false` turns off a file's `true`.
     #[arg(long, env = "IDEM_CONSUME", num_args = 0..=1, default_value_t = false,
           default_missing_value = "true", action = clap::ArgAction::Set, help_heading = "Events")]
@@ -164,9 +164,7 @@ pub struct ServeArgs {
 impl ServeArgs {
     /// The flags, validated.
     fn config(&self) -> anyhow::Result<ServerConfig> {
-        if let Some(url) = &self.nats_url {
-            flags::nats_url(url)?;
-        }
+        let broker_url = self.broker.url()?;
         // Read once (by `Cli::load`, or here when built otherwise): the
         // webhooks and the gateway see one version of the file.
         let file = match (&self.config, &self.file_text) {
@@ -178,15 +176,15 @@ impl ServeArgs {
         let webhooks = file
             .map(|(path, text)| crate::webhooks::from_text(path, text))
             .transpose()?;
-        if self.consume && self.nats_url.is_none() {
-            anyhow::bail!("--consume needs --nats-url");
+        if self.consume && broker_url.is_none() {
+            anyhow::bail!("--consume needs --broker-url");
         }
         let consume = config::consume(self.consumer.ack_wait, self.consumer.max_deliver)?;
         let mut demo = config::demo(
             self.key_ttl,
             self.claim_mode.into(),
             self.max_body_bytes,
-            self.events || self.nats_url.is_some(),
+            self.events || broker_url.is_some(),
             self.handler_timeout,
         )?;
         demo.bench_routes = self.bench_routes;
@@ -237,7 +235,7 @@ impl ServeArgs {
             admin_lockout: config::admin_lockout(self.admin_lockout)?,
             public_metrics: self.public_metrics,
             gc_interval,
-            nats_url: self.nats_url.clone(),
+            broker_url,
             nats_replicas: config::nats_replicas(self.stream.nats_replicas)?,
             webhooks,
             app,

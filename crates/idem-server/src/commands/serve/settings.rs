@@ -28,8 +28,8 @@ pub struct ServerConfig {
     pub public_metrics: bool,
     /// How often expired records are deleted.
     pub gc_interval: Duration,
-    /// `--nats-url`: relay the outbox here.
-    pub nats_url: Option<String>,
+    /// `--broker-url`: relay the outbox there.
+    pub broker_url: Option<crate::messaging::BrokerUrl>,
     /// `--nats-replicas`: copies of each stream it creates.
     pub nats_replicas: usize,
     /// `--config`: webhook endpoints and workers.

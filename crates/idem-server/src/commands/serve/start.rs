@@ -41,6 +41,7 @@ impl Start<'_> {
                 let start = DemoStart {
                     config: demo,
                     broker,
+                    broker_url: self.config.broker_url.as_ref(),
                     shutdown: self.shutdown,
                 };
                 Ok((db.run_demo(start).await??.merge(own), None))
@@ -69,13 +70,16 @@ impl Job for Own<'_> {
         crate::commands::gc::spawn(store.clone(), config.gc_interval, shutdown)?;
         let (relay, broker) = start_messaging(
             &store,
-            config.nats_url.as_deref(),
+            config.broker_url.as_ref(),
             config.nats_replicas,
             shutdown,
         );
         let ready = crate::probe::router(
             store.clone(),
-            config.nats_url.is_some().then(|| broker.clone()),
+            config
+                .broker_url
+                .as_ref()
+                .map(|u| (broker.clone(), u.name())),
             false,
         );
         // The task API's paths are /v1/…: a gateway's /v1 is its upstream's.
@@ -133,6 +137,7 @@ impl Job for GatewayStart<'_> {
 struct DemoStart<'a> {
     config: &'a DemoApp,
     broker: Broker,
+    broker_url: Option<&'a messaging::BrokerUrl>,
     shutdown: &'a watch::Receiver<bool>,
 }
 
@@ -142,52 +147,53 @@ impl DemoJob for DemoStart<'_> {
         let DemoStart {
             config,
             mut broker,
+            broker_url,
             shutdown,
         } = self;
-        if let Some(consume) = config.consume.clone() {
+        if let (Some(consume), Some(url)) = (config.consume.clone(), broker_url.cloned()) {
             let (store, shutdown) = (store.clone(), shutdown.clone());
             tokio::spawn(async move {
-                let js = tokio::select! {
+                let connected = tokio::select! {
                     _ = stopped(shutdown.clone()) => return,
-                    js = broker.wait_for(Option::is_some) => match js {
-                        Ok(js) => js.clone(),
+                    b = broker.wait_for(Option::is_some) => match b {
+                        Ok(b) => b.clone(),
                         // The relay gave up (bad settings, said so): no broker.
                         Err(_) => return,
                     },
                 };
-                let Some(js) = js else { return };
+                let Some(connected) = connected else { return };
                 let ledger = idem_demo::Ledger::<B>::new();
-                messaging::consume(store, js, ledger, consume, shutdown).await
+                let consumed =
+                    messaging::consume(store, connected, &url, ledger, consume, shutdown).await;
+                if let Err(e) = consumed {
+                    tracing::error!(error = %format!("{e:#}"), "consumer stopped");
+                }
             });
         }
         config.demo.router(store, stopped(shutdown.clone()))
     }
 }
 
-/// Starts the relay in the background when a NATS URL is given. The relay
-/// needs the streams, hence the server; until it is up the API works and
-/// events wait in the outbox. Returns the slot the relay is put in once it
-/// runs, and the broker's context once connected.
+/// Starts the relay in the background when a broker URL is given. The
+/// relay needs the broker's streams or exchange; until they are there the
+/// API works and events wait in the outbox. Returns the slot the relay is
+/// put in once it runs, and the broker once connected.
 fn start_messaging<B: Backend>(
     store: &B,
-    nats_url: Option<&str>,
+    broker_url: Option<&messaging::BrokerUrl>,
     replicas: usize,
     shutdown: &watch::Receiver<bool>,
 ) -> (RelaySlot<B>, Broker) {
     let slot = RelaySlot::<B>::default();
     let (connected, broker) = watch::channel(None);
-    let Some(url) = nats_url else {
+    let Some(url) = broker_url else {
         return (slot, broker);
     };
-    let (url, store, shutdown, filled) = (
-        url.to_owned(),
-        store.clone(),
-        shutdown.clone(),
-        slot.clone(),
-    );
+    let (url, store, shutdown, filled) =
+        (url.clone(), store.clone(), shutdown.clone(), slot.clone());
     tokio::spawn(async move {
-        let js = match messaging::prepare(&url, "idem-serve", replicas, shutdown.clone()).await {
-            Ok(Some(js)) => js,
+        let b = match messaging::connect(&url, "idem-serve", replicas, shutdown.clone()).await {
+            Ok(Some(b)) => b,
             Ok(None) => return,
             // The API goes on; the events wait in the outbox for a relay.
             Err(e) => {
@@ -195,15 +201,21 @@ fn start_messaging<B: Backend>(
                 return;
             }
         };
-        connected.send_replace(Some(js.clone()));
+        connected.send_replace(Some(b.clone()));
         let lease = idem_outbox::DispatcherConfig::default().lease;
-        match messaging::dispatcher(store.clone(), store.clock(), js, B::RELAY_POLL, lease) {
-            Ok(d) => {
-                let d = Arc::new(d);
-                let _ = filled.set(d.clone());
-                messaging::relay(d, store.outbox_wake().await, shutdown).await
-            }
-            Err(e) => tracing::error!(error = %format!("{e:#}"), "relay not started"),
+        let wake = store.outbox_wake().await;
+        let relay = messaging::relay(
+            store,
+            b,
+            B::RELAY_POLL,
+            lease,
+            wake,
+            filled,
+            false,
+            shutdown,
+        );
+        if let Err(e) = relay.await {
+            tracing::error!(error = %format!("{e:#}"), "relay not started");
         }
     });
     (slot, broker)

@@ -1,17 +1,13 @@
-//! The demo's messaging: the payment events stream on NATS JetStream, the
-//! relay from the outbox, and the ledger consumer.
+//! The demo's messaging on NATS JetStream: the payment events stream and
+//! its dead-letter stream, the connection and its watch, the ledger's
+//! durable consumer.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::SharedClock;
-use idem_core::inbox::{InboxStore, Subscriber};
-use idem_core::outbox::{OutboxStore, Wake};
-use idem_inbox::{Consumer, ConsumerConfig, Handler, Inbox};
-use idem_nats::{Context, NatsPublisher, NatsSource, SourceConfig};
-use idem_outbox::{Dispatcher, DispatcherConfig};
+use idem_nats::{Context, NatsSource, SourceConfig};
 use tokio::sync::watch;
 
+use super::{SUBSCRIBER, without_credentials};
 use crate::shutdown::stopped;
 
 /// The stream holding payment events.
@@ -22,8 +18,6 @@ pub const SUBJECTS: &[&str] = &["payments.>"];
 pub const DLQ_STREAM: &str = "IDEM_DLQ";
 /// Its subjects.
 pub const DLQ_SUBJECTS: &[&str] = &["idem.dlq.>"];
-/// The ledger consumer: its inbox subscriber, durable consumer and dead-letter subject.
-pub const SUBSCRIBER: &str = "demo-ledger";
 /// Where the ledger consumer's dead letters go.
 pub const DLQ_SUBJECT: &str = "idem.dlq.demo-ledger";
 /// Longer than the outbox lease, so a message republished after a relay
@@ -179,25 +173,6 @@ async fn watch_connection(url: String, js: Context, shutdown: watch::Receiver<bo
     }
 }
 
-/// A NATS URL for the log: a user and password (or token) before a host's
-/// `@` are replaced by `[redacted]`.
-pub fn without_credentials(url: &str) -> String {
-    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
-    let servers: Vec<String> = rest
-        .split(',')
-        .map(|server| match server.rsplit_once('@') {
-            Some((_, host)) => format!("[redacted]@{host}"),
-            None => server.to_owned(),
-        })
-        .collect();
-    let servers = servers.join(",");
-    if scheme.is_empty() {
-        servers
-    } else {
-        format!("{scheme}://{servers}")
-    }
-}
-
 /// Whether the first server of a NATS URL accepts TCP connections, as a
 /// sentence for the log (`connection refused`, `reachable`, …).
 async fn probe(url: &str) -> String {
@@ -222,125 +197,35 @@ async fn probe(url: &str) -> String {
     }
 }
 
-/// The relay: a dispatcher from the outbox to JetStream, until `shutdown`.
-pub async fn relay<S: OutboxStore>(
-    dispatcher: Arc<Dispatcher<S, NatsPublisher, SharedClock>>,
-    wake: impl Wake,
-    shutdown: watch::Receiver<bool>,
-) {
-    tracing::info!("relay publishing the outbox to NATS");
-    dispatcher.run(wake, stopped(shutdown)).await;
-}
-
-/// A dispatcher for `store` on `js`, its leases judged by `clock` (the
-/// store's).
-pub fn dispatcher<S: OutboxStore>(
-    store: S,
-    clock: SharedClock,
+/// The ledger's durable consumer on the events stream, bound (retrying
+/// while NATS is not ready) until `shutdown` (`None`).
+pub async fn source(
     js: Context,
-    poll_interval: Duration,
-    lease: Duration,
-) -> anyhow::Result<Dispatcher<S, NatsPublisher, SharedClock>> {
-    let config = DispatcherConfig {
-        poll_interval,
-        lease,
-        ..DispatcherConfig::default()
-    };
-    Ok(Dispatcher::with_clock(
-        store,
-        NatsPublisher::new(js),
-        config,
-        clock,
-    )?)
-}
-
-/// Settings of the ledger consumer.
-#[derive(Debug, Clone)]
-pub struct ConsumeConfig {
-    /// Redelivery after this long without an ack.
-    pub ack_wait: Duration,
-    /// Deliveries before a failing message is dead-lettered.
-    pub max_deliver: u32,
-}
-
-/// The ledger consumer until `shutdown`: binds the durable consumer
-/// (retrying while NATS is not ready), then applies events through the inbox.
-pub async fn consume<S, H>(
-    store: S,
-    js: Context,
-    handler: H,
-    config: ConsumeConfig,
+    ack_wait: Duration,
     shutdown: watch::Receiver<bool>,
-) where
-    S: InboxStore,
-    H: Handler<S::Tx>,
-{
+) -> Option<NatsSource> {
     let source_config = SourceConfig {
         stream: STREAM.into(),
         durable: SUBSCRIBER.into(),
         filter_subject: String::new(),
-        ack_wait: config.ack_wait,
+        ack_wait,
         dead_letter_subject: DLQ_SUBJECT.into(),
     };
-    let source = loop {
+    loop {
         let bound = tokio::select! {
-            _ = stopped(shutdown.clone()) => return,
+            _ = stopped(shutdown.clone()) => return None,
             s = NatsSource::new(js.clone(), source_config.clone()) => s,
         };
         match bound {
-            Ok(s) => break s,
+            Ok(s) => return Some(s),
             Err(e) => tracing::warn!(
                 error = &e as &dyn std::error::Error,
                 "consumer not ready; retrying"
             ),
         }
         tokio::select! {
-            _ = stopped(shutdown.clone()) => return,
+            _ = stopped(shutdown.clone()) => return None,
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
         }
-    };
-    let subscriber = match Subscriber::new(SUBSCRIBER) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::error!(error = %e, "bad subscriber name");
-            return;
-        }
-    };
-    let consumer_config = ConsumerConfig {
-        max_deliver: u64::from(config.max_deliver),
-        // Given up before the broker redelivers it anyway.
-        handler_timeout: (config.ack_wait * 3 / 4).max(Duration::from_millis(500)),
-        ..ConsumerConfig::default()
-    };
-    let mut consumer = match Consumer::new(
-        source,
-        Inbox::new(store),
-        subscriber,
-        handler,
-        consumer_config,
-    ) {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::error!(error = %e, "consumer not started");
-            return;
-        }
-    };
-    tracing::info!(subscriber = SUBSCRIBER, "consuming payment events");
-    consumer
-        .run(Duration::from_secs(3600), stopped(shutdown))
-        .await;
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn credentials_never_reach_the_log() {
-        let shown = |u| super::without_credentials(u);
-        assert_eq!(
-            shown("nats://user:hunter2@127.0.0.1:4222"),
-            "nats://[redacted]@127.0.0.1:4222"
-        );
-        assert_eq!(shown("tls://tok@a:1,b:2"), "tls://[redacted]@a:1,b:2");
-        assert_eq!(shown("nats://127.0.0.1:4222"), "nats://127.0.0.1:4222");
     }
 }

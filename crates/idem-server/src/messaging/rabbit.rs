@@ -1,0 +1,88 @@
+//! The demo's messaging on RabbitMQ: the events exchange, the ledger's
+//! quorum queue and its dead letters, a link opened (and opened again)
+//! until it holds.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_rabbitmq::{Link, QueueSpec, RabbitSource, SourceConfig, Topology};
+use tokio::sync::watch;
+
+use super::{SUBSCRIBER, without_credentials};
+use crate::shutdown::stopped;
+
+/// The topic exchange payment events are published to.
+pub const EXCHANGE: &str = idem_rabbitmq::DEFAULT_EXCHANGE;
+/// The routing keys of the ledger's queue.
+pub const BINDINGS: &[&str] = &["payments.#"];
+
+/// The relay's topology: the exchange alone. The ledger's queue is the
+/// consumer's to declare (with its delivery limit); until it exists, a
+/// payment event routes nowhere and waits in the outbox.
+pub fn relay_topology() -> Topology {
+    Topology::exchange(EXCHANGE)
+}
+
+/// The consumer's topology: the exchange, the quorum queue `demo-ledger`
+/// bound to `payments.#` with `max_deliver` as its delivery limit, and its
+/// dead-letter queue `demo-ledger.dead`.
+pub fn ledger_topology(max_deliver: u32) -> Topology {
+    Topology::exchange(EXCHANGE).with_queue(QueueSpec::new(SUBSCRIBER, BINDINGS, max_deliver))
+}
+
+/// Opens a link to `url` and declares `topology`, retrying (1 s, then up to
+/// 5 s apart, saying why) until it holds or `shutdown` (`Ok(None)`).
+pub async fn connect(
+    url: &str,
+    name: &str,
+    topology: Topology,
+    shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<Option<Link>> {
+    let shown = without_credentials(url);
+    let link = Link::new(url, name, topology)
+        .map_err(|e| anyhow::anyhow!("invalid RabbitMQ settings ({shown}): {e}"))?;
+    let mut delay = Duration::from_millis(500);
+    let mut attempts = 0u32;
+    loop {
+        let opened = tokio::select! {
+            _ = stopped(shutdown.clone()) => return Ok(None),
+            r = link.channel() => r,
+        };
+        match opened {
+            Ok(_) => {
+                tracing::info!(url = %shown, attempts, "connected to RabbitMQ; topology declared");
+                return Ok(Some(link));
+            }
+            Err(e) => {
+                attempts += 1;
+                tracing::warn!(
+                    url = %shown,
+                    attempts,
+                    error = %idem_core::ErrorChain(&e),
+                    "RabbitMQ not ready; retrying"
+                );
+            }
+        }
+        tokio::select! {
+            _ = stopped(shutdown.clone()) => return Ok(None),
+            _ = tokio::time::sleep(delay) => {}
+        }
+        delay = (delay * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// The ledger's source on its own link (its own connection).
+pub async fn source(
+    url: &str,
+    max_deliver: u32,
+    shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<Option<RabbitSource>> {
+    let topology = ledger_topology(max_deliver);
+    let Some(link) = connect(url, "idem-consume", topology, shutdown).await? else {
+        return Ok(None);
+    };
+    Ok(Some(RabbitSource::new(link, SourceConfig::new(SUBSCRIBER))))
+}
+
+/// A shared link, as readiness and the relay hold it.
+pub type Shared = Arc<Link>;
