@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use idem_testkit::{PgDatabase, RabbitNode, TempDir};
 
-use crate::messaging::effects;
+use crate::messaging::{effects, eventually, outbox_of};
 use crate::process::{Proc, Server};
-use crate::try_call;
+use crate::{call, try_call};
 
 const PER_ROUND: usize = 15;
 
@@ -45,6 +45,8 @@ async fn drill(db_url: &str) {
     let mut node = RabbitNode::start();
     let url = node.url();
     let mut api = Server::start(db_url, &["--broker-url", &url]).await;
+    let ready = call(api.addr, "GET", "/readyz", None, "").await;
+    assert_eq!(ready.json()["broker"], "rabbitmq", "{}", ready.json());
     let consume: Vec<String> = ["consume", "--database-url", db_url, "--broker-url", &url]
         .iter()
         .map(|s| s.to_string())
@@ -126,4 +128,92 @@ async fn rabbitmq_drill_on_sqlite_survives_kills_of_consumer_api_and_node() {
 async fn rabbitmq_drill_on_postgres_survives_kills_of_consumer_api_and_node() {
     let db = PgDatabase::create("idem_rq").await;
     drill(&db.url).await;
+}
+
+/// The relay (`idem relay`) aborts after RabbitMQ confirmed its batch and
+/// before it marked it sent; the consumer (`idem consume`) aborts after
+/// its first commit and before its ack. Restarted, the relay publishes the
+/// batch again (same `message_id`s) and the broker redelivers the unacked
+/// event: the inbox turns both into skips.
+async fn relay_and_consumer_aborts(db_url: &str) {
+    let node = RabbitNode::start();
+    let url = node.url();
+    let api = Server::start(db_url, &["--events"]).await;
+    let args = |cmd: &str| -> Vec<String> {
+        [cmd, "--database-url", db_url, "--broker-url", &url]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+    };
+    let mut consumer = Proc::spawn(&args("consume"), Some("consume.after_commit"));
+    // Its queue is declared before the relay publishes (a publish that
+    // routes nowhere stays in the outbox: another test).
+    eventually(Duration::from_secs(30), "the consumer consumes", || async {
+        consumer.log().contains("consuming payment events")
+    })
+    .await;
+    let relay_args = || {
+        let mut a = args("relay");
+        // The aborted relay's claim is given up after its lease.
+        a.extend(["--lease".to_owned(), "2s".to_owned()]);
+        a
+    };
+    let mut relay = Proc::spawn(&relay_args(), Some("relay.after_publish"));
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        ids.push(pay(api.addr, &format!("ra-{i}"), 100 + i).await);
+    }
+    assert!(
+        relay.exited_within(Duration::from_secs(30)).await,
+        "the relay aborted at its failpoint, after the confirms"
+    );
+    assert_eq!(outbox_of(db_url)["pending"], 5, "nothing was marked sent");
+    assert!(
+        consumer.exited_within(Duration::from_secs(30)).await,
+        "the consumer aborted after its first commit, before the ack"
+    );
+    let _relay = Proc::spawn(&relay_args(), None);
+    let _consumer = Proc::spawn(&args("consume"), None);
+    eventually(Duration::from_secs(30), "the outbox drains", || async {
+        outbox_of(db_url)["pending"] == 0
+    })
+    .await;
+    let addr = api.addr;
+    let ids_ref = &ids;
+    eventually(
+        Duration::from_secs(60),
+        "every payment is applied",
+        || async move {
+            for id in ids_ref {
+                if effects(addr, id).await != (1, 1) {
+                    return false;
+                }
+            }
+            true
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for id in &ids {
+        assert_eq!(
+            effects(addr, id).await,
+            (1, 1),
+            "payment {id}: once, after the redeliveries"
+        );
+    }
+    println!(
+        "rabbitmq relay+consumer aborts: 5 payments republished after the confirm, one redelivered after its commit; ledger_entries=5 notifications=5"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rabbitmq_relay_aborted_after_confirm_and_consumer_after_commit_on_sqlite() {
+    let dir = TempDir::new("rqa");
+    relay_and_consumer_aborts(&dir.sqlite_url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rabbitmq_relay_aborted_after_confirm_and_consumer_after_commit_on_postgres() {
+    let db = PgDatabase::create("idem_rqa").await;
+    relay_and_consumer_aborts(&db.url).await;
 }
