@@ -9,10 +9,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::fuzz::{FUZZ_TARGETS, fuzz_secs_in_test, fuzz_targets};
 use crate::part::Part;
-use crate::servers::{Postgres, Server, start_nats, sweep};
+use crate::servers::{Postgres, Server, start_nats, start_tansu, sweep};
 use crate::shell::{Beside, INTERRUPTED, Result, catch_interrupts, run, run_quoting};
 use crate::tools::{
-    browser_packages, chromium_binary, libfaketime, nats_binary, postgres_bindir, venv,
+    browser_packages, chromium_binary, libfaketime, librdkafka_dev, nats_binary, postgres_bindir,
+    tansu_binary, venv,
 };
 
 /// The real clients the tests drive (`IDEM_TEST_PYTHON`): for the gateway,
@@ -60,13 +61,13 @@ pub(crate) fn test(extra: &[String]) -> ExitCode {
 const HELP: &str = "\
 usage: cargo xtask test [--quick] [nextest args]
 
-  (no --quick)  provision PostgreSQL 15, NATS, chromium, libfaketime, the browser tests'
-                npm packages and a Python venv of real clients; run the whole suite (tests,
+  (no --quick)  provision PostgreSQL 15, NATS, Tansu (Kafka), chromium, libfaketime, the
+                browser tests' npm packages and a Python venv of real clients; run the whole suite (tests,
                 readme app, doc tests, otlp build, 20 s per fuzz target); stop them
   --quick       nothing provisioned, nothing installed: only the tests that need nothing but
                 Rust (SQLite files, servers in-process), without IDEM_TEST_* set; a few minutes
                 on two cores. The verdict says how many ran and what was left out (the tests
-                that need PostgreSQL, NATS, Python, Chromium and Node, libfaketime, and the four
+                that need PostgreSQL, NATS, Kafka, Python, Chromium and Node, libfaketime, and the four
                 over 30 s; doc tests, readme app, otlp, fuzz)
 
 Other arguments go to `cargo nextest run` (e.g. -E 'test(/webhook/)'; with --quick they
@@ -99,6 +100,8 @@ struct Provisioned {
     pg: Postgres,
     nats: Server,
     nats_bin: PathBuf,
+    tansu: Server,
+    tansu_bin: PathBuf,
     chromium: PathBuf,
     faketime: PathBuf,
     python: PathBuf,
@@ -114,6 +117,9 @@ fn provision(root: &Path) -> Result<Provisioned> {
     let nats_bin = nats_binary()?;
     let nats = start_nats(root, &nats_bin)?;
     eprintln!("xtask: nats-server with JetStream on {}", nats.url());
+    let tansu_bin = tansu_binary()?;
+    let tansu = start_tansu(root, &tansu_bin)?;
+    eprintln!("xtask: tansu (Kafka protocol) on 127.0.0.1:{}", tansu.port);
     let chromium = chromium_binary()?;
     let faketime = libfaketime()?;
     browser_packages()?;
@@ -122,6 +128,8 @@ fn provision(root: &Path) -> Result<Provisioned> {
         pg,
         nats,
         nats_bin,
+        tansu,
+        tansu_bin,
         chromium,
         faketime,
         python,
@@ -232,6 +240,8 @@ fn suite(extra: &[String]) -> Result<Vec<Part>> {
     // build, not after it; found, these are quick.
     postgres_bindir()?;
     nats_binary()?;
+    librdkafka_dev()?;
+    tansu_binary()?;
     chromium_binary()?;
     libfaketime()?;
     // The servers and tools are made ready while the whole suite compiles;
@@ -265,6 +275,8 @@ fn suite(extra: &[String]) -> Result<Vec<Part>> {
         pg,
         nats,
         nats_bin,
+        tansu,
+        tansu_bin,
         chromium,
         faketime,
         python,
@@ -273,6 +285,11 @@ fn suite(extra: &[String]) -> Result<Vec<Part>> {
     cmd.env("IDEM_TEST_POSTGRES_URL", pg.url())
         .env("IDEM_TEST_NATS_URL", nats.url())
         .env("IDEM_TEST_NATS_SERVER", &nats_bin)
+        .env(
+            "IDEM_TEST_KAFKA_URL",
+            format!("kafka://127.0.0.1:{}", tansu.port),
+        )
+        .env("IDEM_TEST_TANSU", &tansu_bin)
         .env("IDEM_TEST_CHROMIUM", &chromium)
         .env("IDEM_TEST_PYTHON", &python)
         .env("IDEM_TEST_LIBFAKETIME", &faketime);
@@ -345,6 +362,7 @@ fn suite(extra: &[String]) -> Result<Vec<Part>> {
         .env("IDEM_TEST_NATS_URL", nats.url())
         .env("IDEM_TEST_NATS_SERVER", &nats_bin));
     parts.push(Part::of("otlp", otlp, None));
+    drop(tansu);
     drop(nats);
     drop(pg);
     parts.push(match fuzz_secs {

@@ -117,6 +117,15 @@ pub fn nats_url() -> String {
     })
 }
 
+/// The suite's Kafka-protocol broker (a Tansu that `cargo xtask test`
+/// starts), as a `kafka://` URL. Tests on it use topics and consumer groups
+/// of their own ([`unique_name`]).
+pub fn kafka_url() -> String {
+    std::env::var("IDEM_TEST_KAFKA_URL").unwrap_or_else(|_| {
+        panic!("IDEM_TEST_KAFKA_URL is not set: run the suite with `cargo xtask test`")
+    })
+}
+
 /// The Python of the venv `cargo xtask test` fills with the real HTTP
 /// clients the gateway is tested with (requests, urllib3, stripe).
 pub fn python() -> String {

@@ -1,0 +1,157 @@
+//! Outbox → relay → Tansu → consumer → inbox, on both backends.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use idem_core::outbox::{MessageId, OutboxRecord, Topic};
+use idem_core::position::PositionStore;
+use idem_kafka::KafkaPublisher;
+use idem_outbox::Publisher;
+use idem_sql::dialect::{Stmt, read_rows};
+use idem_sql::{Dialect, SqlStore, row};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+
+use crate::support::*;
+
+/// Publishes the first `n` outbox messages again, as a relay that lost its
+/// delivery reports would: same ids, new records.
+async fn republish<D: Dialect>(store: &SqlStore<D>, topics: &Topics, n: usize) {
+    let s = Stmt::new(
+        "SELECT id, message_id, topic, message_key, payload FROM idem_outbox ORDER BY id",
+    );
+    let rows = read_rows(store.dialect(), s, |r| {
+        Ok((
+            row::int(r, "id")?,
+            row::get::<String, _>(r, "message_id")?,
+            row::get::<String, _>(r, "topic")?,
+            row::get::<String, _>(r, "message_key")?,
+            row::get::<Vec<u8>, _>(r, "payload")?,
+        ))
+    })
+    .await
+    .unwrap();
+    let publisher = KafkaPublisher::new(&topics.kafka).unwrap();
+    for (id, message_id, topic, key, payload) in rows.into_iter().take(n) {
+        let record = OutboxRecord {
+            id,
+            message_id: MessageId::new(message_id).unwrap(),
+            topic: Topic::new(topic).unwrap(),
+            key,
+            payload,
+            headers: Vec::new(),
+            attempts: 0,
+            created_at_ms: 0,
+        };
+        publisher.publish(&record).await.unwrap();
+    }
+}
+
+async fn exactly_once<D: Dialect>(store: SqlStore<D>) {
+    let topics = Topics::create(3).await;
+    write(&store, &payments(&topics, 5, 30)).await;
+    assert_eq!(relay(&store, &topics.kafka).await, 30);
+    republish(&store, &topics, 5).await;
+    let mut consumer = topics.consumer(&store).await;
+    drain(&mut consumer, &store, 30, 45).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while consumer.stats().duplicates.load(Ordering::SeqCst) < 5 {
+        assert!(
+            Instant::now() < deadline,
+            "the 5 duplicates were not all seen"
+        );
+        consumer.run_once().await.unwrap();
+    }
+    let entries = ledger(&store).await;
+    assert_once_in_order(&entries, 30);
+    // 35 records settled; each partition's stored offset is its last.
+    let positions = store.positions(&topics.group, &topics.topic).await.unwrap();
+    let settled: i64 = positions.iter().map(|(_, o)| o + 1).sum();
+    assert_eq!(settled, 35, "positions {positions:?}");
+    println!(
+        "exactly once: 30 payments + 5 republished → {} ledger rows, {} duplicates, positions {positions:?}",
+        entries.len(),
+        consumer.stats().duplicates.load(Ordering::SeqCst)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_on_sqlite() {
+    let (store, _dir) = sqlite().await;
+    exactly_once(store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_on_postgres() {
+    let (store, _db) = postgres().await;
+    exactly_once(store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_produced_twice_with_one_id_header_is_applied_once() {
+    let (store, _dir) = sqlite().await;
+    let topics = Topics::create(1).await;
+    let producer: FutureProducer = topics.kafka.client_config().create().unwrap();
+    let send = |payload: &'static str, id: Option<&'static str>| {
+        let mut record = FutureRecord::<str, str>::to(&topics.topic)
+            .key("acct0")
+            .payload(payload);
+        if let Some(id) = id {
+            record = record.headers(OwnedHeaders::new().insert(Header {
+                key: idem_kafka::MESSAGE_ID,
+                value: Some(id),
+            }));
+        }
+        let producer = producer.clone();
+        async move {
+            producer
+                .send(record, Duration::from_secs(10))
+                .await
+                .unwrap()
+        }
+    };
+    send("acct0-1", Some("pay-1")).await;
+    send("acct0-1", Some("pay-1")).await;
+    let (partition, offset) = send("acct0-2", None).await;
+    let mut consumer = topics.consumer(&store).await;
+    drain(&mut consumer, &store, 2, 30).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while consumer.stats().duplicates.load(Ordering::SeqCst) < 1 {
+        assert!(Instant::now() < deadline, "the duplicate was not seen");
+        consumer.run_once().await.unwrap();
+    }
+    let ids: BTreeSet<String> = ledger(&store)
+        .await
+        .into_iter()
+        .map(|e| e.message_id)
+        .collect();
+    let place = format!("{}/{partition}/{offset}", topics.topic);
+    assert_eq!(ids, BTreeSet::from(["pay-1".to_owned(), place]));
+    assert_eq!(ledger(&store).await.len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_record_holds_its_partition_and_nothing_is_skipped() {
+    let (store, _dir) = sqlite().await;
+    let topics = Topics::create(1).await;
+    let messages: Vec<_> = (0..10)
+        .map(|i| {
+            let payload = if i == 3 {
+                format!("fail-once-acct0-{i}")
+            } else {
+                format!("acct0-{i}")
+            };
+            topics.message("acct0", &payload)
+        })
+        .collect();
+    write(&store, &messages).await;
+    assert_eq!(relay(&store, &topics.kafka).await, 10);
+    let mut consumer = topics.consumer(&store).await;
+    drain(&mut consumer, &store, 10, 30).await;
+    let entries = ledger(&store).await;
+    assert_once_in_order(&entries, 10);
+    assert_eq!(consumer.stats().retried.load(Ordering::SeqCst), 1);
+    let positions = store.positions(&topics.group, &topics.topic).await.unwrap();
+    assert_eq!(positions, vec![(0, 9)]);
+}
