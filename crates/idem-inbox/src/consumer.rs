@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use idem_core::inbox::{InboxStore, MessageId, Subscriber};
-use idem_core::position::{Position, PositionStore};
+use idem_core::position::Position;
 use idem_core::{
     Backoff, BoxError, BoxFuture, Clock, ConfigError, Pause, RoundLoop, Rounds, SharedClock,
     failpoint,
@@ -57,7 +57,7 @@ pub trait Delivery: Send + Sync {
     /// broker keeps the position, as NATS does).
     ///
     /// With a position the [`Consumer`] stores it (through
-    /// [`PositionStore::save_position`]) in the transaction that applies the
+    /// [`PositionStore::save_position`](idem_core::position::PositionStore::save_position)) in the transaction that applies the
     /// message, or in one of its own when the message is settled without
     /// one (a duplicate, a dead letter), before it acks. And once a message
     /// of a partition is nak'd, the rest of that partition in the same batch
@@ -213,7 +213,7 @@ enum Settle {
 impl<Src, S, H, C> Consumer<Src, S, H, C>
 where
     Src: MessageSource,
-    S: InboxStore + PositionStore,
+    S: InboxStore,
     H: Handler<S::Tx>,
     C: Clock,
 {
@@ -491,7 +491,7 @@ struct ConsumeRounds<'a, Src, S, H, C> {
 impl<Src, S, H, C> Rounds for ConsumeRounds<'_, Src, S, H, C>
 where
     Src: MessageSource,
-    S: InboxStore + PositionStore,
+    S: InboxStore,
     H: Handler<S::Tx>,
     C: Clock,
 {
