@@ -12,14 +12,15 @@ use crate::part::Part;
 use crate::servers::{Postgres, Server, start_nats, start_tansu, sweep};
 use crate::shell::{Beside, INTERRUPTED, Result, catch_interrupts, run, run_quoting};
 use crate::tools::{
-    browser_packages, chromium_binary, libfaketime, librdkafka_dev, nats_binary, postgres_bindir,
-    tansu_binary, venv,
+    browser_packages, chromium_binary, libfaketime, nats_binary, postgres_bindir, tansu_binary,
+    venv,
 };
 
 /// The real clients the tests drive (`IDEM_TEST_PYTHON`): for the gateway,
 /// requests with urllib3's `Retry` and Stripe's own library; for webhooks,
 /// the providers' signing libraries (Svix's, Standard Webhooks', Slack's
-/// SDK). Pinned, so a run tests the clients a previous one did.
+/// SDK); for Kafka, Confluent's client (it bundles its own librdkafka).
+/// Pinned, so a run tests the clients a previous one did.
 pub(crate) const CLIENT_PACKAGES: &[&str] = &[
     "requests==2.34.2",
     "urllib3==2.8.0",
@@ -27,6 +28,7 @@ pub(crate) const CLIENT_PACKAGES: &[&str] = &[
     "svix==2.9.1",
     "standardwebhooks==1.3.0",
     "slack_sdk==3.48.0",
+    "confluent-kafka==2.16.1",
 ];
 
 /// `cargo xtask test [nextest args]`. Whatever happens, its last line is one
@@ -240,7 +242,6 @@ fn suite(extra: &[String]) -> Result<Vec<Part>> {
     // build, not after it; found, these are quick.
     postgres_bindir()?;
     nats_binary()?;
-    librdkafka_dev()?;
     tansu_binary()?;
     chromium_binary()?;
     libfaketime()?;

@@ -1,6 +1,6 @@
 //! Finding (and, as root, installing) what the tests and the bench need:
-//! Debian packages, PostgreSQL 15, nats-server, librdkafka, Tansu (a
-//! Kafka-protocol broker), libfaketime, Chromium, the browser tests' npm
+//! Debian packages, PostgreSQL 15, nats-server, Tansu (a Kafka-protocol
+//! broker), libfaketime, Chromium, the browser tests' npm
 //! packages and Python venvs.
 
 use std::path::{Path, PathBuf};
@@ -77,20 +77,6 @@ pub(crate) fn nats_binary() -> Result<PathBuf> {
     }
     apt_install("nats-server")?;
     find().ok_or_else(|| "nats-server installed but its binary is missing".into())
-}
-
-/// Debian's librdkafka headers and library, which `idem-kafka` links
-/// (rdkafka's `dynamic-linking`), installing `librdkafka-dev` if root.
-pub(crate) fn librdkafka_dev() -> Result<()> {
-    let header = Path::new("/usr/include/librdkafka/rdkafka.h");
-    if !header.exists() {
-        apt_install("librdkafka-dev")?;
-    }
-    if header.exists() {
-        Ok(())
-    } else {
-        Err("librdkafka-dev installed but rdkafka.h is missing".into())
-    }
 }
 
 /// The Tansu release the Kafka tests run (crates.io `tansu`).

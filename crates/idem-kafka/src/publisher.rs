@@ -134,9 +134,9 @@ impl Publisher for KafkaPublisher {
         // The local queue's wait; the delivery report comes within
         // `message.timeout.ms` after it.
         match self.producer.send(message, self.timeout).await {
-            Ok((_partition, offset)) => Ok(Published {
+            Ok(delivery) => Ok(Published {
                 duplicate: false,
-                sequence: u64::try_from(offset).ok(),
+                sequence: u64::try_from(delivery.offset).ok(),
             }),
             Err((e, _)) => Err(classify(e)),
         }

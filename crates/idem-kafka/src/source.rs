@@ -9,7 +9,7 @@ use idem_core::outbox::MessageId;
 use idem_core::position::{Position, PositionStore};
 use idem_inbox::{Delivery, InboxMessage, MessageSource, SourceError};
 use rdkafka::client::ClientContext;
-use rdkafka::consumer::{Consumer, ConsumerContext, Rebalance, StreamConsumer};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance, StreamConsumer};
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
@@ -92,7 +92,7 @@ struct Context(Arc<Shared>);
 impl ClientContext for Context {}
 
 impl ConsumerContext for Context {
-    fn post_rebalance(&self, rebalance: &Rebalance<'_>) {
+    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         let mut state = self.0.state();
         match rebalance {
             Rebalance::Assign(tpl) => {

@@ -113,7 +113,7 @@ async fn a_record_produced_twice_with_one_id_header_is_applied_once() {
     };
     send("acct0-1", Some("pay-1")).await;
     send("acct0-1", Some("pay-1")).await;
-    let (partition, offset) = send("acct0-2", None).await;
+    let third = send("acct0-2", None).await;
     let mut consumer = topics.consumer(&store).await;
     drain(&mut consumer, &store, 2, 30).await;
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -126,7 +126,7 @@ async fn a_record_produced_twice_with_one_id_header_is_applied_once() {
         .into_iter()
         .map(|e| e.message_id)
         .collect();
-    let place = format!("{}/{partition}/{offset}", topics.topic);
+    let place = format!("{}/{}/{}", topics.topic, third.partition, third.offset);
     assert_eq!(ids, BTreeSet::from(["pay-1".to_owned(), place]));
     assert_eq!(ledger(&store).await.len(), 2);
 }
@@ -154,4 +154,50 @@ async fn a_retried_record_holds_its_partition_and_nothing_is_skipped() {
     assert_eq!(consumer.stats().retried.load(Ordering::SeqCst), 1);
     let positions = store.positions(&topics.group, &topics.topic).await.unwrap();
     assert_eq!(positions, vec![(0, 9)]);
+}
+
+/// Produces one record twice with one `Idem-Message-Id`, from Python's
+/// `confluent-kafka` (its own librdkafka, a real third-party producer).
+const PYTHON_PRODUCER: &str = r#"
+import sys
+from confluent_kafka import Producer
+p = Producer({"bootstrap.servers": sys.argv[1], "linger.ms": 0, "batch.num.messages": 1})
+errors = []
+def done(err, msg):
+    if err is not None:
+        errors.append(str(err))
+for _ in range(2):
+    p.produce(sys.argv[2], key=b"acct0", value=b"acct0-1",
+              headers=[("Idem-Message-Id", b"py-1")], on_delivery=done)
+    if p.flush(10) != 0:
+        errors.append("not delivered in 10 s")
+if errors:
+    sys.exit("; ".join(errors))
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_python_confluent_kafka_record_produced_twice_with_one_id_is_applied_once() {
+    let (store, _dir) = sqlite().await;
+    let topics = Topics::create(1).await;
+    let bootstrap = idem_kafka::bootstrap_servers(&idem_testkit::kafka_url()).unwrap();
+    let out = std::process::Command::new(idem_testkit::python())
+        .args(["-c", PYTHON_PRODUCER, &bootstrap, &topics.topic])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "python producer: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut consumer = topics.consumer(&store).await;
+    drain(&mut consumer, &store, 1, 30).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while consumer.stats().duplicates.load(Ordering::SeqCst) < 1 {
+        assert!(Instant::now() < deadline, "the second copy was not seen");
+        consumer.run_once().await.unwrap();
+    }
+    let entries = ledger(&store).await;
+    assert_eq!(entries.len(), 1);
+    assert_eq!(entries[0].message_id, "py-1");
+    assert_eq!(entries[0].key, "acct0");
 }

@@ -58,6 +58,14 @@ impl Topics {
         &self,
         store: &SqlStore<D>,
     ) -> Consumer<KafkaSource<SqlStore<D>>, SqlStore<D>, Ledger<D>> {
+        self.consumer_with(store, consumer_config()).await
+    }
+
+    pub async fn consumer_with<D: Dialect>(
+        &self,
+        store: &SqlStore<D>,
+        config: ConsumerConfig,
+    ) -> Consumer<KafkaSource<SqlStore<D>>, SqlStore<D>, Ledger<D>> {
         let source = KafkaSource::new(&self.kafka, store.clone(), self.source_config())
             .await
             .unwrap();
@@ -66,7 +74,7 @@ impl Topics {
             Inbox::new(store.clone()),
             Subscriber::new("ledger").unwrap(),
             Ledger::default(),
-            consumer_config(),
+            config,
         )
         .unwrap()
     }
