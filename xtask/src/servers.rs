@@ -177,6 +177,8 @@ impl Server {
         let port = free_port()?;
         let child = Command::new(binary)
             .args(args(port, &dir))
+            // Relative paths a server takes are in its directory.
+            .current_dir(&dir)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -225,8 +227,11 @@ pub(crate) fn start_nats(root: &Path, binary: &Path) -> Result<Server> {
     })
 }
 
-/// A throwaway Tansu broker (Kafka protocol) with memory storage; its
-/// `kafka://` URL is `kafka://127.0.0.1:<port>`.
+/// A throwaway Tansu broker (Kafka protocol) storing in an SQLite file in
+/// its directory (`sqlite://tansu.db`, relative to it); its `kafka://` URL
+/// is `kafka://127.0.0.1:<port>`. Not `memory://`: there a batch of several
+/// records takes one offset of the high watermark, and a consumer cannot
+/// seek into it (docs/development.md, "Kafka test broker: Tansu").
 pub(crate) fn start_tansu(root: &Path, binary: &Path) -> Result<Server> {
     Server::start(root, "tansu", binary, |port, _dir| {
         let url = format!("tcp://127.0.0.1:{port}");
@@ -237,7 +242,7 @@ pub(crate) fn start_tansu(root: &Path, binary: &Path) -> Result<Server> {
             "--advertised-listener-url",
             &url,
             "--storage-engine",
-            "memory://tansu/",
+            "sqlite://tansu.db",
         ]
         .iter()
         .map(Into::into)

@@ -37,13 +37,15 @@ impl KafkaPublisher {
     pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
     /// An idempotent producer on `kafka`: `enable.idempotence=true`,
-    /// `acks=all`, and **one record per produce request** (`linger.ms=0`,
-    /// `batch.num.messages=1`). The last two are for Tansu, the broker the
-    /// tests run: it stores a batch of several records so that a consumer
-    /// cannot seek into the middle of it (docs/development.md, "Kafka test
-    /// broker: Tansu"), and a consumer of Idem resumes at a stored offset
-    /// + 1, which may be anywhere. On Apache Kafka set `batch.num.messages`
-    ///   and `linger.ms` back with [`KafkaPublisher::with`].
+    /// `acks=all`, librdkafka's batching otherwise (the dispatcher publishes
+    /// a claimed batch concurrently, so records of one partition travel
+    /// together). Brokers must let a consumer seek into the middle of such a
+    /// batch (a consumer of Idem resumes at a stored offset + 1, which may
+    /// be anywhere): Apache Kafka does, and Tansu does with its SQLite
+    /// storage but not its memory storage (docs/development.md, "Kafka
+    /// test broker: Tansu"); for such a broker send one record per request
+    /// with [`KafkaPublisher::with`] and `[("linger.ms", "0"),
+    /// ("batch.num.messages", "1")]`.
     pub fn new(kafka: &Kafka) -> Result<Self, KafkaError> {
         Self::with(kafka, &[])
     }
@@ -54,10 +56,7 @@ impl KafkaPublisher {
     pub fn with(kafka: &Kafka, properties: &[(&str, &str)]) -> Result<Self, KafkaError> {
         let mut config = kafka.config.clone();
         let timeout = Self::DEFAULT_TIMEOUT.as_millis().to_string();
-        config
-            .set("linger.ms", "0")
-            .set("batch.num.messages", "1")
-            .set("message.timeout.ms", &timeout);
+        config.set("message.timeout.ms", &timeout);
         for (k, v) in properties {
             config.set(*k, *v);
         }

@@ -164,8 +164,6 @@ impl<S: PositionStore + Clone> KafkaSource<S> {
             .clone()
             .set("enable.idempotence", "true")
             .set("acks", "all")
-            .set("linger.ms", "0")
-            .set("batch.num.messages", "1")
             .create()
             .map_err(kafka_err)?;
         Ok(Self {

@@ -201,3 +201,55 @@ async fn a_python_confluent_kafka_record_produced_twice_with_one_id_is_applied_o
     assert_eq!(entries[0].message_id, "py-1");
     assert_eq!(entries[0].key, "acct0");
 }
+
+/// A producer that batches (`linger.ms=200`: the 50 records travel in one
+/// produce request) and a consumer whose stored position is in the middle
+/// of that batch: it resumes exactly after the stored offset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_resumes_in_the_middle_of_a_batching_producers_batch() {
+    use idem_core::KeyStore;
+    use idem_core::position::Position;
+    let (store, _dir) = sqlite().await;
+    let topics = Topics::create(1).await;
+    let mut config = topics.kafka.client_config().clone();
+    config
+        .set("linger.ms", "200")
+        .set("enable.idempotence", "true");
+    let producer: FutureProducer = config.create().unwrap();
+    // Queued in order without waiting, delivered together.
+    let mut pending = Vec::new();
+    for i in 0..50 {
+        let payload = format!("acct0-{i}");
+        let record = FutureRecord::<str, str>::to(&topics.topic)
+            .key("acct0")
+            .payload(&payload);
+        pending.push(producer.send_result(record).map_err(|(e, _)| e).unwrap());
+    }
+    let mut offsets = Vec::new();
+    for delivery in pending {
+        offsets.push(delivery.await.unwrap().map_err(|(e, _)| e).unwrap().offset);
+    }
+    assert_eq!(offsets, (0..50).collect::<Vec<i64>>());
+    // As if a consumer had applied offsets 0 to 9 and stopped.
+    let mut tx = store.begin().await.unwrap();
+    let position = Position {
+        group: topics.group.clone(),
+        topic: topics.topic.clone(),
+        partition: 0,
+        offset: 9,
+    };
+    store.save_position(&mut tx, &position).await.unwrap();
+    store.commit(tx).await.unwrap();
+    let mut consumer = topics.consumer(&store).await;
+    drain(&mut consumer, &store, 40, 30).await;
+    let entries = ledger(&store).await;
+    assert_eq!(
+        entries[0].payload, "acct0-10",
+        "resumed after the stored offset"
+    );
+    assert_once_in_order(&entries, 40);
+    assert_eq!(
+        store.positions(&topics.group, &topics.topic).await.unwrap(),
+        vec![(0, 49)]
+    );
+}
