@@ -2,6 +2,7 @@
 //! xtask test` starts), real SQLite files and the suite's PostgreSQL.
 #![allow(clippy::unwrap_used, missing_docs)]
 
+mod broker_kill;
 mod drill;
 mod flows;
 mod rebalance;

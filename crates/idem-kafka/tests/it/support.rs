@@ -28,7 +28,11 @@ pub struct Topics {
 
 impl Topics {
     pub async fn create(partitions: i32) -> Self {
-        let kafka = kafka();
+        Self::create_on(kafka(), partitions).await
+    }
+
+    /// On a broker of the test's own.
+    pub async fn create_on(kafka: Kafka, partitions: i32) -> Self {
         let name = idem_testkit::unique_name("t");
         let (topic, dead) = (format!("{name}.events"), format!("{name}.dead"));
         let t = Duration::from_secs(10);
@@ -40,6 +44,15 @@ impl Topics {
             topic,
             dead,
             group: format!("{name}-ledger"),
+        }
+    }
+
+    pub fn clone_topics(&self) -> Self {
+        Self {
+            kafka: self.kafka.clone(),
+            topic: self.topic.clone(),
+            dead: self.dead.clone(),
+            group: self.group.clone(),
         }
     }
 
