@@ -253,3 +253,81 @@ async fn a_consumer_resumes_in_the_middle_of_a_batching_producers_batch() {
         vec![(0, 49)]
     );
 }
+
+/// Reads every record of `topic` (one partition) from its beginning.
+async fn read_all(topics: &Topics, topic: &str, n: usize) -> Vec<rdkafka::message::OwnedMessage> {
+    use rdkafka::consumer::{Consumer, StreamConsumer};
+    let mut config = topics.kafka.client_config().clone();
+    config
+        .set("group.id", format!("{}-reader", topics.group))
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false");
+    let reader: StreamConsumer = config.create().unwrap();
+    reader.subscribe(&[topic]).unwrap();
+    let mut out = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while out.len() < n {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let m = tokio::time::timeout(left, reader.recv())
+            .await
+            .expect("dead letters not read in 20 s")
+            .unwrap();
+        out.push(m.detach());
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undecodable_and_failing_records_are_dead_lettered_and_their_offsets_stored() {
+    use rdkafka::message::Headers;
+    let (store, _dir) = sqlite().await;
+    let topics = Topics::create(1).await;
+    let producer: FutureProducer = topics.kafka.client_config().create().unwrap();
+    // An id header that is not an id (a space is not visible ASCII).
+    let bad = FutureRecord::<str, str>::to(&topics.topic)
+        .key("acct0")
+        .payload("acct0-0")
+        .headers(OwnedHeaders::new().insert(Header {
+            key: idem_kafka::MESSAGE_ID,
+            value: Some("not an id"),
+        }));
+    producer.send(bad, Duration::from_secs(10)).await.unwrap();
+    write(
+        &store,
+        &[
+            topics.message("acct0", "acct0-1"),
+            topics.message("acct0", "acct0-2"),
+        ],
+    )
+    .await;
+    assert_eq!(relay(&store, &topics.kafka).await, 2);
+    let mut consumer = topics.consumer(&store).await;
+    drain(&mut consumer, &store, 2, 30).await;
+    assert_eq!(consumer.stats().dead_lettered.load(Ordering::SeqCst), 1);
+    let dead = read_all(&topics, &topics.dead, 1).await;
+    let headers = rdkafka::Message::headers(&dead[0]).unwrap();
+    let header = |name: &str| {
+        headers
+            .iter()
+            .find(|h| h.key == name)
+            .and_then(|h| h.value)
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+    };
+    let reason = header(idem_kafka::DEAD_REASON).unwrap();
+    assert!(reason.starts_with("undecodable message"), "{reason}");
+    assert_eq!(
+        header(idem_kafka::ORIGINAL_POSITION).as_deref(),
+        Some(format!("{}/0/0", topics.topic).as_str())
+    );
+    let payloads: Vec<String> = ledger(&store)
+        .await
+        .into_iter()
+        .map(|e| e.payload)
+        .collect();
+    assert_eq!(payloads, ["acct0-1", "acct0-2"]);
+    assert_eq!(
+        store.positions(&topics.group, &topics.topic).await.unwrap(),
+        vec![(0, 2)],
+        "the dead letter's offset is stored too"
+    );
+}
