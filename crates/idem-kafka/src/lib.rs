@@ -196,9 +196,10 @@ impl Kafka {
         }
     }
 
-    /// Creates `topic` with `partitions` (replication factor 1 on a
-    /// one-broker cluster, else the broker's default); an existing topic
-    /// is left as it is. Returns whether it was created.
+    /// Creates `topic` with `partitions` and a replication factor of 1 (a
+    /// single broker, development and tests; on a production cluster create
+    /// topics with its own tools and the replication it needs); an existing
+    /// topic is left as it is. Returns whether it was created.
     pub async fn ensure_topic(
         &self,
         topic: &str,
