@@ -331,3 +331,50 @@ async fn undecodable_and_failing_records_are_dead_lettered_and_their_offsets_sto
         "the dead letter's offset is stored too"
     );
 }
+
+/// Reads `n` records of a topic from its beginning with Python's
+/// `confluent-kafka` and prints each one's `Idem-Message-Id` and key.
+const PYTHON_CONSUMER: &str = r#"
+import sys, time
+from confluent_kafka import Consumer
+c = Consumer({"bootstrap.servers": sys.argv[1], "group.id": sys.argv[2] + "-py",
+              "auto.offset.reset": "earliest", "enable.auto.commit": False})
+c.subscribe([sys.argv[2]])
+n, seen, end = int(sys.argv[3]), 0, time.time() + 20
+while seen < n and time.time() < end:
+    m = c.poll(0.5)
+    if m is None or m.error():
+        continue
+    ids = [v.decode() for k, v in (m.headers() or []) if k == "Idem-Message-Id"]
+    print(ids[0] if len(ids) == 1 else "?", m.key().decode())
+    seen += 1
+c.close()
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_python_confluent_kafka_consumer_sees_each_relayed_event_under_its_outbox_id() {
+    let (store, _dir) = sqlite().await;
+    let topics = Topics::create(1).await;
+    let messages = payments(&topics, 2, 4);
+    write(&store, &messages).await;
+    assert_eq!(relay(&store, &topics.kafka).await, 4);
+    let bootstrap = idem_kafka::bootstrap_servers(&idem_testkit::kafka_url()).unwrap();
+    let out = std::process::Command::new(idem_testkit::python())
+        .args(["-c", PYTHON_CONSUMER, &bootstrap, &topics.topic, "4"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "python consumer: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    let expected: Vec<String> = messages
+        .iter()
+        .map(|m| format!("{} {}", m.message_id.as_str(), m.key))
+        .collect();
+    assert_eq!(seen, expected);
+}
