@@ -1,11 +1,14 @@
-//! A consumer process for the drills (`tests/it/drill.rs`): consumes a
-//! topic through the inbox into a `ledger` table, its positions in the same
-//! database, until it is killed (`kill -9`, or a failpoint such as
-//! `IDEM_FAILPOINTS=consume.after_commit=7`).
+//! A consumer (or relay) process for the drills (`tests/it/drill.rs`):
+//! consumes a topic through the inbox into a `ledger` table, its positions
+//! in the same database, until it is killed (`kill -9`, or a failpoint such
+//! as `IDEM_FAILPOINTS=consume.after_commit=7`). With
+//! `IDEM_DRILL_ROLE=relay` it relays the database's outbox to Kafka instead
+//! (a 2 s lease, batches of 4; `relay.after_publish` aborts it between the
+//! delivery reports and marking the messages sent).
 //!
 //! Environment: `IDEM_KAFKA_URL`, `IDEM_DRILL_DB` (`sqlite://…` or
 //! `postgres://…`, migrated, with the ledger table), `IDEM_DRILL_TOPIC`,
-//! `IDEM_DRILL_GROUP`, `IDEM_DRILL_DEAD`.
+//! `IDEM_DRILL_GROUP`, `IDEM_DRILL_DEAD`, `IDEM_DRILL_ROLE`.
 
 use std::marker::PhantomData;
 use std::time::Duration;
@@ -43,7 +46,27 @@ fn env(name: &str) -> Result<String, String> {
     std::env::var(name).map_err(|_| format!("{name} is not set"))
 }
 
+async fn relay<D: Dialect>(store: SqlStore<D>) -> Result<(), Box<dyn std::error::Error>> {
+    let kafka = idem_kafka::connect(&env("IDEM_KAFKA_URL")?)?;
+    let config = idem_outbox::DispatcherConfig {
+        batch_size: 4,
+        lease: Duration::from_secs(2),
+        poll_interval: Duration::from_millis(100),
+        ..Default::default()
+    };
+    let relay =
+        idem_outbox::Dispatcher::new(store, idem_kafka::KafkaPublisher::new(&kafka)?, config)?;
+    eprintln!("drill relay: running");
+    relay
+        .run(idem_outbox::Polling, std::future::pending())
+        .await;
+    Ok(())
+}
+
 async fn run<D: Dialect>(store: SqlStore<D>) -> Result<(), Box<dyn std::error::Error>> {
+    if std::env::var("IDEM_DRILL_ROLE").is_ok_and(|r| r == "relay") {
+        return relay(store).await;
+    }
     let kafka = idem_kafka::connect(&env("IDEM_KAFKA_URL")?)?;
     let mut config = SourceConfig::new(
         &env("IDEM_DRILL_GROUP")?,

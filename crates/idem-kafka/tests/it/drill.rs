@@ -25,7 +25,12 @@ fn drill_consumer() -> PathBuf {
 }
 
 fn spawn(topics: &Topics, db: &str, failpoints: Option<&str>) -> Child {
+    spawn_as("consumer", topics, db, failpoints)
+}
+
+fn spawn_as(role: &str, topics: &Topics, db: &str, failpoints: Option<&str>) -> Child {
     let mut cmd = Command::new(drill_consumer());
+    cmd.env("IDEM_DRILL_ROLE", role);
     cmd.env("IDEM_KAFKA_URL", idem_testkit::kafka_url())
         .env("IDEM_DRILL_DB", db)
         .env("IDEM_DRILL_TOPIC", &topics.topic)
@@ -118,4 +123,37 @@ async fn a_killed_consumer_resumes_at_the_stored_offset_on_sqlite() {
 async fn a_killed_consumer_resumes_at_the_stored_offset_on_postgres() {
     let (store, db) = postgres().await;
     killed_consumers_resume(store, &db.url).await;
+}
+
+/// The relay killed between its delivery reports and marking the messages
+/// sent: restarted, it publishes them again after the lease; the consumer
+/// applies each payment once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_killed_before_marking_sent_republishes_and_nothing_is_applied_twice() {
+    use std::sync::atomic::Ordering;
+    let (store, dir) = sqlite().await;
+    let db = dir.sqlite_url();
+    let topics = Topics::create(2).await;
+    write(&store, &payments(&topics, 4, 16)).await;
+    // Aborts after its second batch's delivery reports: up to 8 messages in
+    // Kafka that the outbox still holds unsent.
+    let mut relay = spawn_as("relay", &topics, &db, Some("relay.after_publish=2"));
+    wait_abort(&mut relay, 40);
+    let mut relay = spawn_as("relay", &topics, &db, None);
+    let mut consumer = topics.consumer(&store).await;
+    drain(&mut consumer, &store, 16, 45).await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while consumer.stats().duplicates.load(Ordering::SeqCst) < 1 {
+        assert!(Instant::now() < deadline, "no republished duplicate seen");
+        consumer.run_once().await.unwrap();
+    }
+    relay.kill().unwrap();
+    relay.wait().unwrap();
+    let entries = ledger(&store).await;
+    assert_once_in_order(&entries, 16);
+    println!(
+        "relay drill: 16 payments, {} duplicates skipped, {} ledger rows",
+        consumer.stats().duplicates.load(Ordering::SeqCst),
+        entries.len()
+    );
 }
