@@ -58,6 +58,11 @@ pub(crate) const LEFT_OUT: &[LeftOut] = &[
         ],
     },
     LeftOut {
+        needs: "Kafka (Tansu)",
+        packages: &["idem-kafka"],
+        names: &[],
+    },
+    LeftOut {
         needs: "Python",
         packages: &["example-webhook-route"],
         names: &[

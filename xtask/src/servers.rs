@@ -1,5 +1,5 @@
 //! Throwaway servers on free loopback ports (PostgreSQL 15, NATS with
-//! JetStream, Redis), stopped when dropped, and the sweep of those an
+//! JetStream, Tansu for Kafka, Redis), stopped when dropped, and the sweep of those an
 //! interrupted run left behind.
 
 use std::net::TcpListener;
@@ -11,7 +11,7 @@ use crate::shell::{Result, is_root, run};
 use crate::tools::postgres_bindir;
 
 /// Removes what runs killed without a chance to clean up left in `root`: a
-/// `pg-<pid>`, `nats-<pid>` or `redis-<pid>` directory whose xtask is gone,
+/// `pg-<pid>`, `nats-<pid>`, `tansu-<pid>` or `redis-<pid>` directory whose xtask is gone,
 /// stopping its server first.
 pub(crate) fn sweep(root: &Path) {
     let Ok(entries) = std::fs::read_dir(root) else {
@@ -22,6 +22,7 @@ pub(crate) fn sweep(root: &Path) {
         let Some(pid) = name
             .strip_prefix("pg-")
             .or_else(|| name.strip_prefix("nats-"))
+            .or_else(|| name.strip_prefix("tansu-"))
             .or_else(|| name.strip_prefix("redis-"))
             .and_then(|p| p.parse::<u32>().ok())
         else {
@@ -43,7 +44,11 @@ pub(crate) fn sweep(root: &Path) {
                 drop(pg);
             }
         }
-        for (file, server) in [("nats.pid", "nats-server"), ("redis.pid", "redis-server")] {
+        for (file, server) in [
+            ("nats.pid", "nats-server"),
+            ("tansu.pid", "tansu"),
+            ("redis.pid", "redis-server"),
+        ] {
             if let Ok(pid) = std::fs::read_to_string(dir.join(file)) {
                 let pid = pid.trim();
                 if Path::new(&format!("/proc/{pid}")).exists() {
@@ -172,6 +177,8 @@ impl Server {
         let port = free_port()?;
         let child = Command::new(binary)
             .args(args(port, &dir))
+            // Relative paths a server takes are in its directory.
+            .current_dir(&dir)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -217,6 +224,29 @@ pub(crate) fn start_nats(root: &Path, binary: &Path) -> Result<Server> {
                 .collect();
         args.push(dir.into());
         args
+    })
+}
+
+/// A throwaway Tansu broker (Kafka protocol) storing in an SQLite file in
+/// its directory (`sqlite://tansu.db`, relative to it); its `kafka://` URL
+/// is `kafka://127.0.0.1:<port>`. Not `memory://`: there a batch of several
+/// records takes one offset of the high watermark, and a consumer cannot
+/// seek into it (docs/development.md, "Kafka test broker: Tansu").
+pub(crate) fn start_tansu(root: &Path, binary: &Path) -> Result<Server> {
+    Server::start(root, "tansu", binary, |port, _dir| {
+        let url = format!("tcp://127.0.0.1:{port}");
+        [
+            "broker",
+            "--listener-url",
+            &url,
+            "--advertised-listener-url",
+            &url,
+            "--storage-engine",
+            "sqlite://tansu.db",
+        ]
+        .iter()
+        .map(Into::into)
+        .collect()
     })
 }
 

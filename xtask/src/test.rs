@@ -9,17 +9,19 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::fuzz::{FUZZ_TARGETS, fuzz_secs_in_test, fuzz_targets};
 use crate::part::Part;
-use crate::servers::{Postgres, Server, start_nats, sweep};
+use crate::servers::{Postgres, Server, start_nats, start_tansu, sweep};
 use crate::shell::{Beside, INTERRUPTED, Result, catch_interrupts, run, run_quoting};
 use crate::tools::{
     browser_packages, chromium_binary, libfaketime, nats_binary, postgres_bindir, rabbitmq_server,
+    tansu_binary,
     venv,
 };
 
 /// The real clients the tests drive (`IDEM_TEST_PYTHON`): for the gateway,
 /// requests with urllib3's `Retry` and Stripe's own library; for webhooks,
 /// the providers' signing libraries (Svix's, Standard Webhooks', Slack's
-/// SDK). Pinned, so a run tests the clients a previous one did.
+/// SDK); for Kafka, Confluent's client (it bundles its own librdkafka).
+/// Pinned, so a run tests the clients a previous one did.
 pub(crate) const CLIENT_PACKAGES: &[&str] = &[
     "requests==2.34.2",
     "urllib3==2.8.0",
@@ -27,6 +29,7 @@ pub(crate) const CLIENT_PACKAGES: &[&str] = &[
     "svix==2.9.1",
     "standardwebhooks==1.3.0",
     "slack_sdk==3.48.0",
+    "confluent-kafka==2.16.1",
 ];
 
 /// `cargo xtask test [nextest args]`. Whatever happens, its last line is one
@@ -61,13 +64,13 @@ pub(crate) fn test(extra: &[String]) -> ExitCode {
 const HELP: &str = "\
 usage: cargo xtask test [--quick] [nextest args]
 
-  (no --quick)  provision PostgreSQL 15, NATS, chromium, libfaketime, the browser tests'
-                npm packages and a Python venv of real clients; run the whole suite (tests,
+  (no --quick)  provision PostgreSQL 15, NATS, Tansu (Kafka), chromium, libfaketime, the
+                browser tests' npm packages and a Python venv of real clients; run the whole suite (tests,
                 readme app, doc tests, otlp build, 20 s per fuzz target); stop them
   --quick       nothing provisioned, nothing installed: only the tests that need nothing but
                 Rust (SQLite files, servers in-process), without IDEM_TEST_* set; a few minutes
                 on two cores. The verdict says how many ran and what was left out (the tests
-                that need PostgreSQL, NATS, Python, Chromium and Node, libfaketime, and the four
+                that need PostgreSQL, NATS, Kafka, Python, Chromium and Node, libfaketime, and the four
                 over 30 s; doc tests, readme app, otlp, fuzz)
 
 Other arguments go to `cargo nextest run` (e.g. -E 'test(/webhook/)'; with --quick they
@@ -101,6 +104,8 @@ struct Provisioned {
     nats: Server,
     nats_bin: PathBuf,
     rabbitmq: PathBuf,
+    tansu: Server,
+    tansu_bin: PathBuf,
     chromium: PathBuf,
     faketime: PathBuf,
     python: PathBuf,
@@ -117,6 +122,9 @@ fn provision(root: &Path) -> Result<Provisioned> {
     let nats = start_nats(root, &nats_bin)?;
     eprintln!("xtask: nats-server with JetStream on {}", nats.url());
     let rabbitmq = rabbitmq_server()?;
+    let tansu_bin = tansu_binary()?;
+    let tansu = start_tansu(root, &tansu_bin)?;
+    eprintln!("xtask: tansu (Kafka protocol) on 127.0.0.1:{}", tansu.port);
     let chromium = chromium_binary()?;
     let faketime = libfaketime()?;
     browser_packages()?;
@@ -126,6 +134,8 @@ fn provision(root: &Path) -> Result<Provisioned> {
         nats,
         nats_bin,
         rabbitmq,
+        tansu,
+        tansu_bin,
         chromium,
         faketime,
         python,
@@ -237,6 +247,8 @@ fn suite(extra: &[String]) -> Result<Vec<Part>> {
     postgres_bindir()?;
     nats_binary()?;
     rabbitmq_server()?;
+    // Tansu is not looked for here: a first `cargo install` of it (about
+    // ten minutes) runs in the provisioning below, beside the build.
     chromium_binary()?;
     libfaketime()?;
     // The servers and tools are made ready while the whole suite compiles;
@@ -271,6 +283,8 @@ fn suite(extra: &[String]) -> Result<Vec<Part>> {
         nats,
         nats_bin,
         rabbitmq,
+        tansu,
+        tansu_bin,
         chromium,
         faketime,
         python,
@@ -280,6 +294,11 @@ fn suite(extra: &[String]) -> Result<Vec<Part>> {
         .env("IDEM_TEST_NATS_URL", nats.url())
         .env("IDEM_TEST_NATS_SERVER", &nats_bin)
         .env("IDEM_TEST_RABBITMQ_SERVER", &rabbitmq)
+        .env(
+            "IDEM_TEST_KAFKA_URL",
+            format!("kafka://127.0.0.1:{}", tansu.port),
+        )
+        .env("IDEM_TEST_TANSU", &tansu_bin)
         .env("IDEM_TEST_CHROMIUM", &chromium)
         .env("IDEM_TEST_PYTHON", &python)
         .env("IDEM_TEST_LIBFAKETIME", &faketime);
@@ -352,6 +371,7 @@ fn suite(extra: &[String]) -> Result<Vec<Part>> {
         .env("IDEM_TEST_NATS_URL", nats.url())
         .env("IDEM_TEST_NATS_SERVER", &nats_bin));
     parts.push(Part::of("otlp", otlp, None));
+    drop(tansu);
     drop(nats);
     drop(pg);
     parts.push(match fuzz_secs {

@@ -1,6 +1,7 @@
 //! Finding (and, as root, installing) what the tests and the bench need:
-//! Debian packages, PostgreSQL 15, nats-server, libfaketime, Chromium, the
-//! browser tests' npm packages and Python venvs.
+//! Debian packages, PostgreSQL 15, nats-server, Tansu (a Kafka-protocol
+//! broker), libfaketime, Chromium, the browser tests' npm
+//! packages and Python venvs.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -90,6 +91,51 @@ pub(crate) fn rabbitmq_server() -> Result<PathBuf> {
         Ok(path)
     } else {
         Err("rabbitmq-server installed but /usr/lib/rabbitmq/bin/rabbitmq-server is missing".into())
+    }
+}
+
+/// The Tansu release the Kafka tests run (crates.io `tansu`).
+pub(crate) const TANSU_VERSION: &str = "0.6.0";
+
+/// Where Tansu is installed and reused: `$IDEM_TANSU_ROOT`, else
+/// `$HOME/.cache/idem-tansu` (outside `target/`: a `cargo clean` does not
+/// cost the ten-minute build).
+fn tansu_root() -> PathBuf {
+    if let Some(root) = std::env::var_os("IDEM_TANSU_ROOT") {
+        return PathBuf::from(root);
+    }
+    let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
+    PathBuf::from(home).join(".cache/idem-tansu")
+}
+
+/// Finds the `tansu` broker in its cache, installing it there with `cargo
+/// install` when missing (about 10 minutes on two cores). `--locked`:
+/// 0.6.0 does not build with today's newest dependencies. Features: the
+/// default ones have no storage engine; `dynostore` brings `memory://`,
+/// `libsql` SQLite-file storage.
+pub(crate) fn tansu_binary() -> Result<PathBuf> {
+    let root = tansu_root();
+    let binary = root.join("bin/tansu");
+    if binary.exists() {
+        return Ok(binary);
+    }
+    eprintln!(
+        "xtask: installing tansu {TANSU_VERSION} into {} with cargo install (about 10 minutes)",
+        root.display()
+    );
+    run(Command::new("cargo")
+        .args(["install", "tansu", "--version", TANSU_VERSION, "--locked"])
+        .args(["--features", "dynostore,libsql", "--root"])
+        .arg(&root)
+        // Its own build directory, not this workspace's target.
+        .env_remove("CARGO_TARGET_DIR"))?;
+    if binary.exists() {
+        Ok(binary)
+    } else {
+        Err(format!(
+            "tansu installed but {} is missing",
+            binary.display()
+        ))
     }
 }
 

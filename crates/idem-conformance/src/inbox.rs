@@ -109,3 +109,58 @@ pub async fn inbox_gc_deletes_expired_records<S: InboxStore>(store: S) {
     assert_eq!(store.purge_expired_inbox(NOW + 10, 3).await.unwrap(), 2);
     assert!(store.seen(&sub, &live).await.unwrap());
 }
+
+/// Log positions ([`PositionStore`](idem_core::position::PositionStore)):
+/// stored with the transaction or not at all, per (group, topic,
+/// partition), never moved backwards.
+pub async fn positions_commit_with_the_transaction_and_never_move_back<S: InboxStore>(store: S) {
+    use idem_core::position::Position;
+    let at = |group: &str, partition: i32, offset: i64| Position {
+        group: group.to_owned(),
+        topic: "orders".to_owned(),
+        partition,
+        offset,
+    };
+    let save = |p: Position| {
+        let store = store.clone();
+        async move {
+            let mut tx = store.begin().await.unwrap();
+            store.save_position(&mut tx, &p).await.unwrap();
+            tx
+        }
+    };
+    let tx = save(at("billing", 0, 7)).await;
+    store.rollback(tx).await.unwrap();
+    assert!(
+        store
+            .positions("billing", "orders")
+            .await
+            .unwrap()
+            .is_empty(),
+        "a rolled-back position is not stored"
+    );
+    for p in [at("billing", 0, 7), at("billing", 1, 3), at("mail", 0, 1)] {
+        let tx = save(p).await;
+        store.commit(tx).await.unwrap();
+    }
+    let tx = save(at("billing", 0, 5)).await;
+    store.commit(tx).await.unwrap();
+    assert_eq!(
+        store.positions("billing", "orders").await.unwrap(),
+        vec![(0, 7), (1, 3)],
+        "a lower offset leaves the stored one; groups are apart"
+    );
+    let tx = save(at("billing", 0, 8)).await;
+    store.commit(tx).await.unwrap();
+    assert_eq!(
+        store.positions("billing", "orders").await.unwrap(),
+        vec![(0, 8), (1, 3)]
+    );
+    assert!(
+        store
+            .positions("billing", "other")
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}

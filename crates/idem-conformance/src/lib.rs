@@ -8,7 +8,7 @@
 //! | `keys` | [`KeyStore`](idem_core::KeyStore) | claims, replay, mismatch, isolation, concurrency, bounded waits, expiry, optimistic claims, business writes with the key |
 //! | `messages` | [`KeyStore`](idem_core::KeyStore) | values in the key transaction's messages round-trip, a dropped transaction rolls back, a record no longer pending commits nothing |
 //! | `outbox` | [`OutboxStore`](idem_core::outbox::OutboxStore) | commit with the transaction, order per key, leases, backoff, purge |
-//! | `inbox` | [`InboxStore`](idem_core::inbox::InboxStore) | once per subscriber, concurrent duplicates, collection |
+//! | `inbox` | [`InboxStore`](idem_core::inbox::InboxStore) | once per subscriber, concurrent duplicates, collection; log positions with the transaction, never backwards |
 //! | `webhooks` | [`WebhookStore`](idem_core::webhooks::WebhookStore) | stored once, entity order, counts, replay, content dedupe |
 //! | `runs`, `send_once` | [`RunStore`](idem_core::steps::RunStore) | runs created with their key, fenced writes, takeovers only after the lease, claims never shared, listing; the send-once ledger |
 //! | `tasks`, `task_asks` | [`TaskStore`](idem_core::tasks::TaskStore) | tasks once per key, cursors moved only from where they are, fenced claims and settles, actions once; `go` once per fence whoever asks |

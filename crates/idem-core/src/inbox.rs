@@ -8,6 +8,7 @@ use crate::error::StoreError;
 use crate::keys::KeyStore;
 use crate::outbox::check;
 pub use crate::outbox::{MessageError, MessageId};
+use crate::position::PositionStore;
 
 /// A consumer of messages, the scope of inbox records: the same message is
 /// applied once per subscriber. `[A-Za-z0-9._:-]`, 1 to 128 bytes.
@@ -39,7 +40,10 @@ impl fmt::Display for Subscriber {
 /// The inbox table: which messages a subscriber has applied. Records are
 /// written in the handler's transaction (a [`KeyStore::begin`] transaction), so
 /// the record and the business effect commit together.
-pub trait InboxStore: KeyStore {
+///
+/// An inbox store also keeps log consumers' positions ([`PositionStore`]):
+/// a consumer of a log (Kafka) stores its offset in the same transaction.
+pub trait InboxStore: KeyStore + PositionStore {
     /// Records `(subscriber, message_id)` in `tx`. `Ok(true)`: recorded now, the
     /// message is new. `Ok(false)`: a committed record exists, a duplicate. A
     /// concurrent, uncommitted record of the same message is waited for (at

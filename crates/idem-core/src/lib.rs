@@ -27,6 +27,8 @@
 //!   [`outbox::Topic`], the [`outbox::OutboxStore`] a dispatcher claims
 //!   through and the [`outbox::OutboxWriter`] the `Outbox` of `idem-outbox`
 //!   writes through: messages written in the business transaction.
+//! - [`position`]: [`position::Position`] and the [`position::PositionStore`]:
+//!   a log consumer's offsets, kept with its effects (Kafka).
 //! - [`inbox`]: [`inbox::Subscriber`] and the [`inbox::InboxStore`]: messages
 //!   applied once per subscriber.
 //! - [`webhooks`]: [`webhooks::NewReceipt`], [`webhooks::Receipt`] and the
@@ -65,6 +67,7 @@ pub mod keys;
 pub mod labels;
 pub mod leased;
 pub mod outbox;
+pub mod position;
 pub mod steps;
 pub mod tasks;
 pub mod webhooks;

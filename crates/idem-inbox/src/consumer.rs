@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use idem_core::inbox::{InboxStore, MessageId, Subscriber};
+use idem_core::position::Position;
 use idem_core::{
     Backoff, BoxError, BoxFuture, Clock, ConfigError, Pause, RoundLoop, Rounds, SharedClock,
     failpoint,
@@ -51,6 +52,21 @@ pub trait Delivery: Send + Sync {
     fn nak(&self, delay: Duration) -> impl Future<Output = Result<(), SourceError>> + Send;
     /// Never deliver again (after a dead-letter).
     fn term(&self) -> impl Future<Output = Result<(), SourceError>> + Send;
+    /// Where the message sits in an ordered log whose consumer positions live
+    /// in the database (a Kafka partition), or `None` (the default: the
+    /// broker keeps the position, as NATS does).
+    ///
+    /// With a position the [`Consumer`] stores it (through
+    /// [`PositionStore::save_position`](idem_core::position::PositionStore::save_position)) in the transaction that applies the
+    /// message, or in one of its own when the message is settled without
+    /// one (a duplicate, a dead letter), before it acks. And once a message
+    /// of a partition is nak'd, the rest of that partition in the same batch
+    /// is left unsettled, neither applied nor acked: the source delivers the
+    /// partition again from the nak'd message (its position would otherwise
+    /// move past it).
+    fn position(&self) -> Option<Position> {
+        None
+    }
 }
 
 /// Where messages come from.
@@ -245,7 +261,16 @@ where
             .source
             .fetch(self.config.batch_size as usize, self.config.fetch_wait)
             .await?;
+        // Partitions of an ordered log with a nak'd message in this batch:
+        // their later messages wait for the redelivery.
+        let mut held: Vec<Position> = Vec::new();
         for delivery in &batch {
+            let position = delivery.position();
+            if let Some(p) = &position
+                && held.iter().any(|h| h.same_lane(p))
+            {
+                continue;
+            }
             let span = tracing::info_span!(
                 "idem.message",
                 subscriber = %self.subscriber,
@@ -253,9 +278,12 @@ where
             );
             let one = async {
                 let settle = self.apply(delivery).await;
-                self.settle(delivery, settle).await;
+                self.settle(delivery, settle).await
             };
-            tracing::Instrument::instrument(one, span).await;
+            let nakd = tracing::Instrument::instrument(one, span).await;
+            if nakd && let Some(p) = position {
+                held.push(p);
+            }
         }
         Ok(batch.len())
     }
@@ -281,6 +309,9 @@ where
             .await
         {
             Ok(InboxBegun::Duplicate) => {
+                if let Err(e) = self.save_alone(delivery).await {
+                    return self.retry_or_dead(&message, format!("position: {e}"));
+                }
                 self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
                 self.count("duplicate");
                 return Settle::Ack;
@@ -314,6 +345,16 @@ where
                 return self.retry_or_dead(&message, format!("handler: {e}"));
             }
         }
+        if let Some(position) = delivery.position()
+            && let Err(e) = self
+                .inbox
+                .store()
+                .save_position(&mut claim.tx, &position)
+                .await
+        {
+            let _ = self.inbox.rollback(claim).await;
+            return self.retry_or_dead(&message, format!("position: {e}"));
+        }
         match self.inbox.commit(claim).await {
             Ok(Committed::Applied) => {
                 failpoint::hit("consume.after_commit");
@@ -322,6 +363,9 @@ where
                 Settle::Ack
             }
             Ok(Committed::Duplicate) => {
+                if let Err(e) = self.save_alone(delivery).await {
+                    return self.retry_or_dead(&message, format!("position: {e}"));
+                }
                 self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
                 self.count("duplicate");
                 Settle::Ack
@@ -353,16 +397,41 @@ where
         }
     }
 
-    async fn settle(&self, delivery: &Src::Delivery, settle: Settle) {
+    /// Stores the delivery's position, if it has one, in a transaction of
+    /// its own: for a message settled without applying it.
+    async fn save_alone(&self, delivery: &Src::Delivery) -> Result<(), idem_core::StoreError> {
+        let Some(position) = delivery.position() else {
+            return Ok(());
+        };
+        let store = self.inbox.store();
+        let mut tx = store.begin().await?;
+        if let Err(e) = store.save_position(&mut tx, &position).await {
+            let _ = store.rollback(tx).await;
+            return Err(e);
+        }
+        store.commit(tx).await
+    }
+
+    /// Settles a delivery; whether it was nak'd (to be delivered again).
+    async fn settle(&self, delivery: &Src::Delivery, settle: Settle) -> bool {
+        let mut nakd = false;
         let result = match settle {
             Settle::Ack => delivery.ack().await,
             Settle::Retry { error, delivered } => {
                 let delay = self.config.nak_backoff.delay(delivered.min(32) as u32, 1.0);
                 tracing::warn!(%error, ?delay, delivered, "message not applied; redelivery requested");
                 self.stats.retried.fetch_add(1, Ordering::Relaxed);
+                nakd = true;
                 delivery.nak(delay).await
             }
             Settle::Dead(reason) => match self.source.dead_letter(delivery, &reason).await {
+                // The dead letter is parked; its position is stored before
+                // the term (if that fails, it is delivered and parked again).
+                Ok(()) if self.save_alone(delivery).await.is_err() => {
+                    tracing::error!(%reason, "message dead-lettered, its position not stored; it will be redelivered");
+                    nakd = true;
+                    delivery.nak(self.config.nak_backoff.max).await
+                }
                 Ok(()) => {
                     tracing::error!(%reason, "message dead-lettered");
                     self.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
@@ -373,6 +442,7 @@ where
                 // is delivered again.
                 Err(e) => {
                     tracing::error!(error = &e as &dyn std::error::Error, %reason, "dead-letter failed; message will be redelivered");
+                    nakd = true;
                     delivery.nak(self.config.nak_backoff.max).await
                 }
             },
@@ -385,6 +455,7 @@ where
                 "settling a message failed"
             );
         }
+        nakd
     }
 
     /// Consumes until `shutdown` completes, pausing with a backoff while the

@@ -68,6 +68,8 @@
 
 mod consumer;
 
+pub use idem_core::position::{Position, PositionStore};
+
 pub use consumer::{
     Consumer, ConsumerConfig, ConsumerStats, Delivery, Handler, HandlerError, InboxMessage,
     MESSAGES_TOTAL, MessageSource, REDELIVERIES_TOTAL, SourceError,

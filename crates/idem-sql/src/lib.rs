@@ -91,6 +91,7 @@ pub mod leased;
 pub mod migrate;
 pub mod outbox;
 pub mod patterns;
+pub mod position;
 pub mod purge;
 pub mod row;
 pub mod runs;

@@ -86,6 +86,11 @@ macro_rules! migrations {
                 name: "idem_tasks",
                 sql: include_str!(concat!("../migrations/", $dir, "/0010_idem_tasks.sql")),
             },
+            idem_core::Migration {
+                version: 11,
+                name: "idem_positions",
+                sql: include_str!(concat!("../migrations/", $dir, "/0011_idem_positions.sql")),
+            },
         ]
     };
 }

@@ -117,6 +117,83 @@ pub fn nats_url() -> String {
     })
 }
 
+/// The suite's Kafka-protocol broker (a Tansu that `cargo xtask test`
+/// starts), as a `kafka://` URL. Tests on it use topics and consumer groups
+/// of their own ([`unique_name`]).
+pub fn kafka_url() -> String {
+    std::env::var("IDEM_TEST_KAFKA_URL").unwrap_or_else(|_| {
+        panic!("IDEM_TEST_KAFKA_URL is not set: run the suite with `cargo xtask test`")
+    })
+}
+
+/// A Tansu broker (Kafka protocol) of this test's own, storing in an
+/// SQLite file, for tests that kill and restart the broker. Killed on drop.
+#[derive(Debug)]
+pub struct TansuServer {
+    child: Option<std::process::Child>,
+    dir: TempDir,
+    port: u16,
+}
+
+impl TansuServer {
+    /// Starts `tansu` (from `IDEM_TEST_TANSU`) on a free loopback port with
+    /// `sqlite://tansu.db` in its own directory.
+    pub fn start() -> Self {
+        let mut server = Self {
+            child: None,
+            dir: TempDir::new("tansu"),
+            port: free_port(),
+        };
+        server.restart();
+        server
+    }
+
+    /// `kafka://127.0.0.1:<port>`; the same across restarts.
+    pub fn url(&self) -> String {
+        format!("kafka://127.0.0.1:{}", self.port)
+    }
+
+    /// Kills the broker with SIGKILL.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again on the same port and file (its records survive).
+    pub fn restart(&mut self) {
+        self.kill();
+        let binary = std::env::var("IDEM_TEST_TANSU").unwrap_or_else(|_| {
+            panic!("IDEM_TEST_TANSU is not set: run the suite with `cargo xtask test`")
+        });
+        let listener = format!("tcp://127.0.0.1:{}", self.port);
+        let child = std::process::Command::new(&binary)
+            .args(["broker", "--listener-url", &listener])
+            .args(["--advertised-listener-url", &listener])
+            .args(["--storage-engine", "sqlite://tansu.db"])
+            .current_dir(self.dir.path())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("failed to start {binary}: {e}"));
+        self.child = Some(child);
+        for _ in 0..300 {
+            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        panic!("tansu did not listen on {} within 6 s", self.port);
+    }
+}
+
+impl Drop for TansuServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
 /// The Python of the venv `cargo xtask test` fills with the real HTTP
 /// clients the gateway is tested with (requests, urllib3, stripe).
 pub fn python() -> String {

@@ -106,6 +106,7 @@ conformance! {
     inbox_records_once_per_subscriber;
     inbox_concurrent_duplicate_waits_then_skips;
     inbox_gc_deletes_expired_records;
+    positions_commit_with_the_transaction_and_never_move_back;
     webhook_receipts_are_stored_once;
     webhook_claims_keep_entity_order;
     webhook_failures_replay_and_gc;

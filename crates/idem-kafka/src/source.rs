@@ -1,0 +1,559 @@
+//! The consumer's side: one topic in a consumer group, positioned from the
+//! offsets stored in Idem's database.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use idem_core::outbox::MessageId;
+use idem_core::position::{Position, PositionStore};
+use idem_inbox::{Delivery, InboxMessage, MessageSource, SourceError};
+use rdkafka::client::ClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance, StreamConsumer};
+use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{Offset, TopicPartitionList};
+use tokio::time::Instant;
+
+use crate::{
+    DEAD_REASON, Kafka, KafkaError, MESSAGE_ID, MESSAGE_KEY, ORIGINAL_POSITION, kafka_err,
+};
+
+/// Settings of a [`KafkaSource`].
+#[derive(Debug, Clone)]
+pub struct SourceConfig {
+    /// The consumer group (`group.id`); positions are stored under it.
+    pub group: String,
+    /// The topic consumed.
+    pub topic: String,
+    /// Where dead letters are produced.
+    pub dead_letter_topic: String,
+    /// How long a dead letter's produce may take.
+    pub dead_letter_timeout: Duration,
+    /// How long the group may go without hearing from this consumer before
+    /// it gives its partitions to others (`session.timeout.ms`).
+    pub session_timeout: Duration,
+}
+
+impl SourceConfig {
+    /// A source of `topic` for `group`, dead letters to `dead_letter_topic`.
+    pub fn new(group: &str, topic: &str, dead_letter_topic: &str) -> Self {
+        Self {
+            group: group.to_owned(),
+            topic: topic.to_owned(),
+            dead_letter_topic: dead_letter_topic.to_owned(),
+            dead_letter_timeout: Duration::from_secs(30),
+            session_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// What the source knows of one assigned partition.
+#[derive(Debug, Clone, Copy, Default)]
+struct Lane {
+    /// Sought to its stored position since it was assigned.
+    positioned: bool,
+    /// The lowest offset accepted next (older ones are from before a seek).
+    next: i64,
+    /// The next record accepted must be exactly `next` (after a retry's
+    /// seek back: anything else is from before the seek).
+    exact: bool,
+    /// A nak'd record to deliver again (offset, when): the partition is
+    /// paused until then.
+    retry: Option<(i64, Instant)>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    lanes: HashMap<i32, Lane>,
+    /// Retries asked in this process, by (partition, offset).
+    naks: HashMap<(i32, i64), u64>,
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    topic: String,
+    state: Mutex<State>,
+}
+
+impl Shared {
+    fn state(&self) -> MutexGuard<'_, State> {
+        // A panic while holding it cannot leave the maps half-written in a
+        // way that matters more than stopping would.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The consumer's context: records assignments and revocations; the
+/// source positions newly assigned partitions before it hands out any of
+/// their records.
+struct Context(Arc<Shared>);
+
+impl ClientContext for Context {}
+
+impl ConsumerContext for Context {
+    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        let mut state = self.0.state();
+        match rebalance {
+            Rebalance::Assign(tpl) => {
+                for e in tpl.elements() {
+                    if e.topic() == self.0.topic {
+                        state.lanes.insert(e.partition(), Lane::default());
+                        tracing::info!(partition = e.partition(), "partition assigned");
+                    }
+                }
+            }
+            Rebalance::Revoke(tpl) => {
+                for e in tpl.elements() {
+                    if e.topic() == self.0.topic {
+                        let p = e.partition();
+                        state.lanes.remove(&p);
+                        state.naks.retain(|(q, _), _| *q != p);
+                        tracing::info!(partition = p, "partition revoked");
+                    }
+                }
+            }
+            Rebalance::Error(e) => tracing::warn!(error = %e, "rebalance failed"),
+        }
+    }
+}
+
+/// One topic of a consumer group as an [`idem_inbox::MessageSource`],
+/// positioned from Idem's database.
+pub struct KafkaSource<S> {
+    consumer: Arc<StreamConsumer<Context>>,
+    producer: FutureProducer,
+    store: S,
+    shared: Arc<Shared>,
+    config: SourceConfig,
+}
+
+impl<S> std::fmt::Debug for KafkaSource<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaSource")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: PositionStore + Clone> KafkaSource<S> {
+    /// Joins `config.group` on `config.topic`; positions are read from and
+    /// (by the consumer) written to `store`.
+    pub async fn new(kafka: &Kafka, store: S, config: SourceConfig) -> Result<Self, KafkaError> {
+        let shared = Arc::new(Shared {
+            topic: config.topic.clone(),
+            state: Mutex::default(),
+        });
+        let mut c = kafka.config.clone();
+        c.set("group.id", &config.group)
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            // A partition without a stored position starts at its beginning
+            // (the source seeks it there itself).
+            .set("auto.offset.reset", "earliest")
+            .set(
+                "session.timeout.ms",
+                config.session_timeout.as_millis().to_string(),
+            );
+        let consumer: StreamConsumer<Context> = c
+            .create_with_context(Context(shared.clone()))
+            .map_err(kafka_err)?;
+        consumer.subscribe(&[&config.topic]).map_err(kafka_err)?;
+        let producer: FutureProducer = kafka
+            .config
+            .clone()
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .create()
+            .map_err(kafka_err)?;
+        Ok(Self {
+            consumer: Arc::new(consumer),
+            producer,
+            store,
+            shared,
+            config,
+        })
+    }
+
+    /// The partitions assigned to this consumer now.
+    pub fn assigned(&self) -> Vec<i32> {
+        let mut p: Vec<i32> = self.shared.state().lanes.keys().copied().collect();
+        p.sort_unstable();
+        p
+    }
+
+    /// Seeks every newly assigned partition to its stored offset + 1 (its
+    /// beginning without one). A failed seek is tried again at the next
+    /// call; the partition's records are not handed out meanwhile.
+    async fn position_lanes(&self) -> Result<(), SourceError> {
+        let waiting: Vec<i32> = {
+            let state = self.shared.state();
+            state
+                .lanes
+                .iter()
+                .filter(|(_, l)| !l.positioned)
+                .map(|(p, _)| *p)
+                .collect()
+        };
+        if waiting.is_empty() {
+            return Ok(());
+        }
+        let stored = self
+            .store
+            .positions(&self.config.group, &self.config.topic)
+            .await
+            .map_err(source_err)?;
+        for p in waiting {
+            let next = stored
+                .iter()
+                .find(|(q, _)| *q == p)
+                .map_or(0, |(_, o)| o.saturating_add(1));
+            let offset = if next == 0 {
+                Offset::Beginning
+            } else {
+                Offset::Offset(next)
+            };
+            match self
+                .consumer
+                .seek(&self.config.topic, p, offset, Duration::ZERO)
+            {
+                Ok(()) => {
+                    let mut state = self.shared.state();
+                    // Revoked meanwhile: nothing to position.
+                    if let Some(lane) = state.lanes.get_mut(&p) {
+                        *lane = Lane {
+                            positioned: true,
+                            next,
+                            exact: false,
+                            retry: None,
+                        };
+                        tracing::info!(
+                            partition = p,
+                            next,
+                            "partition positioned from the database"
+                        );
+                    }
+                }
+                Err(e) => tracing::debug!(partition = p, error = %e, "seek not possible yet"),
+            }
+        }
+        Ok(())
+    }
+
+    /// Seeks back the partitions whose retry is due, and resumes them; the
+    /// time until the next retry is due, if any.
+    fn due_retries(&self) -> Option<Duration> {
+        let now = Instant::now();
+        let mut state = self.shared.state();
+        let mut next_due: Option<Duration> = None;
+        for (p, lane) in state.lanes.iter_mut() {
+            let Some((offset, due)) = lane.retry else {
+                continue;
+            };
+            if due > now {
+                let left = due - now;
+                next_due = Some(next_due.map_or(left, |d| d.min(left)));
+                continue;
+            }
+            let sought = self.consumer.seek(
+                &self.config.topic,
+                *p,
+                Offset::Offset(offset),
+                Duration::ZERO,
+            );
+            let mut tpl = TopicPartitionList::new();
+            tpl.add_partition(&self.config.topic, *p);
+            match sought.and_then(|()| self.consumer.resume(&tpl)) {
+                Ok(()) => {
+                    lane.retry = None;
+                    lane.next = offset;
+                    lane.exact = true;
+                }
+                // Tried again at the next fetch.
+                Err(e) => tracing::debug!(partition = p, error = %e, "seek back not possible yet"),
+            }
+        }
+        next_due
+    }
+
+    /// Whether a received record may be handed out, moving its lane on.
+    fn accept(&self, partition: i32, offset: i64) -> bool {
+        let mut state = self.shared.state();
+        let Some(lane) = state.lanes.get_mut(&partition) else {
+            return false;
+        };
+        let fits = if lane.exact {
+            offset == lane.next
+        } else {
+            offset >= lane.next
+        };
+        if !lane.positioned || lane.retry.is_some() || !fits {
+            return false;
+        }
+        lane.next = offset.saturating_add(1);
+        lane.exact = false;
+        true
+    }
+}
+
+/// A record as received, its bytes copied out of the client.
+#[derive(Debug, Clone)]
+struct Record {
+    topic: String,
+    partition: i32,
+    offset: i64,
+    key: Option<Vec<u8>>,
+    payload: Vec<u8>,
+    headers: Vec<(String, Option<Vec<u8>>)>,
+}
+
+fn record_of(m: &impl Message) -> Record {
+    let headers = m
+        .headers()
+        .map(|h| {
+            (0..h.count())
+                .filter_map(|i| h.try_get(i))
+                .map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec)))
+                .collect()
+        })
+        .unwrap_or_default();
+    Record {
+        topic: m.topic().to_owned(),
+        partition: m.partition(),
+        offset: m.offset(),
+        key: m.key().map(<[u8]>::to_vec),
+        payload: m.payload().map(<[u8]>::to_vec).unwrap_or_default(),
+        headers,
+    }
+}
+
+/// One record from Kafka.
+pub struct KafkaDelivery {
+    record: Record,
+    delivered: u64,
+    group: String,
+    shared: Arc<Shared>,
+    consumer: Arc<StreamConsumer<Context>>,
+}
+
+impl std::fmt::Debug for KafkaDelivery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaDelivery")
+            .field("topic", &self.record.topic)
+            .field("partition", &self.record.partition)
+            .field("offset", &self.record.offset)
+            .field("delivered", &self.delivered)
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Context")
+    }
+}
+
+fn source_err(e: impl Into<idem_core::BoxError>) -> SourceError {
+    SourceError { source: e.into() }
+}
+
+impl KafkaDelivery {
+    fn header(&self, name: &str) -> Option<&Option<Vec<u8>>> {
+        self.record
+            .headers
+            .iter()
+            .rev()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v)
+    }
+
+    /// Settled: this process stops counting its retries.
+    fn forget(&self) {
+        let r = &self.record;
+        self.shared.state().naks.remove(&(r.partition, r.offset));
+    }
+
+    /// `<topic>/<partition>/<offset>`: the record's id without a header.
+    fn place(&self) -> String {
+        let r = &self.record;
+        format!("{}/{}/{}", r.topic, r.partition, r.offset)
+    }
+}
+
+impl Delivery for KafkaDelivery {
+    fn message(&self) -> Result<InboxMessage, String> {
+        let r = &self.record;
+        let text = |name: &str, v: &Option<Vec<u8>>| {
+            let bytes = v.as_deref().unwrap_or_default();
+            String::from_utf8(bytes.to_vec()).map_err(|_| format!("header {name} is not UTF-8"))
+        };
+        let id = match self.header(MESSAGE_ID) {
+            Some(v) => text(MESSAGE_ID, v)?,
+            None => self.place(),
+        };
+        let message_id = MessageId::new(id).map_err(|e| e.to_string())?;
+        let key = match self.header(MESSAGE_KEY) {
+            Some(v) => Some(text(MESSAGE_KEY, v)?),
+            None => r
+                .key
+                .as_ref()
+                .map(|k| String::from_utf8_lossy(k).into_owned()),
+        };
+        let headers = r
+            .headers
+            .iter()
+            .filter(|(n, _)| {
+                !n.eq_ignore_ascii_case(MESSAGE_ID) && !n.eq_ignore_ascii_case(MESSAGE_KEY)
+            })
+            .map(|(n, v)| {
+                let v = v.as_deref().unwrap_or_default();
+                (n.clone(), String::from_utf8_lossy(v).into_owned())
+            })
+            .collect();
+        Ok(InboxMessage {
+            message_id,
+            subject: r.topic.clone(),
+            key,
+            payload: r.payload.clone(),
+            headers,
+            delivered: self.delivered,
+            stream_sequence: u64::try_from(r.offset).unwrap_or(0),
+        })
+    }
+
+    async fn ack(&self) -> Result<(), SourceError> {
+        self.forget();
+        Ok(())
+    }
+
+    async fn nak(&self, delay: Duration) -> Result<(), SourceError> {
+        let r = &self.record;
+        {
+            let mut state = self.shared.state();
+            *state.naks.entry((r.partition, r.offset)).or_insert(0) += 1;
+            match state.lanes.get_mut(&r.partition) {
+                Some(lane) => lane.retry = Some((r.offset, Instant::now() + delay)),
+                // Revoked: its new owner starts from the stored position.
+                None => return Ok(()),
+            }
+        }
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(&r.topic, r.partition);
+        // Not paused: its records are dropped until the retry is due.
+        if let Err(e) = self.consumer.pause(&tpl) {
+            tracing::debug!(partition = r.partition, error = %e, "pause failed");
+        }
+        Ok(())
+    }
+
+    async fn term(&self) -> Result<(), SourceError> {
+        self.forget();
+        Ok(())
+    }
+
+    fn position(&self) -> Option<Position> {
+        Some(Position {
+            group: self.group.clone(),
+            topic: self.record.topic.clone(),
+            partition: self.record.partition,
+            offset: self.record.offset,
+        })
+    }
+}
+
+impl<S: PositionStore + Clone> MessageSource for KafkaSource<S> {
+    type Delivery = KafkaDelivery;
+
+    async fn fetch(
+        &mut self,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Vec<KafkaDelivery>, SourceError> {
+        let deadline = Instant::now() + wait;
+        let mut out = Vec::new();
+        while out.len() < max {
+            self.position_lanes().await?;
+            let now = Instant::now();
+            let mut until = if out.is_empty() {
+                deadline
+            } else {
+                // Records already received: take what is queued, briefly.
+                deadline.min(now + Duration::from_millis(5))
+            };
+            if let Some(due) = self.due_retries() {
+                until = until.min(now + due);
+            }
+            let received = match tokio::time::timeout_at(until, self.consumer.recv()).await {
+                Err(_) => None,
+                Ok(Ok(m)) => Some(record_of(&m)),
+                Ok(Err(e)) => {
+                    if out.is_empty() {
+                        return Err(source_err(e));
+                    }
+                    None
+                }
+            };
+            let Some(record) = received else {
+                if Instant::now() >= deadline || !out.is_empty() {
+                    break;
+                }
+                continue;
+            };
+            if record.topic != self.config.topic || !self.accept(record.partition, record.offset) {
+                continue;
+            }
+            let retried = self
+                .shared
+                .state()
+                .naks
+                .get(&(record.partition, record.offset))
+                .copied()
+                .unwrap_or(0);
+            out.push(KafkaDelivery {
+                record,
+                delivered: retried.saturating_add(1),
+                group: self.config.group.clone(),
+                shared: self.shared.clone(),
+                consumer: self.consumer.clone(),
+            });
+        }
+        Ok(out)
+    }
+
+    async fn dead_letter(&self, delivery: &KafkaDelivery, reason: &str) -> Result<(), SourceError> {
+        let r = &delivery.record;
+        // Header values cannot hold line breaks.
+        let reason: String = reason
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .collect();
+        let place = delivery.place();
+        let mut headers = OwnedHeaders::new_with_capacity(r.headers.len() + 2);
+        for (key, value) in &r.headers {
+            headers = headers.insert(Header {
+                key: key.as_str(),
+                value: value.as_deref(),
+            });
+        }
+        headers = headers
+            .insert(Header {
+                key: DEAD_REASON,
+                value: Some(reason.as_str()),
+            })
+            .insert(Header {
+                key: ORIGINAL_POSITION,
+                value: Some(place.as_str()),
+            });
+        let mut message = FutureRecord::to(&self.config.dead_letter_topic)
+            .payload(&r.payload)
+            .headers(headers);
+        if let Some(k) = &r.key {
+            message = message.key(k);
+        }
+        self.producer
+            .send(message, self.config.dead_letter_timeout)
+            .await
+            .map_err(|(e, _)| source_err(e))?;
+        Ok(())
+    }
+}
