@@ -13,8 +13,7 @@ use crate::servers::{Postgres, Server, start_nats, start_tansu, sweep};
 use crate::shell::{Beside, INTERRUPTED, Result, catch_interrupts, run, run_quoting};
 use crate::tools::{
     browser_packages, chromium_binary, libfaketime, nats_binary, postgres_bindir, rabbitmq_server,
-    tansu_binary,
-    venv,
+    tansu_binary, venv,
 };
 
 /// The real clients the tests drive (`IDEM_TEST_PYTHON`): for the gateway,
