@@ -84,7 +84,12 @@ pub const MESSAGE_KEY: &str = "Idem-Message-Key";
 /// The headers [`KafkaPublisher`] sets on every record itself: an outbox
 /// message bound for Kafka may not carry them (build its headers with
 /// [`OutboxMessage::header_except`](idem_core::outbox::OutboxMessage::header_except)).
-pub const RESERVED_HEADERS: &[&str] = &[MESSAGE_ID, MESSAGE_KEY];
+pub const RESERVED_HEADERS: &[&str] = &[MESSAGE_ID, MESSAGE_KEY, MESSAGE_SUBJECT];
+/// Header with the outbox topic a record was written under, before
+/// [`KafkaPublisher::map_topics`] put it on a Kafka topic: consumers see it
+/// as the message's subject (several event types on one topic keep their
+/// names).
+pub const MESSAGE_SUBJECT: &str = "Idem-Message-Subject";
 /// Header with the reason a record was dead-lettered.
 pub const DEAD_REASON: &str = "Idem-Dead-Reason";
 /// Header with `<topic>/<partition>/<offset>` of a dead-lettered record.

@@ -10,7 +10,7 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::types::RDKafkaErrorCode;
 
-use crate::{Kafka, KafkaError, MESSAGE_ID, MESSAGE_KEY, kafka_err};
+use crate::{Kafka, KafkaError, MESSAGE_ID, MESSAGE_KEY, MESSAGE_SUBJECT, kafka_err};
 
 type TopicMap = Arc<dyn Fn(&str) -> String + Send + Sync>;
 
@@ -110,7 +110,7 @@ impl Publisher for KafkaPublisher {
             Some(map) => map(record.topic.as_str()),
             None => record.topic.as_str().to_owned(),
         };
-        let mut headers = OwnedHeaders::new_with_capacity(record.headers.len() + 2);
+        let mut headers = OwnedHeaders::new_with_capacity(record.headers.len() + 3);
         for (name, value) in &record.headers {
             headers = headers.insert(Header {
                 key: name.as_str(),
@@ -125,6 +125,10 @@ impl Publisher for KafkaPublisher {
             .insert(Header {
                 key: MESSAGE_KEY,
                 value: Some(record.key.as_str()),
+            })
+            .insert(Header {
+                key: MESSAGE_SUBJECT,
+                value: Some(record.topic.as_str()),
             });
         let message = FutureRecord::to(&topic)
             .key(record.key.as_str())

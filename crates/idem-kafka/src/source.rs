@@ -16,7 +16,8 @@ use rdkafka::{Offset, TopicPartitionList};
 use tokio::time::Instant;
 
 use crate::{
-    DEAD_REASON, Kafka, KafkaError, MESSAGE_ID, MESSAGE_KEY, ORIGINAL_POSITION, kafka_err,
+    DEAD_REASON, Kafka, KafkaError, MESSAGE_ID, MESSAGE_KEY, MESSAGE_SUBJECT, ORIGINAL_POSITION,
+    RESERVED_HEADERS, kafka_err,
 };
 
 /// Settings of a [`KafkaSource`].
@@ -134,6 +135,18 @@ impl<S> std::fmt::Debug for KafkaSource<S> {
             .field("config", &self.config)
             .finish_non_exhaustive()
     }
+}
+
+/// Whether a consumer error is the client's connection to a broker coming
+/// and going (which librdkafka mends itself).
+fn transient(e: &rdkafka::error::KafkaError) -> bool {
+    use rdkafka::error::{KafkaError as K, RDKafkaErrorCode as C};
+    matches!(
+        e,
+        K::MessageConsumption(
+            C::BrokerTransportFailure | C::AllBrokersDown | C::BrokerNotAvailable
+        )
+    )
 }
 
 impl<S: PositionStore + Clone> KafkaSource<S> {
@@ -399,12 +412,16 @@ impl Delivery for KafkaDelivery {
                 .as_ref()
                 .map(|k| String::from_utf8_lossy(k).into_owned()),
         };
+        // The outbox topic it was written under, when the relay put several
+        // on one Kafka topic; else the topic.
+        let subject = match self.header(MESSAGE_SUBJECT) {
+            Some(v) => text(MESSAGE_SUBJECT, v)?,
+            None => r.topic.clone(),
+        };
         let headers = r
             .headers
             .iter()
-            .filter(|(n, _)| {
-                !n.eq_ignore_ascii_case(MESSAGE_ID) && !n.eq_ignore_ascii_case(MESSAGE_KEY)
-            })
+            .filter(|(n, _)| !RESERVED_HEADERS.iter().any(|h| n.eq_ignore_ascii_case(h)))
             .map(|(n, v)| {
                 let v = v.as_deref().unwrap_or_default();
                 (n.clone(), String::from_utf8_lossy(v).into_owned())
@@ -412,7 +429,7 @@ impl Delivery for KafkaDelivery {
             .collect();
         Ok(InboxMessage {
             message_id,
-            subject: r.topic.clone(),
+            subject,
             key,
             payload: r.payload.clone(),
             headers,
@@ -486,6 +503,14 @@ impl<S: PositionStore + Clone> MessageSource for KafkaSource<S> {
             let received = match tokio::time::timeout_at(until, self.consumer.recv()).await {
                 Err(_) => None,
                 Ok(Ok(m)) => Some(record_of(&m)),
+                // librdkafka reconnects by itself: a lost broker connection
+                // is an event to wait through, not an end of this fetch
+                // (returned as an error, it would put the consumer into
+                // its backoff while the broker is back).
+                Ok(Err(e)) if transient(&e) => {
+                    tracing::debug!(error = %e, "Kafka connection event; waiting");
+                    None
+                }
                 Ok(Err(e)) => {
                     if out.is_empty() {
                         return Err(source_err(e));

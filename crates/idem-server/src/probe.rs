@@ -135,6 +135,13 @@ async fn broker_state(broker: &crate::messaging::Broker) -> (&'static str, Durat
                 ("unavailable", REUSE)
             }
         },
+        crate::messaging::Broker::Kafka(kafka) => match kafka.ready(JETSTREAM_WAIT).await {
+            Ok(()) => ("ok", REUSE),
+            Err(e) => {
+                tracing::warn!(error = %idem_core::ErrorChain(&e), "readiness: Kafka did not answer");
+                ("unavailable", REUSE)
+            }
+        },
     }
 }
 

@@ -40,8 +40,8 @@ impl DbArgs {
 pub struct BrokerArgs {
     /// The broker events go through: nats://HOST:4222 (NATS JetStream; a
     /// comma-separated list for a cluster), amqp://USER:PASS@HOST:5672/VHOST
-    /// or amqps://… (RabbitMQ). `--nats-url` and IDEM_NATS_URL are older
-    /// names of it.
+    /// or amqps://… (RabbitMQ), kafka://HOST:9092[,HOST:9092] (Kafka).
+    /// `--nats-url` and IDEM_NATS_URL are older names of it.
     #[arg(
         long = "broker-url",
         visible_alias = "nats-url",

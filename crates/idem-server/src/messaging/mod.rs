@@ -16,6 +16,7 @@ use tokio::sync::watch;
 use crate::admin::outbox::RelaySlot;
 use crate::shutdown::stopped;
 
+pub mod kafka;
 pub mod nats;
 pub mod rabbit;
 
@@ -35,6 +36,8 @@ pub enum BrokerUrl {
     Nats(String),
     /// `amqp://` or `amqps://`: RabbitMQ.
     Rabbit(String),
+    /// `kafka://host:port[,host:port]`.
+    Kafka(String),
 }
 
 impl BrokerUrl {
@@ -55,8 +58,13 @@ impl BrokerUrl {
                 idem_rabbitmq::check_url(url).map_err(|e| anyhow::anyhow!("{flag}: {e}"))?;
                 Ok(Self::Rabbit(url.to_owned()))
             }
+            "kafka" => {
+                idem_kafka::bootstrap_servers(url).map_err(|e| anyhow::anyhow!("{flag}: {e}"))?;
+                Ok(Self::Kafka(url.to_owned()))
+            }
             _ => anyhow::bail!(
-                "{flag}: not a broker URL: expected nats:// or tls:// (NATS), amqp:// or amqps:// (RabbitMQ)"
+                "{flag}: not a broker URL: expected nats:// or tls:// (NATS), amqp:// or amqps:// \
+                 (RabbitMQ), kafka:// (Kafka)"
             ),
         }
     }
@@ -66,13 +74,14 @@ impl BrokerUrl {
         match self {
             Self::Nats(_) => "nats",
             Self::Rabbit(_) => "rabbitmq",
+            Self::Kafka(_) => "kafka",
         }
     }
 
     /// The URL.
     pub fn as_str(&self) -> &str {
         match self {
-            Self::Nats(u) | Self::Rabbit(u) => u,
+            Self::Nats(u) | Self::Rabbit(u) | Self::Kafka(u) => u,
         }
     }
 }
@@ -84,6 +93,8 @@ pub enum Broker {
     Nats(Box<idem_nats::Context>),
     /// RabbitMQ, the exchange declared.
     Rabbit(rabbit::Shared),
+    /// Kafka, the topics there.
+    Kafka(Box<idem_kafka::Kafka>),
 }
 
 impl Broker {
@@ -92,6 +103,7 @@ impl Broker {
         match self {
             Self::Nats(_) => "nats",
             Self::Rabbit(_) => "rabbitmq",
+            Self::Kafka(_) => "kafka",
         }
     }
 }
@@ -112,6 +124,9 @@ pub async fn connect(
         BrokerUrl::Rabbit(u) => rabbit::connect(u, name, rabbit::relay_topology(), shutdown)
             .await?
             .map(|link| Broker::Rabbit(Arc::new(link))),
+        BrokerUrl::Kafka(u) => kafka::connect(u, shutdown)
+            .await?
+            .map(|k| Broker::Kafka(Box::new(k))),
     })
 }
 
@@ -141,6 +156,10 @@ pub async fn relay<S: OutboxStore + KeyStore>(
         }
         Broker::Rabbit(link) => {
             let publisher = idem_rabbitmq::RabbitPublisher::new(link, rabbit::EXCHANGE);
+            run_relay(store, publisher, config, wake, slot, report, shutdown).await
+        }
+        Broker::Kafka(k) => {
+            let publisher = kafka::publisher(&k)?;
             run_relay(store, publisher, config, wake, slot, report, shutdown).await
         }
     }
@@ -216,6 +235,10 @@ where
             let Some(source) = source.await? else {
                 return Ok(());
             };
+            run_consumer(store, source, handler, &config, shutdown).await
+        }
+        Broker::Kafka(k) => {
+            let source = kafka::source(&k, store.clone()).await?;
             run_consumer(store, source, handler, &config, shutdown).await
         }
     }
@@ -312,6 +335,7 @@ mod tests {
             "amqp://u:hunter2@127.0.0.1:notaport/",
             "nats://u:hunter2@127.0.0.1:4222,,",
             "u:hunter2@127.0.0.1",
+            "kafka://u:hunter2@127.0.0.1:9092",
         ] {
             let e = format!("{:#}", BrokerUrl::parse(bad, f).unwrap_err());
             assert!(e.starts_with("--broker-url: "), "{e}");

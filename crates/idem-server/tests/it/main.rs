@@ -28,6 +28,7 @@ macro_rules! on_both {
 
 mod admin_api;
 mod announced;
+mod broker_drills;
 mod checkout;
 mod checkout_page;
 mod cli_help;
@@ -55,7 +56,6 @@ mod operate;
 mod process;
 mod provider_libraries;
 mod quorum;
-mod rabbit;
 mod real_clients;
 mod tasks;
 mod tasks_history;

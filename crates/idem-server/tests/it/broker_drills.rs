@@ -1,19 +1,58 @@
-//! The messaging drill on RabbitMQ with real processes: `idem serve
-//! --broker-url amqp://…` (the API and its relay), `idem consume
-//! --broker-url amqp://…`, a RabbitMQ node of the test's own (Debian's
-//! `rabbitmq-server`) and real databases. The consumer, the API and the
-//! node are each killed with `kill -9` once while payments flow; every one
-//! of the 60 payments ends with one ledger entry and one notification.
+//! The messaging drills on RabbitMQ and Kafka with real processes: `idem
+//! serve --broker-url amqp://…|kafka://…` (the API and its relay), `idem
+//! consume --broker-url …`, a broker of the test's own (a node of Debian's
+//! `rabbitmq-server`; a Tansu storing in an SQLite file) and real
+//! databases. The consumer, the API and the broker are each killed with
+//! `kill -9` once while payments flow; every one of the 60 payments ends
+//! with one ledger entry and one notification.
 
 use std::time::Duration;
 
-use idem_testkit::{PgDatabase, RabbitNode, TempDir};
+use idem_testkit::{PgDatabase, RabbitNode, TansuServer, TempDir};
 
 use crate::messaging::{effects, eventually, outbox_of};
 use crate::process::{Proc, Server};
 use crate::{call, try_call};
 
 const PER_ROUND: usize = 15;
+
+/// A broker of the test's own that it can kill and restart on its data.
+trait Node {
+    fn url(&self) -> String;
+    fn name(&self) -> &'static str;
+    fn kill(&mut self);
+    fn restart(&mut self);
+}
+
+impl Node for RabbitNode {
+    fn url(&self) -> String {
+        RabbitNode::url(self)
+    }
+    fn name(&self) -> &'static str {
+        "rabbitmq"
+    }
+    fn kill(&mut self) {
+        RabbitNode::kill(self)
+    }
+    fn restart(&mut self) {
+        RabbitNode::restart(self)
+    }
+}
+
+impl Node for TansuServer {
+    fn url(&self) -> String {
+        TansuServer::url(self)
+    }
+    fn name(&self) -> &'static str {
+        "kafka"
+    }
+    fn kill(&mut self) {
+        TansuServer::kill(self)
+    }
+    fn restart(&mut self) {
+        TansuServer::restart(self)
+    }
+}
 
 /// Creates payment `key`, retrying (the API may be down or restarting)
 /// until it answers 201 or a replay of it; returns its id.
@@ -41,12 +80,11 @@ fn tail(log: &str) -> String {
     lines[lines.len().saturating_sub(40)..].join("\n")
 }
 
-async fn drill(db_url: &str) {
-    let mut node = RabbitNode::start();
+async fn drill(db_url: &str, mut node: impl Node) {
     let url = node.url();
     let mut api = Server::start(db_url, &["--broker-url", &url]).await;
     let ready = call(api.addr, "GET", "/readyz", None, "").await;
-    assert_eq!(ready.json()["broker"], "rabbitmq", "{}", ready.json());
+    assert_eq!(ready.json()["broker"], node.name(), "{}", ready.json());
     let consume: Vec<String> = ["consume", "--database-url", db_url, "--broker-url", &url]
         .iter()
         .map(|s| s.to_string())
@@ -68,7 +106,8 @@ async fn drill(db_url: &str) {
                 // RabbitMQ 3.10.8 can bring a quorum queue back without a
                 // leader when its only node is killed within seconds of
                 // the queue's declaration (docs/development.md); the
-                // consumer declared it when it started.
+                // consumer declared it when it started. (Kafka too gets
+                // its consumer group settled first.)
                 tokio::time::sleep(Duration::from_secs(3)).await;
                 node.kill();
                 tokio::time::sleep(Duration::from_millis(500)).await;
@@ -112,22 +151,36 @@ async fn drill(db_url: &str) {
     }
     assert!(consumer.alive(), "{}", consumer.log());
     println!(
-        "rabbitmq drill: 60 payments, consumer, API and node each killed with kill -9 once; \
+        "{} drill: 60 payments, consumer, API and broker each killed with kill -9 once; \
          ledger_entries={} notifications={}",
-        counts.0, counts.1
+        node.name(),
+        counts.0,
+        counts.1
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rabbitmq_drill_on_sqlite_survives_kills_of_consumer_api_and_node() {
     let dir = TempDir::new("rq");
-    drill(&dir.sqlite_url()).await;
+    drill(&dir.sqlite_url(), RabbitNode::start()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rabbitmq_drill_on_postgres_survives_kills_of_consumer_api_and_node() {
     let db = PgDatabase::create("idem_rq").await;
-    drill(&db.url).await;
+    drill(&db.url, RabbitNode::start()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_drill_on_sqlite_survives_kills_of_consumer_api_and_broker() {
+    let dir = TempDir::new("kq");
+    drill(&dir.sqlite_url(), TansuServer::start()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_drill_on_postgres_survives_kills_of_consumer_api_and_broker() {
+    let db = PgDatabase::create("idem_kq").await;
+    drill(&db.url, TansuServer::start()).await;
 }
 
 /// The relay (`idem relay`) aborts after RabbitMQ confirmed its batch and
