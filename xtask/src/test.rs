@@ -29,6 +29,7 @@ pub(crate) const CLIENT_PACKAGES: &[&str] = &[
     "standardwebhooks==1.3.0",
     "slack_sdk==3.48.0",
     "confluent-kafka==2.16.1",
+    "pika==1.3.2",
 ];
 
 /// `cargo xtask test [nextest args]`. Whatever happens, its last line is one

@@ -188,3 +188,135 @@ async fn a_node_killed_and_restarted_loses_nothing_it_confirmed() {
     let all: Vec<_> = first.iter().chain(&second).cloned().collect();
     assert_in_key_order(&ledger, &all);
 }
+
+/// pika (PyPI, RabbitMQ's own Python client) publishes one message twice
+/// with one `message_id`, as a retrying third-party producer does: it is
+/// applied once.
+const PIKA_PRODUCER: &str = r#"
+import sys, pika
+port, exchange, routing_key = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+c = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+ch = c.channel()
+ch.confirm_delivery()
+for _ in range(2):
+    ch.basic_publish(exchange, routing_key, b"from pika",
+                     pika.BasicProperties(message_id="pika-1", delivery_mode=2),
+                     mandatory=True)
+c.close()
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_pika_publishes_twice_with_one_message_id_is_applied_once() {
+    use backends::sqlite_backend as b;
+    let node = RabbitNode::start();
+    let db = b::setup().await;
+    let q = Queues::new(&node, "pika");
+    let mut consumer = q
+        .consumer(&db.store, b::Ledger, InboxMode::Pessimistic)
+        .await;
+    let out = std::process::Command::new(idem_testkit::python())
+        .args(["-c", PIKA_PRODUCER])
+        .arg(node.port().to_string())
+        .args([&q.exchange, q.topic.as_str()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "pika: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    drain(&mut consumer, 2).await;
+    assert_eq!(
+        b::ledger(&db.store).await,
+        ["pika-1"],
+        "applied once, under pika's id"
+    );
+    assert_eq!(consumer.stats().duplicates.load(ORD), 1);
+}
+
+/// A pika consumer of the relay's output (its own queue bound to the
+/// exchange) sees each outbox message once, under the outbox id, in
+/// `message_id` and `Idem-Message-Id`, with the ordering key.
+const PIKA_CONSUMER: &str = r#"
+import sys, json, pika
+port, exchange, binding, n = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
+c = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+ch = c.channel()
+q = ch.queue_declare("", exclusive=True).method.queue
+ch.queue_bind(q, exchange, binding)
+print("bound", flush=True)
+sys.stdin.readline()
+seen = []
+for method, props, body in ch.consume(q, inactivity_timeout=10):
+    if method is None:
+        break
+    h = props.headers or {}
+    seen.append({"message_id": props.message_id, "header": h.get("Idem-Message-Id"),
+                 "key": h.get("Idem-Message-Key"), "body": body.decode()})
+    ch.basic_ack(method.delivery_tag)
+    if len(seen) == n:
+        break
+print(json.dumps(seen))
+c.close()
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pika_consumer_sees_each_relayed_event_under_its_outbox_id() {
+    use backends::sqlite_backend as b;
+    use std::io::{BufRead, Write};
+    let node = RabbitNode::start();
+    let db = b::setup().await;
+    let q = Queues::new(&node, "pikaread");
+    let messages: Vec<_> = (0..6)
+        .map(|i| q.message(&format!("k{}", i % 2), &format!("e{i}")))
+        .collect();
+    b::write(&db.store, &messages).await;
+    let relay = q.dispatcher(db.store.clone());
+    // The exchange exists before pika binds to it.
+    relay.run_once().await.unwrap();
+    let mut pika = std::process::Command::new(idem_testkit::python())
+        .args(["-c", PIKA_CONSUMER])
+        .arg(node.port().to_string())
+        .args([&q.exchange, &format!("{}.#", q.queue), "8"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(pika.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "bound");
+    let mut sent = 0;
+    for _ in 0..100 {
+        sent += relay.run_once().await.unwrap().sent;
+        if sent == 6 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(sent, 6);
+    // A relay that republishes after a crash sends the same ids again.
+    for m in &messages[..2] {
+        q.publish_again(m).await;
+    }
+    writeln!(pika.stdin.take().unwrap()).unwrap();
+    let mut seen = String::new();
+    out.read_line(&mut seen).unwrap();
+    let status = pika.wait().unwrap();
+    assert!(status.success(), "pika consumer failed");
+    let seen: Vec<serde_json::Value> = serde_json::from_str(&seen).unwrap();
+    assert_eq!(seen.len(), 8, "six events and the two republished");
+    let keys: std::collections::BTreeMap<&str, &str> = messages
+        .iter()
+        .map(|m| (m.message_id.as_str(), m.key.as_str()))
+        .collect();
+    let mut ids = std::collections::BTreeSet::new();
+    for s in &seen {
+        let id = s["message_id"].as_str().unwrap();
+        assert_eq!(s["header"], id, "{s}");
+        assert_eq!(Some(&s["key"].as_str().unwrap()), keys.get(id), "{s}");
+        ids.insert(id.to_owned());
+    }
+    assert_eq!(ids.len(), 6, "a republished event carries its first id");
+}

@@ -140,6 +140,10 @@ impl Queues {
     pub async fn publish_again(&self, m: &OutboxMessage) {
         let mut headers = FieldTable::default();
         headers.insert(
+            "Idem-Message-Id".into(),
+            AMQPValue::LongString(m.message_id.as_str().into()),
+        );
+        headers.insert(
             "Idem-Message-Key".into(),
             AMQPValue::LongString(m.key.as_str().into()),
         );
