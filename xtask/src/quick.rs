@@ -44,6 +44,8 @@ pub(crate) const LEFT_OUT: &[LeftOut] = &[
             "a_takeover_while_the_first_forward_runs_stores_nothing_transient",
             "claims_on_request_chosen_queues_leave_no_series",
             "readyz_is_ready_at_the_first_probe_after_the_database_returns",
+            "a_stock_write_whose_commit_is_not_answered_is_outcome_unknown",
+            "a_claim_whose_answer_is_lost_is_given_back_and_forwarded_once_on_retry",
         ],
     },
     LeftOut {
@@ -60,7 +62,12 @@ pub(crate) const LEFT_OUT: &[LeftOut] = &[
     LeftOut {
         needs: "Kafka (Tansu)",
         packages: &["idem-kafka"],
-        names: &[],
+        names: &["kafka"],
+    },
+    LeftOut {
+        needs: "RabbitMQ",
+        packages: &["idem-rabbitmq"],
+        names: &["rabbitmq"],
     },
     LeftOut {
         needs: "Python",
