@@ -9,8 +9,7 @@ use idem_core::inbox::InboxStore;
 use idem_kafka::{Kafka, KafkaPublisher, KafkaSource, SourceConfig};
 use tokio::sync::watch;
 
-use super::{SUBSCRIBER, without_credentials};
-use crate::shutdown::stopped;
+use super::{SUBSCRIBER, until_ready, without_credentials};
 
 /// The topic payment events are published to (`payments.created`,
 /// `payments.refunded`, …: all of them, keyed by payment).
@@ -21,44 +20,22 @@ pub const PARTITIONS: i32 = 6;
 pub const DLQ_TOPIC: &str = "idem.dlq.demo-ledger";
 
 /// Connects to the cluster of `url` and makes sure both topics exist,
-/// retrying (0.5 s, then up to 5 s apart, saying why) until they do or
-/// `shutdown` (`Ok(None)`).
+/// retrying until they do or `shutdown` (`Ok(None)`).
 pub async fn connect(url: &str, shutdown: watch::Receiver<bool>) -> anyhow::Result<Option<Kafka>> {
     let shown = without_credentials(url);
     let kafka = idem_kafka::connect(url)
         .map_err(|e| anyhow::anyhow!("invalid Kafka settings ({shown}): {e}"))?;
-    let mut delay = Duration::from_millis(500);
-    let mut attempts = 0u32;
-    loop {
-        let prepared = async {
-            kafka.ready(Duration::from_secs(5)).await?;
-            kafka
-                .ensure_topic(TOPIC, PARTITIONS, Duration::from_secs(10))
-                .await?;
-            kafka
-                .ensure_topic(DLQ_TOPIC, 1, Duration::from_secs(10))
-                .await
-        };
-        let result = tokio::select! {
-            _ = stopped(shutdown.clone()) => return Ok(None),
-            r = prepared => r,
-        };
-        match result {
-            Ok(_) => {
-                tracing::info!(url = %shown, attempts, topic = TOPIC, "connected to Kafka; topics ready");
-                return Ok(Some(kafka));
-            }
-            Err(e) => {
-                attempts += 1;
-                tracing::warn!(url = %shown, attempts, error = %idem_core::ErrorChain(&e), "Kafka not ready; retrying");
-            }
-        }
-        tokio::select! {
-            _ = stopped(shutdown.clone()) => return Ok(None),
-            _ = tokio::time::sleep(delay) => {}
-        }
-        delay = (delay * 2).min(Duration::from_secs(5));
-    }
+    let prepared = until_ready("Kafka", &shown, shutdown, || async {
+        kafka.ready(Duration::from_secs(5)).await?;
+        kafka
+            .ensure_topic(TOPIC, PARTITIONS, Duration::from_secs(10))
+            .await?;
+        kafka
+            .ensure_topic(DLQ_TOPIC, 1, Duration::from_secs(10))
+            .await
+    })
+    .await;
+    Ok(prepared.map(|_| kafka))
 }
 
 /// The relay's publisher: every outbox topic to [`TOPIC`].

@@ -92,20 +92,9 @@ pub enum Broker {
     /// NATS JetStream, its streams ready.
     Nats(Box<idem_nats::Context>),
     /// RabbitMQ, the exchange declared.
-    Rabbit(rabbit::Shared),
+    Rabbit(Arc<idem_rabbitmq::Link>),
     /// Kafka, the topics there.
     Kafka(Box<idem_kafka::Kafka>),
-}
-
-impl Broker {
-    /// The broker's name.
-    pub fn name(&self) -> &'static str {
-        match self {
-            Self::Nats(_) => "nats",
-            Self::Rabbit(_) => "rabbitmq",
-            Self::Kafka(_) => "kafka",
-        }
-    }
 }
 
 /// Connects to `url` as `name` and makes what the relay needs (NATS: the
@@ -275,6 +264,46 @@ where
         .run(Duration::from_secs(3600), stopped(shutdown))
         .await;
     Ok(())
+}
+
+/// Runs `attempt` until it succeeds, 0.5 s and then up to 5 s apart, each
+/// failure logged with the broker's `name` and `shown` URL; `None` at
+/// `shutdown`, whatever the attempt is doing.
+async fn until_ready<T, E, Fut>(
+    name: &'static str,
+    shown: &str,
+    shutdown: watch::Receiver<bool>,
+    mut attempt: impl FnMut() -> Fut,
+) -> Option<T>
+where
+    E: std::error::Error + 'static,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    let mut delay = Duration::from_millis(500);
+    for attempts in 0u32.. {
+        let result = tokio::select! {
+            _ = stopped(shutdown.clone()) => return None,
+            r = attempt() => r,
+        };
+        match result {
+            Ok(t) => {
+                tracing::info!(url = %shown, attempts, "{name} ready");
+                return Some(t);
+            }
+            Err(e) => tracing::warn!(
+                url = %shown,
+                attempts = attempts + 1,
+                error = %idem_core::ErrorChain(&e),
+                "{name} not ready; retrying"
+            ),
+        }
+        tokio::select! {
+            _ = stopped(shutdown.clone()) => return None,
+            _ = tokio::time::sleep(delay) => {}
+        }
+        delay = (delay * 2).min(Duration::from_secs(5));
+    }
+    None
 }
 
 /// A broker URL for the log: a user and password (or token) before a

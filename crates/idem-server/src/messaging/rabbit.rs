@@ -2,14 +2,10 @@
 //! quorum queue and its dead letters, a link opened (and opened again)
 //! until it holds.
 
-use std::sync::Arc;
-use std::time::Duration;
-
 use idem_rabbitmq::{Link, QueueSpec, RabbitSource, SourceConfig, Topology};
 use tokio::sync::watch;
 
-use super::{SUBSCRIBER, without_credentials};
-use crate::shutdown::stopped;
+use super::{SUBSCRIBER, until_ready, without_credentials};
 
 /// The topic exchange payment events are published to.
 pub const EXCHANGE: &str = idem_rabbitmq::DEFAULT_EXCHANGE;
@@ -30,8 +26,8 @@ pub fn ledger_topology(max_deliver: u32) -> Topology {
     Topology::exchange(EXCHANGE).with_queue(QueueSpec::new(SUBSCRIBER, BINDINGS, max_deliver))
 }
 
-/// Opens a link to `url` and declares `topology`, retrying (1 s, then up to
-/// 5 s apart, saying why) until it holds or `shutdown` (`Ok(None)`).
+/// Opens a link to `url` and declares `topology`, retrying until it holds
+/// or `shutdown` (`Ok(None)`).
 pub async fn connect(
     url: &str,
     name: &str,
@@ -41,34 +37,8 @@ pub async fn connect(
     let shown = without_credentials(url);
     let link = Link::new(url, name, topology)
         .map_err(|e| anyhow::anyhow!("invalid RabbitMQ settings ({shown}): {e}"))?;
-    let mut delay = Duration::from_millis(500);
-    let mut attempts = 0u32;
-    loop {
-        let opened = tokio::select! {
-            _ = stopped(shutdown.clone()) => return Ok(None),
-            r = link.channel() => r,
-        };
-        match opened {
-            Ok(_) => {
-                tracing::info!(url = %shown, attempts, "connected to RabbitMQ; topology declared");
-                return Ok(Some(link));
-            }
-            Err(e) => {
-                attempts += 1;
-                tracing::warn!(
-                    url = %shown,
-                    attempts,
-                    error = %idem_core::ErrorChain(&e),
-                    "RabbitMQ not ready; retrying"
-                );
-            }
-        }
-        tokio::select! {
-            _ = stopped(shutdown.clone()) => return Ok(None),
-            _ = tokio::time::sleep(delay) => {}
-        }
-        delay = (delay * 2).min(Duration::from_secs(5));
-    }
+    let opened = until_ready("RabbitMQ", &shown, shutdown, || link.channel()).await;
+    Ok(opened.map(|_| link))
 }
 
 /// The ledger's source on its own link (its own connection).
@@ -83,6 +53,3 @@ pub async fn source(
     };
     Ok(Some(RabbitSource::new(link, SourceConfig::new(SUBSCRIBER))))
 }
-
-/// A shared link, as readiness and the relay hold it.
-pub type Shared = Arc<Link>;

@@ -74,6 +74,32 @@ async fn pay(addr: std::net::SocketAddr, key: &str, amount: usize) -> String {
     }
 }
 
+/// The arguments of line `name` of `deploy/fleet/Procfile.<broker>` as
+/// written, its broker URL variable replaced by `url` and its
+/// `--metrics-listen` port by a free one.
+fn procfile_line(broker: &str, name: &str, url: &str) -> Vec<String> {
+    let path = format!(
+        "{}/../../deploy/fleet/Procfile.{broker}",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let text = std::fs::read_to_string(&path).unwrap();
+    let line = text
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}: idem ")))
+        .unwrap_or_else(|| panic!("{path} has no line {name}"));
+    line.split_whitespace()
+        .map(|w| {
+            if w.starts_with('$') {
+                url.to_owned()
+            } else if w.starts_with("127.0.0.1:") {
+                format!("127.0.0.1:{}", crate::process::free_port())
+            } else {
+                w.to_owned()
+            }
+        })
+        .collect()
+}
+
 /// The last 40 lines of a log.
 fn tail(log: &str) -> String {
     let lines: Vec<&str> = log.lines().collect();
@@ -85,10 +111,8 @@ async fn drill(db_url: &str, mut node: impl Node) {
     let mut api = Server::start(db_url, &["--broker-url", &url]).await;
     let ready = call(api.addr, "GET", "/readyz", None, "").await;
     assert_eq!(ready.json()["broker"], node.name(), "{}", ready.json());
-    let consume: Vec<String> = ["consume", "--database-url", db_url, "--broker-url", &url]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    let mut consume = procfile_line(node.name(), "consume1", &url);
+    consume.extend(["--database-url".to_owned(), db_url.to_owned()]);
     let mut consumer = Proc::spawn(&consume, None);
     let mut ids = Vec::new();
     for round in 0..4 {
