@@ -891,6 +891,45 @@ fn a_bad_nats_server_list_is_refused_with_a_failing_exit_status() {
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 
+/// `--broker-url` with an unknown scheme or a URL of a known broker that
+/// does not parse: one line on stderr that does not repeat the password,
+/// exit status 1, on every command that takes it.
+#[test]
+fn a_bad_broker_url_is_one_line_without_its_password_and_exit_1() {
+    let dir = TempDir::new("bad-broker-url");
+    let db = dir.sqlite_url();
+    let out = run(&["migrate", "--database-url", &db]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let urls = [
+        "redis://alice:s3cretPW@127.0.0.1:6379",
+        "amqp://alice:s3cretPW@127.0.0.1:notaport/%2f",
+        "kafka://alice:s3cretPW@127.0.0.1:9092",
+        "kafka://127.0.0.1",
+        "s3cretPW",
+    ];
+    let mut wrong = Vec::new();
+    for url in urls {
+        for command in ["relay", "consume", "serve"] {
+            let (status, err) = run_within(
+                &[command, "--database-url", &db, "--broker-url", url],
+                Duration::from_secs(20),
+            );
+            let lines = err.trim().lines().count();
+            if status.and_then(|s| s.code()) != Some(1)
+                || lines != 1
+                || !err.contains("--broker-url")
+                || err.contains("s3cretPW")
+            {
+                wrong.push(format!(
+                    "idem {command} --broker-url {url:?}: exit {status:?}, stderr: {}",
+                    err.trim()
+                ));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
 /// An API with `--nats-url` reports NATS in `/readyz` but stays ready
 /// without it (it serves; its events wait in the outbox); a relay is not
 /// ready without it. And `--nats-replicas 3` against a server that is not
