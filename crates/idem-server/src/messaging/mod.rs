@@ -344,6 +344,17 @@ mod tests {
         );
     }
 
+    /// An amqp:// URL is one server: a `,` in its user or password (which
+    /// `check_url` accepts, and `idem consume` logs at every retry) is not
+    /// a server list.
+    #[test]
+    fn a_comma_in_an_amqp_password_does_not_reach_the_log() {
+        let shown = super::without_credentials("amqp://guest:sec,ret@rabbit:5672/%2f");
+        assert!(!shown.contains("sec"), "{shown}");
+        let shown = super::without_credentials("amqp://gu,est:hunter2@rabbit:5672/%2f");
+        assert!(!shown.contains("gu"), "{shown}");
+    }
+
     #[test]
     fn broker_urls_are_known_by_their_scheme_and_errors_hold_no_password() {
         let f = "--broker-url";
