@@ -405,3 +405,66 @@ while True:
     print(repr(p.message_id), h.get("Idem-Dead-Reason"), h.get("x-first-death-reason"), end="; ")
 c.close()
 "#;
+
+/// A consumer process that takes its prefetch window and dies before it
+/// acks (kill -9, OOM), as a crash loop does: one pika connection that
+/// reads every ready message unacked and exits without closing.
+const PIKA_CRASH: &str = r#"
+import os, sys, pika
+port, queue, n = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+c = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+ch = c.channel()
+ch.basic_qos(prefetch_count=64)
+got = 0
+for m, p, body in ch.consume(queue, inactivity_timeout=5):
+    if m is None:
+        break
+    got += 1
+    if got == n:
+        break
+print(got)
+os._exit(0)
+"#;
+
+/// Messages a crash-looping consumer held four times (never attempted by
+/// Idem: each crash came before any handler ran) are applied once the
+/// consumer runs, not dead-lettered by the queue's `x-delivery-limit`
+/// (events.md: "giving up is the consumer's decision, always with a dead
+/// letter"; the NATS section turns the broker's limit off for this reason).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_a_crash_loop_held_unattempted_are_applied_not_dead_lettered_by_the_queue() {
+    use backends::sqlite_backend as b;
+    let node = RabbitNode::start();
+    let db = b::setup().await;
+    let q = Queues::new(&node, "crashloop");
+    let mut consumer = q
+        .consumer(&db.store, b::Ledger, InboxMode::Pessimistic)
+        .await;
+    let messages: Vec<_> = (0..5).map(|i| q.message("k", &format!("n{i}"))).collect();
+    for m in &messages {
+        q.publish_again(m).await;
+    }
+    for round in 0..=MAX_DELIVER {
+        let out = std::process::Command::new(idem_testkit::python())
+            .args(["-c", PIKA_CRASH])
+            .arg(node.port().to_string())
+            .arg(&q.queue)
+            .arg("5")
+            .output()
+            .unwrap();
+        let got = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        eprintln!("crash {round}: held {got} messages");
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::time::Instant::now() < deadline && b::ledger(&db.store).await.len() < 5 {
+        let _ = consumer.run_once().await;
+    }
+    let ledger = b::ledger(&db.store).await;
+    let dead = q.read_dead().await;
+    assert_eq!(
+        (ledger.len(), dead.len()),
+        (5, 0),
+        "applied {ledger:?}; dead-lettered by the broker unattempted: {}",
+        dead.len()
+    );
+}
