@@ -121,3 +121,59 @@ async fn two_consumers_of_one_group_with_rebalances_apply_each_record_once() {
         "duplicates: A {duplicates_a}, B {duplicates_b}"
     );
 }
+
+/// A retry is pending (record 0 nak'd, its partition paused) when another
+/// member joins the group on another topic: the eager rebalance revokes the
+/// partition and gives it straight back. librdkafka keeps a partition's
+/// pause across a revoke and re-assign; the source forgets the retry with
+/// the lane, so nothing resumes it, and the records should still be applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_paused_for_a_retry_and_reassigned_by_a_rebalance_is_consumed() {
+    let (store, _dir) = sqlite().await;
+    let topics = Topics::create(1).await;
+    let mut messages = vec![topics.message("k", "fail-once-0")];
+    messages.extend((1..5).map(|i| topics.message("k", &format!("n{i}"))));
+    write(&store, &messages).await;
+    assert_eq!(relay(&store, &topics.kafka).await, 5);
+    let config = ConsumerConfig {
+        nak_backoff: idem_core::Backoff {
+            initial: Duration::from_secs(8),
+            max: Duration::from_secs(8),
+        },
+        ..consumer_config()
+    };
+    let mut a = topics.consumer_with(&store, config).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while a.stats().retried.load(Ordering::SeqCst) == 0 {
+        assert!(Instant::now() < deadline, "no retry");
+        a.run_once().await.unwrap();
+    }
+    // Another member of the group, on a topic of its own.
+    let other = Topics::create(1).await;
+    let mut config_b = idem_kafka::SourceConfig::new(&topics.group, &other.topic, &other.dead);
+    config_b.session_timeout = Duration::from_secs(6);
+    let b = idem_kafka::KafkaSource::new(&topics.kafka, store.clone(), config_b)
+        .await
+        .unwrap();
+    let mut b = idem_inbox::Consumer::new(
+        b,
+        idem_inbox::Inbox::new(store.clone()),
+        idem_core::inbox::Subscriber::new("other").unwrap(),
+        Ledger::<idem_sqlite::SqliteDialect>::default(),
+        consumer_config(),
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while ledger(&store).await.len() < 5 && Instant::now() < deadline {
+        a.run_once().await.unwrap();
+        let _ = b.run_once().await;
+    }
+    let entries = ledger(&store).await;
+    assert_eq!(
+        entries.len(),
+        5,
+        "A holds {:?}, B {:?}; applied {entries:?}",
+        a.source_mut().assigned(),
+        b.source_mut().assigned()
+    );
+}
