@@ -226,10 +226,16 @@ impl<S: PositionStore + Clone> KafkaSource<S> {
             } else {
                 Offset::Offset(next)
             };
-            match self
+            // librdkafka keeps a pause across a revoke and a re-assign: a
+            // partition given back while it waited for a retry would stay
+            // paused, its retry dropped with the old lane. Resumed here.
+            let mut tpl = TopicPartitionList::new();
+            tpl.add_partition(&self.config.topic, p);
+            let sought = self
                 .consumer
                 .seek(&self.config.topic, p, offset, Duration::ZERO)
-            {
+                .and_then(|()| self.consumer.resume(&tpl));
+            match sought {
                 Ok(()) => {
                     let mut state = self.shared.state();
                     // Revoked meanwhile: nothing to position.

@@ -241,6 +241,13 @@ impl Topology {
                 "x-dead-letter-routing-key",
                 AMQPValue::LongString(queue.name.as_str().into()),
             ),
+            // Dead-lettered at least once (3.10+): a message moves only
+            // once the dead-letter queue has it (needs reject-publish).
+            (
+                "x-dead-letter-strategy",
+                AMQPValue::LongString("at-least-once".into()),
+            ),
+            ("x-overflow", AMQPValue::LongString("reject-publish".into())),
         ]);
         channel
             .queue_declare(queue.name.as_str().into(), durable_queue, args)

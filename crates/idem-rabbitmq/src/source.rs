@@ -1,5 +1,7 @@
 //! The consumer's side: a quorum queue as an inbox message source.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures_util::{FutureExt, StreamExt};
@@ -60,6 +62,10 @@ pub struct RabbitSource {
     link: Link,
     config: SourceConfig,
     consumer: Option<lapin::Consumer>,
+    /// Prefetch 1 until a message is settled: see [`RabbitSource::fetch`].
+    careful: bool,
+    /// Set by a delivery once it is settled.
+    settled: Arc<AtomicBool>,
 }
 
 impl RabbitSource {
@@ -69,6 +75,8 @@ impl RabbitSource {
             link,
             config,
             consumer: None,
+            careful: true,
+            settled: Arc::default(),
         }
     }
 
@@ -100,7 +108,14 @@ impl RabbitSource {
         if self.consumer.is_none() {
             let channel = self.link.channel().await.map_err(source_err)?;
             channel
-                .basic_qos(self.config.prefetch, BasicQosOptions::default())
+                .basic_qos(
+                    if self.careful {
+                        1
+                    } else {
+                        self.config.prefetch
+                    },
+                    BasicQosOptions::default(),
+                )
                 .await
                 .map_err(source_err)?;
             let consumer = channel
@@ -127,6 +142,7 @@ fn source_err(e: impl Into<idem_core::BoxError>) -> SourceError {
 /// One message from the queue.
 #[derive(Debug)]
 pub struct RabbitDelivery {
+    settled: Arc<AtomicBool>,
     delivery: lapin::message::Delivery,
     missing_id: MissingId,
 }
@@ -233,8 +249,9 @@ impl Delivery for RabbitDelivery {
             .acker
             .ack(BasicAckOptions::default())
             .await
-            .map(drop)
-            .map_err(source_err)
+            .map_err(source_err)?;
+        self.settled.store(true, Ordering::Relaxed);
+        Ok(())
     }
 
     /// The message stays unacked (held by this consumer) for `delay`, then
@@ -270,6 +287,22 @@ impl MessageSource for RabbitSource {
         wait: Duration,
     ) -> Result<Vec<RabbitDelivery>, SourceError> {
         let missing_id = self.config.missing_id.clone();
+        // A consumer starts, and starts again after losing its channel, with
+        // a prefetch of 1: a message that kills the connection (one lapin
+        // cannot parse) or the process is then the only one the broker
+        // counts a delivery for, and it alone reaches the queue's delivery
+        // limit — its neighbours, never attempted, are not dead-lettered
+        // with it. Once a message is settled, consume with the full window.
+        if self.careful && self.settled.load(Ordering::Relaxed) && self.consumer.is_some() {
+            self.careful = false;
+            if let Some(c) = self.consumer.take() {
+                let channel = self.link.channel().await.map_err(source_err)?;
+                // Its unacked deliveries stay with the channel.
+                let _ = channel
+                    .basic_cancel(c.tag(), lapin::options::BasicCancelOptions::default())
+                    .await;
+            }
+        }
         let consumer = self.consumer().await?;
         let mut out = Vec::new();
         let first = match tokio::time::timeout(wait, consumer.next()).await {
@@ -279,6 +312,8 @@ impl MessageSource for RabbitSource {
                 // look connected until something is written). Ask.
                 if let Err(e) = self.alive().await {
                     self.consumer = None;
+                    self.careful = true;
+                    self.settled.store(false, Ordering::Relaxed);
                     self.link.reset().await;
                     return Err(e);
                 }
@@ -292,9 +327,12 @@ impl MessageSource for RabbitSource {
                 Some(Ok(delivery)) => out.push(RabbitDelivery {
                     delivery,
                     missing_id: missing_id.clone(),
+                    settled: self.settled.clone(),
                 }),
                 Some(Err(e)) => {
                     self.consumer = None;
+                    self.careful = true;
+                    self.settled.store(false, Ordering::Relaxed);
                     self.link.reset().await;
                     return if out.is_empty() {
                         Err(source_err(e))
@@ -306,6 +344,8 @@ impl MessageSource for RabbitSource {
                     // The channel closed under the consumer: consume again
                     // on a new one next time.
                     self.consumer = None;
+                    self.careful = true;
+                    self.settled.store(false, Ordering::Relaxed);
                     self.link.reset().await;
                     return if out.is_empty() {
                         Err(source_err("the consumer's channel closed"))

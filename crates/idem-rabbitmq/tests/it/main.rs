@@ -366,7 +366,10 @@ async fn a_message_id_that_is_not_utf8_is_dead_lettered_and_its_neighbours_appli
     let mut errors = 0;
     while std::time::Instant::now() < deadline && b::ledger(&db.store).await.len() < 5 {
         match tokio::time::timeout(Duration::from_secs(10), consumer.run_once()).await {
-            Err(_) => panic!("run_once hung for 10 s (ledger {:?})", b::ledger(&db.store).await),
+            Err(_) => panic!(
+                "run_once hung for 10 s (ledger {:?})",
+                b::ledger(&db.store).await
+            ),
             Ok(Err(e)) => {
                 eprintln!("fetch error: {e}");
                 errors += 1;
@@ -411,10 +414,10 @@ c.close()
 /// reads every ready message unacked and exits without closing.
 const PIKA_CRASH: &str = r#"
 import os, sys, pika
-port, queue, n = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+port, queue, n, prefetch = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 c = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
 ch = c.channel()
-ch.basic_qos(prefetch_count=64)
+ch.basic_qos(prefetch_count=prefetch)
 got = 0
 for m, p, body in ch.consume(queue, inactivity_timeout=5):
     if m is None:
@@ -426,13 +429,15 @@ print(got)
 os._exit(0)
 "#;
 
-/// Messages a crash-looping consumer held four times (never attempted by
-/// Idem: each crash came before any handler ran) are applied once the
-/// consumer runs, not dead-lettered by the queue's `x-delivery-limit`
-/// (events.md: "giving up is the consumer's decision, always with a dead
-/// letter"; the NATS section turns the broker's limit off for this reason).
+/// A consumer in a crash loop, dying each time before it acks: with the
+/// window a consumer of this crate starts with (prefetch 1, until its first
+/// settled message), only the message it held — the one that kills it —
+/// reaches the queue's `x-delivery-limit` and is parked in `<queue>.dead`;
+/// its neighbours, never attempted, are applied afterwards. (With a window of
+/// 64, every neighbour held would be dead-lettered unattempted: what the
+/// careful start prevents.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn messages_a_crash_loop_held_unattempted_are_applied_not_dead_lettered_by_the_queue() {
+async fn a_crash_loop_parks_only_the_message_it_held_and_its_neighbours_are_applied() {
     use backends::sqlite_backend as b;
     let node = RabbitNode::start();
     let db = b::setup().await;
@@ -449,7 +454,7 @@ async fn messages_a_crash_loop_held_unattempted_are_applied_not_dead_lettered_by
             .args(["-c", PIKA_CRASH])
             .arg(node.port().to_string())
             .arg(&q.queue)
-            .arg("5")
+            .args(["1", "1"])
             .output()
             .unwrap();
         let got = String::from_utf8_lossy(&out.stdout).trim().to_owned();
@@ -459,12 +464,54 @@ async fn messages_a_crash_loop_held_unattempted_are_applied_not_dead_lettered_by
     while std::time::Instant::now() < deadline && b::ledger(&db.store).await.len() < 5 {
         let _ = consumer.run_once().await;
     }
-    let ledger = b::ledger(&db.store).await;
+    let mut ledger = b::ledger(&db.store).await;
+    ledger.sort();
     let dead = q.read_dead().await;
-    assert_eq!(
-        (ledger.len(), dead.len()),
-        (5, 0),
-        "applied {ledger:?}; dead-lettered by the broker unattempted: {}",
-        dead.len()
-    );
+    let mut expected: Vec<String> = messages[1..]
+        .iter()
+        .map(|m| m.message_id.to_string())
+        .collect();
+    expected.sort();
+    assert_eq!(ledger, expected, "the four neighbours applied");
+    assert_eq!(dead.len(), 1, "only the held message parked");
+    assert_eq!(dead[0].payload, b"n0");
+}
+
+/// A consumer starts with a prefetch of 1 and takes the full window once a
+/// message is settled: its first fetch hands over one message of five, the
+/// next ones the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_takes_one_message_until_it_has_settled_one() {
+    use backends::sqlite_backend as b;
+    use idem_inbox::MessageSource;
+    let node = RabbitNode::start();
+    let db = b::setup().await;
+    let q = Queues::new(&node, "careful");
+    let mut consumer = q
+        .consumer(&db.store, b::Ledger, InboxMode::Pessimistic)
+        .await;
+    for i in 0..5 {
+        q.publish_again(&q.message("k", &format!("n{i}"))).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let first = consumer
+        .source_mut()
+        .fetch(16, Duration::from_secs(2))
+        .await
+        .unwrap();
+    assert_eq!(first.len(), 1, "one message before any is settled");
+    idem_inbox::Delivery::ack(&first[0]).await.unwrap();
+    let mut rest = 0;
+    for _ in 0..10 {
+        rest += consumer
+            .source_mut()
+            .fetch(16, Duration::from_millis(500))
+            .await
+            .unwrap()
+            .len();
+        if rest == 4 {
+            break;
+        }
+    }
+    assert_eq!(rest, 4, "the rest once one was settled");
 }

@@ -310,6 +310,19 @@ where
 /// host's `@` are replaced by `[redacted]`.
 pub fn without_credentials(url: &str) -> String {
     let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+    // Only NATS takes a list; elsewhere a comma may be in the password.
+    if !matches!(scheme, "nats" | "tls" | "") {
+        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+        let host = authority
+            .rsplit_once('@')
+            .map_or(authority.to_owned(), |(_, h)| format!("[redacted]@{h}"));
+        let path = if rest.contains('/') {
+            format!("/{path}")
+        } else {
+            String::new()
+        };
+        return format!("{scheme}://{host}{path}");
+    }
     let servers: Vec<String> = rest
         .split(',')
         .map(|server| match server.rsplit_once('@') {
