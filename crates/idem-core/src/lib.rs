@@ -80,6 +80,7 @@ mod error;
 mod fingerprint;
 mod idempotency_key;
 mod policy;
+mod redact;
 mod rounds;
 mod scope;
 
@@ -92,6 +93,7 @@ pub use fingerprint::{Fingerprint, FingerprintSpec, RequestParts};
 pub use idempotency_key::{IdempotencyKey, short_hash};
 pub use keys::{Completion, KeyStore, RecordState, ResourceRef, StoredRecord, StoredResponse};
 pub use policy::{ClaimMode, Policy};
+pub use redact::without_credentials;
 #[cfg(feature = "tokio")]
 pub use rounds::Polling;
 pub use rounds::{Pause, RoundLoop, Rounds};

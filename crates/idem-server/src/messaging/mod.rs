@@ -306,67 +306,11 @@ where
     None
 }
 
-/// A broker URL for the log: a user and password (or token) before a
-/// host's `@` are replaced by `[redacted]`.
-pub fn without_credentials(url: &str) -> String {
-    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
-    // Only NATS takes a list; elsewhere a comma may be in the password.
-    if !matches!(scheme, "nats" | "tls" | "") {
-        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
-        let host = authority
-            .rsplit_once('@')
-            .map_or(authority.to_owned(), |(_, h)| format!("[redacted]@{h}"));
-        let path = if rest.contains('/') {
-            format!("/{path}")
-        } else {
-            String::new()
-        };
-        return format!("{scheme}://{host}{path}");
-    }
-    let servers: Vec<String> = rest
-        .split(',')
-        .map(|server| match server.rsplit_once('@') {
-            Some((_, host)) => format!("[redacted]@{host}"),
-            None => server.to_owned(),
-        })
-        .collect();
-    let servers = servers.join(",");
-    if scheme.is_empty() {
-        servers
-    } else {
-        format!("{scheme}://{servers}")
-    }
-}
+pub use idem_core::without_credentials;
 
 #[cfg(test)]
 mod tests {
     use super::BrokerUrl;
-
-    #[test]
-    fn credentials_never_reach_the_log() {
-        let shown = |u| super::without_credentials(u);
-        assert_eq!(
-            shown("nats://user:hunter2@127.0.0.1:4222"),
-            "nats://[redacted]@127.0.0.1:4222"
-        );
-        assert_eq!(shown("tls://tok@a:1,b:2"), "tls://[redacted]@a:1,b:2");
-        assert_eq!(shown("nats://127.0.0.1:4222"), "nats://127.0.0.1:4222");
-        assert_eq!(
-            shown("amqp://guest:hunter2@rabbit:5672/%2f"),
-            "amqp://[redacted]@rabbit:5672/%2f"
-        );
-    }
-
-    /// An amqp:// URL is one server: a `,` in its user or password (which
-    /// `check_url` accepts, and `idem consume` logs at every retry) is not
-    /// a server list.
-    #[test]
-    fn a_comma_in_an_amqp_password_does_not_reach_the_log() {
-        let shown = super::without_credentials("amqp://guest:sec,ret@rabbit:5672/%2f");
-        assert!(!shown.contains("sec"), "{shown}");
-        let shown = super::without_credentials("amqp://gu,est:hunter2@rabbit:5672/%2f");
-        assert!(!shown.contains("gu"), "{shown}");
-    }
 
     #[test]
     fn broker_urls_are_known_by_their_scheme_and_errors_hold_no_password() {
