@@ -293,24 +293,36 @@ impl MessageSource for RabbitSource {
         // counts a delivery for, and it alone reaches the queue's delivery
         // limit — its neighbours, never attempted, are not dead-lettered
         // with it. Once a message is settled, consume with the full window.
+        let mut out = Vec::new();
         if self.careful && self.settled.load(Ordering::Relaxed) && self.consumer.is_some() {
             self.careful = false;
-            if let Some(c) = self.consumer.take() {
+            if let Some(mut c) = self.consumer.take() {
                 let channel = self.link.channel().await.map_err(source_err)?;
-                // Its unacked deliveries stay with the channel.
                 let _ = channel
                     .basic_cancel(c.tag(), lapin::options::BasicCancelOptions::default())
                     .await;
+                // What the broker delivered before the cancel is handed out
+                // here: left in the cancelled consumer it would stay unacked
+                // on the channel, never applied, never redelivered.
+                while let Some(Some(Ok(delivery))) = c.next().now_or_never() {
+                    out.push(RabbitDelivery {
+                        delivery,
+                        missing_id: missing_id.clone(),
+                        settled: self.settled.clone(),
+                    });
+                }
             }
         }
         let consumer = self.consumer().await?;
-        let mut out = Vec::new();
+        let wait = if out.is_empty() { wait } else { Duration::ZERO };
         let first = match tokio::time::timeout(wait, consumer.next()).await {
             Err(_) => {
                 // Nothing came: a quiet queue, or a broker that is gone
                 // without the client having noticed (a killed node can
                 // look connected until something is written). Ask.
-                if let Err(e) = self.alive().await {
+                if out.is_empty()
+                    && let Err(e) = self.alive().await
+                {
                     self.consumer = None;
                     self.careful = true;
                     self.settled.store(false, Ordering::Relaxed);

@@ -214,17 +214,7 @@ async fn a_message_pika_publishes_twice_with_one_message_id_is_applied_once() {
     let mut consumer = q
         .consumer(&db.store, b::Ledger, InboxMode::Pessimistic)
         .await;
-    let out = std::process::Command::new(idem_testkit::python())
-        .args(["-c", PIKA_PRODUCER])
-        .arg(node.port().to_string())
-        .args([&q.exchange, q.topic.as_str()])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "pika: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    pika_ok(PIKA_PRODUCER, node.port(), &[&q.exchange, q.topic.as_str()]);
     drain(&mut consumer, 2).await;
     assert_eq!(
         b::ledger(&db.store).await,
@@ -350,17 +340,7 @@ async fn a_message_id_that_is_not_utf8_is_dead_lettered_and_its_neighbours_appli
     let mut consumer = q
         .consumer(&db.store, b::Ledger, InboxMode::Pessimistic)
         .await;
-    let out = std::process::Command::new(idem_testkit::python())
-        .args(["-c", PIKA_BAD_ID])
-        .arg(node.port().to_string())
-        .args([&q.exchange, q.topic.as_str()])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "pika: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    pika_ok(PIKA_BAD_ID, node.port(), &[&q.exchange, q.topic.as_str()]);
     eprintln!("pika published");
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     let mut errors = 0;
@@ -380,12 +360,7 @@ async fn a_message_id_that_is_not_utf8_is_dead_lettered_and_its_neighbours_appli
     let mut ledger = b::ledger(&db.store).await;
     ledger.sort();
     // What the broker holds, read with pika (lapin cannot parse the bad id).
-    let dead = std::process::Command::new(idem_testkit::python())
-        .args(["-c", PIKA_READ_IDS])
-        .arg(node.port().to_string())
-        .arg(format!("{}.dead", q.queue))
-        .output()
-        .unwrap();
+    let dead = pika(PIKA_READ_IDS, node.port(), &[&format!("{}.dead", q.queue)]);
     let dead = String::from_utf8_lossy(&dead.stdout).into_owned();
     assert_eq!(
         ledger,
@@ -450,13 +425,7 @@ async fn a_crash_loop_parks_only_the_message_it_held_and_its_neighbours_are_appl
         q.publish_again(m).await;
     }
     for round in 0..=MAX_DELIVER {
-        let out = std::process::Command::new(idem_testkit::python())
-            .args(["-c", PIKA_CRASH])
-            .arg(node.port().to_string())
-            .arg(&q.queue)
-            .args(["1", "1"])
-            .output()
-            .unwrap();
+        let out = pika(PIKA_CRASH, node.port(), &[&q.queue, "1", "1"]);
         let got = String::from_utf8_lossy(&out.stdout).trim().to_owned();
         eprintln!("crash {round}: held {got} messages");
     }

@@ -228,3 +228,23 @@ pub fn assert_in_key_order(applied: &[String], written: &[OutboxMessage]) {
         }
     }
 }
+
+/// Runs a pika script (`python -c`) with the node's AMQP `port` and `args`.
+pub fn pika(script: &str, port: u16, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(idem_testkit::python())
+        .args(["-c", script])
+        .arg(port.to_string())
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// The same, which must succeed.
+pub fn pika_ok(script: &str, port: u16, args: &[&str]) {
+    let out = pika(script, port, args);
+    assert!(
+        out.status.success(),
+        "pika: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
