@@ -98,11 +98,36 @@ pub(crate) fn fuzz_targets(targets: &[&str], secs: u64) -> Result<()> {
         "xtask: fuzz targets built in {} s",
         started.elapsed().as_secs()
     );
+    // One target per processor at a time: each is one single-threaded
+    // process, and still gets its `secs` of processor time.
+    let at_once = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut failed = Vec::new();
-    for target in targets {
-        if let Err(e) = fuzz_run(&fuzz_dir, &bin_dir, target, secs) {
-            eprintln!("xtask: fuzz {target}: {e}");
-            failed.push(*target);
+    for batch in targets.chunks(at_once) {
+        let results: Vec<(&str, Result<()>)> = std::thread::scope(|scope| {
+            let runs: Vec<_> = batch
+                .iter()
+                .map(|t| {
+                    let (fuzz_dir, bin_dir) = (&fuzz_dir, &bin_dir);
+                    (
+                        *t,
+                        scope.spawn(move || fuzz_run(fuzz_dir, bin_dir, t, secs)),
+                    )
+                })
+                .collect();
+            runs.into_iter()
+                .map(|(t, run)| {
+                    let r = run
+                        .join()
+                        .unwrap_or_else(|_| Err("its thread panicked".into()));
+                    (t, r)
+                })
+                .collect()
+        });
+        for (target, result) in results {
+            if let Err(e) = result {
+                eprintln!("xtask: fuzz {target}: {e}");
+                failed.push(target);
+            }
         }
     }
     // A closing line in the form test-result readers know.

@@ -66,7 +66,8 @@ usage: cargo xtask test [--quick] [nextest args]
 
   (no --quick)  provision PostgreSQL 15, NATS, Tansu (Kafka), chromium, libfaketime, the
                 browser tests' npm packages and a Python venv of real clients; run the whole suite (tests,
-                readme app, doc tests, otlp build, 20 s per fuzz target); stop them
+                readme app, doc tests, otlp build, 20 s per fuzz target); stop them;
+                3 tests at once per 2 processors (NEXTEST_TEST_THREADS overrides)
   --quick       nothing provisioned, nothing installed: only the tests that need nothing but
                 Rust (SQLite files, servers in-process), without IDEM_TEST_* set; a few minutes
                 on two cores. The verdict says how many ran and what was left out (the tests
@@ -152,6 +153,19 @@ fn test_command(have_nextest: bool, extra: &[String]) -> Command {
     }
     cmd.args(extra);
     cmd
+}
+
+/// nextest's setting of how many tests run at once.
+const TEST_THREADS: &str = "NEXTEST_TEST_THREADS";
+
+/// Tests at once unless `NEXTEST_TEST_THREADS` says otherwise: half as many
+/// again as processors (3 on two cores). Most tests spend their time
+/// waiting on servers, timeouts and pauses (one per processor left them
+/// about half idle); the fleet's history runs alone
+/// (`.config/nextest.toml`).
+fn test_threads() -> usize {
+    let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+    n + n.div_ceil(2)
 }
 
 /// Builds what [`test_command`] without arguments runs, running nothing.
@@ -290,6 +304,9 @@ fn suite(extra: &[String]) -> Result<Vec<Part>> {
         python,
     } = p;
     let mut cmd = test_command(have_nextest, extra);
+    if have_nextest && std::env::var_os(TEST_THREADS).is_none() {
+        cmd.env(TEST_THREADS, test_threads().to_string());
+    }
     cmd.env("IDEM_TEST_POSTGRES_URL", pg.url())
         .env("IDEM_TEST_NATS_URL", nats.url())
         .env("IDEM_TEST_NATS_SERVER", &nats_bin)

@@ -7,24 +7,13 @@ use std::sync::{Arc, OnceLock};
 
 use anyhow::Context;
 use idem_core::outbox::OutboxStore;
-use idem_core::{BoxFuture, Clock, KeyStore, StoreError};
-use idem_outbox::{Dispatcher, DispatcherStats, Publisher};
+use idem_core::{Clock, KeyStore};
+use idem_outbox::DispatcherStats;
 use serde_json::{Value, json};
 
 /// What the admin API reads of a relay running in this process: its lag
-/// figures and publish rate. Implemented by every [`Dispatcher`], whatever
-/// its broker, so this crate knows none (an app without NATS does not
-/// build `async-nats`).
-pub trait RelayFigures: Send + Sync {
-    /// The relay's figures ([`Dispatcher::stats`]).
-    fn stats(&self) -> BoxFuture<'_, Result<DispatcherStats, StoreError>>;
-}
-
-impl<S: OutboxStore, P: Publisher, C: Clock> RelayFigures for Dispatcher<S, P, C> {
-    fn stats(&self) -> BoxFuture<'_, Result<DispatcherStats, StoreError>> {
-        Box::pin(Dispatcher::stats(self))
-    }
-}
+/// figures and publish rate, whatever its broker (this crate knows none).
+pub use idem_outbox::RelayFigures;
 
 /// The relay of this process over the store `S`, once it has started
 /// (empty until then, and where the relay runs in another process).
@@ -51,19 +40,14 @@ impl<S> Clone for RelaySlot<S> {
     }
 }
 
-impl<S: OutboxStore> RelaySlot<S> {
-    /// Puts the relay in the slot (every clone sees it); gives it back if
-    /// one is there already.
-    pub fn set<P: Publisher, C: Clock>(
-        &self,
-        relay: Arc<Dispatcher<S, P, C>>,
-    ) -> Result<(), Arc<Dispatcher<S, P, C>>> {
-        let figures: Arc<dyn RelayFigures> = relay.clone();
-        self.relay.set(figures).map_err(|_| relay)
-    }
-}
-
 impl<S> RelaySlot<S> {
+    /// Puts the relay (a [`Dispatcher`](idem_outbox::Dispatcher) over `S`)
+    /// in the slot (every clone sees it); gives it back if one is there
+    /// already.
+    pub fn set(&self, relay: Arc<dyn RelayFigures>) -> Result<(), Arc<dyn RelayFigures>> {
+        self.relay.set(relay)
+    }
+
     /// The relay, once it runs.
     pub fn get(&self) -> Option<&Arc<dyn RelayFigures>> {
         self.relay.get()
@@ -98,7 +82,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use idem_core::outbox::{OutboxMessage, OutboxRecord, Topic};
-    use idem_outbox::{DispatcherConfig, Outbox, PublishError, Published};
+    use idem_outbox::{Dispatcher, DispatcherConfig, Outbox, PublishError, Published, Publisher};
     use idem_sqlite::{SqliteConfig, SqliteStore};
 
     use super::*;

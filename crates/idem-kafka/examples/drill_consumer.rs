@@ -10,37 +10,17 @@
 //! `postgres://…`, migrated, with the ledger table), `IDEM_DRILL_TOPIC`,
 //! `IDEM_DRILL_GROUP`, `IDEM_DRILL_DEAD`, `IDEM_DRILL_ROLE`.
 
-use std::marker::PhantomData;
 use std::time::Duration;
 
+use idem_core::Backoff;
 use idem_core::inbox::Subscriber;
-use idem_core::{Backoff, BoxFuture};
-use idem_inbox::{Consumer, ConsumerConfig, Handler, HandlerError, Inbox, InboxMessage};
+use idem_inbox::{Consumer, ConsumerConfig, Inbox};
 use idem_kafka::{KafkaSource, SourceConfig};
-use idem_sql::dialect::{On, Stmt};
 use idem_sql::{Dialect, SqlStore};
 
-struct Ledger<D>(PhantomData<D>);
-
-impl<D: Dialect> Handler<D::Tx> for Ledger<D> {
-    fn handle<'a>(
-        &'a self,
-        tx: &'a mut D::Tx,
-        m: &'a InboxMessage,
-    ) -> BoxFuture<'a, Result<(), HandlerError>> {
-        Box::pin(async move {
-            let s =
-                Stmt::new("INSERT INTO ledger (message_id, msg_key, payload) VALUES ($1, $2, $3)")
-                    .bind(m.message_id.as_str())
-                    .bind(m.key.clone().unwrap_or_default())
-                    .bind(String::from_utf8_lossy(&m.payload).into_owned());
-            D::execute(On::Conn(&mut **tx), s)
-                .await
-                .map_err(|e| HandlerError::Retry(e.into()))?;
-            Ok(())
-        })
-    }
-}
+#[path = "../tests/it/ledger.rs"]
+mod ledger;
+use ledger::Ledger;
 
 fn env(name: &str) -> Result<String, String> {
     std::env::var(name).map_err(|_| format!("{name} is not set"))
@@ -79,7 +59,7 @@ async fn run<D: Dialect>(store: SqlStore<D>) -> Result<(), Box<dyn std::error::E
         source,
         Inbox::new(store),
         Subscriber::new("ledger")?,
-        Ledger::<D>(PhantomData),
+        Ledger::<D>::default(),
         ConsumerConfig {
             batch_size: 8,
             fetch_wait: Duration::from_millis(200),

@@ -61,6 +61,7 @@
 //! # Ok(()) }
 //! ```
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem_core::BoxError;
@@ -108,6 +109,9 @@ fn kafka_err(e: impl Into<BoxError>) -> KafkaError {
 #[derive(Clone)]
 pub struct Kafka {
     config: ClientConfig,
+    /// The client [`Kafka::ready`] asks, made on its first call and kept
+    /// while it answers (shared by clones; [`Kafka::set`] drops it).
+    probe: Arc<Mutex<Option<Arc<BaseConsumer>>>>,
 }
 
 impl std::fmt::Debug for Kafka {
@@ -127,7 +131,10 @@ pub fn connect(url: &str) -> Result<Kafka, KafkaError> {
     config
         .set("bootstrap.servers", servers)
         .set("socket.timeout.ms", "10000");
-    Ok(Kafka { config })
+    Ok(Kafka {
+        config,
+        probe: Arc::default(),
+    })
 }
 
 /// The `bootstrap.servers` of a `kafka://` URL, each server checked: a
@@ -176,6 +183,7 @@ impl Kafka {
     /// (`security.protocol`, `sasl.*`, …).
     pub fn set(&mut self, key: &str, value: &str) -> &mut Self {
         self.config.set(key, value);
+        self.probe = Arc::default();
         self
     }
 
@@ -184,21 +192,37 @@ impl Kafka {
         &self.config
     }
 
-    /// Whether the cluster answers a metadata request within `timeout`.
+    /// Whether the cluster answers a metadata request within `timeout`,
+    /// asked on one client kept between calls (a new one after a failure).
     pub async fn ready(&self, timeout: Duration) -> Result<(), KafkaError> {
-        let consumer: BaseConsumer = self.config.create().map_err(kafka_err)?;
+        let consumer = {
+            let mut probe = self.probe.lock().unwrap_or_else(|p| p.into_inner());
+            match probe.as_ref() {
+                Some(c) => c.clone(),
+                None => {
+                    let c: Arc<BaseConsumer> =
+                        Arc::new(self.config.create().map_err(kafka_err)?);
+                    *probe = Some(c.clone());
+                    c
+                }
+            }
+        };
         let asked = tokio::task::spawn_blocking(move || {
             consumer
                 .fetch_metadata(None, timeout)
                 .map(|m| m.brokers().len())
         });
-        match tokio::time::timeout(timeout + Duration::from_secs(1), asked).await {
+        let answer = match tokio::time::timeout(timeout + Duration::from_secs(1), asked).await {
             Ok(Ok(Ok(brokers))) if brokers > 0 => Ok(()),
             Ok(Ok(Ok(_))) => Err(kafka_err("the cluster's metadata names no broker")),
             Ok(Ok(Err(e))) => Err(kafka_err(e)),
             Ok(Err(e)) => Err(kafka_err(e)),
             Err(_) => Err(kafka_err(format!("no metadata within {timeout:?}"))),
+        };
+        if answer.is_err() {
+            *self.probe.lock().unwrap_or_else(|p| p.into_inner()) = None;
         }
+        answer
     }
 
     /// Creates `topic` with `partitions` and a replication factor of 1 (a

@@ -374,6 +374,19 @@ struct DispatchRounds<'a, S, P, C> {
     store_down: u32,
 }
 
+/// A running relay's figures, whatever its store, broker and clock: what
+/// an admin API or a log line reads of a [`Dispatcher`] it cannot name.
+pub trait RelayFigures: Send + Sync {
+    /// The relay's figures ([`Dispatcher::stats`]).
+    fn stats(&self) -> idem_core::BoxFuture<'_, Result<DispatcherStats, StoreError>>;
+}
+
+impl<S: OutboxStore, P: Publisher, C: Clock> RelayFigures for Dispatcher<S, P, C> {
+    fn stats(&self) -> idem_core::BoxFuture<'_, Result<DispatcherStats, StoreError>> {
+        Box::pin(Dispatcher::stats(self))
+    }
+}
+
 impl<S: OutboxStore, P: Publisher, C: Clock> Rounds for DispatchRounds<'_, S, P, C> {
     async fn round(&mut self) -> Pause {
         let d = self.dispatcher;

@@ -63,7 +63,8 @@ mod dispatcher;
 mod outbox;
 
 pub use dispatcher::{
-    Dispatcher, DispatcherConfig, DispatcherStats, PUBLISH_LAG, PUBLISHED_TOTAL, Polling, RunOnce,
+    Dispatcher, DispatcherConfig, DispatcherStats, PUBLISH_LAG, PUBLISHED_TOTAL, Polling,
+    RelayFigures, RunOnce,
 };
 
 pub use outbox::Outbox;

@@ -59,7 +59,7 @@ impl SourceConfig {
 /// published, with a confirm, to the queue's dead-letter exchange.
 #[derive(Debug)]
 pub struct RabbitSource {
-    link: Link,
+    link: Arc<Link>,
     config: SourceConfig,
     consumer: Option<lapin::Consumer>,
     /// Prefetch 1 until a message is settled: see [`RabbitSource::fetch`].
@@ -69,10 +69,11 @@ pub struct RabbitSource {
 }
 
 impl RabbitSource {
-    /// A source on `link`, whose topology should declare `config.queue`.
-    pub fn new(link: Link, config: SourceConfig) -> Self {
+    /// A source on `link` (its own, or shared with a readiness check),
+    /// whose topology should declare `config.queue`.
+    pub fn new(link: impl Into<Arc<Link>>, config: SourceConfig) -> Self {
         Self {
-            link,
+            link: link.into(),
             config,
             consumer: None,
             careful: true,

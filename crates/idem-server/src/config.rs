@@ -100,10 +100,7 @@ pub fn consume(ack_wait: Duration, max_deliver: u32) -> anyhow::Result<ConsumeCo
     if !(1..=100).contains(&max_deliver) {
         bail!("--max-deliver must be between 1 and 100, got {max_deliver}");
     }
-    Ok(ConsumeConfig {
-        ack_wait,
-        max_deliver,
-    })
+    Ok(crate::messaging::ledger(ack_wait, max_deliver))
 }
 
 /// `--admin-lockout`.

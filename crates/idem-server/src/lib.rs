@@ -21,8 +21,9 @@
 //! - [`respond`]: responses every route shares (`idem_admin::respond`); [`routes`]: the app around
 //!   them (404/405, panics as problem+json); the hyper loop and its limits
 //!   are `idem-httpd`'s; [`shutdown`]; [`logging`].
-//! - [`messaging`], [`webhooks`]: NATS streams, the relay and consumer; the
-//!   webhook configuration file and workers; [`probe`]: `/healthz`,
+//! - [`messaging`], [`webhooks`]: the demo's routes on the broker
+//!   `--broker-url` names (run by `idem-broker`); the webhook configuration
+//!   file and workers; [`probe`]: `/healthz`,
 //!   `/readyz`, and the side listener of `idem relay` and `idem consume`.
 //! - `idem bench` runs `idem_bench::run`; [`drill`]: `idem drill`, the
 //!   black-box conformance runner, also callable in-process ([`drill::run`]).

@@ -112,54 +112,22 @@ fn database_state(
 /// The link to the broker as it is now, read without asking it: the
 /// broker to ask, or the state that answers for it.
 fn link(broker: Option<&Broker>) -> Result<crate::messaging::Broker, &'static str> {
-    use crate::messaging::Broker as B;
     match broker {
         None => Err("not used"),
         Some(b) => match &*b.borrow() {
             None => Err("connecting"),
-            Some(B::Nats(js)) if !idem_nats::is_connected(js) => Err("disconnected"),
+            Some(b) if b.is_disconnected() => Err("disconnected"),
             Some(b) => Ok(b.clone()),
         },
     }
 }
 
-/// What the broker says, and how long that holds.
+/// What the broker says about the demo's events, and how long that holds.
 async fn broker_state(broker: &crate::messaging::Broker) -> (&'static str, Duration) {
-    match broker {
-        crate::messaging::Broker::Nats(js) => nats_state(js).await,
-        // The link opens again if it was lost; the exchange must answer.
-        crate::messaging::Broker::Rabbit(link) => match link.check(JETSTREAM_WAIT).await {
-            Ok(()) => ("ok", REUSE),
-            Err(e) => {
-                tracing::warn!(error = %idem_core::ErrorChain(&e), "readiness: RabbitMQ did not answer");
-                ("unavailable", REUSE)
-            }
-        },
-        crate::messaging::Broker::Kafka(kafka) => match kafka.ready(JETSTREAM_WAIT).await {
-            Ok(()) => ("ok", REUSE),
-            Err(e) => {
-                tracing::warn!(error = %idem_core::ErrorChain(&e), "readiness: Kafka did not answer");
-                ("unavailable", REUSE)
-            }
-        },
-    }
-}
-
-/// What JetStream says about the events stream, and how long that holds: a
-/// cluster that lost two of three nodes keeps the connection up, and the
-/// node left may still answer as the stream's stalled leader (its answer
-/// says which copies it has heard from lately) or not answer at all.
-async fn nats_state(js: &idem_nats::Context) -> (&'static str, Duration) {
-    let quorum = idem_nats::stream_quorum(js, crate::messaging::STREAM);
-    match tokio::time::timeout(JETSTREAM_WAIT, quorum).await {
-        Ok(Ok(q)) if q.held => ("ok", q.holds_for),
-        Ok(Ok(_)) => ("no quorum", REUSE),
-        Ok(Err(e)) => {
-            tracing::warn!(error = %e, "readiness: JetStream refused");
-            ("unavailable", REUSE)
-        }
-        Err(_) => ("no answer", REUSE),
-    }
+    // Only the stream's name matters here, not its replicas.
+    let routes = crate::messaging::routes(1);
+    let (state, holds_for) = broker.readiness(&routes, JETSTREAM_WAIT).await;
+    (state, holds_for.min(REUSE))
 }
 
 async fn readyz<B: Backend>(State(ready): State<Arc<Ready<B>>>) -> Response {

@@ -129,54 +129,77 @@ pub fn kafka_url() -> String {
 /// A Tansu broker (Kafka protocol) of this test's own, storing in an
 /// SQLite file, for tests that kill and restart the broker. Killed on drop.
 #[derive(Debug)]
-pub struct TansuServer {
-    child: Option<std::process::Child>,
-    dir: TempDir,
-    port: u16,
-}
+pub struct TansuServer(ChildServer);
 
 impl TansuServer {
     /// Starts `tansu` (from `IDEM_TEST_TANSU`) on a free loopback port with
     /// `sqlite://tansu.db` in its own directory.
     pub fn start() -> Self {
-        let mut server = Self {
-            child: None,
-            dir: TempDir::new("tansu"),
-            port: free_port(),
-        };
+        let mut server = Self(ChildServer::new("tansu"));
         server.restart();
         server
     }
 
     /// `kafka://127.0.0.1:<port>`; the same across restarts.
     pub fn url(&self) -> String {
-        format!("kafka://127.0.0.1:{}", self.port)
+        format!("kafka://127.0.0.1:{}", self.0.port)
     }
 
     /// Kills the broker with SIGKILL.
     pub fn kill(&mut self) {
+        self.0.kill();
+    }
+
+    /// Starts it again on the same port and file (its records survive).
+    pub fn restart(&mut self) {
+        let binary = std::env::var("IDEM_TEST_TANSU").unwrap_or_else(|_| {
+            panic!("IDEM_TEST_TANSU is not set: run the suite with `cargo xtask test`")
+        });
+        let listener = format!("tcp://127.0.0.1:{}", self.0.port);
+        let mut cmd = std::process::Command::new(binary);
+        cmd.args(["broker", "--listener-url", &listener])
+            .args(["--advertised-listener-url", &listener])
+            .args(["--storage-engine", "sqlite://tansu.db"])
+            .current_dir(self.0.dir.path());
+        self.0.spawn(cmd);
+    }
+}
+
+/// A server process of a test's own on one loopback port and directory,
+/// started again on both (its data survives); SIGKILLed on drop.
+#[derive(Debug)]
+struct ChildServer {
+    child: Option<std::process::Child>,
+    dir: TempDir,
+    port: u16,
+}
+
+impl ChildServer {
+    fn new(tag: &str) -> Self {
+        Self {
+            child: None,
+            dir: TempDir::new(tag),
+            port: free_port(),
+        }
+    }
+
+    fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
         }
     }
 
-    /// Starts it again on the same port and file (its records survive).
-    pub fn restart(&mut self) {
+    /// Kills what runs, starts `cmd` (its output dropped) and waits until
+    /// the port listens (at most 6 s).
+    fn spawn(&mut self, mut cmd: std::process::Command) {
         self.kill();
-        let binary = std::env::var("IDEM_TEST_TANSU").unwrap_or_else(|_| {
-            panic!("IDEM_TEST_TANSU is not set: run the suite with `cargo xtask test`")
-        });
-        let listener = format!("tcp://127.0.0.1:{}", self.port);
-        let child = std::process::Command::new(&binary)
-            .args(["broker", "--listener-url", &listener])
-            .args(["--advertised-listener-url", &listener])
-            .args(["--storage-engine", "sqlite://tansu.db"])
-            .current_dir(self.dir.path())
+        let what = cmd.get_program().to_string_lossy().into_owned();
+        let child = cmd
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
-            .unwrap_or_else(|e| panic!("failed to start {binary}: {e}"));
+            .unwrap_or_else(|e| panic!("failed to start {what}: {e}"));
         self.child = Some(child);
         for _ in 0..300 {
             if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
@@ -184,11 +207,11 @@ impl TansuServer {
             }
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
-        panic!("tansu did not listen on {} within 6 s", self.port);
+        panic!("{what} did not listen on {} within 6 s", self.port);
     }
 }
 
-impl Drop for TansuServer {
+impl Drop for ChildServer {
     fn drop(&mut self) {
         self.kill();
     }
@@ -219,71 +242,42 @@ fn free_port() -> u16 {
 /// A NATS server (JetStream on) of this test's own, for tests that stop and
 /// restart the broker. Killed on drop.
 #[derive(Debug)]
-pub struct NatsServer {
-    child: Option<std::process::Child>,
-    dir: TempDir,
-    port: u16,
-}
+pub struct NatsServer(ChildServer);
 
 impl NatsServer {
     /// Starts `nats-server` (from `IDEM_TEST_NATS_SERVER`, else the PATH) on a
     /// free loopback port with its own store directory.
     pub fn start() -> Self {
-        let mut server = Self {
-            child: None,
-            dir: TempDir::new("nats"),
-            port: free_port(),
-        };
+        let mut server = Self(ChildServer::new("nats"));
         server.restart();
         server
     }
 
     /// `nats://127.0.0.1:<port>`; the same across restarts.
     pub fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
+        format!("nats://127.0.0.1:{}", self.0.port)
     }
 
     /// Kills the server with SIGKILL (the broker goes down hard).
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.0.kill();
     }
 
     /// Starts it again on the same port and store (JetStream state survives).
     pub fn restart(&mut self) {
-        self.kill();
         let binary =
             std::env::var("IDEM_TEST_NATS_SERVER").unwrap_or_else(|_| "nats-server".into());
-        let child = std::process::Command::new(&binary)
-            .args([
-                "-js",
-                "-a",
-                "127.0.0.1",
-                "-p",
-                &self.port.to_string(),
-                "-sd",
-            ])
-            .arg(self.dir.path())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("failed to start {binary}: {e}"));
-        self.child = Some(child);
-        for _ in 0..300 {
-            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                return;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-        panic!("nats-server did not listen on {} within 6 s", self.port);
-    }
-}
-
-impl Drop for NatsServer {
-    fn drop(&mut self) {
-        self.kill();
+        let mut cmd = std::process::Command::new(binary);
+        cmd.args([
+            "-js",
+            "-a",
+            "127.0.0.1",
+            "-p",
+            &self.0.port.to_string(),
+            "-sd",
+        ])
+        .arg(self.0.dir.path());
+        self.0.spawn(cmd);
     }
 }
 

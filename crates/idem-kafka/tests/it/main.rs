@@ -5,5 +5,6 @@
 mod broker_kill;
 mod drill;
 mod flows;
+mod ledger;
 mod rebalance;
 mod support;

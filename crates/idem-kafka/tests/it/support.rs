@@ -2,13 +2,12 @@
 //! Tansu, the two backends through one generic store, a ledger handler.
 
 use std::collections::BTreeMap;
-use std::marker::PhantomData;
 use std::time::{Duration, Instant};
 
 use idem_core::inbox::Subscriber;
 use idem_core::outbox::{OutboxMessage, Topic};
-use idem_core::{Backoff, BoxFuture, KeyStore};
-use idem_inbox::{Consumer, ConsumerConfig, Handler, HandlerError, Inbox, InboxMessage};
+use idem_core::{Backoff, KeyStore};
+use idem_inbox::{Consumer, ConsumerConfig, Inbox};
 use idem_kafka::{Kafka, KafkaPublisher, KafkaSource, SourceConfig};
 use idem_outbox::{Dispatcher, DispatcherConfig, Outbox};
 use idem_sql::dialect::{On, Stmt, read_rows};
@@ -137,39 +136,7 @@ pub async fn setup<D: Dialect>(store: &SqlStore<D>) {
         .unwrap();
 }
 
-/// One ledger row per applied message; a payload starting `fail-once`
-/// fails its first delivery (retryable).
-pub struct Ledger<D>(PhantomData<D>);
-
-impl<D> Default for Ledger<D> {
-    fn default() -> Self {
-        Self(PhantomData)
-    }
-}
-
-impl<D: Dialect> Handler<D::Tx> for Ledger<D> {
-    fn handle<'a>(
-        &'a self,
-        tx: &'a mut D::Tx,
-        m: &'a InboxMessage,
-    ) -> BoxFuture<'a, Result<(), HandlerError>> {
-        Box::pin(async move {
-            let payload = String::from_utf8_lossy(&m.payload).into_owned();
-            if payload.starts_with("fail-once") && m.delivered == 1 {
-                return Err(HandlerError::Retry("payload says fail once".into()));
-            }
-            let s =
-                Stmt::new("INSERT INTO ledger (message_id, msg_key, payload) VALUES ($1, $2, $3)")
-                    .bind(m.message_id.as_str())
-                    .bind(m.key.clone().unwrap_or_default())
-                    .bind(payload);
-            D::execute(On::Conn(&mut **tx), s)
-                .await
-                .map_err(|e| HandlerError::Retry(e.into()))?;
-            Ok(())
-        })
-    }
-}
+pub use crate::ledger::Ledger;
 
 /// A ledger row.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -59,7 +59,7 @@ impl BrokerArgs {
             .broker_url
             .clone()
             .or_else(|| std::env::var("IDEM_NATS_URL").ok());
-        url.map(|u| crate::messaging::BrokerUrl::parse(&u, "--broker-url"))
+        url.map(|u| crate::messaging::parse_url(&u, "--broker-url"))
             .transpose()
     }
 

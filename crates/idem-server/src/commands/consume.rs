@@ -4,7 +4,7 @@ use tokio::sync::watch;
 
 use super::args::{BrokerArgs, ConsumerArgs, DbArgs, SideArgs, StreamArgs};
 use crate::backend::{Backend, DemoJob};
-use crate::messaging::{self, BrokerUrl, ConsumeConfig};
+use crate::messaging::{self, Broker, BrokerUrl, ConsumeConfig};
 use crate::probe::SideListener;
 use crate::{config, shutdown};
 
@@ -62,26 +62,22 @@ impl DemoJob for Consume {
             )
             .await?;
         }
-        let Some(broker) = messaging::connect(
-            &self.broker_url,
+        let routes = messaging::routes(self.replicas);
+        let (url, shutdown) = (&self.broker_url, self.shutdown);
+        let connect = Broker::connect(
+            url,
             "idem-consume",
-            self.replicas,
-            self.shutdown.clone(),
-        )
-        .await?
-        else {
+            &routes,
+            Some(&self.config),
+            shutdown.clone(),
+        );
+        let Some(broker) = connect.await? else {
             return Ok(());
         };
         connected.send_replace(Some(broker.clone()));
         let ledger = idem_demo::Ledger::<B>::new();
-        messaging::consume(
-            store,
-            broker,
-            &self.broker_url,
-            ledger,
-            self.config,
-            self.shutdown,
-        )
-        .await
+        broker
+            .consume(store, &routes, ledger, &self.config, shutdown)
+            .await
     }
 }

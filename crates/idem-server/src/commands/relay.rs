@@ -1,13 +1,14 @@
 //! `idem relay`: the outbox relay alone.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use idem_outbox::{DispatcherConfig, RelayFigures};
 use tokio::sync::watch;
 
 use super::args::{BrokerArgs, DbArgs, SideArgs, StreamArgs};
-use crate::admin::outbox::RelaySlot;
 use crate::backend::{Backend, Job};
-use crate::messaging::{self, BrokerUrl};
+use crate::messaging::{self, Broker, BrokerUrl};
 use crate::probe::SideListener;
 use crate::{config, shutdown};
 
@@ -71,28 +72,47 @@ impl Job for Relay {
             )
             .await?;
         }
-        let Some(broker) = messaging::connect(
+        let routes = messaging::routes(self.replicas);
+        let connect = Broker::connect(
             &self.broker_url,
             "idem-relay",
-            self.replicas,
+            &routes,
+            None,
             shutdown.clone(),
-        )
-        .await?
-        else {
+        );
+        let Some(broker) = connect.await? else {
             return Ok(());
         };
         connected.send_replace(Some(broker.clone()));
-        let slot = RelaySlot::default();
-        messaging::relay(
-            store,
-            broker,
-            B::RELAY_POLL,
-            self.lease,
-            wake,
-            slot,
-            true,
-            shutdown,
-        )
-        .await
+        let config = DispatcherConfig {
+            poll_interval: B::RELAY_POLL,
+            lease: self.lease,
+            ..DispatcherConfig::default()
+        };
+        let (reporter, started) = tokio::sync::oneshot::channel();
+        let report = tokio::spawn(report_figures(started));
+        let started = move |figures| {
+            let _ = reporter.send(figures);
+        };
+        let relayed = broker
+            .relay(store, &routes, config, wake, started, shutdown)
+            .await;
+        report.abort();
+        relayed
+    }
+}
+
+/// Logs the relay's figures every 30 s once it has started.
+async fn report_figures(started: tokio::sync::oneshot::Receiver<Arc<dyn RelayFigures>>) {
+    let Ok(figures) = started.await else {
+        return;
+    };
+    let mut tick = tokio::time::interval(Duration::from_secs(30));
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        if let Ok(s) = figures.stats().await {
+            tracing::info!(figures = %crate::admin::outbox::stats_json(&s), "outbox");
+        }
     }
 }

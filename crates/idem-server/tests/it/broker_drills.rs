@@ -226,7 +226,7 @@ async fn relay_and_consumer_aborts(db_url: &str) {
     // Its queue is declared before the relay publishes (a publish that
     // routes nowhere stays in the outbox: another test).
     eventually(Duration::from_secs(30), "the consumer consumes", || async {
-        consumer.log().contains("consuming payment events")
+        consumer.log().contains("consuming subscriber=demo-ledger")
     })
     .await;
     let relay_args = || {

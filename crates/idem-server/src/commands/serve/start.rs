@@ -18,7 +18,8 @@ use crate::shutdown::stopped;
 use crate::webhooks::WebhookConfig;
 
 /// The broker's context once the relay has connected, for the consumer.
-type Broker = crate::probe::Broker;
+type BrokerWatch = crate::probe::Broker;
+use crate::messaging::Broker;
 
 /// Starts the background work on the backend and returns the routes.
 pub(super) struct Start<'a> {
@@ -42,6 +43,7 @@ impl Start<'_> {
                     config: demo,
                     broker,
                     broker_url: self.config.broker_url.as_ref(),
+                    replicas: self.config.nats_replicas,
                     shutdown: self.shutdown,
                 };
                 Ok((db.run_demo(start).await??.merge(own), None))
@@ -55,7 +57,7 @@ impl Start<'_> {
 struct Own<'a>(&'a Start<'a>);
 
 impl Job for Own<'_> {
-    type Output = anyhow::Result<(Router, Broker)>;
+    type Output = anyhow::Result<(Router, BrokerWatch)>;
     async fn run<B: Backend>(self, store: B) -> Self::Output {
         let Start {
             config,
@@ -136,8 +138,9 @@ impl Job for GatewayStart<'_> {
 /// recovery, and with `--consume` the ledger consumer.
 struct DemoStart<'a> {
     config: &'a DemoApp,
-    broker: Broker,
+    broker: BrokerWatch,
     broker_url: Option<&'a messaging::BrokerUrl>,
+    replicas: usize,
     shutdown: &'a watch::Receiver<bool>,
 }
 
@@ -148,6 +151,7 @@ impl DemoJob for DemoStart<'_> {
             config,
             mut broker,
             broker_url,
+            replicas,
             shutdown,
         } = self;
         if let (Some(consume), Some(url)) = (config.consume.clone(), broker_url.cloned()) {
@@ -161,10 +165,28 @@ impl DemoJob for DemoStart<'_> {
                         Err(_) => return,
                     },
                 };
-                let Some(connected) = connected else { return };
-                let ledger = idem_demo::Ledger::<B>::new();
-                let consumed =
-                    messaging::consume(store, connected, &url, ledger, consume, shutdown).await;
+                if connected.is_none() {
+                    return;
+                }
+                // Its own connection: on RabbitMQ, the link that declares
+                // its queue.
+                let routes = messaging::routes(replicas);
+                let url = &url;
+                let connect = Broker::connect(
+                    url,
+                    "idem-serve-consumer",
+                    &routes,
+                    Some(&consume),
+                    shutdown.clone(),
+                );
+                let consumed = match connect.await {
+                    Ok(Some(b)) => {
+                        let ledger = idem_demo::Ledger::<B>::new();
+                        b.consume(store, &routes, ledger, &consume, shutdown).await
+                    }
+                    Ok(None) => Ok(()),
+                    Err(e) => Err(e),
+                };
                 if let Err(e) = consumed {
                     tracing::error!(error = %format!("{e:#}"), "consumer stopped");
                 }
@@ -183,7 +205,7 @@ fn start_messaging<B: Backend>(
     broker_url: Option<&messaging::BrokerUrl>,
     replicas: usize,
     shutdown: &watch::Receiver<bool>,
-) -> (RelaySlot<B>, Broker) {
+) -> (RelaySlot<B>, BrokerWatch) {
     let slot = RelaySlot::<B>::default();
     let (connected, broker) = watch::channel(None);
     let Some(url) = broker_url else {
@@ -192,7 +214,9 @@ fn start_messaging<B: Backend>(
     let (url, store, shutdown, filled) =
         (url.clone(), store.clone(), shutdown.clone(), slot.clone());
     tokio::spawn(async move {
-        let b = match messaging::connect(&url, "idem-serve", replicas, shutdown.clone()).await {
+        let routes = messaging::routes(replicas);
+        let connect = Broker::connect(&url, "idem-serve", &routes, None, shutdown.clone());
+        let b = match connect.await {
             Ok(Some(b)) => b,
             Ok(None) => return,
             // The API goes on; the events wait in the outbox for a relay.
@@ -202,18 +226,15 @@ fn start_messaging<B: Backend>(
             }
         };
         connected.send_replace(Some(b.clone()));
-        let lease = idem_outbox::DispatcherConfig::default().lease;
+        let config = idem_outbox::DispatcherConfig {
+            poll_interval: B::RELAY_POLL,
+            ..idem_outbox::DispatcherConfig::default()
+        };
         let wake = store.outbox_wake().await;
-        let relay = messaging::relay(
-            store,
-            b,
-            B::RELAY_POLL,
-            lease,
-            wake,
-            filled,
-            false,
-            shutdown,
-        );
+        let started = move |figures| {
+            let _ = filled.set(figures);
+        };
+        let relay = b.relay(store, &routes, config, wake, started, shutdown);
         if let Err(e) = relay.await {
             tracing::error!(error = %format!("{e:#}"), "relay not started");
         }

@@ -1,41 +1,26 @@
-//! The demo's messaging on NATS JetStream: the payment events stream and
-//! its dead-letter stream, the connection and its watch, the ledger's
-//! durable consumer.
+//! NATS JetStream: the events stream and its dead-letter stream, the
+//! connection and its watch, a consumer's durable consumer.
 
 use std::time::Duration;
 
 use idem_nats::{Context, NatsSource, SourceConfig};
 use tokio::sync::watch;
 
-use super::{SUBSCRIBER, without_credentials};
-use crate::shutdown::stopped;
-
-/// The stream holding payment events.
-pub const STREAM: &str = "IDEM_PAYMENTS";
-/// Its subjects.
-pub const SUBJECTS: &[&str] = &["payments.>"];
-/// The stream holding dead letters.
-pub const DLQ_STREAM: &str = "IDEM_DLQ";
-/// Its subjects.
-pub const DLQ_SUBJECTS: &[&str] = &["idem.dlq.>"];
-/// Where the ledger consumer's dead letters go.
-pub const DLQ_SUBJECT: &str = "idem.dlq.demo-ledger";
-/// Longer than the outbox lease, so a message republished after a relay
-/// crash is dropped by the broker.
-pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(300);
+use crate::{ConsumeConfig, Routes, stopped, without_credentials};
 
 /// Connects (retrying in the background while the server is down) and makes
-/// sure both streams exist — created with `replicas` copies when they do
+/// sure both streams exist — created with the routes' replicas when they do
 /// not — retrying until they do or `shutdown`, which ends the wait at
 /// once (`Ok(None)`), whatever the broker is doing. A setting the broker
 /// can never satisfy (more than one replica from a server that is not in a
 /// cluster) is an error, not a wait.
-pub async fn prepare(
+pub(crate) async fn prepare(
     url: &str,
     name: &str,
-    replicas: usize,
+    routes: &Routes,
     shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<Option<Context>> {
+    let replicas = routes.nats_replicas;
     let shown = without_credentials(url);
     let connect = idem_nats::connect(url, name, true);
     let js = tokio::select! {
@@ -70,14 +55,21 @@ pub async fn prepare(
     let mut attempts = 0u32;
     let settings = idem_nats::StreamSettings {
         replicas,
-        ..idem_nats::StreamSettings::new(DUPLICATE_WINDOW)
+        ..idem_nats::StreamSettings::new(routes.nats_duplicate_window)
     };
+    let (stream, dlq_stream) = (routes.nats_stream.as_str(), routes.nats_dlq_stream.as_str());
+    let subjects: Vec<&str> = routes.nats_subjects.iter().map(String::as_str).collect();
+    let dlq_subjects: Vec<&str> = routes
+        .nats_dlq_subjects
+        .iter()
+        .map(String::as_str)
+        .collect();
     loop {
         let ready = async {
-            let events = idem_nats::ensure_stream_with(&js, STREAM, SUBJECTS, &settings).await?;
+            let events = idem_nats::ensure_stream_with(&js, stream, &subjects, &settings).await?;
             let dlq =
-                idem_nats::ensure_stream_with(&js, DLQ_STREAM, DLQ_SUBJECTS, &settings).await?;
-            Ok::<_, idem_nats::NatsError>([(STREAM, events), (DLQ_STREAM, dlq)])
+                idem_nats::ensure_stream_with(&js, dlq_stream, &dlq_subjects, &settings).await?;
+            Ok::<_, idem_nats::NatsError>([(stream, events), (dlq_stream, dlq)])
         };
         let result = tokio::select! {
             _ = stopped(shutdown.clone()) => return Ok(None),
@@ -197,19 +189,20 @@ async fn probe(url: &str) -> String {
     }
 }
 
-/// The ledger's durable consumer on the events stream, bound (retrying
+/// The consumer's durable consumer on the events stream, bound (retrying
 /// while NATS is not ready) until `shutdown` (`None`).
-pub async fn source(
+pub(crate) async fn source(
     js: Context,
-    ack_wait: Duration,
+    routes: &Routes,
+    config: &ConsumeConfig,
     shutdown: watch::Receiver<bool>,
 ) -> Option<NatsSource> {
     let source_config = SourceConfig {
-        stream: STREAM.into(),
-        durable: SUBSCRIBER.into(),
+        stream: routes.nats_stream.clone(),
+        durable: config.name.clone(),
         filter_subject: String::new(),
-        ack_wait,
-        dead_letter_subject: DLQ_SUBJECT.into(),
+        ack_wait: config.ack_wait,
+        dead_letter_subject: config.dead_letters(),
     };
     loop {
         let bound = tokio::select! {
@@ -227,5 +220,27 @@ pub async fn source(
             _ = stopped(shutdown.clone()) => return None,
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
         }
+    }
+}
+
+/// What JetStream says about the events stream within `within`, and how
+/// long that holds: a cluster that lost two of three nodes keeps the
+/// connection up, and the node left may still answer as the stream's
+/// stalled leader (its answer says which copies it has heard from lately)
+/// or not answer at all.
+pub(crate) async fn readiness(
+    js: &Context,
+    stream: &str,
+    within: Duration,
+) -> (&'static str, Duration) {
+    let quorum = idem_nats::stream_quorum(js, stream);
+    match tokio::time::timeout(within, quorum).await {
+        Ok(Ok(q)) if q.held => ("ok", q.holds_for),
+        Ok(Ok(_)) => ("no quorum", within),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "readiness: JetStream refused");
+            ("unavailable", within)
+        }
+        Err(_) => ("no answer", within),
     }
 }
