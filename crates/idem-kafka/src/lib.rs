@@ -200,8 +200,7 @@ impl Kafka {
             match probe.as_ref() {
                 Some(c) => c.clone(),
                 None => {
-                    let c: Arc<BaseConsumer> =
-                        Arc::new(self.config.create().map_err(kafka_err)?);
+                    let c: Arc<BaseConsumer> = Arc::new(self.config.create().map_err(kafka_err)?);
                     *probe = Some(c.clone());
                     c
                 }
