@@ -294,3 +294,59 @@ async fn rabbitmq_relay_aborted_after_confirm_and_consumer_after_commit_on_postg
     let db = PgDatabase::create("idem_rqa").await;
     relay_and_consumer_aborts(&db.url).await;
 }
+
+/// `idem consume` on Kafka killed with `kill -9` and started again at once,
+/// the broker left running: the new consumer joins while the dead one is
+/// still the group's leader. Tansu 0.6.0 then keeps the dead leader and
+/// never assigns the partitions (the group waits for an assignment nobody
+/// sends); the source leaves and joins again when it has had no assignment
+/// for twice its session timeout. Every payment is applied once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kafka_consumer_killed_and_started_again_at_once_gets_its_partitions_back() {
+    let dir = TempDir::new("kr");
+    let db_url = dir.sqlite_url();
+    let node = TansuServer::start();
+    let url = node.url();
+    let api = Server::start(&db_url, &["--broker-url", &url]).await;
+    let mut consume = procfile_line("kafka", "consume1", &url);
+    consume.extend(["--database-url".to_owned(), db_url.clone()]);
+    let mut consumer = Proc::spawn(&consume, None);
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        ids.push(pay(api.addr, &format!("kr-a-{i}"), 100 + i).await);
+    }
+    let applied = |ids: Vec<String>| async move {
+        for id in &ids {
+            if effects(api.addr, id).await != (1, 1) {
+                return false;
+            }
+        }
+        true
+    };
+    eventually(
+        Duration::from_secs(30),
+        "the first payments applied",
+        || applied(ids.clone()),
+    )
+    .await;
+    consumer.kill9();
+    let consumer = Proc::spawn(&consume, None);
+    for i in 0..5 {
+        ids.push(pay(api.addr, &format!("kr-b-{i}"), 200 + i).await);
+    }
+    let started = std::time::Instant::now();
+    let deadline = Duration::from_secs(60);
+    while !applied(ids.clone()).await {
+        assert!(
+            started.elapsed() < deadline,
+            "the restarted consumer applied nothing in {deadline:?}:\n{}",
+            tail(&consumer.log())
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    println!(
+        "kafka: consumer killed and restarted at once; 10 payments applied once, the last 5 {} ms \
+         after the restart's payments",
+        started.elapsed().as_millis()
+    );
+}
