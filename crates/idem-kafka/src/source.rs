@@ -34,6 +34,13 @@ pub struct SourceConfig {
     /// How long the group may go without hearing from this consumer before
     /// it gives its partitions to others (`session.timeout.ms`).
     pub session_timeout: Duration,
+    /// A consumer that has had no assignment this long since it subscribed
+    /// or lost its partitions leaves the group and joins again (default
+    /// twice the session timeout). A group whose coordinator lost track of
+    /// it would otherwise wait forever: Tansu 0.6.0 keeps a member killed
+    /// with `kill -9` as the leader when a new member joins before its
+    /// session expired, and never assigns anything.
+    pub rejoin_after: Duration,
 }
 
 impl SourceConfig {
@@ -45,6 +52,7 @@ impl SourceConfig {
             dead_letter_topic: dead_letter_topic.to_owned(),
             dead_letter_timeout: Duration::from_secs(30),
             session_timeout: Duration::from_secs(10),
+            rejoin_after: Duration::from_secs(20),
         }
     }
 }
@@ -69,6 +77,10 @@ struct State {
     lanes: HashMap<i32, Lane>,
     /// Retries asked in this process, by (partition, offset).
     naks: HashMap<(i32, i64), u64>,
+    /// Since when the consumer has held no partition of its topic (since
+    /// it subscribed, lost its partitions or was given none); `None` while
+    /// it holds some.
+    unassigned_since: Option<Instant>,
 }
 
 #[derive(Debug, Default)]
@@ -97,6 +109,12 @@ impl ConsumerContext for Context {
         let mut state = self.0.state();
         match rebalance {
             Rebalance::Assign(tpl) => {
+                let mine = tpl.elements().iter().any(|e| e.topic() == self.0.topic);
+                if mine {
+                    state.unassigned_since = None;
+                } else {
+                    state.unassigned_since.get_or_insert_with(Instant::now);
+                }
                 for e in tpl.elements() {
                     if e.topic() == self.0.topic {
                         state.lanes.insert(e.partition(), Lane::default());
@@ -105,6 +123,7 @@ impl ConsumerContext for Context {
                 }
             }
             Rebalance::Revoke(tpl) => {
+                state.unassigned_since.get_or_insert_with(Instant::now);
                 for e in tpl.elements() {
                     if e.topic() == self.0.topic {
                         let p = e.partition();
@@ -155,7 +174,10 @@ impl<S: PositionStore + Clone> KafkaSource<S> {
     pub async fn new(kafka: &Kafka, store: S, config: SourceConfig) -> Result<Self, KafkaError> {
         let shared = Arc::new(Shared {
             topic: config.topic.clone(),
-            state: Mutex::default(),
+            state: Mutex::new(State {
+                unassigned_since: Some(Instant::now()),
+                ..State::default()
+            }),
         });
         let mut c = kafka.config.clone();
         c.set("group.id", &config.group)
@@ -186,6 +208,52 @@ impl<S: PositionStore + Clone> KafkaSource<S> {
             shared,
             config,
         })
+    }
+
+    /// Leaves the group and joins again when this consumer has held no
+    /// partition for [`SourceConfig::rejoin_after`] although the group has
+    /// no more members than the topic has partitions (each member of such
+    /// a group gets one): the group's coordinator lost track of it.
+    async fn rejoin_when_forgotten(&self) -> Result<(), SourceError> {
+        let waited = {
+            let mut state = self.shared.state();
+            match state.unassigned_since {
+                Some(since) if since.elapsed() >= self.config.rejoin_after => {
+                    state.unassigned_since = Some(Instant::now());
+                    since.elapsed()
+                }
+                _ => return Ok(()),
+            }
+        };
+        if self.crowded().await {
+            // More members than partitions: holding none is this member's lot.
+            return Ok(());
+        }
+        tracing::warn!(
+            group = %self.config.group,
+            waited_ms = waited.as_millis() as u64,
+            "no partition from the group; leaving it and joining again"
+        );
+        self.consumer.unsubscribe();
+        self.consumer
+            .subscribe(&[&self.config.topic])
+            .map_err(source_err)
+    }
+
+    /// Whether the group has more members than the topic has partitions,
+    /// as the broker says within two seconds (`false` when it does not say).
+    async fn crowded(&self) -> bool {
+        let consumer = self.consumer.clone();
+        let (group, topic) = (self.config.group.clone(), self.config.topic.clone());
+        let asked = tokio::task::spawn_blocking(move || {
+            let wait = Duration::from_secs(2);
+            let groups = consumer.fetch_group_list(Some(&group), wait).ok()?;
+            let members = groups.groups().first()?.members().len();
+            let metadata = consumer.fetch_metadata(Some(&topic), wait).ok()?;
+            let partitions = metadata.topics().first()?.partitions().len();
+            Some(members > partitions)
+        });
+        matches!(asked.await, Ok(Some(true)))
     }
 
     /// The partitions assigned to this consumer now.
@@ -495,6 +563,7 @@ impl<S: PositionStore + Clone> MessageSource for KafkaSource<S> {
         let deadline = Instant::now() + wait;
         let mut out = Vec::new();
         while out.len() < max {
+            self.rejoin_when_forgotten().await?;
             self.position_lanes().await?;
             let now = Instant::now();
             let mut until = if out.is_empty() {
