@@ -120,6 +120,11 @@ impl RabbitNode {
             .env("RABBITMQ_NODE_IP_ADDRESS", "127.0.0.1")
             .env("RABBITMQ_NODE_PORT", self.port.to_string())
             .env("RABBITMQ_DIST_PORT", self.dist_port.to_string())
+            // Erlang's distribution listener binds every interface unless told.
+            .env(
+                "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS",
+                "-kernel inet_dist_use_interface {127,0,0,1}",
+            )
             .env("RABBITMQ_MNESIA_BASE", path("mnesia"))
             .env("RABBITMQ_LOG_BASE", path("log"))
             .env("RABBITMQ_CONFIG_FILE", path("rabbitmq"))
@@ -175,12 +180,45 @@ impl RabbitNode {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
+        // A test's servers listen on loopback only.
+        for port in [self.port, self.dist_port, self.epmd_port] {
+            let wide = listening_beyond_loopback(port);
+            assert!(
+                wide.is_empty(),
+                "RabbitMQ listens on {wide:?} (port {port})"
+            );
+        }
     }
 
     /// The node's directory.
     pub fn dir(&self) -> &Path {
         self.dir.path()
     }
+}
+
+/// The local addresses other than loopback with a listening TCP socket on
+/// `port` (from `/proc/net/tcp` and `tcp6`).
+fn listening_beyond_loopback(port: u16) -> Vec<String> {
+    let mut wide = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (Some(local), Some(state)) = (fields.get(1), fields.get(3)) else {
+                continue;
+            };
+            let Some((addr, p)) = local.rsplit_once(':') else {
+                continue;
+            };
+            let loopback = addr == "0100007F" || addr == "00000000000000000000000001000000";
+            if *state == "0A" && u16::from_str_radix(p, 16) == Ok(port) && !loopback {
+                wide.push(format!("{table} {local}"));
+            }
+        }
+    }
+    wide
 }
 
 /// Whether a server on `port` answers AMQP 0-9-1's protocol header.
