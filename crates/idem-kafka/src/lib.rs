@@ -143,6 +143,9 @@ pub fn bootstrap_servers(url: &str) -> Result<String, KafkaError> {
     let Some(rest) = url.trim().strip_prefix("kafka://") else {
         return Err(kafka_err("the Kafka URL does not start with kafka://"));
     };
+    if rest.trim().trim_end_matches('/').is_empty() {
+        return Err(kafka_err("the Kafka URL names no server"));
+    }
     let mut servers = Vec::new();
     for (i, server) in rest.split(',').map(str::trim).enumerate() {
         let n = i + 1;
@@ -277,5 +280,9 @@ mod tests {
         assert!(bad("kafka://h:0").is_some());
         assert!(bad("kafka://h:1,").is_some());
         assert!(bad("kafka://h:99999").is_some());
+        assert_eq!(
+            bad("kafka://").as_deref(),
+            Some("kafka: the Kafka URL names no server")
+        );
     }
 }

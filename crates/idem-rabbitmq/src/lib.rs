@@ -98,6 +98,19 @@ pub fn check_url(url: &str) -> Result<(), RabbitError> {
             "the RabbitMQ URL is not an amqp:// or amqps:// URL",
         ));
     }
+    // The parser takes a missing host for `localhost`: a URL must name it.
+    let rest = url.split_once("://").map_or("", |(_, r)| r);
+    let authority = rest.split(['/', '?']).next().unwrap_or("");
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    if host_port.contains(',') {
+        return Err(rabbit_err(
+            "the RabbitMQ URL names several servers; it takes one (several: a load \
+             balancer or a DNS name in front of them)",
+        ));
+    }
+    if host_port.is_empty() || host_port.starts_with(':') {
+        return Err(rabbit_err("the RabbitMQ URL names no host"));
+    }
     match url.parse::<lapin::uri::AMQPUri>() {
         Ok(uri) if uri.authority.host.is_empty() => {
             Err(rabbit_err("the RabbitMQ URL names no host"))
@@ -412,6 +425,10 @@ mod tests {
             "amqp://u:hunter2@127.0.0.1:notaport/",
             "http://u:hunter2@x/",
             "",
+            "amqp://",
+            "amqp:///%2f",
+            "amqp://u:hunter2@:5672/%2f",
+            "amqp://u:hunter2@a:5672,amqp://b:5672/%2f",
         ] {
             let e = check_url(bad).expect_err(bad).to_string();
             assert!(!e.contains("hunter2"), "{e}");
