@@ -397,14 +397,15 @@ impl<S: OutboxStore, P: Publisher, C: Clock> Rounds for DispatchRounds<'_, S, P,
                 if self.broker_down == 1 || self.broker_down.is_power_of_two() {
                     tracing::warn!(
                         rounds = self.broker_down,
-                        "broker unreachable; messages wait in the outbox"
+                        "the broker did not take the messages (unreachable, or it routed them \
+                         nowhere); they wait in the outbox"
                     );
                 }
                 Some(d.config.broker_backoff.delay(self.broker_down, jitter()))
             }
             Ok(r) => {
                 if self.broker_down > 0 {
-                    tracing::info!("broker reachable again");
+                    tracing::info!("the broker takes messages again");
                 }
                 (self.broker_down, self.store_down) = (0, 0);
                 (r.claimed < d.config.batch_size as usize).then_some(d.config.poll_interval)

@@ -20,6 +20,9 @@ const PERSISTENT: u8 = 2;
 pub struct RabbitPublisher {
     link: Arc<Link>,
     exchange: String,
+    /// Unroutable publishes in a row (logged at the first and at powers of
+    /// two: the relay retries them every round until a queue is bound).
+    unroutable: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl RabbitPublisher {
@@ -29,6 +32,7 @@ impl RabbitPublisher {
         Self {
             link,
             exchange: exchange.to_owned(),
+            unroutable: Arc::default(),
         }
     }
 
@@ -110,15 +114,25 @@ impl Publisher for RabbitPublisher {
             }
         };
         match confirmation {
-            Confirmation::Ack(None) => Ok(Published::default()),
+            Confirmation::Ack(None) => {
+                self.unroutable
+                    .store(0, std::sync::atomic::Ordering::Relaxed);
+                Ok(Published::default())
+            }
             // Routed nowhere: kept in the outbox until a queue is bound.
             Confirmation::Ack(Some(returned)) => {
-                tracing::warn!(
-                    exchange = %self.exchange,
-                    routing_key = %record.topic,
-                    reply = %returned.reply_text,
-                    "publish returned unroutable (no queue bound for its routing key); will retry"
-                );
+                let n = 1 + self
+                    .unroutable
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if n.is_power_of_two() {
+                    tracing::warn!(
+                        exchange = %self.exchange,
+                        routing_key = %record.topic,
+                        reply = %returned.reply_text,
+                        in_a_row = n,
+                        "publish returned unroutable (no queue bound for its routing key); will retry"
+                    );
+                }
                 Err(unavailable(format!(
                     "unroutable: no queue bound to exchange {} for routing key {}",
                     self.exchange, record.topic

@@ -153,16 +153,29 @@ fn traces_url(endpoint: &str) -> anyhow::Result<String> {
 }
 
 /// `info`, except the NATS client's own reconnect chatter (one line per
-/// attempt; the relay and the consumer say what is wrong instead).
+/// attempt; the relay and the consumer say what is wrong instead), and
+/// lapin's line for a message RabbitMQ returned, which holds the whole
+/// message, payload included (the publisher logs the return without it).
 fn default_filter() -> Targets {
     Targets::new()
         .with_default(LevelFilter::INFO)
         .with_target("async_nats", LevelFilter::WARN)
+        .with_target("lapin::returned_messages", LevelFilter::OFF)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lapins_returned_message_lines_holding_payloads_are_off_by_default() {
+        use tracing::Level;
+        let f = default_filter();
+        assert!(!f.would_enable("lapin::returned_messages", &Level::ERROR));
+        assert!(f.would_enable("lapin::channel", &Level::WARN));
+        assert!(f.would_enable("idem_rabbitmq::publish", &Level::WARN));
+        assert!(!f.would_enable("async_nats", &Level::INFO));
+    }
 
     #[test]
     fn traces_url_adds_the_standard_path_or_keeps_one_given() {
