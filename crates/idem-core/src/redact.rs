@@ -6,16 +6,13 @@ pub fn without_credentials(url: &str) -> String {
     let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
     // Only NATS takes a list; elsewhere a comma may be in the password.
     if !matches!(scheme, "nats" | "tls" | "") {
-        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
-        let host = authority
-            .rsplit_once('@')
-            .map_or(authority.to_owned(), |(_, h)| format!("[redacted]@{h}"));
-        let path = if rest.contains('/') {
-            format!("/{path}")
-        } else {
-            String::new()
+        // Everything up to the last `@` before the query: a password with
+        // an unencoded `/` puts its `@` after what parses as the host.
+        let end = rest.find(['?', '#']).unwrap_or(rest.len());
+        return match rest[..end].rfind('@') {
+            Some(at) => format!("{scheme}://[redacted]@{}", &rest[at + 1..]),
+            None => format!("{scheme}://{rest}"),
         };
-        return format!("{scheme}://{host}{path}");
     }
     let servers: Vec<String> = rest
         .split(',')
@@ -58,5 +55,15 @@ mod tests {
         assert!(!shown.contains("sec"), "{shown}");
         let shown = super::without_credentials("amqp://gu,est:hunter2@rabbit:5672/%2f");
         assert!(!shown.contains("gu"), "{shown}");
+    }
+
+    /// A `/` in a password, not percent-encoded: the `@` comes after what
+    /// parses as the host (found by the attacker's review).
+    #[test]
+    fn a_slash_in_a_password_does_not_reach_the_log() {
+        let shown = super::without_credentials("amqp://guest:123/hunter2@127.0.0.1:5672/%2f");
+        assert_eq!(shown, "amqp://[redacted]@127.0.0.1:5672/%2f");
+        let shown = super::without_credentials("amqps://h:5671/vhost?x=1");
+        assert_eq!(shown, "amqps://h:5671/vhost?x=1");
     }
 }

@@ -167,10 +167,16 @@ pub fn bootstrap_servers(url: &str) -> Result<String, KafkaError> {
                 "server {n} of the Kafka URL has no port"
             )));
         };
-        let host_ok = !host.is_empty()
-            && host.bytes().all(|b| {
-                b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'[' | b']' | b':')
-            });
+        // A name or IPv4 address, or an IPv6 address in brackets.
+        let host_ok = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+            Some(v6) => v6.parse::<std::net::Ipv6Addr>().is_ok(),
+            None => {
+                host.bytes().any(|b| b.is_ascii_alphanumeric())
+                    && host
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-'))
+            }
+        };
         if !host_ok || port.parse::<u16>().map_or(true, |p| p == 0) {
             return Err(kafka_err(format!(
                 "server {n} of the Kafka URL is not host:port"
@@ -280,6 +286,10 @@ mod tests {
         assert!(bad("kafka://h:0").is_some());
         assert!(bad("kafka://h:1,").is_some());
         assert!(bad("kafka://h:99999").is_some());
+        assert!(bad("kafka://[:9092").is_some());
+        assert!(bad("kafka://::::9092").is_some());
+        assert!(bad("kafka://..:9092").is_some());
+        assert_eq!(ok("kafka://[::1]:9092").as_deref(), Ok("[::1]:9092"));
         assert_eq!(
             bad("kafka://").as_deref(),
             Some("kafka: the Kafka URL names no server")

@@ -57,6 +57,14 @@ impl SourceConfig {
     }
 }
 
+/// How long a consumer without a partition waits before its next rejoin:
+/// `base`, doubled for each rejoin since it last held one, at most 16 times
+/// `base` (an idle member of a crowded group on a broker that cannot say so
+/// rejoins ever more rarely: each rejoin rebalances the whole group).
+fn rejoin_wait(base: Duration, rejoins: u32) -> Duration {
+    base.saturating_mul(1 << rejoins.min(4))
+}
+
 /// What the source knows of one assigned partition.
 #[derive(Debug, Clone, Copy, Default)]
 struct Lane {
@@ -81,6 +89,9 @@ struct State {
     /// it subscribed, lost its partitions or was given none); `None` while
     /// it holds some.
     unassigned_since: Option<Instant>,
+    /// Rejoins since the consumer last held a partition (each doubles the
+    /// wait before the next).
+    rejoins: u32,
 }
 
 #[derive(Debug, Default)]
@@ -112,6 +123,7 @@ impl ConsumerContext for Context {
                 let mine = tpl.elements().iter().any(|e| e.topic() == self.0.topic);
                 if mine {
                     state.unassigned_since = None;
+                    state.rejoins = 0;
                 } else {
                     state.unassigned_since.get_or_insert_with(Instant::now);
                 }
@@ -211,27 +223,37 @@ impl<S: PositionStore + Clone> KafkaSource<S> {
     }
 
     /// Leaves the group and joins again when this consumer has held no
-    /// partition for [`SourceConfig::rejoin_after`] although the group has
-    /// no more members than the topic has partitions (each member of such
-    /// a group gets one): the group's coordinator lost track of it.
+    /// partition for [`SourceConfig::rejoin_after`] (doubled after each
+    /// rejoin without a partition, up to 16 times), unless the group has more
+    /// members than the topic has partitions: each member of a group with no
+    /// more gets one, so the group's coordinator lost track of this one.
     async fn rejoin_when_forgotten(&self) -> Result<(), SourceError> {
         let waited = {
             let mut state = self.shared.state();
+            let after = rejoin_wait(self.config.rejoin_after, state.rejoins);
             match state.unassigned_since {
-                Some(since) if since.elapsed() >= self.config.rejoin_after => {
+                Some(since) if since.elapsed() >= after => {
                     state.unassigned_since = Some(Instant::now());
                     since.elapsed()
                 }
                 _ => return Ok(()),
             }
         };
-        if self.crowded().await {
+        let crowded = self.crowded().await;
+        if crowded == Some(true) {
             // More members than partitions: holding none is this member's lot.
             return Ok(());
         }
+        let rejoins = {
+            let mut state = self.shared.state();
+            state.rejoins = state.rejoins.saturating_add(1);
+            state.rejoins
+        };
         tracing::warn!(
             group = %self.config.group,
             waited_ms = waited.as_millis() as u64,
+            group_size_known = crowded.is_some(),
+            next_after_ms = rejoin_wait(self.config.rejoin_after, rejoins).as_millis() as u64,
             "no partition from the group; leaving it and joining again"
         );
         self.consumer.unsubscribe();
@@ -241,8 +263,9 @@ impl<S: PositionStore + Clone> KafkaSource<S> {
     }
 
     /// Whether the group has more members than the topic has partitions,
-    /// as the broker says within two seconds (`false` when it does not say).
-    async fn crowded(&self) -> bool {
+    /// as the broker says within two seconds; `None` when it does not say
+    /// (Tansu 0.6.0 answers no `DescribeGroups`).
+    async fn crowded(&self) -> Option<bool> {
         let consumer = self.consumer.clone();
         let (group, topic) = (self.config.group.clone(), self.config.topic.clone());
         let asked = tokio::task::spawn_blocking(move || {
@@ -253,7 +276,7 @@ impl<S: PositionStore + Clone> KafkaSource<S> {
             let partitions = metadata.topics().first()?.partitions().len();
             Some(members > partitions)
         });
-        matches!(asked.await, Ok(Some(true)))
+        asked.await.ok().flatten()
     }
 
     /// The partitions assigned to this consumer now.
@@ -655,5 +678,20 @@ impl<S: PositionStore + Clone> MessageSource for KafkaSource<S> {
             .await
             .map_err(|(e, _)| source_err(e))?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    #[test]
+    fn rejoins_without_a_partition_wait_twice_as_long_each_time_up_to_16_times() {
+        let base = Duration::from_secs(20);
+        let waits: Vec<u64> = (0..7)
+            .map(|n| super::rejoin_wait(base, n).as_secs())
+            .collect();
+        assert_eq!(waits, [20, 40, 80, 160, 320, 320, 320]);
+        assert_eq!(super::rejoin_wait(base, u32::MAX).as_secs(), 320);
     }
 }

@@ -100,6 +100,16 @@ pub fn check_url(url: &str) -> Result<(), RabbitError> {
     }
     // The parser takes a missing host for `localhost`: a URL must name it.
     let rest = url.split_once("://").map_or("", |(_, r)| r);
+    let before_query = rest.split(['?', '#']).next().unwrap_or("");
+    if before_query
+        .split_once('/')
+        .is_some_and(|(_, path)| path.contains('@'))
+    {
+        return Err(rabbit_err(
+            "the RabbitMQ URL has an '@' after its host: percent-encode a '/' in the user \
+             or password as %2F",
+        ));
+    }
     let authority = rest.split(['/', '?']).next().unwrap_or("");
     let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
     if host_port.contains(',') {
@@ -429,6 +439,7 @@ mod tests {
             "amqp:///%2f",
             "amqp://u:hunter2@:5672/%2f",
             "amqp://u:hunter2@a:5672,amqp://b:5672/%2f",
+            "amqp://guest:123/hunter2@127.0.0.1:5672/%2f",
         ] {
             let e = check_url(bad).expect_err(bad).to_string();
             assert!(!e.contains("hunter2"), "{e}");

@@ -20,9 +20,10 @@ const PERSISTENT: u8 = 2;
 pub struct RabbitPublisher {
     link: Arc<Link>,
     exchange: String,
-    /// Unroutable publishes in a row (logged at the first and at powers of
-    /// two: the relay retries them every round until a queue is bound).
-    unroutable: Arc<std::sync::atomic::AtomicU64>,
+    /// Unroutable publishes: when the last was logged, and how many since
+    /// (logged at most every 30 s: the relay retries them every round until
+    /// a queue is bound).
+    unroutable: Arc<std::sync::Mutex<(Option<std::time::Instant>, u64)>>,
 }
 
 impl RabbitPublisher {
@@ -114,22 +115,25 @@ impl Publisher for RabbitPublisher {
             }
         };
         match confirmation {
-            Confirmation::Ack(None) => {
-                self.unroutable
-                    .store(0, std::sync::atomic::Ordering::Relaxed);
-                Ok(Published::default())
-            }
+            Confirmation::Ack(None) => Ok(Published::default()),
             // Routed nowhere: kept in the outbox until a queue is bound.
             Confirmation::Ack(Some(returned)) => {
-                let n = 1 + self
-                    .unroutable
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                if n.is_power_of_two() {
+                let logged = {
+                    let mut u = self.unroutable.lock().unwrap_or_else(|p| p.into_inner());
+                    u.1 += 1;
+                    let due =
+                        u.0.is_none_or(|at| at.elapsed() >= std::time::Duration::from_secs(30));
+                    due.then(|| {
+                        u.0 = Some(std::time::Instant::now());
+                        std::mem::take(&mut u.1)
+                    })
+                };
+                if let Some(returns) = logged {
                     tracing::warn!(
                         exchange = %self.exchange,
                         routing_key = %record.topic,
                         reply = %returned.reply_text,
-                        in_a_row = n,
+                        returns_since_last_said = returns,
                         "publish returned unroutable (no queue bound for its routing key); will retry"
                     );
                 }
