@@ -58,6 +58,33 @@ use tokio::sync::Mutex;
 mod publish;
 mod source;
 
+/// Publishes `payload` to `exchange` with `routing_key`, `mandatory` (an
+/// unroutable message comes back in the confirmation), and waits for the
+/// broker's confirmation: what the relay and the consumer's dead letters
+/// both send.
+async fn publish_confirmed(
+    channel: &Channel,
+    exchange: &str,
+    routing_key: &str,
+    payload: &[u8],
+    properties: lapin::BasicProperties,
+) -> Result<lapin::Confirmation, lapin::Error> {
+    let options = lapin::options::BasicPublishOptions {
+        mandatory: true,
+        ..lapin::options::BasicPublishOptions::default()
+    };
+    channel
+        .basic_publish(
+            exchange.into(),
+            routing_key.into(),
+            options,
+            payload,
+            properties,
+        )
+        .await?
+        .await
+}
+
 pub use publish::RabbitPublisher;
 pub use source::{MissingId, RabbitDelivery, RabbitSource, SourceConfig};
 

@@ -4,7 +4,6 @@ use std::sync::Arc;
 
 use idem_core::outbox::OutboxRecord;
 use idem_outbox::{PublishError, Published, Publisher};
-use lapin::options::BasicPublishOptions;
 use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Confirmation, ErrorKind};
@@ -86,23 +85,14 @@ impl Publisher for RabbitPublisher {
             .with_delivery_mode(PERSISTENT)
             .with_message_id(record.message_id.as_str().into())
             .with_headers(headers);
-        let publish = async {
-            channel
-                .basic_publish(
-                    self.exchange.as_str().into(),
-                    record.topic.as_str().into(),
-                    BasicPublishOptions {
-                        mandatory: true,
-                        ..BasicPublishOptions::default()
-                    },
-                    &record.payload,
-                    properties,
-                )
-                .await
-                .map_err(classify)?
-                .await
-                .map_err(classify)
-        };
+        let publish = crate::publish_confirmed(
+            &channel,
+            &self.exchange,
+            record.topic.as_str(),
+            &record.payload,
+            properties,
+        );
+        let publish = async { publish.await.map_err(classify) };
         let confirmation = match tokio::time::timeout(IO_TIMEOUT, publish).await {
             Ok(Ok(confirmation)) => confirmation,
             Ok(Err(e)) => {

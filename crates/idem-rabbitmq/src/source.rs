@@ -7,9 +7,7 @@ use std::time::Duration;
 use futures_util::{FutureExt, StreamExt};
 use idem_core::outbox::MessageId;
 use idem_inbox::{Delivery, InboxMessage, MessageSource, SourceError};
-use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicPublishOptions, BasicQosOptions,
-};
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Confirmation};
 use sha2::Digest;
@@ -408,23 +406,14 @@ impl MessageSource for RabbitSource {
             properties = properties.with_message_id(id.clone());
         }
         let channel = self.link.channel().await.map_err(source_err)?;
-        let publish = async {
-            channel
-                .basic_publish(
-                    queue.dead_letter_exchange.as_str().into(),
-                    queue.name.as_str().into(),
-                    BasicPublishOptions {
-                        mandatory: true,
-                        ..BasicPublishOptions::default()
-                    },
-                    &d.data,
-                    properties,
-                )
-                .await
-                .map_err(source_err)?
-                .await
-                .map_err(source_err)
-        };
+        let publish = crate::publish_confirmed(
+            &channel,
+            &queue.dead_letter_exchange,
+            &queue.name,
+            &d.data,
+            properties,
+        );
+        let publish = async { publish.await.map_err(source_err) };
         match tokio::time::timeout(IO_TIMEOUT, publish).await {
             Err(_) => Err(source_err("no confirm for the dead letter")),
             Ok(Err(e)) => Err(e),
